@@ -1,0 +1,152 @@
+"""The tiny supervisor around every local job (stdlib only: it starts in ~30 ms).
+
+    python -m scheduler._wrap --dir JOBDIR --slots SLOTDIR --max N --time-limit S -- CMD...
+
+It runs detached from the scheduler (its own session), so jobs outlive a scheduler
+crash, and it records everything the scheduler needs to learn what happened later:
+
+1. Queue: waits until it holds one of N slot locks (`flock` on SLOTDIR/slot-I.lock;
+   the kernel drops a dead holder's lock, so slots never leak). Until then the job is
+   PENDING. The queue works with no scheduler process running at all.
+2. Start: writes JOBDIR/started (JSON, atomically), starts CMD in its own process group
+   with stdout/stderr appended to JOBDIR/stdout and JOBDIR/stderr.
+3. Limits: past `--time-limit` seconds it sends SIGTERM to the job's process group,
+   SIGKILL after `--kill-wait` seconds, and records TIMEOUT. SIGTERM/SIGINT to the
+   wrapper does the same and records CANCELLED.
+4. End: writes JOBDIR/exit.json {state, exit_code, reason, started_at, finished_at}
+   atomically (temp file + rename) and exits with the job's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SLOT_POLL_S = 0.2
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: a reader sees the old file or the whole new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+class _Stop:
+    """Why the wrapper was asked to stop (set from a signal handler)."""
+
+    reason: str | None = None
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    _Stop.reason = "CANCELLED"
+
+
+def acquire_slot(slots: Path, n: int) -> int | None:
+    """Block until one of `n` slot locks is ours; the fd stays open (held) until exit."""
+    slots.mkdir(parents=True, exist_ok=True)
+    while _Stop.reason is None:
+        for i in range(n):
+            fd = os.open(slots / f"slot-{i}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return fd
+        time.sleep(SLOT_POLL_S)
+    return None
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def supervise(child: subprocess.Popen[bytes], deadline: float, kill_wait: float) -> tuple[int, str | None]:
+    """Wait for the job; enforce the deadline and cancellation. Returns (returncode, stop reason)."""
+    stop: str | None = None
+    kill_at = float("inf")
+    while True:
+        try:
+            return child.wait(timeout=0.25), stop
+        except subprocess.TimeoutExpired:
+            pass
+        if stop is None:
+            if _Stop.reason is not None:
+                stop = _Stop.reason
+            elif time.time() >= deadline:
+                stop = "TIMEOUT"
+            if stop is not None:
+                _kill_group(child.pid, signal.SIGTERM)
+                kill_at = time.time() + kill_wait
+        elif time.time() >= kill_at:
+            _kill_group(child.pid, signal.SIGKILL)
+            kill_at = float("inf")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scheduler._wrap")
+    ap.add_argument("--dir", required=True, type=Path)
+    ap.add_argument("--slots", required=True, type=Path)
+    ap.add_argument("--max", type=int, default=1)
+    ap.add_argument("--time-limit", type=float, required=True)
+    ap.add_argument("--kill-wait", type=float, default=5.0)
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    job_dir: Path = args.dir
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+    slot_fd = acquire_slot(args.slots, max(1, args.max))
+    if slot_fd is None:  # cancelled while queued
+        now = time.time()
+        write_json(job_dir / "exit.json", {"state": "CANCELLED", "exit_code": None,
+                                           "reason": "cancelled while pending",
+                                           "started_at": None, "finished_at": now})
+        return 143
+
+    started_at = time.time()
+    write_json(job_dir / "started", {"started_at": started_at, "wrapper_pid": os.getpid()})
+    try:
+        with open(job_dir / "stdout", "ab") as out, open(job_dir / "stderr", "ab") as err:
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                     process_group=0)
+    except OSError as e:  # command not found, not executable, ...
+        write_json(job_dir / "exit.json", {"state": "FAILED", "exit_code": 127,
+                                           "reason": f"could not start: {e}",
+                                           "started_at": started_at, "finished_at": time.time()})
+        return 127
+    write_json(job_dir / "child", {"pid": child.pid, "pgid": child.pid})
+
+    rc, stop = supervise(child, started_at + args.time_limit, args.kill_wait)
+    exit_code = rc if rc >= 0 else 128 - rc
+    if stop == "TIMEOUT":
+        state, reason = "TIMEOUT", f"time limit of {args.time_limit:g} s reached"
+    elif stop == "CANCELLED":
+        state, reason = "CANCELLED", "cancelled"
+    elif rc == 0:
+        state, reason = "COMPLETED", None
+    else:
+        state = "FAILED"
+        reason = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
+    write_json(job_dir / "exit.json", {"state": state, "exit_code": exit_code, "reason": reason,
+                                       "started_at": started_at, "finished_at": time.time()})
+    os.close(slot_fd)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

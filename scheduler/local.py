@@ -1,0 +1,204 @@
+"""Local backend: jobs as detached processes on this machine.
+
+Each job is `python -m scheduler._wrap ... -- CMD` started in its own session
+(`start_new_session=True`), so it survives the scheduler being killed. The wrapper
+queues on slot locks (concurrency limit; PENDING until a slot frees), enforces the time
+limit (SIGTERM, then SIGKILL to the job's process group → TIMEOUT) and writes the exit
+code to a file. Everything lives in one directory per job:
+
+    <log_dir>/<name>-<stamp>-<token>/
+        stdout, stderr     the job's output
+        started            JSON: when the job got a slot and started
+        child              JSON: pid/pgid of the job's process group
+        exit.json          JSON: state, exit code, reason, times (written last)
+        cancel             marker: a cancel was requested
+
+The handle's `external_id` is "PID:START_TICKS" of the wrapper: the start time (field
+22 of /proc/PID/stat) tells a live wrapper from an unrelated process that was given
+the same pid after a reboot or pid wrap-around. So a scheduler restarted after a crash
+needs only the handle to tell RUNNING (wrapper alive), PENDING (alive, no slot yet) and
+finished (exit.json, also when the job ended while no scheduler was running).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from scheduler.base import BackendError, JobHandle, JobStatus, Stream, read_log
+from scheduler.spec import JobSpec
+from store.models import JobState
+
+ENV_MAX_JOBS = "ROOST_LOCAL_MAX_JOBS"
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot; None if it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name may contain spaces
+    if fields[0] in ("Z", "X"):  # exited, not yet reaped: as good as gone
+        return None
+    return int(fields[19])
+
+
+def _ts(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+class LocalBackend:
+    """Run jobs as local processes, at most `max_concurrent` at once (the rest PENDING)."""
+
+    name = "local"
+
+    def __init__(self, max_concurrent: int | None = None, state_dir: Path | None = None,
+                 kill_wait_s: float = 5.0, python: str = sys.executable) -> None:
+        if max_concurrent is None:
+            max_concurrent = int(os.environ.get(ENV_MAX_JOBS) or os.cpu_count() or 1)
+        self.max_concurrent = max(1, max_concurrent)
+        if state_dir is None:
+            from swarm.paths import data_dir
+
+            state_dir = data_dir() / "scheduler" / "local"
+        self.slots_dir = Path(state_dir) / "slots"
+        self.kill_wait_s = kill_wait_s
+        self.python = python
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # ours to reap
+
+    # ---------------------------------------------------------------- submit
+    def submit(self, spec: JobSpec) -> JobHandle:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        job_dir = spec.resolved_log_dir() / f"{spec.name}-{stamp}-{secrets.token_hex(3)}"
+        job_dir.mkdir(parents=True, exist_ok=False)
+        (job_dir / "spec.json").write_text(spec.model_dump_json(indent=1))
+        command = list(spec.command)
+        if spec.setup:  # setup lines run in bash, then the command replaces the shell
+            script = "set -e\n" + "\n".join(spec.setup) + '\nexec "$@"\n'
+            command = ["bash", "-c", script, spec.name, *command]
+        argv = [self.python, "-m", "scheduler._wrap", "--dir", str(job_dir),
+                "--slots", str(self.slots_dir), "--max", str(self.max_concurrent),
+                "--time-limit", str(spec.time_limit_s), "--kill-wait", str(self.kill_wait_s),
+                "--", *command]
+        env = {**os.environ, **spec.env}
+        try:
+            with open(job_dir / "wrapper.log", "ab") as wlog:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=wlog, stderr=wlog,
+                                        cwd=spec.cwd, env=env, start_new_session=True)
+        except OSError as e:
+            raise BackendError(f"could not start local job {spec.name!r}: {e}") from e
+        ticks = proc_start_ticks(proc.pid)  # our unreaped child: the pid cannot be reused yet
+        self._children[proc.pid] = proc
+        return JobHandle(backend=self.name, external_id=f"{proc.pid}:{ticks}", name=spec.name,
+                         stdout_path=str(job_dir / "stdout"), stderr_path=str(job_dir / "stderr"))
+
+    # ---------------------------------------------------------------- status
+    def status(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        self._reap()
+        return {h.external_id: self._status_one(h) for h in handles}
+
+    def reattach(self, handle: JobHandle) -> JobStatus:
+        """Nothing to re-connect: the job directory and the pid are the whole state."""
+        return self._status_one(handle)
+
+    def _status_one(self, h: JobHandle) -> JobStatus:
+        job_dir = Path(h.stdout_path).parent
+        done = self._finished(job_dir)
+        if done is not None:
+            return done
+        started = _read_json(job_dir / "started")
+        if self._alive(h):
+            if started is None:
+                return JobStatus(state=JobState.PENDING)
+            return JobStatus(state=JobState.RUNNING, started_at=_ts(started["started_at"]))
+        done = self._finished(job_dir)  # it may have finished between the two looks
+        if done is not None:
+            return done
+        started_at = _ts(started["started_at"]) if started else None
+        if (job_dir / "cancel").exists():
+            return JobStatus(state=JobState.CANCELLED, reason="cancelled (killed)",
+                             started_at=started_at, finished_at=_ts(time.time()))
+        return JobStatus(state=JobState.FAILED, started_at=started_at,
+                         reason="the job's supervisor died without recording an exit code "
+                                "(killed with SIGKILL, or the machine rebooted)")
+
+    @staticmethod
+    def _finished(job_dir: Path) -> JobStatus | None:
+        rec = _read_json(job_dir / "exit.json")
+        if rec is None:
+            return None
+        return JobStatus(state=JobState(rec["state"]), exit_code=rec.get("exit_code"),
+                         reason=rec.get("reason"), started_at=_ts(rec.get("started_at")),
+                         finished_at=_ts(rec.get("finished_at")))
+
+    @staticmethod
+    def _pid(h: JobHandle) -> tuple[int, int | None]:
+        pid, _, ticks = h.external_id.partition(":")
+        return int(pid), (int(ticks) if ticks not in ("", "None") else None)
+
+    def _alive(self, h: JobHandle) -> bool:
+        pid, ticks = self._pid(h)
+        now = proc_start_ticks(pid)
+        return now is not None and (ticks is None or now == ticks)
+
+    def _reap(self) -> None:
+        """Collect our finished wrappers so they do not linger as zombies."""
+        for pid, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                del self._children[pid]
+
+    # ---------------------------------------------------------------- cancel, logs
+    def cancel(self, handle: JobHandle, force: bool = False) -> None:
+        """SIGTERM the wrapper (it stops the job, SIGKILL after kill_wait, records CANCELLED).
+
+        `force`: SIGKILL the job's process group and the wrapper now; the status then
+        reads CANCELLED from the `cancel` marker written first.
+        """
+        job_dir = Path(handle.stdout_path).parent
+        if (job_dir / "exit.json").exists():
+            return
+        (job_dir / "cancel").touch()
+        if not self._alive(handle):
+            return
+        pid, _ = self._pid(handle)
+        if force:
+            child = _read_json(job_dir / "child")
+            if child:
+                try:
+                    os.killpg(child["pgid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            sig = signal.SIGKILL
+        else:
+            sig = signal.SIGTERM
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        if force:
+            self._wait_gone(handle, 2.0)
+
+    def _wait_gone(self, handle: JobHandle, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while self._alive(handle) and time.monotonic() < end:
+            self._reap()
+            time.sleep(0.02)
+
+    def logs(self, handle: JobHandle, stream: Stream = "stdout", tail_bytes: int | None = None) -> str:
+        return read_log(handle.stdout_path if stream == "stdout" else handle.stderr_path, tail_bytes)

@@ -1,0 +1,101 @@
+"""`swarm db ...` (and `python -m store ...`): migrate and inspect the Roost database.
+
+    swarm db upgrade            # create the schema / apply new migrations (to head)
+    swarm db upgrade 0001       # to a given revision
+    swarm db downgrade base     # drop everything (downgrade to a revision)
+    swarm db current            # where the database is, and where the code is
+    swarm db check              # exit 1 if the models and the schema differ
+
+The database is `--url`, else env `ROOST_DATABASE_URL`, else the default SQLite file.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from store import db, migrate
+
+app = typer.Typer(help="Migrate and inspect the Roost database.", no_args_is_help=True)
+
+_state: dict[str, str | None] = {"url": None}
+
+
+@app.callback()
+def _root(
+    url: str | None = typer.Option(
+        None, "--url", envvar=db.ENV_URL, help="SQLAlchemy URL (default: SQLite in the data dir)."
+    ),
+) -> None:
+    """Migrate and inspect the Roost database."""
+    _state["url"] = url
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    logging.getLogger("alembic.runtime.migration").addFilter(_quiet)
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+    """Keep Alembic's "Running upgrade ..." lines, drop its per-connect chatter."""
+    msg = str(record.msg)
+    return not (msg.startswith("Context impl") or msg.startswith("Will assume"))
+
+
+def _target() -> str:
+    return db.database_url(_state["url"])
+
+
+@app.command()
+def upgrade(revision: str = typer.Argument("head", help="Target revision (default: head).")) -> None:
+    """Apply migrations up to REVISION."""
+    url = _target()
+    rev = migrate.upgrade(url, revision)
+    typer.echo(f"{db.redact(url)}: at {rev or 'base'}")
+
+
+@app.command()
+def downgrade(revision: str = typer.Argument(..., help="Target revision; `base` drops all tables.")) -> None:
+    """Revert migrations down to REVISION."""
+    url = _target()
+    rev = migrate.downgrade(url, revision)
+    typer.echo(f"{db.redact(url)}: at {rev or 'base'}")
+
+
+@app.command()
+def current() -> None:
+    """Show the database's revision and the code's head."""
+    url = _target()
+    rev = migrate.current(url)
+    head = migrate.head()
+    if rev == head:
+        note = "(head, up to date)"
+    elif rev is None:
+        note = f"(empty; run `{db.UPGRADE_COMMAND}`)"
+    elif migrate.is_known(rev):
+        note = f"(behind head {head}; run `{db.UPGRADE_COMMAND}`)"
+    else:
+        note = f"(unknown to this code, newest known {head}: migrated by a newer Roost)"
+    typer.echo(f"{db.redact(url)}: {rev or 'none'} {note}")
+
+
+@app.command()
+def check() -> None:
+    """Exit 1 unless the database is at head and matches the models (no drift)."""
+    url = _target()
+    try:
+        db.require_current(db.get_engine(url))
+    except db.StoreError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(1) from None
+    diffs = migrate.check(url)
+    if diffs:
+        typer.echo("schema drift between the models and the database:", err=True)
+        for diff in diffs:
+            typer.echo(f"  {diff}", err=True)
+        typer.echo("write a migration: `alembic revision --autogenerate -m ...`", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{db.redact(url)}: at head {migrate.head()}, no drift")
+
+
+def main() -> None:
+    app(prog_name="python -m store")

@@ -1,0 +1,2 @@
+"""Revision files. Generate new ones from the repository root:
+`alembic revision --autogenerate -m "what changed"`."""

@@ -1,0 +1,85 @@
+"""The `swarm` command line.
+
+    swarm model init                 # build the embedded tiny model (once, ~2 min on 2 cores)
+    swarm train --task arith         # server + client fleet on loopback; writes summary.json
+    swarm serve --port 8000          # a swarm server for one trainable model
+    swarm client --url URL --task arith   # a client fleet against a server
+
+Heavy modules (torch, transformers) are imported inside the commands, so
+`swarm client` starts without them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from swarm.client.cli import client_command
+from swarm.server.cli import serve_command
+
+app = typer.Typer(help="Swarm RL training: serve a trainable model, run agent fleets, train.",
+                  no_args_is_help=True, add_completion=False)
+model_app = typer.Typer(help="The embedded model.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+app.command("serve", help="Run a swarm server: OpenAI-compatible endpoint + episode API + trainer.")(serve_command)
+app.command("client", help="Run a client fleet: play a workflow over a dataset through a server.")(client_command)
+
+
+@model_app.command("init")
+def model_init(
+    out: Path = typer.Option(None, "--out", help="model directory [default: ROOST_HOME/models/tiny-qwen2]"),
+    seed: int = typer.Option(0, "--seed", help="seed for tokenizer, weights and warm start"),
+    force: bool = typer.Option(False, "--force", help="rebuild even if a complete model exists"),
+) -> None:
+    """Build the embedded tiny Qwen2 model: tokenizer, weights, supervised warm start.
+
+    Deterministic from the seed and idempotent: a complete model is reused.
+    """
+    from swarm.model.build import init_model
+
+    path = init_model(out, seed=seed, force=force)
+    typer.echo(str(path))
+
+
+@app.command("train")
+def train_command(
+    task: str = typer.Option("arith", "--task", help="built-in task: arith | guess"),
+    model: Path = typer.Option(None, "--model", help="HF causal-LM dir [default: the embedded model, built if missing]"),
+    out: Path = typer.Option(Path("runs/train"), "--out", help="output directory (summary.json, metrics, logs)"),
+    steps: int = typer.Option(40, "--steps", min=1, help="optimisation steps to run"),
+    group_size: int = typer.Option(8, "--group-size", "-n", min=2, help="episodes per task (GRPO group)"),
+    batch_groups: int = typer.Option(4, "--batch-groups", "-B", min=1, help="groups per step"),
+    lr: float = typer.Option(None, "--lr", min=0.0, help="learning rate [default: the server's]"),
+    advantage: str = typer.Option("grpo", "--advantage", help="grpo | rloo | reinforce_pp"),
+    kl_coef: float = typer.Option(0.0, "--kl-coef", min=0.0, help="KL penalty to the initial model"),
+    clients: int = typer.Option(1, "--clients", min=1, help="client fleet processes"),
+    concurrency: int = typer.Option(32, "--concurrency", min=1, help="episodes in flight, over all clients"),
+    seed: int = typer.Option(0, "--seed", help="seed (engine, dataset order)"),
+    checkpoint_every: int = typer.Option(0, "--checkpoint-every", min=0, help="checkpoint every k steps (0: end only)"),
+    timeout_s: float = typer.Option(3600.0, "--timeout", help="give up after this many seconds"),
+) -> None:
+    """Train a model on a built-in task: one server and a client fleet over loopback."""
+    from swarm.paths import default_model_dir
+    from swarm.tasks import list_tasks
+    from swarm.train import TrainSpec, run
+
+    if task not in list_tasks():
+        raise typer.BadParameter(f"unknown task {task!r}; built-in tasks: {', '.join(list_tasks())}", param_hint="--task")
+    if model is None:
+        from swarm.model.build import init_model
+
+        model = init_model(default_model_dir())
+    elif not (model / "config.json").exists():
+        raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)", param_hint="--model")
+    spec = TrainSpec(task=task, model=model, out=out, steps=steps, group_size=group_size, batch_groups=batch_groups,
+                     lr=lr, advantage=advantage, kl_coef=kl_coef, clients=clients, concurrency=concurrency,
+                     seed=seed, checkpoint_every=checkpoint_every, timeout_s=timeout_s)
+    summary = run(spec)
+    typer.echo(json.dumps({k: summary[k] for k in ("reward_first", "reward_last", "wall_s")}))
+    typer.echo(f"summary: {out.resolve() / 'summary.json'}")
+
+
+def main() -> None:
+    app()

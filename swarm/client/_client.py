@@ -1,0 +1,290 @@
+"""`SwarmClient` and `Episode`: claim an episode, hand its OpenAI endpoint to agent code, finish.
+
+    client = SwarmClient("http://127.0.0.1:8000", token)
+    with client.episode(task_id="arith-0-3") as ep:
+        reply = ep.openai.chat.completions.create(model=ep.model, messages=[...])
+        ep.finish(reward=1.0)          # leaving without finish (or by an exception) aborts
+
+Every call is retry-safe: claims and finishes carry idempotency keys, so the
+client retries connection errors and 5xx with backoff; 429 (the server's
+on-policy window is full, or it is training) is waited out honouring
+`Retry-After`. A server that is stopping raises `ServerStopping`. No torch here.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from email.utils import parsedate_to_datetime
+from functools import cached_property
+from typing import Any, Iterator
+
+import httpx
+
+from swarm.protocol import (
+    AGENT_HEADER, API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse,
+)
+
+RETRY_STATUSES = {500, 502, 503, 504}
+TRANSIENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout,
+             httpx.PoolTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+class SwarmError(Exception):
+    """Base of the client's errors."""
+
+
+class SwarmAPIError(SwarmError):
+    """The server refused a request (4xx, or 5xx after retries)."""
+
+    def __init__(self, status_code: int, message: str, code: str | None = None, type: str | None = None):
+        super().__init__(f"{status_code} {code or type or ''}: {message}")
+        self.status_code = status_code
+        self.message = message
+        self.code = code
+        self.type = type
+
+
+class ServerStopping(SwarmError):
+    """The server is shutting down (503 "stopping"): stop claiming."""
+
+
+class SwarmUnavailable(SwarmError):
+    """The server could not be reached after all retries."""
+
+
+def error_of(response: httpx.Response) -> SwarmAPIError:
+    try:
+        err = response.json()["error"]
+        return SwarmAPIError(response.status_code, str(err.get("message")), err.get("code"), err.get("type"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return SwarmAPIError(response.status_code, response.text[:500])
+
+
+def retry_after(response: httpx.Response, default: float) -> float:
+    value = response.headers.get("retry-after")
+    if not value:
+        return default
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return default
+
+
+def backoff(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff with full jitter (attempt 1 -> up to `base`)."""
+    return random.uniform(0.5, 1.0) * min(cap, base * 2 ** (attempt - 1))
+
+
+def is_stopping(response: httpx.Response) -> bool:
+    return response.status_code == 503 and error_of(response).code == "stopping"
+
+
+class _Policy:
+    """What to do with one response or error; shared by the sync and async clients."""
+
+    def __init__(self, max_retries: int, backoff_s: float, max_backoff_s: float) -> None:
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    def on_error(self, exc: Exception, attempt: int) -> float:
+        """Delay before retrying a transport error, or raise."""
+        if attempt > self.max_retries:
+            raise SwarmUnavailable(f"server unreachable after {attempt} attempts: {exc!r}") from exc
+        return backoff(attempt, self.backoff_s, self.max_backoff_s)
+
+    def on_response(self, r: httpx.Response, attempt: int, wait_429: bool, deadline: float | None) -> float | None:
+        """None when `r` is the answer; otherwise the delay before retrying (or raise)."""
+        if r.status_code < 400:
+            return None
+        if is_stopping(r):
+            raise ServerStopping(error_of(r).message)
+        if r.status_code == 429:
+            delay = retry_after(r, self.backoff_s)
+            if not wait_429 or (deadline is not None and time.monotonic() + delay > deadline):
+                raise error_of(r)
+            return delay
+        if r.status_code in RETRY_STATUSES and attempt <= self.max_retries:
+            return max(retry_after(r, 0.0), backoff(attempt, self.backoff_s, self.max_backoff_s))
+        raise error_of(r)
+
+
+class SwarmClient:
+    """Synchronous client of one swarm server (thread-safe: share it across a fleet)."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, max_retries: int = 6,
+                 backoff_s: float = 0.5, max_backoff_s: float = 10.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token or os.environ.get("ROOST_TOKEN") or ""
+        self.timeout = timeout
+        self.policy = _Policy(max_retries, backoff_s, max_backoff_s)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
+        self._closed = threading.Event()
+
+    # -- plumbing -------------------------------------------------------------
+    def request(self, method: str, path: str, *, key: str | None = None, json: Any = None,
+                wait_429: bool = False, wait_timeout: float | None = None,
+                stop: threading.Event | None = None) -> dict:
+        """One API call with retries; returns the JSON body of the successful answer."""
+        headers = {"Authorization": f"Bearer {key or self.token}"}
+        deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                r = self._http.request(method, path, json=json, headers=headers)
+                delay = self.policy.on_response(r, attempt, wait_429, deadline)
+                if delay is None:
+                    return r.json()
+                if r.status_code == 429:
+                    attempt -= 1  # waiting for the window is not a failure
+            except TRANSIENT as exc:
+                delay = self.policy.on_error(exc, attempt)
+            if self._sleep(delay, stop):
+                raise SwarmError("cancelled while waiting to retry")
+
+    def _sleep(self, delay: float, stop: threading.Event | None) -> bool:
+        """Sleep `delay`; True when `stop` (or `close()`) interrupted it."""
+        end = time.monotonic() + delay
+        while True:
+            if self._closed.is_set() or (stop is not None and stop.is_set()):
+                return True
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            (stop or self._closed).wait(min(left, 0.1))
+
+    # -- API ------------------------------------------------------------------
+    def claim(self, task_id: str, task_family: str = "default", metadata: dict | None = None, *,
+              roles: list[str] | None = None, wait: bool = True, wait_timeout: float | None = None,
+              stop: threading.Event | None = None) -> Episode:
+        """Claim an episode; with `wait`, 429s are waited out (until `wait_timeout` or `stop`)."""
+        body = {"task_id": task_id, "task_family": task_family, "metadata": metadata or {},
+                "roles": roles, "claim_key": uuid.uuid4().hex}
+        data = self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait,
+                            wait_timeout=wait_timeout, stop=stop)
+        return Episode(self, ClaimResponse.model_validate(data))
+
+    @contextmanager
+    def episode(self, task_id: str, task_family: str = "default", metadata: dict | None = None,
+                **claim_kwargs: Any) -> Iterator[Episode]:
+        """Claim, yield the `Episode`, and abort it unless it was finished inside the block."""
+        ep = self.claim(task_id, task_family, metadata, **claim_kwargs)
+        try:
+            yield ep
+        except BaseException as exc:
+            ep._abort_quietly(f"exception in episode block: {type(exc).__name__}: {exc}"[:1000])
+            raise
+        finally:
+            if not ep.done:
+                ep._abort_quietly("left the episode block without finish")
+            ep.close()
+
+    def status(self) -> StatusResponse:
+        return StatusResponse.model_validate(self.request("GET", f"{API_PREFIX}/status"))
+
+    def close(self) -> None:
+        self._closed.set()
+        self._http.close()
+
+    def __enter__(self) -> SwarmClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Episode:
+    """One claimed episode: its OpenAI endpoint and key, and finish/abort."""
+
+    def __init__(self, client: SwarmClient, claim: ClaimResponse) -> None:
+        self._client = client
+        self.claim = claim
+        self.id = claim.episode_id
+        self.base_url = claim.base_url
+        self.api_key = claim.api_key
+        self.model = claim.model
+        self.policy_version = claim.policy_version
+        self.group_id = claim.group_id
+        self.task_id = claim.task_id
+        self.result: FinishResponse | None = None
+        self.done = False
+        self._openai: list[Any] = []
+
+    def openai_client(self, agent: str | None = None, **kwargs: Any) -> Any:
+        """A new `openai.OpenAI` for this episode; `agent` tags its calls (multi-agent episodes)."""
+        import openai
+
+        headers = {AGENT_HEADER: agent} if agent else None
+        c = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, default_headers=headers,
+                          timeout=kwargs.pop("timeout", self._client.timeout * 10), **kwargs)
+        self._openai.append(c)
+        return c
+
+    def async_openai_client(self, agent: str | None = None, **kwargs: Any) -> Any:
+        import openai
+
+        headers = {AGENT_HEADER: agent} if agent else None
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, default_headers=headers,
+                                  timeout=kwargs.pop("timeout", self._client.timeout * 10), **kwargs)
+
+    @cached_property
+    def openai(self) -> Any:
+        """`openai.OpenAI` pointed at this episode (built on first use)."""
+        return self.openai_client()
+
+    @cached_property
+    def async_openai(self) -> Any:
+        """`openai.AsyncOpenAI` pointed at this episode (built on first use)."""
+        return self.async_openai_client()
+
+    def _path(self, action: str) -> str:
+        return f"{API_PREFIX}/episodes/{self.id}/{action}"
+
+    def finish(self, reward: float, metrics: dict[str, float] | None = None,
+               agent_rewards: dict[str, float] | None = None) -> FinishResponse:
+        """Report the reward; retried safely (one idempotency key for all attempts)."""
+        body = {"reward": reward, "metrics": metrics or {}, "agent_rewards": agent_rewards,
+                "idempotency_key": uuid.uuid4().hex}
+        data = self._client.request("POST", self._path("finish"), key=self.api_key, json=body)
+        self.result = FinishResponse.model_validate(data)
+        self.done = True
+        return self.result
+
+    def abort(self, reason: str | None = None, release: bool = True) -> None:
+        """Give the episode up; nothing of it is trained. `release=False`: do not retry its slot."""
+        self._client.request("POST", self._path("abort"), key=self.api_key,
+                             json={"reason": reason, "release": release})
+        self.done = True
+
+    def heartbeat(self) -> float:
+        data = self._client.request("POST", self._path("heartbeat"), key=self.api_key)
+        return HeartbeatResponse.model_validate(data).lease_expires_at
+
+    def _abort_quietly(self, reason: str) -> None:
+        if self.done:
+            return
+        try:
+            self.abort(reason)
+        except SwarmError:
+            self.done = True  # the server is gone or the episode already closed: nothing to undo
+
+    def close(self) -> None:
+        for c in self._openai:
+            try:
+                c.close()
+            except Exception:
+                pass
+        self._openai.clear()
+
+    def __repr__(self) -> str:
+        return f"Episode(id={self.id!r}, task_id={self.task_id!r}, policy_version={self.policy_version})"

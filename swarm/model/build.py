@@ -1,0 +1,202 @@
+"""Build the embedded model: tokenizer, tiny Qwen2, warm start; idempotent on disk.
+
+    swarm model init                      # -> init_model(): ~1-2 min on 2 CPU cores
+    from swarm.model.build import build_untrained
+    build_untrained(tmp_path)             # tokenizer + random weights in seconds (tests)
+
+The model is a ~1M-parameter Qwen2 (hidden 128, 2 heads of 64 — vLLM needs a
+head_dim of at least 64 — 4 layers, tied embeddings), small enough to train on
+a laptop CPU and standard enough that Hugging Face, vLLM and VERL load it as
+any other Qwen2 checkpoint. `init_model` writes into a temporary sibling
+directory and renames it into place, with a `roost_model.json` marker written
+last: a directory with a matching marker is complete, anything else is rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from swarm.model.tokenizer import ENDOFTEXT, IM_END, build_tokenizer, render_chat, save_tokenizer
+from swarm.model.warmstart import WarmStartConfig, warm_start
+
+__all__ = [
+    "BUILD_VERSION",
+    "MARKER",
+    "Progress",
+    "build_model",
+    "build_tokenizer",
+    "build_untrained",
+    "init_model",
+    "is_complete",
+    "model_config",
+    "task_corpus",
+]
+
+#: Bump when the recipe changes (tokenizer corpus, architecture, warm start):
+#: an existing model with another version is rebuilt by `init_model`.
+BUILD_VERSION = 1
+MARKER = "roost_model.json"
+VOCAB_SIZE = 512
+
+#: `progress(message, fraction)` with fraction in [0, 1].
+Progress = Callable[[str, float], None]
+
+
+def task_corpus(seed: int = 0, per_task: int = 2000) -> list[str]:
+    """Tokenizer training text: built-in task transcripts rendered with the chat template."""
+    from swarm.tasks import get_task, list_tasks
+
+    corpus: list[str] = []
+    for name in list_tasks():
+        for messages in get_task(name).transcripts(seed, per_task, noise=0.3):
+            corpus.append(render_chat(messages))
+    return corpus
+
+
+def model_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
+    """The tiny Qwen2 shape; the vocabulary is exactly the tokenizer's."""
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
+        use_sliding_window=False,
+        dtype="float32",
+    )
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCausalLM:
+    """Random weights from `seed` (same seed, same weights)."""
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(model_config(tokenizer))
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
+    )
+    return model
+
+
+def _save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    save_tokenizer(tokenizer, out_dir)
+
+
+def build_untrained(out_dir: Path, seed: int = 0) -> Path:
+    """Tokenizer + random weights, saved; for tests that need a loadable model fast."""
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer(task_corpus(seed=0, per_task=500), VOCAB_SIZE)
+    _save(build_model(tokenizer, seed), tokenizer, out_dir)
+    return out_dir
+
+
+def _marker_for(seed: int, config: WarmStartConfig) -> dict:
+    return {"version": BUILD_VERSION, "seed": seed, "vocab_size": VOCAB_SIZE,
+            "warm_start": config.as_dict()}
+
+
+def is_complete(model_dir: Path, seed: int | None = None) -> bool:
+    """True when `model_dir` holds a finished build of this recipe (and `seed`, if given)."""
+    try:
+        marker = json.loads((Path(model_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if marker.get("version") != BUILD_VERSION:
+        return False
+    return seed is None or marker.get("seed") == seed
+
+
+def _clean_stale_temps(parent: Path, name: str) -> None:
+    """Remove temp dirs left by interrupted inits whose process is gone."""
+    for p in parent.glob(f".{name}.tmp-*"):
+        try:
+            pid = int(p.name.split("-")[-2])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError):
+            continue
+
+
+def init_model(out_dir: Path | None = None, seed: int = 0, force: bool = False,
+               progress: Progress | None = None,
+               config: WarmStartConfig | None = None) -> Path:
+    """Build (or find) the warm-started embedded model and return its directory.
+
+    Idempotent: a directory with a marker of this recipe and seed is returned
+    untouched unless `force`. A non-empty directory that is not a Roost build is
+    never overwritten without `force`. Deterministic from `seed`.
+    """
+    from swarm.paths import default_model_dir
+
+    out_dir = Path(out_dir) if out_dir is not None else default_model_dir()
+    config = config or WarmStartConfig()
+    report = progress or (lambda message, fraction: None)
+    if not force and is_complete(out_dir, seed) and \
+            json.loads((out_dir / MARKER).read_text()) == _marker_for(seed, config):
+        report("model ready", 1.0)
+        return out_dir
+    if out_dir.exists() and any(out_dir.iterdir()) and not force and \
+            not (out_dir / MARKER).exists():
+        raise FileExistsError(f"{out_dir} exists and is not a Roost model; pass force=True")
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale_temps(out_dir.parent, out_dir.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-",
+                                dir=out_dir.parent))
+    started = time.monotonic()
+    try:
+        report("training tokenizer", 0.0)
+        tokenizer = build_tokenizer(task_corpus(seed), VOCAB_SIZE)
+        model = build_model(tokenizer, seed)
+        stats = warm_start(model, tokenizer, seed=seed, config=config,
+                           progress=lambda m, f: report(m, 0.02 + 0.96 * f))
+        _save(model, tokenizer, tmp)
+        marker = _marker_for(seed, config)
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+        (tmp / "roost_build_stats.json").write_text(json.dumps(
+            {**stats, "build_seconds": round(time.monotonic() - started, 1),
+             "parameters": sum(p.numel() for p in model.parameters())}, indent=2) + "\n")
+        _swap_into_place(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report("model ready", 1.0)
+    return out_dir
+
+
+def _swap_into_place(tmp: Path, out_dir: Path) -> None:
+    """Rename the finished build over `out_dir`; the old one is moved aside first."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}-{time.time_ns()}")
+        os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        if old is not None and not out_dir.exists():
+            os.rename(old, out_dir)
+            old = None
+        if not is_complete(out_dir):  # a concurrent init that won the race is fine
+            raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

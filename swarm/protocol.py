@@ -1,0 +1,176 @@
+"""The swarm wire protocol: request and response bodies of `/swarm/v1/*`.
+
+Shared by the server (validation, OpenAPI spec) and the client SDK (parsing), so
+it imports nothing heavier than pydantic: a client machine needs no torch.
+DESIGN.md §3 sketches the routes; these models are the truth.
+
+    POST /swarm/v1/episodes                  ClaimRequest   -> ClaimResponse   (worker token)
+    POST /swarm/v1/episodes/{id}/heartbeat   -              -> HeartbeatResponse (episode key)
+    POST /swarm/v1/episodes/{id}/finish      FinishRequest  -> FinishResponse  (episode key)
+    POST /swarm/v1/episodes/{id}/abort       AbortRequest   -> AbortResponse   (episode key)
+    GET  /swarm/v1/status                    -              -> StatusResponse  (worker token)
+    POST /swarm/v1/admin/stop|checkpoint     -              -> AdminResponse   (admin token)
+
+Every 4xx/5xx body is an `ErrorResponse`: `{"error": {"message", "type", "code"}}`.
+A claim refused for flow control is a 429 with a `Retry-After` header; a server
+that is shutting down answers 503 with code `"stopping"`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: Rewards beyond this magnitude are refused: almost surely a bug in the workflow,
+#: and one such value would swamp a whole batch's advantages.
+REWARD_ABS_MAX = 1e6
+API_PREFIX = "/swarm/v1"
+AGENT_HEADER = "X-Roost-Agent"
+
+
+class _Request(BaseModel):
+    # Unknown fields are ignored (newer clients, older servers); NaN/inf never pass.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# -- errors -----------------------------------------------------------------------
+
+
+class ErrorDetail(_Response):
+    message: str
+    type: str
+    code: str | None = None
+
+
+class ErrorResponse(_Response):
+    error: ErrorDetail
+
+
+# -- episodes ---------------------------------------------------------------------
+
+
+class ClaimRequest(_Request):
+    task_id: str = Field(min_length=1, max_length=512, description="groups episodes for baselines")
+    task_family: str = Field("default", min_length=1, max_length=128)
+    roles: list[str] | None = Field(None, max_length=64)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    claim_key: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="idempotency key: a retried claim with the same key gets the same episode",
+    )
+
+
+class ClaimResponse(_Response):
+    episode_id: str
+    base_url: str = Field(description="OpenAI-compatible base URL for this episode's calls")
+    api_key: str = Field(description="server-signed episode key; the Bearer token of its calls")
+    lease_expires_at: float
+    policy_version: int
+    model: str
+    group_id: str
+    task_id: str
+
+
+class HeartbeatResponse(_Response):
+    episode_id: str
+    lease_expires_at: float
+
+
+class FinishRequest(_Request):
+    reward: float = Field(ge=-REWARD_ABS_MAX, le=REWARD_ABS_MAX)
+    agent_rewards: dict[str, float] | None = Field(
+        None, description="per-agent-tag rewards overriding `reward` for those agents")
+    status: Literal["completed", "truncated", "failed"] = "completed"
+    metrics: dict[str, float] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+
+    @field_validator("agent_rewards")
+    @classmethod
+    def _bounded(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for agent, r in (value or {}).items():
+            if abs(r) > REWARD_ABS_MAX:
+                raise ValueError(f"agent reward for {agent!r} is out of range")
+        return value
+
+
+class FinishResponse(_Response):
+    episode_id: str
+    status: Literal["finished"] = "finished"
+    reward: float
+    samples: int
+    calls: int
+    group_id: str
+    policy_version: int
+    step: int
+
+
+class AbortRequest(_Request):
+    reason: str | None = Field(None, max_length=2000)
+    release: bool = Field(
+        True,
+        description="free the slot so another claim of this task may take it; "
+                    "false gives the slot up for this round (its group completes smaller)",
+    )
+
+
+class AbortResponse(_Response):
+    episode_id: str
+    status: Literal["aborted"] = "aborted"
+
+
+# -- status and admin -------------------------------------------------------------
+
+
+class GroupStatus(_Response):
+    group_id: str
+    task_id: str
+    claimed: int
+    finished: int
+    dropped: int
+
+
+class StatusResponse(_Response):
+    model: str
+    step: int
+    policy_version: int
+    group_size: int
+    batch_groups: int
+    training: bool
+    stopping: bool
+    open_episodes: int
+    buffered_groups: int = Field(description="complete groups waiting for the batch")
+    groups: list[GroupStatus]
+    counters: dict[str, int]
+    last_checkpoint: str | None = None
+    max_steps: int | None = None
+
+
+class AdminResponse(_Response):
+    ok: bool = True
+    message: str = ""
+    path: str | None = None
+    step: int | None = None
+
+
+__all__ = [
+    "API_PREFIX",
+    "AGENT_HEADER",
+    "REWARD_ABS_MAX",
+    "AbortRequest",
+    "AbortResponse",
+    "AdminResponse",
+    "ClaimRequest",
+    "ClaimResponse",
+    "ErrorDetail",
+    "ErrorResponse",
+    "FinishRequest",
+    "FinishResponse",
+    "GroupStatus",
+    "HeartbeatResponse",
+    "StatusResponse",
+]

@@ -1,0 +1,122 @@
+"""Build the FastAPI app and run it under uvicorn.
+
+    from swarm.server import ServerConfig, create_app, serve
+    app = create_app(ServerConfig(engine="fake", model_dir=d), FakeEngine(d))   # tests, embedding
+    serve(ServerConfig(model_dir=d, port=0))                                    # blocks; `swarm serve`
+
+`create_app` resumes from the latest checkpoint in `out_dir` (if any) before it
+returns, so a restarted server answers its first request with the same policy
+version. `serve` owns the engine it builds: it closes it when uvicorn exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI
+
+from swarm.engine.base import Engine
+from swarm.server.config import ServerConfig
+from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
+from swarm.server.openai_routes import router as openai_router
+from swarm.server.state import Swarm
+from swarm.server.swarm_routes import router as swarm_router
+
+log = logging.getLogger("swarm.server")
+
+
+def make_engine(config: ServerConfig) -> Engine:
+    """The engine named by `config.engine` (imported lazily: only torch needs torch)."""
+    if config.engine == "fake":
+        from swarm.engine.fake import FakeEngine
+
+        return FakeEngine(config.model_dir, seed=config.seed)
+    if config.engine == "torch":
+        from swarm.engine.torch_engine import TorchEngine
+
+        return TorchEngine(config.model_dir, seed=config.seed, device=config.device)
+    raise ValueError(f"unknown engine {config.engine!r}; known: torch, fake")
+
+
+def create_app(config: ServerConfig, engine: Engine) -> FastAPI:
+    swarm = Swarm(config, engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await swarm.trainer.wait()  # never exit halfway through a step
+
+    app = FastAPI(title="Roost swarm server", version="1", lifespan=lifespan)
+    app.state.swarm = swarm
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=swarm.config.max_body_bytes)
+    app.include_router(swarm_router)
+    app.include_router(openai_router)
+
+    @app.get("/health", tags=["swarm"])
+    async def health() -> dict[str, Any]:
+        return {"ok": True, "policy_version": engine.policy_version, "stopping": swarm.stopping}
+
+    return app
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def serve(config: ServerConfig, engine: Engine | None = None,
+          announce: Callable[[str], None] = _print) -> int:
+    """Run a server until stopped (Ctrl-C, admin stop, or `max_steps`); returns an exit code.
+
+    Binds the socket itself so `port=0` works: the chosen URL is announced and
+    written to `out_dir/server.json` (URL and pid, never the tokens).
+    """
+    import uvicorn
+
+    given = {"token": config.token, "admin_token": config.admin_token}
+    config = config.with_secrets()
+    sock = _bind(config.host, config.port)
+    port = sock.getsockname()[1]
+    url = f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
+    own_engine = engine is None
+    engine = engine if engine is not None else make_engine(config)
+    app = create_app(config, engine)
+    swarm: Swarm = app.state.swarm
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=10))
+
+    def stop() -> None:
+        server.should_exit = True
+
+    swarm.stop_callback = stop
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    (config.out_dir / "server.json").write_text(json.dumps(
+        {"url": url, "pid": os.getpid(), "model": swarm.model_name}, indent=2))
+    announce(f"Roost swarm server on {url} (model {swarm.model_name}, policy version "
+             f"{engine.policy_version}, step {swarm.trainer.step})")
+    announce(f"  worker token: {'(as given)' if given['token'] else config.token}")
+    announce(f"  admin token:  {'(as given)' if given['admin_token'] else config.admin_token}")
+    announce(f"  out dir:      {config.out_dir}")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        if own_engine:
+            asyncio.run(engine.close())
+    return 0

@@ -1,0 +1,74 @@
+"""`swarm serve`: run a swarm server for one trainable model.
+
+    swarm serve                                   # embedded model, 127.0.0.1:8000, token printed
+    swarm serve --model ./my-hf-model --port 0 --group-size 8 --batch-groups 4 --max-steps 100
+    ROOST_TOKEN=secret swarm serve --out runs/exp1 --checkpoint-every 5 --advantage rloo
+
+Registered by `swarm/cli.py` as `app.command("serve")(serve_command)`. The server
+resumes from `OUT/checkpoints/latest` when present; `--max-steps` exits 0 after
+that many optimisation steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from swarm.engine.base import TrainConfig
+
+
+class EngineName(str, Enum):
+    torch = "torch"
+    fake = "fake"
+
+
+class Advantage(str, Enum):
+    grpo = "grpo"
+    rloo = "rloo"
+    reinforce_pp = "reinforce_pp"
+
+
+def serve_command(
+    model: Path = typer.Option(None, "--model", help="Hugging Face model dir [default: the embedded model]"),
+    engine: EngineName = typer.Option(EngineName.torch, "--engine", help="generation/training engine"),
+    host: str = typer.Option("127.0.0.1", "--host", help="bind address (loopback unless told)"),
+    port: int = typer.Option(8000, "--port", help="port; 0 picks a free one (printed)"),
+    group_size: int = typer.Option(8, "--group-size", "-n", min=1, help="episodes per task in a group"),
+    batch_groups: int = typer.Option(4, "--batch-groups", "-B", min=1, help="groups per training step"),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0, help="checkpoint every k steps"),
+    out: Path = typer.Option(None, "--out", help="metrics and checkpoints [default: ROOST_HOME/runs/serve]"),
+    lr: float = typer.Option(TrainConfig.lr, "--lr", min=0.0, help="learning rate"),
+    advantage: Advantage = typer.Option(Advantage.grpo, "--advantage", help="group advantage estimator"),
+    kl_coef: float = typer.Option(TrainConfig.kl_coef, "--kl-coef", min=0.0, help="KL to the reference"),
+    token: str = typer.Option(None, "--token", envvar="ROOST_TOKEN",
+                              help="worker token; generated and printed when absent"),
+    admin_token: str = typer.Option(None, "--admin-token", envvar="ROOST_ADMIN_TOKEN",
+                                    help="admin token; generated and printed when absent"),
+    max_steps: int = typer.Option(None, "--max-steps", min=1, help="stop (exit 0) after this many steps"),
+    max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="default max_tokens of a call"),
+    seed: int = typer.Option(0, "--seed", help="engine seed"),
+    device: str = typer.Option(None, "--device", help="torch device [default: cuda if available]"),
+    log_level: str = typer.Option("info", "--log-level", help="debug | info | warning"),
+) -> None:
+    """Serve a trainable model: OpenAI-compatible endpoints plus the episode API."""
+    from swarm.paths import data_dir, default_model_dir
+    from swarm.server.app import serve
+    from swarm.server.config import ServerConfig
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    train = dataclasses.replace(TrainConfig(), lr=lr, advantage=advantage.value, kl_coef=kl_coef)
+    config = ServerConfig(
+        host=host, port=port, model_dir=model or default_model_dir(), engine=engine.value,
+        device=device, seed=seed, group_size=group_size, batch_groups=batch_groups,
+        checkpoint_every=checkpoint_every, out_dir=out or data_dir() / "runs" / "serve",
+        token=token, admin_token=admin_token, max_steps=max_steps, default_max_tokens=max_tokens,
+        train=train,
+    )
+    if not (Path(config.model_dir) / "config.json").exists() and engine is EngineName.torch:
+        typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(serve(config))

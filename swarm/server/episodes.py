@@ -1,0 +1,156 @@
+"""The episode registry: claims, signed episode keys, recorded calls, finish and abort.
+
+Pure bookkeeping (no I/O, no engine): the routes call it from the event loop, so
+it needs no locks. An episode key is `rk.<episode id>.<epoch>.<hmac>`; the HMAC
+of id and epoch under the server secret makes a forged key fail before any
+lookup, and the epoch makes room for leases: when an expired lease is handed to
+another client the epoch moves on, and the old holder's key gets 409.
+
+Finishing is idempotent by key: a retried finish with the same
+`idempotency_key` returns the stored answer and is never counted twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from swarm.server.errors import ApiError
+
+State = Literal["open", "finished", "aborted"]
+
+
+@dataclass
+class RecordedCall:
+    """One LLM call of an episode, as the engine saw it."""
+
+    agent: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    policy_version: int
+    text: str | None = None  # decoded prompt+completion, cached for token continuity
+
+
+@dataclass
+class Episode:
+    id: str
+    task_id: str
+    task_family: str
+    group_id: str
+    metadata: dict[str, Any]
+    policy_version: int
+    created_at: float
+    lease_expires_at: float
+    epoch: int = 1
+    state: State = "open"
+    calls: list[RecordedCall] = field(default_factory=list)
+    claim_key: str | None = None
+    finish_key: str | None = None
+    finish_response: dict | None = None
+    reward: float | None = None
+
+
+class KeySigner:
+    """HMAC-signed episode keys: `rk.<id>.<epoch>.<sig>`."""
+
+    PREFIX = "rk"
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret.encode()
+
+    def _sig(self, episode_id: str, epoch: int) -> str:
+        msg = f"{episode_id}:{epoch}".encode()
+        return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()[:40]
+
+    def sign(self, episode_id: str, epoch: int) -> str:
+        return f"{self.PREFIX}.{episode_id}.{epoch}.{self._sig(episode_id, epoch)}"
+
+    def verify(self, key: str) -> tuple[str, int]:
+        """(episode id, epoch) of a genuine key; 401 for anything else."""
+        parts = key.split(".")
+        if len(parts) != 4 or parts[0] != self.PREFIX or not parts[2].isdigit():
+            raise ApiError(401, "invalid episode key", "invalid_api_key")
+        episode_id, epoch = parts[1], int(parts[2])
+        if not hmac.compare_digest(parts[3], self._sig(episode_id, epoch)):
+            raise ApiError(401, "invalid episode key", "invalid_api_key")
+        return episode_id, epoch
+
+
+class EpisodeRegistry:
+    """Open episodes by id, plus recently closed ones (for idempotent retries)."""
+
+    def __init__(self, signer: KeySigner, lease_seconds: float, closed_kept: int = 100_000) -> None:
+        self.signer = signer
+        self.lease_seconds = lease_seconds
+        self.closed_kept = closed_kept
+        self.open: dict[str, Episode] = {}
+        self.closed: OrderedDict[str, Episode] = OrderedDict()
+        self._by_claim_key: dict[str, str] = {}
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
+
+    def create(self, episode_id: str, task_id: str, task_family: str, group_id: str,
+               metadata: dict[str, Any], policy_version: int, claim_key: str | None = None) -> Episode:
+        now = time.time()
+        ep = Episode(id=episode_id, task_id=task_id, task_family=task_family,
+                     group_id=group_id, metadata=dict(metadata), policy_version=policy_version,
+                     created_at=now, lease_expires_at=now + self.lease_seconds, claim_key=claim_key)
+        self.open[ep.id] = ep
+        if claim_key:
+            self._by_claim_key[claim_key] = ep.id
+        return ep
+
+    def by_claim_key(self, claim_key: str | None) -> Episode | None:
+        """The still-open episode a retried claim already created, if any."""
+        if not claim_key or claim_key not in self._by_claim_key:
+            return None
+        ep = self.open.get(self._by_claim_key[claim_key])
+        return ep
+
+    def key_for(self, ep: Episode) -> str:
+        return self.signer.sign(ep.id, ep.epoch)
+
+    def get(self, episode_id: str) -> Episode:
+        ep = self.open.get(episode_id) or self.closed.get(episode_id)
+        if ep is None:
+            raise ApiError(404, f"unknown episode {episode_id}", "episode_not_found")
+        return ep
+
+    def authorize(self, key: str, episode_id: str | None = None) -> Episode:
+        """The episode a key names; checks signature, path id, existence and epoch."""
+        key_id, epoch = self.signer.verify(key)
+        if episode_id is not None and key_id != episode_id:
+            raise ApiError(403, "this key belongs to another episode", "wrong_episode")
+        ep = self.get(key_id)
+        if epoch != ep.epoch:
+            raise ApiError(409, "stale episode key: the lease moved on", "stale_epoch")
+        return ep
+
+    @staticmethod
+    def require_open(ep: Episode) -> None:
+        if ep.state != "open":
+            raise ApiError(409, f"episode {ep.id} is {ep.state}", f"episode_{ep.state}")
+
+    def heartbeat(self, ep: Episode) -> float:
+        self.require_open(ep)
+        ep.lease_expires_at = time.time() + self.lease_seconds
+        return ep.lease_expires_at
+
+    def close(self, ep: Episode, state: State) -> None:
+        """Move an open episode to `state` and into the bounded closed list."""
+        ep.state = state
+        ep.calls = []  # samples were built (or dropped); free the token lists
+        self.open.pop(ep.id, None)
+        if ep.claim_key:
+            self._by_claim_key.pop(ep.claim_key, None)
+        self.closed[ep.id] = ep
+        while len(self.closed) > self.closed_kept:
+            self.closed.popitem(last=False)

@@ -1,0 +1,146 @@
+"""Errors on the wire: one JSON shape for every failure, and the body-size guard.
+
+Every 4xx/5xx is `{"error": {"message", "type", "code"}}` (OpenAI's shape, so the
+`openai` package surfaces the message). Validation failures, including malformed
+JSON, are 400 (never 422): one status for "your request is wrong". Nothing a
+client sends may produce a 500; a 500 always means a server bug.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("swarm.server")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error"}
+
+
+class ApiError(Exception):
+    """Raised anywhere in a request; rendered as the JSON error shape."""
+
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 headers: dict[str, str] | None = None, type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = headers or {}
+        self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(status: int, message: str, code: str | None = None, type: str | None = None) -> dict:
+    kind = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+def error_response(status: int, message: str, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code), status_code=status, headers=headers)
+
+
+def _describe(errors: list[dict[str, Any]]) -> str:
+    parts = []
+    for e in errors[:5]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status, exc.message, exc.code, exc.type),
+                            status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        code = "invalid_json" if any(e.get("type") == "json_invalid" for e in errors) else "invalid_request"
+        return error_response(400, _describe(errors), code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
+
+    @app.exception_handler(RecursionError)
+    async def _deep(request: Request, exc: RecursionError) -> JSONResponse:
+        return error_response(400, "request body is nested too deeply", "invalid_json")
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return error_response(500, f"internal server error: {type(exc).__name__}", "internal_error")
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over `max_bytes`, judged on Content-Length and on bytes received.
+
+    The body is read (and counted) before the app sees it, so a chunked upload
+    that lies about nothing but keeps sending is cut off at the limit too. The
+    limit is small enough (MBs) that buffering is cheaper than streaming checks.
+    """
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                await self._reject(send, 400, "invalid Content-Length header", "invalid_request")
+                return
+            if declared > self.max_bytes:
+                await self._reject(send, 413, self._too_big(), "body_too_large")
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
+                await self._reject(send, 413, self._too_big(), "body_too_large")
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> dict:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # later calls wait for the disconnect, as usual
+
+        await self.app(scope, replay, send)
+
+    def _too_big(self) -> str:
+        return f"request body exceeds {self.max_bytes} bytes"
+
+    @staticmethod
+    async def _reject(send: Any, status: int, message: str, code: str) -> None:
+        payload = json.dumps(error_body(status, message, code)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,277 @@
+"""OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+
+The Bearer token is the episode key from a claim, so every call is recorded into
+its episode (prompt ids, completion ids, logprobs, policy version, and the agent
+tag from `X-Roost-Agent`). Responses are OpenAI-shaped; with `return_token_ids`
+or `logprobs` they also carry `prompt_token_ids`, `choices[0].token_ids` and
+per-token logprobs (`choices[0].logprobs.content[]` for chat). `stream: true` is
+real SSE from the engine's `stream()`. `system_fingerprint` names the policy
+version that generated the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import StreamingResponse
+
+from swarm.engine.base import GenerateRequest, SamplingParams
+from swarm.protocol import AGENT_HEADER
+from swarm.server.episodes import Episode, RecordedCall
+from swarm.server.errors import ApiError, error_body
+from swarm.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
+from swarm.server.render import OutputText
+from swarm.server.state import Swarm
+
+log = logging.getLogger("swarm.server")
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+def bearer(authorization: str | None) -> str:
+    if not authorization or not authorization.startswith("Bearer ") or not authorization[7:].strip():
+        raise ApiError(401, "missing Bearer token (the episode's api_key)", "missing_api_key")
+    return authorization[7:].strip()
+
+
+def _agent(value: str | None) -> str:
+    agent = (value or "main").strip() or "main"
+    if len(agent) > 64 or not agent.isprintable():
+        raise ApiError(400, f"{AGENT_HEADER} must be printable and at most 64 characters", "invalid_agent")
+    return agent
+
+
+def _open_episode(request: Request, authorization: str | None) -> tuple[Swarm, Episode]:
+    swarm: Swarm = request.app.state.swarm
+    ep = swarm.episode_for(bearer(authorization))
+    swarm.registry.require_open(ep)
+    if swarm.stopping:
+        raise ApiError(503, "the server is stopping", "stopping")
+    return swarm, ep
+
+
+def _params(swarm: Swarm, body: _Sampling, prompt_len: int, wanted: int | None) -> SamplingParams:
+    if prompt_len == 0:
+        raise ApiError(400, "prompt must not be empty", "invalid_prompt")
+    cfg = swarm.config
+    max_new = min(wanted or cfg.default_max_tokens, cfg.max_tokens_limit)
+    if swarm.context_length is not None:
+        room = swarm.context_length - prompt_len
+        if room < 1:
+            raise ApiError(400, f"prompt of {prompt_len} tokens leaves no room in the model's "
+                                f"{swarm.context_length}-token context", "context_length_exceeded")
+        max_new = min(max_new, room)
+    return SamplingParams(
+        max_tokens=max_new,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.engine_seed(),
+        stop=body.stop_strings(),
+        stop_token_ids=swarm.renderer.stop_token_ids,
+    )
+
+
+@dataclass
+class Call:
+    """One request in flight: what to generate and how to record it."""
+
+    swarm: Swarm
+    episode: Episode
+    agent: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    rid: str
+    created: int
+    want_ids: bool = False
+
+    def record(self, out: OutputText, version: int) -> None:
+        self.swarm.record(self.episode, RecordedCall(self.agent, self.prompt_ids, list(out.ids),
+                                                     list(out.logprobs), version))
+
+    def usage(self, out: OutputText) -> dict[str, int]:
+        n, m = len(self.prompt_ids), len(out.ids)
+        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+
+
+async def _generate(call: Call) -> tuple[OutputText, str, int]:
+    out = OutputText(call.swarm.renderer, call.params.stop)
+    async with call.swarm.gate.generating():
+        completion = await call.swarm.engine.generate(GenerateRequest(call.prompt_ids, call.params))
+    out.add(completion.token_ids, completion.logprobs)
+    out.finish()
+    reason = "stop" if out.stopped else completion.finish_reason
+    call.record(out, completion.policy_version)
+    return out, reason, completion.policy_version
+
+
+def _sse(payload: Any) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+async def _stream(call: Call, chunk: Callable[[str, list[int], list[float], str | None], dict],
+                  first: dict | None, include_usage: bool, obj: str) -> AsyncIterator[str]:
+    """SSE events for one streamed call; the call is recorded once generation completed."""
+    out = OutputText(call.swarm.renderer, call.params.stop)
+    reason = "length"
+    if first is not None:
+        yield _sse(first)
+    try:
+        async with call.swarm.gate.generating():
+            version = call.swarm.engine.policy_version
+            agen = call.swarm.engine.stream(GenerateRequest(call.prompt_ids, call.params))
+            try:
+                async for c in agen:
+                    text, ids, lps = out.add(c.token_ids, c.logprobs)
+                    if text or (ids and call.want_ids):
+                        yield _sse(chunk(text, ids, lps, None))
+                    if out.stopped or c.finish_reason:
+                        reason = "stop" if out.stopped else (c.finish_reason or reason)
+                        break
+            finally:
+                aclose = getattr(agen, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+    except Exception as exc:  # headers are sent: report in-band, as OpenAI does
+        log.exception("stream failed")
+        yield _sse(error_body(500, f"generation failed: {type(exc).__name__}", "engine_error"))
+        yield _sse("[DONE]")
+        return
+    call.record(out, version)
+    yield _sse(chunk(out.finish(), [], [], reason))
+    if include_usage:
+        yield _sse({"id": call.rid, "object": obj, "created": call.created,
+                    "model": call.swarm.model_name, "choices": [], "usage": call.usage(out)})
+    yield _sse("[DONE]")
+
+
+def _streaming(gen: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(gen, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _logprob_content(swarm: Swarm, ids: list[int], lps: list[float]) -> list[dict]:
+    out = []
+    for t, lp in zip(ids, lps):
+        text = swarm.renderer.token_text(t)
+        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "replace")),
+                    "top_logprobs": []})
+    return out
+
+
+def _fingerprint(version: int) -> str:
+    return f"roost-policy-v{version}"
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           authorization: str | None = Header(None),
+                           x_roost_agent: str | None = Header(None)) -> Any:
+    swarm, ep = _open_episode(request, authorization)
+    agent = _agent(x_roost_agent)
+    body.check_n()
+    text = swarm.renderer.render(body.message_dicts(), body.tools)
+    prompt = swarm.renderer.chat_prompt(text, ep.calls, agent)
+    swarm.counters["prompt_continued"] += prompt.continued
+    swarm.counters["prompt_drift"] += prompt.drift
+    call = Call(swarm, ep, agent, prompt.ids, _params(swarm, body, len(prompt.ids), body.wants_max_tokens()),
+                "chatcmpl-" + uuid.uuid4().hex, int(time.time()))
+    want = call.want_ids = bool(body.return_token_ids or body.logprobs)
+    head = {"id": call.rid, "object": "chat.completion.chunk", "created": call.created,
+            "model": swarm.model_name, "system_fingerprint": _fingerprint(swarm.engine.policy_version)}
+
+    if body.stream:
+        def chunk(text: str, ids: list[int], lps: list[float], reason: str | None) -> dict:
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text or reason is None else {},
+                                      "logprobs": None, "finish_reason": reason}
+            if want:
+                choice["token_ids"] = ids
+                choice["logprobs"] = {"content": _logprob_content(swarm, ids, lps)}
+            return {**head, "choices": [choice]}
+
+        first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]}
+        if want:
+            first["prompt_token_ids"] = call.prompt_ids
+        return _streaming(_stream(call, chunk, first, body.include_usage(), "chat.completion.chunk"))
+
+    out, reason, version = await _generate(call)
+    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
+                              "logprobs": None, "finish_reason": reason}
+    response: dict[str, Any] = {**head, "object": "chat.completion", "system_fingerprint": _fingerprint(version),
+                                "choices": [choice], "usage": call.usage(out)}
+    if want:
+        choice["token_ids"] = out.ids
+        choice["logprobs"] = {"content": _logprob_content(swarm, out.ids, out.logprobs)}
+        response["prompt_token_ids"] = call.prompt_ids
+        response["policy_version"] = version
+    return response
+
+
+def _completion_logprobs(swarm: Swarm, ids: list[int], lps: list[float], offset: int) -> dict:
+    tokens = [swarm.renderer.token_text(t) for t in ids]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": None, "text_offset": offsets}
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request,
+                      authorization: str | None = Header(None),
+                      x_roost_agent: str | None = Header(None)) -> Any:
+    swarm, ep = _open_episode(request, authorization)
+    agent = _agent(x_roost_agent)
+    body.check_unsupported()
+    prompt = body.prompt_one()
+    ids = swarm.renderer.encode(prompt) if isinstance(prompt, str) else swarm.renderer.check_ids(prompt)
+    call = Call(swarm, ep, agent, ids, _params(swarm, body, len(ids), body.max_tokens),
+                "cmpl-" + uuid.uuid4().hex, int(time.time()))
+    want_lp = body.logprobs is not None and body.logprobs is not False
+    want_ids = call.want_ids = bool(body.return_token_ids or want_lp)
+    head = {"id": call.rid, "object": "text_completion", "created": call.created, "model": swarm.model_name,
+            "system_fingerprint": _fingerprint(swarm.engine.policy_version)}
+
+    if body.stream:
+        sent = [0]
+
+        def chunk(text: str, ids_: list[int], lps: list[float], reason: str | None) -> dict:
+            choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            if want_lp:
+                choice["logprobs"] = _completion_logprobs(swarm, ids_, lps, sent[0])
+            if want_ids:
+                choice["token_ids"] = ids_
+            sent[0] += len(text)
+            return {**head, "choices": [choice]}
+
+        first = None
+        if want_ids:
+            first = {**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None,
+                                          "prompt_token_ids": ids, "token_ids": []}]}
+        return _streaming(_stream(call, chunk, first, body.include_usage(), "text_completion"))
+
+    out, reason, version = await _generate(call)
+    choice = {"index": 0, "text": out.text, "finish_reason": reason, "logprobs": None}
+    if want_lp:
+        choice["logprobs"] = _completion_logprobs(swarm, out.ids, out.logprobs, 0)
+    response = {**head, "system_fingerprint": _fingerprint(version), "choices": [choice],
+                "usage": call.usage(out)}
+    if want_ids:
+        choice["token_ids"] = out.ids
+        choice["prompt_token_ids"] = ids
+        response["prompt_token_ids"] = ids
+        response["policy_version"] = version
+    return response
+
+
+@router.get("/models")
+async def models(request: Request, authorization: str | None = Header(None)) -> Any:
+    swarm: Swarm = request.app.state.swarm
+    swarm.check_any(bearer(authorization))
+    return {"object": "list", "data": [{"id": swarm.model_name, "object": "model", "created": 0,
+                                        "owned_by": "roost", "policy_version": swarm.engine.policy_version}]}

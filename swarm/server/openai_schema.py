@@ -1,0 +1,113 @@
+"""Request bodies of the OpenAI-compatible routes, and the knobs they map to.
+
+Unknown fields are accepted and ignored (OpenAI clients send many); the knobs we
+honour are validated (ranges, NaN) so a bad value is a 400, never an engine
+crash. Roost extensions: `return_token_ids` (vLLM's name) asks for
+`prompt_token_ids` and `token_ids` in the response.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from swarm.server.errors import ApiError
+
+MAX_STOP = 16
+SEED_MOD = 1 << 63
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class ChatMessage(_Body):
+    role: str = Field(min_length=1, max_length=64)
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class _Sampling(_Body):
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = Field(None, ge=1, le=128)
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    return_token_ids: bool | None = False
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOP:
+            raise ApiError(400, f"at most {MAX_STOP} stop strings", "invalid_stop")
+        return tuple(s for s in stops if s)
+
+    def check_n(self) -> None:
+        if self.n not in (None, 1):
+            raise ApiError(400, "n > 1 is not supported: claim one episode per sample", "unsupported_n")
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    def engine_seed(self) -> int | None:
+        return None if self.seed is None else self.seed % SEED_MOD
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+
+    def wants_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """Messages as the chat template wants them: content flattened to text."""
+        out = []
+        for m in self.messages:
+            d = m.model_dump(exclude_none=True)
+            content = m.content
+            if isinstance(content, list):
+                texts = []
+                for part in content:
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise ApiError(400, "only text content parts are supported", "unsupported_content")
+                    texts.append(part["text"])
+                content = "".join(texts)
+            d["content"] = content or ""
+            out.append(d)
+        return out
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | bool | None = Field(None, ge=0, le=20)
+    echo: bool | None = False
+    best_of: int | None = Field(None, ge=1, le=1)
+    suffix: str | None = None
+
+    def prompt_one(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        if not p:
+            raise ApiError(400, "prompt must not be empty", "invalid_prompt")
+        if all(isinstance(x, int) for x in p):
+            return list(p)  # type: ignore[arg-type]
+        if len(p) != 1:
+            raise ApiError(400, "batched prompts are not supported: send one prompt per request",
+                           "unsupported_batch")
+        return p[0]  # type: ignore[return-value]
+
+    def check_unsupported(self) -> None:
+        self.check_n()
+        if self.echo:
+            raise ApiError(400, "echo is not supported", "unsupported_echo")
+        if self.suffix:
+            raise ApiError(400, "suffix is not supported", "unsupported_suffix")

@@ -1,0 +1,155 @@
+"""Messages to prompt ids, and completion ids back to text.
+
+Token continuity: an agent re-sends its conversation each turn. Re-tokenizing the
+rendered text can split the model's own earlier output differently from how it
+was generated, which breaks the timeline's prefix merge and trains on ids the
+model never produced. So when the rendered prompt *text* starts with the decoded
+text of an earlier call of the same episode and agent (prompt + completion), the
+new prompt reuses that call's exact ids and tokenizes only the new tail. Where
+plain re-tokenization would have produced other ids, `drift` counts it.
+
+Output text follows OpenAI's stop semantics: the stop string and anything after
+it are cut from the text, while the token ids keep what was generated up to the
+token that completed the stop string (the ids are what training sees). Without a
+stop string, `decode(token_ids, skip_special_tokens=True) == text` holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from swarm.server.episodes import RecordedCall
+from swarm.server.errors import ApiError
+
+REPLACEMENT = "\ufffd"  # an incomplete UTF-8 sequence decodes to this; wait for more bytes
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    continued: bool = False  # reused an earlier call's exact ids
+    drift: bool = False  # plain re-tokenization would have given other ids
+
+
+class ChatRenderer:
+    def __init__(self, tokenizer: Any, vocab_size: int | None = None) -> None:
+        self.tok = tokenizer
+        self.vocab_size = vocab_size or len(tokenizer)
+        ids: list[int] = []
+        for t in ("<|im_end|>", "<|endoftext|>", getattr(tokenizer, "eos_token", None)):
+            i = tokenizer.convert_tokens_to_ids(t) if t else None
+            if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id and i not in ids:
+                ids.append(i)
+        self.stop_token_ids = tuple(ids)
+
+    # -- prompts --------------------------------------------------------------
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            text = self.tok.apply_chat_template(messages, **kwargs)
+        except Exception as exc:  # template errors (bad roles, raise_exception) are the client's
+            raise ApiError(400, f"cannot render messages with the chat template: {exc}",
+                           "invalid_messages") from exc
+        if not isinstance(text, str):
+            raise ApiError(400, "chat template did not render to text", "invalid_messages")
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return list(self.tok.encode(text, add_special_tokens=False))
+        except Exception as exc:  # e.g. lone surrogates that are not valid UTF-8
+            raise ApiError(400, f"cannot tokenize the prompt: {exc}", "invalid_prompt") from exc
+
+    def chat_prompt(self, text: str, history: Sequence[RecordedCall], agent: str) -> Prompt:
+        """Prompt ids for rendered `text`, continuing the longest matching earlier call."""
+        best: RecordedCall | None = None
+        for call in history:
+            if call.agent != agent:
+                continue
+            if call.text is None:
+                call.text = self.tok.decode(call.prompt_ids + call.completion_ids, skip_special_tokens=False)
+            if text.startswith(call.text) and (best is None or len(call.text) > len(best.text or "")):
+                best = call
+        plain = self.encode(text)
+        if best is None:
+            return Prompt(plain)
+        assert best.text is not None
+        ids = best.prompt_ids + best.completion_ids + self.encode(text[len(best.text):])
+        return Prompt(ids, continued=True, drift=ids != plain)
+
+    def check_ids(self, ids: Sequence[int]) -> list[int]:
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ApiError(400, f"token ids out of range [0, {self.vocab_size}): {bad[:5]}", "invalid_prompt")
+        return list(ids)
+
+    # -- outputs --------------------------------------------------------------
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tok.decode([token_id], skip_special_tokens=False)
+
+
+class OutputText:
+    """Incremental detokenizer for one completion, with stop strings and UTF-8 hold-back.
+
+    `add()` returns the new visible text plus the ids/logprobs kept from this
+    chunk; once a stop string appears, `stopped` is set and later ids are dropped.
+    """
+
+    def __init__(self, renderer: ChatRenderer, stop: Sequence[str] = ()) -> None:
+        self.r = renderer
+        self.stop = tuple(s for s in stop if s)
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text = ""  # visible text so far (after stop truncation)
+        self.sent = 0  # chars of `text` already handed out
+        self.stopped = False
+
+    def add(self, ids: Sequence[int], logprobs: Sequence[float]) -> tuple[str, list[int], list[float]]:
+        if self.stopped:
+            return "", [], []
+        start = len(self.ids)
+        if self.stop:
+            for tok, lp in zip(ids, logprobs):  # token by token: where exactly the stop completed
+                self.ids.append(tok)
+                self.logprobs.append(lp)
+                if self._cut(self.r.decode(self.ids)):
+                    break
+        else:
+            self.ids += list(ids)
+            self.logprobs += list(logprobs)
+            self.text = self.r.decode(self.ids)
+        return self._emit(final=self.stopped), self.ids[start:], self.logprobs[start:]
+
+    def _cut(self, text: str) -> bool:
+        hits = [i for i in (text.find(s, max(0, self.sent - len(s))) for s in self.stop) if i >= 0]
+        if hits:
+            self.text = text[: min(hits)]
+            self.stopped = True
+            return True
+        self.text = text
+        return False
+
+    def finish(self) -> str:
+        """The rest of the text (held-back bytes included) once generation ended."""
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        end = len(self.text)
+        if not final:
+            while end > self.sent and self.text[end - 1] == REPLACEMENT:
+                end -= 1
+            for s in self.stop:  # a suffix that may grow into a stop string stays back
+                for k in range(min(len(s) - 1, end - self.sent), 0, -1):
+                    if self.text[end - k:end] == s[:k]:
+                        end -= k
+                        break
+        end = max(end, self.sent)
+        delta = self.text[self.sent:end]
+        self.sent = end
+        return delta

@@ -1,0 +1,246 @@
+"""`Swarm`: the server's components wired together, and the operations routes call.
+
+    claim  -> batcher.admit (on-policy window) -> registry.create -> signed key
+    call   -> (recorded by the OpenAI routes) -> episode.calls
+    finish -> timeline.episode_samples -> batcher.finish -> trainer.kick
+    abort  -> batcher.release
+    step   -> checkpoint every k -> stop after max_steps
+
+Everything here runs on the event loop; only `train_step` and checkpoint writes
+go to worker threads. The Swarm holds no math: samples come from
+`swarm.timeline`, advantages and losses live in the engine's algorithms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+from swarm.engine.base import Engine
+from swarm.protocol import (
+    AbortRequest, AbortResponse, ClaimRequest, ClaimResponse, FinishRequest, FinishResponse,
+    GroupStatus, StatusResponse,
+)
+from swarm.server.batcher import Batcher, FinishedEpisode, Rejected
+from swarm.server.checkpoint import Checkpointer
+from swarm.server.config import ServerConfig
+from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner, RecordedCall
+from swarm.server.errors import ApiError
+from swarm.server.render import ChatRenderer
+from swarm.server.trainer import GenerationGate, MetricsLog, Trainer
+
+log = logging.getLogger("swarm.server")
+
+
+def load_tokenizer(engine: Engine, model_dir: Path) -> Any:
+    tok = getattr(engine, "tokenizer", None)
+    if tok is not None:
+        return tok
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def context_length(engine: Engine, model_dir: Path) -> int | None:
+    n = getattr(engine, "max_positions", None)
+    if isinstance(n, int):
+        return n
+    try:
+        return int(json.loads((Path(model_dir) / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class Swarm:
+    def __init__(self, config: ServerConfig, engine: Engine) -> None:
+        self.config = config if (config.token and config.admin_token and config.secret) \
+            else config.with_secrets()
+        config = self.config
+        self.engine = engine
+        self.model_name = config.served_model_name
+        self.renderer = ChatRenderer(load_tokenizer(engine, config.model_dir))
+        self.context_length = context_length(engine, config.model_dir)
+        self.registry = EpisodeRegistry(KeySigner(config.secret or ""), config.lease_seconds,
+                                        config.closed_episodes_kept)
+        self.batcher = Batcher(config.group_size, config.batch_groups)
+        self.gate = GenerationGate()
+        self.counters: Counter[str] = Counter()
+        self.out_dir = Path(config.out_dir)
+        self.checkpointer = Checkpointer(self.out_dir / "checkpoints", config.keep_checkpoints)
+        self.trainer = Trainer(engine, self.batcher, self.gate, config.train,
+                               MetricsLog(self.out_dir / "metrics.jsonl"), self._after_step)
+        self.last_checkpoint: str | None = None
+        self._checkpointed_step = 0
+        self.stopping = False
+        self.stop_callback: Callable[[], None] | None = None
+        self._stop_task: asyncio.Task | None = None
+        if config.resume:
+            self.resume()
+
+    # -- auth -----------------------------------------------------------------
+    def check_worker(self, token: str) -> None:
+        if not any(t and hmac.compare_digest(token, t) for t in (self.config.token, self.config.admin_token)):
+            raise ApiError(401, "invalid worker token", "invalid_token")
+
+    def check_admin(self, token: str) -> None:
+        if not (self.config.admin_token and hmac.compare_digest(token, self.config.admin_token)):
+            raise ApiError(403 if self._is_worker(token) else 401, "admin token required", "admin_only")
+
+    def _is_worker(self, token: str) -> bool:
+        return bool(self.config.token) and hmac.compare_digest(token, self.config.token or "")
+
+    def episode_for(self, key: str, episode_id: str | None = None) -> Episode:
+        return self.registry.authorize(key, episode_id)
+
+    def check_any(self, token: str) -> None:
+        """Worker, admin or any genuine episode key (for read-only routes like /v1/models)."""
+        try:
+            self.check_worker(token)
+        except ApiError:
+            self.registry.signer.verify(token)
+
+    # -- episodes -------------------------------------------------------------
+    def _refuse_if_stopping(self) -> None:
+        if self.stopping:
+            raise ApiError(503, "the server is stopping", "stopping",
+                           headers={"Retry-After": str(int(self.config.stop_grace_s) + 1)})
+
+    def claim(self, req: ClaimRequest, base_url: str) -> ClaimResponse:
+        self._refuse_if_stopping()
+        ep = self.registry.by_claim_key(req.claim_key)
+        if ep is None:
+            episode_id = self.registry.new_id()
+            try:
+                group = self.batcher.admit(req.task_id, episode_id)
+            except Rejected as r:
+                self.counters["claims_rejected"] += 1
+                retry = max(1, round(self.config.retry_after_s))
+                raise ApiError(429, r.message, r.code, headers={"Retry-After": str(retry)}) from None
+            ep = self.registry.create(episode_id, req.task_id, req.task_family, group.group_id,
+                                      req.metadata, self.engine.policy_version, req.claim_key)
+            self.counters["claims"] += 1
+        return ClaimResponse(
+            episode_id=ep.id, base_url=base_url, api_key=self.registry.key_for(ep),
+            lease_expires_at=ep.lease_expires_at, policy_version=ep.policy_version,
+            model=self.model_name, group_id=ep.group_id, task_id=ep.task_id)
+
+    def record(self, ep: Episode, call: RecordedCall) -> None:
+        """Keep a finished LLM call; a call that ends after its episode closed is dropped."""
+        if ep.state != "open":
+            self.counters["calls_dropped"] += 1
+            return
+        ep.calls.append(call)
+        self.counters["calls"] += 1
+        self.counters["prompt_tokens"] += len(call.prompt_ids)
+        self.counters["completion_tokens"] += len(call.completion_ids)
+
+    def finish(self, ep: Episode, req: FinishRequest) -> FinishResponse:
+        if ep.state == "finished" and req.idempotency_key and req.idempotency_key == ep.finish_key:
+            self.counters["finish_replays"] += 1
+            return FinishResponse.model_validate(ep.finish_response)
+        self.registry.require_open(ep)
+        from swarm.timeline import Call, episode_samples  # the lead's merge; imported late on purpose
+
+        calls = [Call(c.agent, c.prompt_ids, c.completion_ids, c.logprobs, c.policy_version)
+                 for c in ep.calls]
+        samples = episode_samples(calls, ep.id, ep.group_id, req.reward, agent_rewards=req.agent_rewards)
+        self.batcher.finish(ep.group_id, FinishedEpisode(ep.id, req.reward, samples, dict(req.metrics)))
+        response = FinishResponse(
+            episode_id=ep.id, reward=req.reward, samples=len(samples), calls=len(calls),
+            group_id=ep.group_id, policy_version=self.engine.policy_version, step=self.trainer.step)
+        ep.reward = req.reward
+        ep.finish_key = req.idempotency_key
+        ep.finish_response = response.model_dump()
+        self.registry.close(ep, "finished")
+        self.counters["finished"] += 1
+        self.trainer.kick()
+        return response
+
+    def abort(self, ep: Episode, req: AbortRequest) -> AbortResponse:
+        if ep.state == "aborted":
+            return AbortResponse(episode_id=ep.id)
+        self.registry.require_open(ep)
+        self.batcher.release(ep.group_id, ep.id, drop=not req.release)
+        self.registry.close(ep, "aborted")
+        self.counters["aborted"] += 1
+        self.trainer.kick()  # a dropped slot may complete the last group
+        return AbortResponse(episode_id=ep.id)
+
+    def status(self) -> StatusResponse:
+        groups = [GroupStatus(group_id=g.group_id, task_id=g.task_id, claimed=len(g.claimed),
+                              finished=len(g.finished), dropped=g.dropped)
+                  for g in self.batcher.groups.values()]
+        return StatusResponse(
+            model=self.model_name, step=self.trainer.step, policy_version=self.engine.policy_version,
+            group_size=self.config.group_size, batch_groups=self.config.batch_groups,
+            training=self.batcher.training, stopping=self.stopping,
+            open_episodes=len(self.registry.open), buffered_groups=self.batcher.complete_groups(),
+            groups=groups, counters={**self.counters, "train_errors": self.trainer.errors},
+            last_checkpoint=self.last_checkpoint, max_steps=self.config.max_steps)
+
+    # -- steps, checkpoints, stopping -----------------------------------------
+    async def _after_step(self, step: int) -> dict[str, float]:
+        extra: dict[str, float] = {}
+        k = self.config.checkpoint_every
+        if k and step % k == 0:
+            t0 = time.monotonic()
+            await self.checkpoint()
+            extra["wall_checkpoint_s"] = time.monotonic() - t0
+        if self.config.max_steps is not None and step >= self.config.max_steps:
+            self.request_stop(f"reached max_steps={self.config.max_steps}")
+        return extra
+
+    def _state(self) -> dict[str, Any]:
+        return {"step": self.trainer.step, "policy_version": self.engine.policy_version,
+                "window": self.batcher.window + 1, "counters": dict(self.counters),
+                "model_name": self.model_name}
+
+    async def checkpoint(self) -> Path:
+        path = await asyncio.to_thread(self.checkpointer.save, self.engine, self.trainer.step, self._state())
+        self.last_checkpoint = str(path)
+        self._checkpointed_step = self.trainer.step
+        log.info("checkpoint %s", path)
+        return path
+
+    def resume(self) -> Path | None:
+        path = self.checkpointer.latest()
+        if path is None:
+            return None
+        state = self.checkpointer.read_state(path)
+        self.engine.load(path)
+        self.engine.policy_version = int(state["policy_version"])
+        self.trainer.step = self._checkpointed_step = int(state["step"])
+        self.batcher.window = int(state.get("window", state["step"]))
+        self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
+        self.counters["resumes"] += 1
+        self.last_checkpoint = str(path)
+        log.info("resumed from %s: step %d, policy version %d", path, self.trainer.step,
+                 self.engine.policy_version)
+        return path
+
+    def request_stop(self, reason: str) -> None:
+        """Refuse new work, let a running step finish, checkpoint, then exit after a grace."""
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("stopping: %s", reason)
+        self._stop_task = asyncio.get_running_loop().create_task(self._stop())
+
+    async def _stop(self) -> None:
+        try:
+            await self.trainer.wait()
+            if self.config.checkpoint_on_stop and self.trainer.step > self._checkpointed_step:
+                async with self.gate.exclusive():
+                    await self.checkpoint()
+            await asyncio.sleep(self.config.stop_grace_s)
+        except Exception:
+            log.exception("error while stopping")
+        finally:
+            if self.stop_callback is not None:
+                self.stop_callback()

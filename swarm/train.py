@@ -1,0 +1,193 @@
+"""`swarm train`: one server and a client fleet, as separate processes, over loopback.
+
+    swarm model init && swarm train --task arith
+
+The server (`swarm serve`) owns the model and trains it; the fleet
+(`swarm client`, any number of processes) plays the task through the server's
+OpenAI-compatible endpoint. This command only orchestrates: it picks a port and
+a token, starts both, shows progress from the server's status and metrics, stops
+everything by PID when the target step is reached (or on Ctrl-C), and writes
+`summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+console = Console(stderr=True)
+
+
+@dataclass
+class TrainSpec:
+    task: str = "arith"
+    model: Path | None = None
+    out: Path = Path("runs/train")
+    steps: int = 40
+    group_size: int = 8
+    batch_groups: int = 4
+    lr: float | None = None
+    advantage: str = "grpo"
+    kl_coef: float = 0.0
+    clients: int = 1
+    concurrency: int = 32
+    seed: int = 0
+    dataset_size: int = 100_000
+    checkpoint_every: int = 0
+    extra_server_args: list[str] = field(default_factory=list)
+    timeout_s: float = 3600.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _swarm(*args: str) -> list[str]:
+    return [sys.executable, "-m", "swarm", *args]
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Terminate a child we started, by PID (its process group), escalating to SIGKILL."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=5)
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line being written right now
+    return rows
+
+
+def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5) -> dict:
+    steps = [{k: v for k, v in r.items() if isinstance(v, (int, float, str)) or v is None} for r in rows]
+    rewards = [float(r["reward_mean"]) for r in rows if r.get("reward_mean") is not None]
+    head, tail = rewards[:window], rewards[-window:]
+    return {
+        "task": spec.task,
+        "model": str(spec.model) if spec.model else None,
+        "config": {"steps": spec.steps, "group_size": spec.group_size, "batch_groups": spec.batch_groups,
+                   "lr": spec.lr, "advantage": spec.advantage, "kl_coef": spec.kl_coef, "seed": spec.seed,
+                   "clients": spec.clients, "concurrency": spec.concurrency},
+        "steps": steps,
+        "reward_first": sum(head) / len(head) if head else None,
+        "reward_last": sum(tail) / len(tail) if tail else None,
+        "wall_s": round(wall_s, 2),
+    }
+
+
+def run(spec: TrainSpec) -> dict:
+    out = spec.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    port, token, admin = free_port(), secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    url = f"http://127.0.0.1:{port}"
+    server_args = ["serve", "--port", str(port), "--out", str(out / "server"), "--token", token,
+                   "--admin-token", admin, "--group-size", str(spec.group_size),
+                   "--batch-groups", str(spec.batch_groups), "--max-steps", str(spec.steps),
+                   "--advantage", spec.advantage, "--kl-coef", str(spec.kl_coef), "--seed", str(spec.seed),
+                   "--checkpoint-every", str(spec.checkpoint_every)]
+    if spec.model:
+        server_args += ["--model", str(spec.model)]
+    if spec.lr is not None:
+        server_args += ["--lr", str(spec.lr)]
+    server_args += spec.extra_server_args
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": token}
+    t0 = time.monotonic()
+    procs: list[subprocess.Popen] = []
+    try:
+        server = subprocess.Popen(_swarm(*server_args), stdout=open(logs / "server.log", "w"),
+                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        procs.append(server)
+        _wait_healthy(url, token, server, logs / "server.log")
+        per_client = max(1, spec.concurrency // spec.clients)
+        for i in range(spec.clients):
+            args = ["client", "--url", url, "--task", spec.task, "--n", str(spec.group_size),
+                    "--concurrency", str(per_client), "--seed", str(spec.seed * 1000 + i),
+                    "--dataset-size", str(spec.dataset_size)]
+            procs.append(subprocess.Popen(_swarm(*args), stdout=open(logs / f"client{i}.log", "w"),
+                                          stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        _follow(spec, url, token, server, out / "server" / "metrics.jsonl", t0, procs[1:])
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+    wall = time.monotonic() - t0
+    summary = summarize(_read_metrics(out / "server" / "metrics.jsonl"), wall, spec)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if server.poll() is not None:
+            raise RuntimeError(f"server exited with code {server.returncode}; see {log}:\n"
+                               + log.read_text()[-2000:])
+        try:
+            r = httpx.get(f"{url}/swarm/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=2)
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"server at {url} not healthy after {timeout:.0f}s; see {log}")
+
+
+def _follow(spec: TrainSpec, url: str, token: str, server: subprocess.Popen, metrics: Path, t0: float,
+            clients: list[subprocess.Popen]) -> None:
+    shown = 0
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task(f"training {spec.task}", total=spec.steps, info="")
+        while True:
+            rows = _read_metrics(metrics)
+            for r in rows[shown:]:
+                progress.console.print(
+                    f"step {r.get('step')}: reward {r.get('reward_mean', float('nan')):.3f}  "
+                    f"loss {r.get('loss', float('nan')):+.4f}  kl {r.get('kl', float('nan')):.4f}  "
+                    f"entropy {r.get('entropy', float('nan')):.3f}  {r.get('tokens_per_s', 0):.0f} tok/s")
+            shown = len(rows)
+            info = f"reward {rows[-1].get('reward_mean', 0):.3f}" if rows else "collecting…"
+            progress.update(bar, completed=min(shown, spec.steps), info=info)
+            if server.poll() is not None:
+                if shown < spec.steps:
+                    raise RuntimeError(f"server stopped after {shown} of {spec.steps} steps "
+                                       f"(exit code {server.returncode}); see its log")
+                return
+            if shown >= spec.steps:
+                server.wait(timeout=60)  # it exits by itself after --max-steps
+                return
+            if all(c.poll() is not None for c in clients):
+                raise RuntimeError("every client process exited; see the client logs")
+            if time.monotonic() - t0 > spec.timeout_s:
+                raise TimeoutError(f"training did not reach {spec.steps} steps in {spec.timeout_s:.0f}s")
+            time.sleep(0.5)
