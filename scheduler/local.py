@@ -10,6 +10,8 @@ code to a file. Everything lives in one directory per job:
         stdout, stderr     the job's output
         started            JSON: when the job got a slot and started
         child              JSON: pid/pgid of the job's process group
+        spec.json          the submitted spec (mode 600: env may hold tokens)
+        handle.json        the JobHandle, for a submitter that crashed before recording it
         exit.json          JSON: state, exit code, reason, times (written last)
         cancel             marker: a cancel was requested
 
@@ -32,6 +34,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from scheduler.base import BackendError, JobHandle, JobStatus, Stream, read_log
 from scheduler.spec import JobSpec
@@ -56,7 +59,7 @@ def _ts(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -87,7 +90,9 @@ class LocalBackend:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         job_dir = spec.resolved_log_dir() / f"{spec.name}-{stamp}-{secrets.token_hex(3)}"
         job_dir.mkdir(parents=True, exist_ok=False)
-        (job_dir / "spec.json").write_text(spec.model_dump_json(indent=1))
+        spec_file = job_dir / "spec.json"
+        spec_file.touch(mode=0o600)  # the environment may hold tokens
+        spec_file.write_text(spec.model_dump_json(indent=1))
         command = list(spec.command)
         if spec.setup:  # setup lines run in bash, then the command replaces the shell
             script = "set -e\n" + "\n".join(spec.setup) + '\nexec "$@"\n'
@@ -105,8 +110,11 @@ class LocalBackend:
             raise BackendError(f"could not start local job {spec.name!r}: {e}") from e
         ticks = proc_start_ticks(proc.pid)  # our unreaped child: the pid cannot be reused yet
         self._children[proc.pid] = proc
-        return JobHandle(backend=self.name, external_id=f"{proc.pid}:{ticks}", name=spec.name,
-                         stdout_path=str(job_dir / "stdout"), stderr_path=str(job_dir / "stderr"))
+        handle = JobHandle(backend=self.name, external_id=f"{proc.pid}:{ticks}", name=spec.name,
+                           stdout_path=str(job_dir / "stdout"), stderr_path=str(job_dir / "stderr"))
+        # Lets a submitter that crashed before recording the handle find it again.
+        (job_dir / "handle.json").write_text(handle.model_dump_json())
+        return handle
 
     # ---------------------------------------------------------------- status
     def status(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:

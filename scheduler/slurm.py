@@ -144,6 +144,7 @@ class SlurmBackend:
         log_dir = spec.resolved_log_dir()
         log_dir.mkdir(parents=True, exist_ok=True)
         script = log_dir / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.sbatch"
+        script.touch(mode=0o600)  # exported env may hold tokens
         script.write_text(render_script(spec))
         res = self._check(["sbatch", "--parsable", *spec.slurm_args, str(script)])
         if res.returncode != 0:

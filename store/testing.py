@@ -169,47 +169,71 @@ def _healthy(url: str) -> bool:
         return False
 
 
-@contextmanager
-def start_mlflow_server(workdir: Path, timeout_s: float = 120.0) -> Iterator[str]:
-    """`python -m mlflow server` on a free loopback port with a SQLite backend and
-    proxied artifacts under `workdir`; yields its http:// URI once /health answers."""
-    workdir = Path(workdir).absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    uri = f"http://127.0.0.1:{port}"
-    log_file = open(workdir / "mlflow-server.log", "wb")
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{workdir / 'server.db'}",
-         "--artifacts-destination", str(workdir / "artifacts")],
-        cwd=workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
+class MlflowServer:
+    """`python -m mlflow server` on a free loopback port: SQLite backend and proxied
+    artifacts under `workdir`. `launch()` returns at once (the server needs 15-20 s
+    to answer), so a test session can start it early and `wait()` when needed."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = Path(workdir).absolute()
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log = self.workdir / "mlflow-server.log"
+
+    def launch(self) -> MlflowServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        with open(self._log, "wb") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--workers", "1",
+                 "--backend-store-uri", f"sqlite:///{self.workdir / 'server.db'}",
+                 "--artifacts-destination", str(self.workdir / "artifacts")],
+                cwd=self.workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: workers die with it
+            )
+        return self
+
+    def wait(self, timeout_s: float = 120.0) -> str:
+        """Block until /health answers; returns the tracking URI."""
+        assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + timeout_s
-        while not _healthy(f"{uri}/health"):
-            if proc.poll() is not None:
+        while not _healthy(f"{self.uri}/health"):
+            if self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"mlflow server exited with {proc.returncode}: "
-                    f"{(workdir / 'mlflow-server.log').read_text()[-2000:]}"
+                    f"mlflow server exited with {self.proc.returncode}: {self._log.read_text()[-2000:]}"
                 )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"mlflow server not healthy after {timeout_s:.0f} s")
-            time.sleep(0.5)
-        yield uri
+            time.sleep(0.3)
+        return self.uri
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL what lingers (workers outlive the leader)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+
+@contextmanager
+def start_mlflow_server(workdir: Path, timeout_s: float = 120.0) -> Iterator[str]:
+    """Launch an `MlflowServer`, yield its URI once healthy, kill its group afterwards."""
+    server = MlflowServer(workdir).launch()
+    try:
+        yield server.wait(timeout_s)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=10)
-                # workers may linger after the leader exits: sweep the group once more
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                continue
-            break
-        log_file.close()
+        server.stop()

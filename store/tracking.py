@@ -10,8 +10,10 @@ global `mlflow.set_tracking_uri` / active-run state), so one process can hold ru
 in several experiments or even several tracking stores at once.
 
 Metrics are buffered and sent with `log_batch` (one call per 1000 values instead of
-one per value: ~60x faster on SQLite); the buffer is flushed when it reaches
-`flush_size`, every `flush_interval_s` by a background thread, and on close.
+one per value: ~60x faster on SQLite) by a background thread when the buffer reaches
+`flush_size` or every `flush_interval_s`, and synchronously on `flush()` and close.
+An unreachable tracking store is retried with back-off; it never raises into the
+training loop.
 
     parent = RunLogger.start("study-7", run_name="study", tags={"roost.study_id": "7"})
     with parent.child("arm=lr-high seed=0", tags={"roost.arm": "lr-high"}) as run:
@@ -25,6 +27,7 @@ one per value: ~60x faster on SQLite); the buffer is flushed when it reaches
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import logging
 import math
@@ -33,7 +36,8 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -97,17 +101,42 @@ _clients_lock = threading.Lock()
 
 
 def get_client(uri: str | None = None) -> MlflowClient:
-    """A cached client for the URI. Creating a SQLite store runs MLflow's own
-    migrations; doing that once per process (and under a lock) avoids two
-    threads racing to create the same database."""
+    """A cached client for the URI.
+
+    Opening a new SQLite store runs MLflow's own migrations (seconds). That happens
+    here, once per process, under a thread lock and, for a SQLite file, a file lock:
+    a swarm server and `swarm train` starting together must not both create it.
+    """
     resolved = tracking_uri(uri)
     with _clients_lock:
         client = _clients.get(resolved)
         if client is None:
-            client = MlflowClient(tracking_uri=resolved)
-            client.search_experiments(max_results=1)  # initialise the store now
+            with _file_lock(_sqlite_file(resolved)):
+                client = MlflowClient(tracking_uri=resolved)
+                client.search_experiments(max_results=1)  # create/upgrade the store now
             _clients[resolved] = client
         return client
+
+
+def _sqlite_file(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+@contextmanager
+def _file_lock(path: Path | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def ensure_experiment(client: MlflowClient, name: str, location: str | None = None) -> str:
@@ -143,6 +172,14 @@ class RunLogger:
     Thread-safe: the swarm server logs from request handlers and its trainer.
     Use `RunLogger.start(...)` (new or resumed run) or `parent.child(...)`.
     As a context manager it ends the run FINISHED, or FAILED on an exception.
+
+    Metrics: `log_metrics` only appends to a buffer. A background thread sends it
+    with `log_batch` when it holds `flush_size` values or every `flush_interval_s`,
+    so a slow or unreachable tracking server never stalls training; failures are
+    logged and retried with back-off (unsent values stay buffered, the oldest are
+    dropped beyond `MAX_BUFFER`). `flush()` and `set_terminated()` send
+    synchronously and raise on failure. `flush_interval_s=0` disables the thread:
+    every flush then happens in the caller, on size, on `flush()` and on close.
     """
 
     def __init__(
@@ -160,14 +197,14 @@ class RunLogger:
         self.flush_size = max(1, flush_size)
         self.flush_interval_s = flush_interval_s
         self._buffer: list[Metric] = []
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # guards _buffer and _closed
+        self._send_lock = threading.Lock()  # one log_batch at a time, in order
         self._closed = False
-        self._last_flush = time.monotonic()
-        self._wake = threading.Event()
+        self._kick = threading.Event()
         self._thread: threading.Thread | None = None
         if flush_interval_s > 0:
             self._thread = threading.Thread(
-                target=self._flusher, name=f"mlflow-flush-{run_id[:8]}", daemon=True
+                target=self._sender, name=f"mlflow-metrics-{run_id[:8]}", daemon=True
             )
             self._thread.start()
         atexit.register(self._atexit)
@@ -235,7 +272,7 @@ class RunLogger:
             self.client.log_batch(self.run_id, tags=items[i : i + MAX_PARAMS_PER_BATCH])
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any], *, timestamp_ms: int | None = None) -> None:
-        """Buffer one step's metrics (None values are skipped); flushes when the buffer fills."""
+        """Buffer one step's metrics (None values are skipped). Never one call per value."""
         ts = timestamp_ms if timestamp_ms is not None else _now_ms()
         batch = []
         for key, value in metrics.items():
@@ -246,41 +283,61 @@ class RunLogger:
             if self._closed:
                 raise RuntimeError(f"run {self.run_id} is closed")
             self._buffer.extend(batch)
-            if len(self._buffer) >= self.flush_size:
-                self._flush_locked()
+            full = len(self._buffer) >= self.flush_size
+        if full:
+            if self._thread is not None:
+                self._kick.set()
+            else:
+                self._send()
 
     def log_metric(self, key: str, value: Any, step: int) -> None:
         self.log_metrics(step, {key: value})
 
     def flush(self) -> None:
-        """Send every buffered metric now (log_batch, 1000 per call)."""
-        with self._lock:
-            self._flush_locked()
+        """Send every buffered metric now (log_batch, 1000 per call); raises on failure."""
+        self._send()
 
-    def _flush_locked(self) -> None:
-        self._last_flush = time.monotonic()
-        while self._buffer:
-            chunk = self._buffer[:MAX_METRICS_PER_BATCH]
-            try:
-                self.client.log_batch(self.run_id, metrics=chunk)
-            except Exception:
-                if len(self._buffer) > MAX_BUFFER:  # the store is gone for long: shed the oldest
-                    dropped = len(self._buffer) - MAX_BUFFER
-                    del self._buffer[:dropped]
-                    log.warning("run %s: dropped %d unsent metrics", self.run_id, dropped)
-                raise
-            del self._buffer[: len(chunk)]
-
-    def _flusher(self) -> None:
-        while not self._wake.wait(self.flush_interval_s):
-            with self._lock:
-                if self._closed:
+    def _send(self) -> None:
+        """Drain the buffer in chunks. Only this method removes from the buffer's head,
+        and only one call runs at a time, so appends during a send are safe."""
+        with self._send_lock:
+            while True:
+                with self._lock:
+                    chunk = self._buffer[:MAX_METRICS_PER_BATCH]
+                if not chunk:
                     return
-                if self._buffer and time.monotonic() - self._last_flush >= self.flush_interval_s:
-                    try:
-                        self._flush_locked()
-                    except Exception as err:  # keep the buffer; retry next interval
-                        log.warning("run %s: metric flush failed (%s); will retry", self.run_id, err)
+                try:
+                    self.client.log_batch(self.run_id, metrics=chunk)
+                except Exception:
+                    with self._lock:
+                        excess = len(self._buffer) - MAX_BUFFER
+                        if excess > 0:  # the store has been gone for long: shed the oldest
+                            del self._buffer[:excess]
+                    if excess > 0:
+                        log.warning("run %s: dropped %d unsent metrics", self.run_id, excess)
+                    raise
+                with self._lock:
+                    del self._buffer[: len(chunk)]
+
+    def _sender(self) -> None:
+        failures = 0
+        while not self._closed:
+            if failures:  # back off; a full buffer does not hammer a failing store
+                deadline = time.monotonic() + min(60.0, self.flush_interval_s * 2 ** min(failures, 8))
+                while not self._closed and (left := deadline - time.monotonic()) > 0:
+                    self._kick.wait(left)
+                    self._kick.clear()
+            else:
+                self._kick.wait(self.flush_interval_s)
+                self._kick.clear()
+            if self._closed:
+                return  # set_terminated sends the rest itself
+            try:
+                self._send()
+                failures = 0
+            except Exception as err:  # keep the buffer; retry later
+                failures += 1
+                log.warning("run %s: sending metrics failed (%s); retrying", self.run_id, err)
 
     def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         """Upload a file (or a directory's files) into the run's artifacts."""
@@ -320,26 +377,26 @@ class RunLogger:
     # ------------------------------------------------------------ ending
 
     def set_terminated(self, status: str = "FINISHED") -> None:
-        """Flush, then end the run: FINISHED, FAILED or KILLED."""
+        """Send what is buffered, then end the run: FINISHED, FAILED or KILLED."""
         RunStatus.from_string(status)  # validate before anything else
         with self._lock:
             if self._closed:
                 return
-            try:
-                self._flush_locked()
-            finally:
-                self._closed = True
-                self._wake.set()
-        self.client.set_terminated(self.run_id, status=status)
+            self._closed = True
+        self._kick.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         atexit.unregister(self._atexit)
+        self._send()
+        self.client.set_terminated(self.run_id, status=status)
 
     close = set_terminated
 
     def _atexit(self) -> None:
         try:
-            self.flush()
+            self._send()
         except Exception as err:  # interpreter is exiting; say so, don't crash
-            log.warning("run %s: could not flush metrics at exit: %s", self.run_id, err)
+            log.warning("run %s: could not send metrics at exit: %s", self.run_id, err)
 
     def __enter__(self) -> RunLogger:
         return self

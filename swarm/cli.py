@@ -16,6 +16,7 @@ from pathlib import Path
 
 import typer
 
+import store.cli as _store_cli
 from swarm.client.cli import client_command
 from swarm.server.cli import serve_command
 
@@ -24,6 +25,7 @@ app = typer.Typer(help="Swarm RL training: serve a trainable model, run agent fl
 model_app = typer.Typer(help="The embedded model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.command("serve", help="Run a swarm server: OpenAI-compatible endpoint + episode API + trainer.")(serve_command)
+app.add_typer(_store_cli.app, name="db", help="The project database: migrations (upgrade, downgrade, current, check).")
 app.command("client", help="Run a client fleet: play a workflow over a dataset through a server.")(client_command)
 
 
@@ -79,6 +81,32 @@ def train_command(
     summary = run(spec)
     typer.echo(json.dumps({k: summary[k] for k in ("reward_first", "reward_last", "wall_s")}))
     typer.echo(f"summary: {out.resolve() / 'summary.json'}")
+
+
+@app.command("inspect")
+def inspect_command(
+    run_dir: Path = typer.Argument(..., help="a server output dir (holds rollouts.jsonl) or the file itself"),
+    episode: str = typer.Option(None, "--episode", "-e", help="episode id [default: the last recorded]"),
+    model: Path = typer.Option(None, "--model", help="tokenizer dir [default: the run's model, else the embedded one]"),
+    html_out: Path = typer.Option(None, "--html", help="also write a standalone HTML page here"),
+) -> None:
+    """Show a recorded episode token by token: text, id, loss mask, logprob, agent."""
+    from transformers import AutoTokenizer
+
+    from swarm.inspect import find_episode, render_html, render_terminal
+    from swarm.paths import default_model_dir
+
+    try:
+        ep = find_episode(run_dir, episode)
+    except (FileNotFoundError, KeyError) as exc:
+        raise typer.BadParameter(str(exc).strip('"'), param_hint="RUN_DIR / --episode") from None
+    tok_dir = model or (Path(ep["model_dir"]) if ep.get("model_dir") else default_model_dir())
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
+    render_terminal(ep, decode)
+    if html_out:
+        html_out.write_text(render_html(ep, decode))
+        typer.echo(f"wrote {html_out}")
 
 
 def main() -> None:

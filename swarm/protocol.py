@@ -63,6 +63,10 @@ class ClaimRequest(_Request):
         None, min_length=1, max_length=200,
         description="idempotency key: a retried claim with the same key gets the same episode",
     )
+    wait_s: float = Field(
+        0.0, ge=0.0, le=30.0,
+        description="long poll: wait up to this long for admission before answering 429",
+    )
 
 
 class ClaimResponse(_Response):

@@ -121,11 +121,12 @@ class SwarmClient:
     """Synchronous client of one swarm server (thread-safe: share it across a fleet)."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, max_retries: int = 6,
-                 backoff_s: float = 0.5, max_backoff_s: float = 10.0,
+                 backoff_s: float = 0.5, max_backoff_s: float = 10.0, claim_wait_s: float = 2.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token or os.environ.get("ROOST_TOKEN") or ""
         self.timeout = timeout
+        self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
         self.policy = _Policy(max_retries, backoff_s, max_backoff_s)
         self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
         self._closed = threading.Event()
@@ -169,7 +170,7 @@ class SwarmClient:
               stop: threading.Event | None = None) -> Episode:
         """Claim an episode; with `wait`, 429s are waited out (until `wait_timeout` or `stop`)."""
         body = {"task_id": task_id, "task_family": task_family, "metadata": metadata or {},
-                "roles": roles, "claim_key": uuid.uuid4().hex}
+                "roles": roles, "claim_key": uuid.uuid4().hex, "wait_s": self.claim_wait_s if wait else 0.0}
         data = self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait,
                             wait_timeout=wait_timeout, stop=stop)
         return Episode(self, ClaimResponse.model_validate(data))
@@ -203,11 +204,10 @@ class SwarmClient:
         self.close()
 
 
-class Episode:
-    """One claimed episode: its OpenAI endpoint and key, and finish/abort."""
+class EpisodeBase:
+    """What sync and async episodes share: identity, the OpenAI endpoint, and its clients."""
 
-    def __init__(self, client: SwarmClient, claim: ClaimResponse) -> None:
-        self._client = client
+    def __init__(self, claim: ClaimResponse, timeout: float) -> None:
         self.claim = claim
         self.id = claim.episode_id
         self.base_url = claim.base_url
@@ -218,7 +218,8 @@ class Episode:
         self.task_id = claim.task_id
         self.result: FinishResponse | None = None
         self.done = False
-        self._openai: list[Any] = []
+        self._timeout = timeout
+        self._sync_clients: list[Any] = []
 
     def openai_client(self, agent: str | None = None, **kwargs: Any) -> Any:
         """A new `openai.OpenAI` for this episode; `agent` tags its calls (multi-agent episodes)."""
@@ -226,16 +227,17 @@ class Episode:
 
         headers = {AGENT_HEADER: agent} if agent else None
         c = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, default_headers=headers,
-                          timeout=kwargs.pop("timeout", self._client.timeout * 10), **kwargs)
-        self._openai.append(c)
+                          timeout=kwargs.pop("timeout", self._timeout), **kwargs)
+        self._sync_clients.append(c)
         return c
 
     def async_openai_client(self, agent: str | None = None, **kwargs: Any) -> Any:
+        """A new `openai.AsyncOpenAI` for this episode (tagged with `agent` if given)."""
         import openai
 
         headers = {AGENT_HEADER: agent} if agent else None
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, default_headers=headers,
-                                  timeout=kwargs.pop("timeout", self._client.timeout * 10), **kwargs)
+                                  timeout=kwargs.pop("timeout", self._timeout), **kwargs)
 
     @cached_property
     def openai(self) -> Any:
@@ -250,12 +252,37 @@ class Episode:
     def _path(self, action: str) -> str:
         return f"{API_PREFIX}/episodes/{self.id}/{action}"
 
+    @staticmethod
+    def _finish_body(reward: float, metrics: dict[str, float] | None,
+                     agent_rewards: dict[str, float] | None) -> dict:
+        return {"reward": reward, "metrics": metrics or {}, "agent_rewards": agent_rewards,
+                "idempotency_key": uuid.uuid4().hex}
+
+    def close(self) -> None:
+        for c in self._sync_clients:
+            try:
+                c.close()
+            except Exception:
+                pass
+        self._sync_clients.clear()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, task_id={self.task_id!r}, " \
+               f"policy_version={self.policy_version})"
+
+
+class Episode(EpisodeBase):
+    """One claimed episode: `.openai`, `.model`, `.finish(reward)`, `.abort()`."""
+
+    def __init__(self, client: SwarmClient, claim: ClaimResponse) -> None:
+        super().__init__(claim, client.timeout * 10)
+        self._client = client
+
     def finish(self, reward: float, metrics: dict[str, float] | None = None,
                agent_rewards: dict[str, float] | None = None) -> FinishResponse:
         """Report the reward; retried safely (one idempotency key for all attempts)."""
-        body = {"reward": reward, "metrics": metrics or {}, "agent_rewards": agent_rewards,
-                "idempotency_key": uuid.uuid4().hex}
-        data = self._client.request("POST", self._path("finish"), key=self.api_key, json=body)
+        data = self._client.request("POST", self._path("finish"), key=self.api_key,
+                                    json=self._finish_body(reward, metrics, agent_rewards))
         self.result = FinishResponse.model_validate(data)
         self.done = True
         return self.result
@@ -270,21 +297,10 @@ class Episode:
         data = self._client.request("POST", self._path("heartbeat"), key=self.api_key)
         return HeartbeatResponse.model_validate(data).lease_expires_at
 
-    def _abort_quietly(self, reason: str) -> None:
+    def _abort_quietly(self, reason: str, release: bool = True) -> None:
         if self.done:
             return
         try:
-            self.abort(reason)
+            self.abort(reason, release=release)
         except SwarmError:
             self.done = True  # the server is gone or the episode already closed: nothing to undo
-
-    def close(self) -> None:
-        for c in self._openai:
-            try:
-                c.close()
-            except Exception:
-                pass
-        self._openai.clear()
-
-    def __repr__(self) -> str:
-        return f"Episode(id={self.id!r}, task_id={self.task_id!r}, policy_version={self.policy_version})"

@@ -1,17 +1,19 @@
 """Score a model directory on the built-in tasks, in process, with no server.
 
-    python -m swarm.model.evaluate DIR --task arith --n 200
+    python -m swarm.model.evaluate DIR --task arith --n 200     # greedy and T=1
 
-The tasks' own workflows run unchanged against `LocalOpenAI`, a stand-in for
-`openai.OpenAI` whose `chat.completions.create` renders the chat template and
-calls Hugging Face `generate`. Sampling at temperature 1 is pure sampling (no
-top-k/top-p), which is what RL rollouts use; temperature 0 is greedy. Used to
-calibrate the warm start and as a quick sanity check of any checkpoint.
+The tasks' own workflows run unchanged, one thread per episode, against
+`LocalOpenAI`: a stand-in for `openai.OpenAI` (only `chat.completions.create`)
+that renders the chat template and answers all waiting episodes with one
+batched Hugging Face `generate` call. Temperature 1 is pure sampling (no
+top-k/top-p), what RL rollouts use; temperature 0 is greedy. Used to calibrate
+the warm start and as a quick sanity check of any checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,64 +23,129 @@ from openai.types.chat import ChatCompletion
 
 
 class LocalOpenAI:
-    """Just enough of `openai.OpenAI` for the built-in workflows: `chat.completions.create`."""
+    """Just enough of `openai.OpenAI` for the built-in workflows, batched across threads.
 
-    def __init__(self, model, tokenizer, default_temperature: float | None = None):
+    `create` blocks its caller; `serve(n_episodes)` (run by the owner thread)
+    waits until every live episode is blocked in `create` or done, answers them
+    with one `generate`, and repeats until all `n_episodes` called `episode_done`.
+    `temperature`, when set, overrides what the workflow asks for.
+    """
+
+    def __init__(self, model, tokenizer, temperature: float | None = None):
         self.model = model
         self.tokenizer = tokenizer
-        self.temperature_override = default_temperature
+        self.temperature = temperature
         self.calls = 0
+        self._cv = threading.Condition()
+        self._pending: list[dict] = []
+        self._live = 0
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
 
     def _create(self, *, model: str, messages: list[dict], max_tokens: int = 64,
                 temperature: float = 1.0, **_: object) -> ChatCompletion:
-        if self.temperature_override is not None:
-            temperature = self.temperature_override
+        request = {"model": model, "messages": messages, "max_tokens": max_tokens,
+                   "temperature": temperature if self.temperature is None else self.temperature,
+                   "done": threading.Event()}
+        with self._cv:
+            self._pending.append(request)
+            self._cv.notify_all()
+        request["done"].wait()
+        if "error" in request:
+            raise request["error"]
+        return request["response"]
+
+    def episode_done(self) -> None:
+        with self._cv:
+            self._live -= 1
+            self._cv.notify_all()
+
+    def serve(self, n_episodes: int) -> None:
+        with self._cv:
+            self._live = n_episodes
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: len(self._pending) >= self._live)
+                if self._live == 0:
+                    return
+                batch, self._pending = self._pending, []
+            try:
+                self._answer(batch)
+            except Exception as exc:  # surface in the episode threads, do not hang them
+                for request in batch:
+                    request["error"] = exc
+            for request in batch:
+                request["done"].set()
+
+    def _answer(self, batch: list[dict]) -> None:
         tok = self.tokenizer
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompt = torch.tensor([tok.encode(text, add_special_tokens=False)])
+        eos = tok.convert_tokens_to_ids(tok.eos_token)
+        pad = tok.convert_tokens_to_ids(tok.pad_token)
+        prompts = [tok.encode(tok.apply_chat_template(r["messages"], add_generation_prompt=True,
+                                                      tokenize=False), add_special_tokens=False)
+                   for r in batch]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        temperature = batch[0]["temperature"]  # one value per evaluation run
         sample = temperature > 0
         extra = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if sample else {}
         with torch.no_grad():
-            out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                      max_new_tokens=max_tokens, do_sample=sample, **extra)
-        new = out[0, prompt.shape[1]:].tolist()
-        eos = tok.convert_tokens_to_ids(tok.eos_token)
-        finish = "stop" if eos in new else "length"
-        if eos in new:
-            new = new[:new.index(eos)]
-        self.calls += 1
-        return ChatCompletion.model_validate({
-            "id": f"local-{self.calls}", "object": "chat.completion", "created": 0,
-            "model": model,
-            "choices": [{"index": 0, "finish_reason": finish,
-                         "message": {"role": "assistant",
-                                     "content": tok.decode(new, skip_special_tokens=True)}}],
-        })
+            out = self.model.generate(ids, attention_mask=mask, do_sample=sample,
+                                      max_new_tokens=max(r["max_tokens"] for r in batch),
+                                      eos_token_id=eos, pad_token_id=pad, **extra)
+        for request, row in zip(batch, out[:, width:].tolist()):
+            row = row[:request["max_tokens"]]
+            finish = "stop" if eos in row else "length"
+            if eos in row:
+                row = row[:row.index(eos)]
+            self.calls += 1
+            request["response"] = ChatCompletion.model_validate({
+                "id": f"local-{self.calls}", "object": "chat.completion", "created": 0,
+                "model": request["model"],
+                "choices": [{"index": 0, "finish_reason": finish,
+                             "message": {"role": "assistant",
+                                         "content": tok.decode(row, skip_special_tokens=True)}}],
+            })
 
 
-def evaluate(model_dir: Path, task_name: str, n: int = 200, temperature: float = 1.0,
+def run_workflows(client: LocalOpenAI, workflow, items: list[dict]) -> list[float]:
+    """Run `workflow(item, episode)` for every item concurrently against `client`."""
+    rewards: list[float] = [0.0] * len(items)
+
+    def play(i: int) -> None:
+        try:
+            rewards[i] = float(workflow(items[i], SimpleNamespace(openai=client, model="local")))
+        finally:
+            client.episode_done()
+
+    threads = [threading.Thread(target=play, args=(i,), daemon=True) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    client.serve(len(items))
+    for t in threads:
+        t.join()
+    return rewards
+
+
+def evaluate(model_dir: Path | None, task_name: str, n: int = 200, temperature: float = 1.0,
              seed: int = 12345, model=None, tokenizer=None) -> dict:
-    """Mean reward of `task_name`'s workflow over `n` dataset items (dataset seed `seed`)."""
+    """Mean reward of `task_name`'s workflow over `n` items of `dataset(seed, n)`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from swarm.tasks import get_task
 
-    if model is None:
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
-    if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_dir)
     model.eval()
     task = get_task(task_name)
-    client = LocalOpenAI(model, tokenizer, default_temperature=temperature)
-    episode = SimpleNamespace(openai=client, model="local")
+    client = LocalOpenAI(model, tokenizer, temperature=temperature)
     torch.manual_seed(seed)
     started = time.monotonic()
-    rewards = [task.workflow(item, episode) for item in task.dataset(seed, n)]
+    rewards = run_workflows(client, task.workflow, task.dataset(seed, n))
     return {"task": task_name, "temperature": temperature, "n": n,
-            "mean_reward": sum(rewards) / n,
-            "solved": sum(r > 0 for r in rewards) / n,
-            "calls_per_episode": client.calls / n,
+            "mean_reward": round(sum(rewards) / n, 4),
+            "solved": round(sum(r > 0 for r in rewards) / n, 4),
+            "calls_per_episode": round(client.calls / n, 2),
             "seconds": round(time.monotonic() - started, 1)}
 
 
@@ -87,7 +154,8 @@ def main() -> None:
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--task", action="append", help="task name (repeatable); default all")
     parser.add_argument("--n", type=int, default=200)
-    parser.add_argument("--temperature", type=float, action="append")
+    parser.add_argument("--temperature", type=float, action="append",
+                        help="repeatable; default 0 (greedy) and 1")
     args = parser.parse_args()
     from swarm.tasks import list_tasks
 

@@ -42,9 +42,18 @@ def error_body(status: int, message: str, code: str | None = None, type: str | N
     return {"error": {"message": message, "type": kind, "code": code}}
 
 
+def _headers(status: int, headers: dict[str, str] | None) -> dict[str, str]:
+    """Tell OpenAI SDKs (which retry 409s by default) not to retry what cannot succeed."""
+    out = dict(headers or {})
+    if 400 <= status < 500 and status not in (408, 429):
+        out.setdefault("x-should-retry", "false")
+    return out
+
+
 def error_response(status: int, message: str, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, code), status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, code), status_code=status,
+                        headers=_headers(status, headers))
 
 
 def _describe(errors: list[dict[str, Any]]) -> str:
@@ -59,7 +68,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(error_body(exc.status, exc.message, exc.code, exc.type),
-                            status_code=exc.status, headers=exc.headers)
+                            status_code=exc.status, headers=_headers(exc.status, exc.headers))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -142,5 +151,6 @@ class BodyLimitMiddleware:
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode()),
+                                (b"x-should-retry", b"false"),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": payload})

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 
 from swarm.engine.base import GenerateRequest, SamplingParams
@@ -46,13 +46,14 @@ def _agent(value: str | None) -> str:
     return agent
 
 
-def _open_episode(request: Request, authorization: str | None) -> tuple[Swarm, Episode]:
+def open_episode(request: Request, authorization: str | None = Header(None)) -> Episode:
+    """Dependency: the open episode named by the Bearer key (auth runs before body validation)."""
     swarm: Swarm = request.app.state.swarm
     ep = swarm.episode_for(bearer(authorization))
     swarm.registry.require_open(ep)
     if swarm.stopping:
         raise ApiError(503, "the server is stopping", "stopping")
-    return swarm, ep
+    return ep
 
 
 def _params(swarm: Swarm, body: _Sampling, prompt_len: int, wanted: int | None) -> SamplingParams:
@@ -169,9 +170,9 @@ def _fingerprint(version: int) -> str:
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           authorization: str | None = Header(None),
+                           ep: Episode = Depends(open_episode),
                            x_roost_agent: str | None = Header(None)) -> Any:
-    swarm, ep = _open_episode(request, authorization)
+    swarm: Swarm = request.app.state.swarm
     agent = _agent(x_roost_agent)
     body.check_n()
     text = swarm.renderer.render(body.message_dicts(), body.tools)
@@ -223,9 +224,9 @@ def _completion_logprobs(swarm: Swarm, ids: list[int], lps: list[float], offset:
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request,
-                      authorization: str | None = Header(None),
+                      ep: Episode = Depends(open_episode),
                       x_roost_agent: str | None = Header(None)) -> Any:
-    swarm, ep = _open_episode(request, authorization)
+    swarm: Swarm = request.app.state.swarm
     agent = _agent(x_roost_agent)
     body.check_unsupported()
     prompt = body.prompt_one()

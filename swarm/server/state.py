@@ -74,7 +74,9 @@ class Swarm:
         self.out_dir = Path(config.out_dir)
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", config.keep_checkpoints)
         self.trainer = Trainer(engine, self.batcher, self.gate, config.train,
-                               MetricsLog(self.out_dir / "metrics.jsonl"), self._after_step)
+                               MetricsLog(self.out_dir / "metrics.jsonl"), self._after_step,
+                               on_reopen=self.wake_claims)
+        self._admission = asyncio.Event()
         self.last_checkpoint: str | None = None
         self._checkpointed_step = 0
         self.stopping = False
@@ -111,7 +113,29 @@ class Swarm:
             raise ApiError(503, "the server is stopping", "stopping",
                            headers={"Retry-After": str(int(self.config.stop_grace_s) + 1)})
 
-    def claim(self, req: ClaimRequest, base_url: str) -> ClaimResponse:
+    async def claim(self, req: ClaimRequest, base_url: str) -> ClaimResponse:
+        """Admit a claim now, or (long poll) as soon as the window has room, or 429."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + req.wait_s
+        while True:
+            changed = self._admission
+            try:
+                return self._claim_now(req, base_url, waited=req.wait_s > 0)
+            except ApiError as e:
+                left = deadline - loop.time()
+                if e.status != 429 or left <= 0:
+                    raise
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                pass
+
+    def wake_claims(self) -> None:
+        """The window changed (new version, freed slot, stopping): long-polling claims retry."""
+        self._admission.set()
+        self._admission = asyncio.Event()
+
+    def _claim_now(self, req: ClaimRequest, base_url: str, waited: bool) -> ClaimResponse:
         self._refuse_if_stopping()
         ep = self.registry.by_claim_key(req.claim_key)
         if ep is None:
@@ -120,7 +144,8 @@ class Swarm:
                 group = self.batcher.admit(req.task_id, episode_id)
             except Rejected as r:
                 self.counters["claims_rejected"] += 1
-                retry = max(1, round(self.config.retry_after_s))
+                # after a long poll, come straight back; otherwise give the window a moment
+                retry = 0 if waited else max(1, round(self.config.retry_after_s))
                 raise ApiError(429, r.message, r.code, headers={"Retry-After": str(retry)}) from None
             ep = self.registry.create(episode_id, req.task_id, req.task_family, group.group_id,
                                       req.metadata, self.engine.policy_version, req.claim_key)
@@ -170,6 +195,7 @@ class Swarm:
         self.registry.close(ep, "aborted")
         self.counters["aborted"] += 1
         self.trainer.kick()  # a dropped slot may complete the last group
+        self.wake_claims()
         return AbortResponse(episode_id=ep.id)
 
     def status(self) -> StatusResponse:
@@ -229,6 +255,7 @@ class Swarm:
         if self.stopping:
             return
         self.stopping = True
+        self.wake_claims()
         log.info("stopping: %s", reason)
         self._stop_task = asyncio.get_running_loop().create_task(self._stop())
 

@@ -7,13 +7,14 @@ for an episode's own routes, the admin token for `/admin/*`.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Depends, Header, Request
 
 from swarm.protocol import (
     API_PREFIX, AbortRequest, AbortResponse, AdminResponse, ClaimRequest, ClaimResponse,
     ErrorResponse, FinishRequest, FinishResponse, HeartbeatResponse, StatusResponse,
 )
 from swarm.server.openai_routes import bearer
+from swarm.server.episodes import Episode
 from swarm.server.state import Swarm
 
 _errors = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 413, 429, 503)}
@@ -28,54 +29,58 @@ def _base_url(request: Request) -> str:
     return str(request.base_url).rstrip("/") + "/v1"
 
 
-@router.post("/episodes", response_model=ClaimResponse)
-async def claim(body: ClaimRequest, request: Request, authorization: str | None = Header(None)) -> ClaimResponse:
+# Auth as dependencies: they run before the body is validated, so an unauthenticated
+# request learns nothing about the schema (and gets 401, not 400).
+def worker(request: Request, authorization: str | None = Header(None)) -> Swarm:
     swarm = _swarm(request)
     swarm.check_worker(bearer(authorization))
-    return swarm.claim(body, _base_url(request))
+    return swarm
+
+
+def admin(request: Request, authorization: str | None = Header(None)) -> Swarm:
+    swarm = _swarm(request)
+    swarm.check_admin(bearer(authorization))
+    return swarm
+
+
+def episode(episode_id: str, request: Request, authorization: str | None = Header(None)) -> Episode:
+    return _swarm(request).episode_for(bearer(authorization), episode_id)
+
+
+@router.post("/episodes", response_model=ClaimResponse)
+async def claim(body: ClaimRequest, request: Request, swarm: Swarm = Depends(worker)) -> ClaimResponse:
+    return await swarm.claim(body, _base_url(request))
 
 
 @router.post("/episodes/{episode_id}/heartbeat", response_model=HeartbeatResponse)
-async def heartbeat(episode_id: str, request: Request,
-                    authorization: str | None = Header(None)) -> HeartbeatResponse:
-    swarm = _swarm(request)
-    ep = swarm.episode_for(bearer(authorization), episode_id)
-    return HeartbeatResponse(episode_id=ep.id, lease_expires_at=swarm.registry.heartbeat(ep))
+async def heartbeat(request: Request, ep: Episode = Depends(episode)) -> HeartbeatResponse:
+    return HeartbeatResponse(episode_id=ep.id, lease_expires_at=_swarm(request).registry.heartbeat(ep))
 
 
 @router.post("/episodes/{episode_id}/finish", response_model=FinishResponse)
-async def finish(episode_id: str, body: FinishRequest, request: Request,
-                 authorization: str | None = Header(None)) -> FinishResponse:
-    swarm = _swarm(request)
-    return swarm.finish(swarm.episode_for(bearer(authorization), episode_id), body)
+async def finish(body: FinishRequest, request: Request, ep: Episode = Depends(episode)) -> FinishResponse:
+    return _swarm(request).finish(ep, body)
 
 
 @router.post("/episodes/{episode_id}/abort", response_model=AbortResponse)
-async def abort(episode_id: str, request: Request, body: AbortRequest | None = None,
-                authorization: str | None = Header(None)) -> AbortResponse:
-    swarm = _swarm(request)
-    return swarm.abort(swarm.episode_for(bearer(authorization), episode_id), body or AbortRequest())
+async def abort(request: Request, body: AbortRequest | None = None,
+                ep: Episode = Depends(episode)) -> AbortResponse:
+    return _swarm(request).abort(ep, body or AbortRequest())
 
 
 @router.get("/status", response_model=StatusResponse)
-async def status(request: Request, authorization: str | None = Header(None)) -> StatusResponse:
-    swarm = _swarm(request)
-    swarm.check_worker(bearer(authorization))
+async def status(swarm: Swarm = Depends(worker)) -> StatusResponse:
     return swarm.status()
 
 
 @router.post("/admin/stop", response_model=AdminResponse)
-async def admin_stop(request: Request, authorization: str | None = Header(None)) -> AdminResponse:
-    swarm = _swarm(request)
-    swarm.check_admin(bearer(authorization))
+async def admin_stop(swarm: Swarm = Depends(admin)) -> AdminResponse:
     swarm.request_stop("admin request")
     return AdminResponse(message="stopping", step=swarm.trainer.step)
 
 
 @router.post("/admin/checkpoint", response_model=AdminResponse)
-async def admin_checkpoint(request: Request, authorization: str | None = Header(None)) -> AdminResponse:
-    swarm = _swarm(request)
-    swarm.check_admin(bearer(authorization))
+async def admin_checkpoint(swarm: Swarm = Depends(admin)) -> AdminResponse:
     await swarm.trainer.wait()
     async with swarm.gate.exclusive():
         path = await swarm.checkpoint()

@@ -86,6 +86,7 @@ class Trainer:
         metrics: MetricsLog,
         on_step: Callable[[int], Awaitable[dict[str, float]]],
         step: int = 0,
+        on_reopen: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.batcher = batcher
@@ -93,6 +94,7 @@ class Trainer:
         self.config = train_config
         self.metrics = metrics
         self.on_step = on_step
+        self.on_reopen = on_reopen
         self.step = step
         self.errors = 0
         self.last_error: str | None = None
@@ -152,3 +154,5 @@ class Trainer:
         finally:
             self.batcher.reopen()
             self._window_opened = time.monotonic()
+            if self.on_reopen is not None:
+                self.on_reopen()

@@ -1,0 +1,5 @@
+"""`python -m researcher ...` = the `researcher` command."""
+
+from researcher.cli import main
+
+main()

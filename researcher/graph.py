@@ -1,0 +1,292 @@
+"""The study as a LangGraph `StateGraph`, checkpointed under thread_id = study id.
+
+    frame → hypothesize → design → approve → launch ⇄ monitor → analyze → decide ─┬→ hypothesize
+                  └────────────(nothing left to ask)─────────────────────────────└→ report → END
+
+Nodes never sleep. `monitor` reconciles the trials once and, while any still run,
+*interrupts* the graph (`{"kind": "wait"}`); whoever drives the study (the
+foreground loop, or the scheduler daemon's tick) resumes it later with
+`Command(resume="tick")`. `approve` interrupts with `{"kind": "approval"}` and
+only a user's `researcher approve` resumes it.
+
+A node can run twice (a crash after its side effects but before the checkpoint),
+so each is idempotent: rows are looked up by (study, round) before being
+created; launches go through `TrialLauncher.launch` (exactly once); MLflow
+child runs are found by tag. The state holds only JSON-able data.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypedDict
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
+from sqlmodel import Session, select
+
+from researcher import analysis as stats
+from researcher.context import StudyContext
+from researcher.experiment import Design, Frame, HypothesisSpec
+from researcher.llm import BudgetExceeded
+from store.models import Hypothesis, HypothesisStatus, Study, StudyStatus, Trial, TrialStatus
+
+log = logging.getLogger(__name__)
+
+
+class StudyState(TypedDict, total=False):
+    study_id: int
+    topic: str
+    frame: dict
+    round: int
+    hypothesis: dict  # HypothesisSpec + "id" (row)
+    design: dict
+    trial_ids: list[int]
+    analysis: dict
+    history: list[dict]
+    follow_ups: list[dict]
+    llm_tokens: int
+    approved_rounds: list[int]
+    stop_reason: str
+    route: str
+    report_path: str
+
+
+def build_graph(ctx: StudyContext) -> StateGraph:
+    g = StateGraph(StudyState)
+    g.add_node("frame", lambda s: frame(ctx, s))
+    g.add_node("hypothesize", lambda s: hypothesize(ctx, s))
+    g.add_node("design", lambda s: design(ctx, s))
+    g.add_node("approve", lambda s: approve(ctx, s))
+    g.add_node("launch", lambda s: launch(ctx, s))
+    g.add_node("monitor", lambda s: monitor(ctx, s))
+    g.add_node("analyze", lambda s: analyze(ctx, s))
+    g.add_node("decide", lambda s: decide(ctx, s))
+    g.add_node("report", lambda s: report(ctx, s))
+    g.add_edge(START, "frame")
+    route = lambda s: s.get("route", "report")  # noqa: E731
+    g.add_conditional_edges("frame", route, ["hypothesize", "report"])
+    g.add_conditional_edges("hypothesize", route, ["design", "report"])
+    g.add_conditional_edges("design", route, ["approve", "report"])
+    g.add_conditional_edges("approve", route, ["launch", "report"])
+    g.add_edge("launch", "monitor")
+    g.add_conditional_edges("monitor", route, ["launch", "monitor", "analyze"])
+    g.add_edge("analyze", "decide")
+    g.add_conditional_edges("decide", route, ["hypothesize", "report"])
+    g.add_edge("report", END)
+    return g
+
+
+def _planner(ctx: StudyContext, state: StudyState) -> Any:
+    p = ctx.planner
+    p.tokens_used = state.get("llm_tokens", 0)
+    if hasattr(p, "token_budget"):
+        p.token_budget = ctx.cfg.budget.llm_tokens
+    return p
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def frame(ctx: StudyContext, state: StudyState) -> dict:
+    if state.get("frame"):
+        return {"route": "hypothesize"}
+    p = _planner(ctx, state)
+    try:
+        f = p.frame(state["topic"], ctx.cfg.defaults)
+    except BudgetExceeded as e:
+        return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used}
+    return {"frame": f.model_dump(mode="json"), "round": 0, "history": [], "follow_ups": [],
+            "llm_tokens": p.tokens_used, "route": "hypothesize"}
+
+
+def _hypothesis_row(s: Session, study_id: int, rnd: int) -> Hypothesis | None:
+    rows = s.exec(select(Hypothesis).where(Hypothesis.study_id == study_id)).all()
+    return next((h for h in rows if (h.conclusion or {}).get("round") == rnd), None)
+
+
+def hypothesize(ctx: StudyContext, state: StudyState) -> dict:
+    rnd = state.get("round", 0)
+    if state.get("stop_reason"):
+        return {"route": "report"}
+    with Session(ctx.engine, expire_on_commit=False) as s:
+        row = _hypothesis_row(s, ctx.study_id, rnd)
+        if row is not None:  # this node already ran for this round (crash before its checkpoint)
+            spec = HypothesisSpec.model_validate(row.conclusion["spec"])
+            return {"hypothesis": {**spec.model_dump(mode="json"), "id": row.id}, "route": "design"}
+    follow = list(state.get("follow_ups", []))
+    p = _planner(ctx, state)
+    updates: dict[str, Any] = {}
+    if follow:
+        spec = HypothesisSpec.model_validate(follow.pop(0))
+        updates["follow_ups"] = follow
+    else:
+        try:
+            got = p.hypothesize(state["topic"], Frame.model_validate(state["frame"]), state.get("history", []))
+        except BudgetExceeded as e:
+            return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used}
+        if got is None:
+            return {"route": "report", "llm_tokens": p.tokens_used}
+        spec = got
+    with Session(ctx.engine, expire_on_commit=False) as s:
+        row = Hypothesis(study_id=ctx.study_id, statement=spec.statement, rationale=spec.rationale,
+                         conclusion={"round": rnd, "spec": spec.model_dump(mode="json")})
+        s.add(row)
+        s.commit()
+        hid = row.id
+    return {**updates, "hypothesis": {**spec.model_dump(mode="json"), "id": hid},
+            "llm_tokens": p.tokens_used, "route": "design"}
+
+
+def design(ctx: StudyContext, state: StudyState) -> dict:
+    hyp = state["hypothesis"]
+    rnd = state.get("round", 0)
+    with Session(ctx.engine, expire_on_commit=False) as s:
+        row = s.get(Hypothesis, hyp["id"])
+        assert row is not None
+        if "design" in (row.conclusion or {}):  # trials already created for this round
+            ids = [t.id for t in s.exec(select(Trial).where(Trial.hypothesis_id == row.id).order_by(Trial.id)).all()]
+            return {"design": row.conclusion["design"], "trial_ids": ids, "route": "approve"}
+    p = _planner(ctx, state)
+    spec = HypothesisSpec.model_validate({k: v for k, v in hyp.items() if k != "id"})
+    try:
+        d: Design = p.design(Frame.model_validate(state["frame"]), spec, ctx.cfg.defaults)
+        if ctx.cfg.uses_swarm_train:
+            from researcher.experiment import swarm_train_flags
+
+            d.check_program(swarm_train_flags())
+    except BudgetExceeded as e:
+        return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used}
+    except ValueError as e:
+        return {"route": "report", "stop_reason": f"no valid design: {e}", "llm_tokens": p.tokens_used}
+    with Session(ctx.engine, expire_on_commit=False) as s:  # trials and marker in one transaction
+        row = s.get(Hypothesis, hyp["id"])
+        assert row is not None
+        trials = [Trial(study_id=ctx.study_id, hypothesis_id=row.id, arm=c.arm, seed=c.seed,
+                        config={"experiment": c.model_dump(mode="json"), "round": rnd})
+                  for c in d.trial_configs()]
+        s.add_all(trials)
+        row.conclusion = {**row.conclusion, "design": d.model_dump(mode="json")}
+        s.add(row)
+        s.commit()
+        ids = [t.id for t in trials]
+    return {"design": d.model_dump(mode="json"), "trial_ids": ids, "llm_tokens": p.tokens_used,
+            "route": "approve"}
+
+
+def approve(ctx: StudyContext, state: StudyState) -> dict:
+    rnd = state.get("round", 0)
+    done = list(state.get("approved_rounds", []))
+    if not ctx.cfg.approve or rnd in done:
+        return {"route": "launch"}
+    ctx.set_study_status(StudyStatus.PAUSED)
+    answer = interrupt({"kind": "approval", "round": rnd, "design": state["design"],
+                        "hypothesis": state["hypothesis"]["statement"]})
+    ctx.set_study_status(StudyStatus.ACTIVE)
+    if isinstance(answer, dict) and answer.get("approved"):
+        return {"approved_rounds": [*done, rnd], "route": "launch"}
+    ctx.launcher.cancel(state.get("trial_ids", []), "plan not approved")
+    return {"stop_reason": "the plan was not approved", "route": "report"}
+
+
+def _counts(statuses: dict[int, str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for st in statuses.values():
+        out[st] = out.get(st, 0) + 1
+    return out
+
+
+def launch(ctx: StudyContext, state: StudyState) -> dict:
+    ids = state.get("trial_ids", [])
+    statuses = ctx.launcher.refresh(ids)
+    running = ctx.running_trials()
+    updates: dict[str, Any] = {}
+    for tid in ids:
+        if statuses.get(tid) != TrialStatus.PENDING.value or running >= ctx.cfg.parallel:
+            continue
+        over = ctx.over_budget(state, launching=True)
+        if over:
+            log.warning("study %s: %s; no more launches", ctx.study_id, over)
+            ctx.launcher.cancel([t for t in ids if statuses.get(t) == TrialStatus.PENDING.value],
+                                f"not launched: {over}")
+            updates["stop_reason"] = over
+            break
+        ctx.launcher.launch(tid)
+        running += 1
+    return updates
+
+
+def monitor(ctx: StudyContext, state: StudyState) -> dict:
+    ids = state.get("trial_ids", [])
+    statuses = ctx.launcher.refresh(ids)
+    ctx.ingest(ids)
+    counts = _counts(statuses)
+    updates: dict[str, Any] = {}
+    hard = ctx.over_budget(state, launching=False)
+    if hard and counts.get(TrialStatus.RUNNING.value, 0) + counts.get(TrialStatus.PENDING.value, 0):
+        ctx.launcher.cancel(ids, f"stopped: {hard}")
+        updates["stop_reason"] = hard
+        statuses = ctx.launcher.refresh(ids)
+        counts = _counts(statuses)
+    pending = counts.get(TrialStatus.PENDING.value, 0)
+    running = counts.get(TrialStatus.RUNNING.value, 0)
+    if pending and not state.get("stop_reason") and ctx.running_trials() < ctx.cfg.parallel:
+        return {**updates, "route": "launch"}
+    if pending or running:
+        interrupt({"kind": "wait", "running": running, "pending": pending})
+        return {**updates, "route": "monitor"}
+    return {**updates, "route": "analyze"}
+
+
+def analyze(ctx: StudyContext, state: StudyState) -> dict:
+    ctx.ingest(state.get("trial_ids", []))
+    f = Frame.model_validate(state["frame"])
+    d = state["design"]
+    metrics = ctx.arm_metrics(state.get("trial_ids", []), f)
+    metrics = {a["name"]: metrics.get(a["name"], []) for a in d["arms"]}
+    result = stats.analyze(metrics, baseline=d["baseline"], direction=state["hypothesis"]["direction"])
+    result["metric"] = f.metric
+    result["metric_description"] = f.metric_description()
+    result["plots"] = ctx.round_plots(state.get("round", 0), state.get("trial_ids", []), result, f)
+    return {"analysis": result}
+
+
+def decide(ctx: StudyContext, state: StudyState) -> dict:
+    result = state["analysis"]
+    hyp = state["hypothesis"]
+    rnd = state.get("round", 0)
+    verdict = result["verdict"]
+    status = {"supported": HypothesisStatus.SUPPORTED, "refuted": HypothesisStatus.REFUTED}.get(
+        verdict, HypothesisStatus.INCONCLUSIVE)
+    with Session(ctx.engine, expire_on_commit=False) as s:
+        row = s.get(Hypothesis, hyp["id"])
+        if row is not None:
+            row.status = status.value
+            row.conclusion = {**(row.conclusion or {}), "verdict": verdict, "analysis": result}
+            s.add(row)
+            s.commit()
+    history = [h for h in state.get("history", []) if h.get("round") != rnd]
+    history.append({"round": rnd, "statement": hyp["statement"], "verdict": verdict,
+                    "hypothesis_id": hyp["id"], "design": state["design"], "analysis": result,
+                    "trial_ids": state.get("trial_ids", [])})
+    p = _planner(ctx, state)
+    can_continue = not state.get("stop_reason") and not ctx.over_budget(state, launching=True)
+    updates: dict[str, Any] = {"history": history, "round": rnd + 1}
+    try:
+        decision = p.decide(Frame.model_validate(state["frame"]),
+                            HypothesisSpec.model_validate({k: v for k, v in hyp.items() if k != "id"}),
+                            result, history[:-1], can_continue)
+    except BudgetExceeded as e:
+        return {**updates, "stop_reason": str(e), "llm_tokens": p.tokens_used, "route": "report"}
+    history[-1]["notes"] = decision.notes
+    updates["llm_tokens"] = p.tokens_used
+    if decision.stop or not can_continue:
+        return {**updates, "route": "report"}
+    follow = [*state.get("follow_ups", []), *[h.model_dump(mode="json") for h in decision.follow_ups]]
+    return {**updates, "follow_ups": follow, "route": "hypothesize"}
+
+
+def report(ctx: StudyContext, state: StudyState) -> dict:
+    from researcher.report import write_report
+
+    path = write_report(ctx, dict(state))
+    return {"report_path": str(path)}

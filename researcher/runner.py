@@ -1,0 +1,262 @@
+"""Creating, driving, resuming and stopping studies (what the CLI and the daemon call).
+
+    sid = create_study(StudyConfig(topic="Does the learning rate matter? Compare 0 and 3e-4"))
+    drive(sid)                      # foreground: advance, sleep poll_s while trials run, repeat
+    advance(sid)                    # one step: what a scheduler tick does (never blocks)
+
+One process drives a study at a time: `advance` holds a per-study file lock
+(flock, released by the kernel when a process dies, so kill -9 leaves no stale
+lock); a tick that finds the lock taken simply skips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from langgraph.types import Command
+from sqlmodel import Session, select
+
+from researcher.config import StudyConfig
+from researcher.context import StudyContext
+from researcher.trials import TrialLauncher
+from store.models import Study, StudyStatus
+
+log = logging.getLogger(__name__)
+
+RECURSION_LIMIT = 500
+
+
+def data_dir() -> Path:
+    from swarm.paths import data_dir as dd
+
+    return dd()
+
+
+def store_engine(url: str | None = None) -> Any:
+    from store.db import init_db
+
+    return init_db(url)
+
+
+# ---------------------------------------------------------------- checkpointer
+
+
+@contextlib.contextmanager
+def checkpointer(engine: Any) -> Iterator[Any]:
+    """SqliteSaver beside a SQLite store; PostgresSaver in the store's PostgreSQL database."""
+    if engine.dialect.name == "postgresql":
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        with psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
+            saver = PostgresSaver(conn)  # type: ignore[arg-type]
+            saver.setup()
+            yield saver
+        return
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    db = engine.url.database
+    base = Path(db).parent if db and db != ":memory:" else data_dir()
+    path = base / "researcher-checkpoints.sqlite"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    try:
+        yield SqliteSaver(conn)
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- studies
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "study"
+
+
+def create_study(cfg: StudyConfig, engine: Any = None) -> int:
+    """The Study row (config stored), its directory and its MLflow parent run."""
+    from researcher import tracking
+
+    engine = engine or store_engine()
+    with Session(engine, expire_on_commit=False) as s:
+        row = Study(name=f"{_slug(cfg.topic)}-{os.urandom(3).hex()}", question=cfg.topic,
+                    status=StudyStatus.ACTIVE.value, config={})
+        s.add(row)
+        s.commit()
+        sid = row.id
+        assert sid is not None
+        study_dir = Path(cfg.study_dir) if cfg.study_dir else data_dir() / "studies" / f"study-{sid}"
+        study_dir.mkdir(parents=True, exist_ok=True)
+        cfg = cfg.model_copy(update={"study_dir": str(study_dir)})
+        row.config = cfg.model_dump(mode="json")
+        s.add(row)
+        s.commit()
+    run_id = tracking.start_study_run(sid, row.name, {"topic": cfg.topic[:500], "planner": cfg.planner,
+                                                      "backend": cfg.backend, "seeds": cfg.defaults.seeds,
+                                                      "steps": cfg.defaults.steps})
+    with Session(engine, expire_on_commit=False) as s:
+        row = s.get(Study, sid)
+        assert row is not None
+        row.mlflow_run_id = run_id
+        from store.tracking import get_client
+
+        row.mlflow_experiment_id = str(get_client().get_run(run_id).info.experiment_id)
+        s.add(row)
+        s.commit()
+    return sid
+
+
+def load_config(engine: Any, study_id: int) -> StudyConfig:
+    with Session(engine) as s:
+        row = s.get(Study, study_id)
+        if row is None:
+            raise KeyError(f"no study {study_id}")
+        return StudyConfig.model_validate(row.config)
+
+
+def make_planner(cfg: StudyConfig) -> Any:
+    if cfg.planner == "rules":
+        from researcher.rules import RulesPlanner
+
+        return RulesPlanner()
+    from researcher.llm import make_chat_model
+    from researcher.llm_planner import LLMPlanner
+
+    model = make_chat_model({"llm_base_url": cfg.llm_base_url, "llm_model": cfg.llm_model})
+    return LLMPlanner(model, token_budget=cfg.budget.llm_tokens, check_program=cfg.uses_swarm_train)
+
+
+def make_context(study_id: int, engine: Any = None, manager: Any = None, planner: Any = None) -> StudyContext:
+    from scheduler.manager import JobManager
+    from scheduler.records import StoreSink
+
+    engine = engine or store_engine()
+    cfg = load_config(engine, study_id)
+    manager = manager or JobManager(StoreSink(engine=engine))
+    launcher = TrialLauncher(engine, manager, cfg, study_id)
+    return StudyContext(study_id, cfg, engine, planner or make_planner(cfg), launcher)
+
+
+# ---------------------------------------------------------------- driving
+
+
+@dataclass
+class Step:
+    """Where a study stands after one `advance`."""
+
+    state: str  # done | waiting | approval | busy | inactive
+    detail: dict
+
+
+@contextlib.contextmanager
+def study_lock(study_id: int, blocking: bool = False) -> Iterator[bool]:
+    path = data_dir() / "researcher" / "locks" / f"study-{study_id}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _classify(snapshot: Any) -> Step:
+    interrupts = list(getattr(snapshot, "interrupts", ()) or ())
+    if interrupts:
+        value = interrupts[0].value
+        kind = value.get("kind") if isinstance(value, dict) else "wait"
+        return Step("approval" if kind == "approval" else "waiting", value if isinstance(value, dict) else {})
+    if snapshot.next:
+        return Step("waiting", {"next": list(snapshot.next)})
+    return Step("done", {"report": (snapshot.values or {}).get("report_path")})
+
+
+def advance(study_id: int, *, ctx: StudyContext | None = None, resume: Any = None) -> Step:
+    """Run the study's graph until it next waits (trials running, approval) or ends."""
+    from researcher.graph import build_graph
+
+    with study_lock(study_id) as got:
+        if not got:
+            return Step("busy", {})
+        ctx = ctx or make_context(study_id)
+        status = ctx.study().status
+        if status in (StudyStatus.COMPLETED.value, StudyStatus.CANCELLED.value, StudyStatus.FAILED.value):
+            return Step("inactive", {"status": status})
+        with checkpointer(ctx.engine) as saver:
+            graph = build_graph(ctx).compile(checkpointer=saver)
+            config = {"configurable": {"thread_id": str(study_id)}, "recursion_limit": RECURSION_LIMIT}
+            snap = graph.get_state(config)
+            if not snap.values:
+                inp: Any = {"study_id": study_id, "topic": ctx.cfg.topic}
+            elif snap.interrupts:
+                step = _classify(snap)
+                if step.state == "approval" and resume is None:
+                    return step
+                inp = Command(resume=resume if resume is not None else "tick")
+            elif snap.next:
+                inp = None  # interrupted mid-step (crash): continue from the last checkpoint
+            else:
+                return _classify(snap)
+            graph.invoke(inp, config)
+            return _classify(graph.get_state(config))
+
+
+def drive(study_id: int, *, ctx: StudyContext | None = None, poll_s: float | None = None,
+          resume: Any = None, on_step: Any = None) -> Step:
+    """Advance until done or awaiting approval, sleeping between polls (the foreground tick)."""
+    ctx = ctx or make_context(study_id)
+    poll = poll_s if poll_s is not None else ctx.cfg.poll_s
+    while True:
+        step = advance(study_id, ctx=ctx, resume=resume)
+        resume = None
+        if on_step is not None:
+            on_step(step)
+        if step.state in ("done", "approval", "inactive"):
+            return step
+        time.sleep(poll)
+
+
+def stop_study(study_id: int, engine: Any = None, reason: str = "stopped by the user") -> Path | None:
+    """Cancel the study's unfinished trials, mark it CANCELLED and write what it has."""
+    from researcher.report import write_report
+
+    ctx = make_context(study_id, engine=engine)
+    with study_lock(study_id, blocking=True):
+        ids = [t.id for t in ctx.trials() if t.id is not None]
+        ctx.launcher.cancel(ids, reason)
+        ctx.set_study_status(StudyStatus.CANCELLED)
+        state: dict = {}
+        with checkpointer(ctx.engine) as saver:
+            from researcher.graph import build_graph
+
+            graph = build_graph(ctx).compile(checkpointer=saver)
+            snap = graph.get_state({"configurable": {"thread_id": str(study_id)}})
+            state = dict(snap.values or {})
+        state["stop_reason"] = reason
+        return write_report(ctx, state)
+
+
+def active_studies(engine: Any = None) -> list[int]:
+    engine = engine or store_engine()
+    with Session(engine) as s:
+        rows = s.exec(select(Study).where(Study.status == StudyStatus.ACTIVE.value)).all()
+        return [r.id for r in rows if r.id is not None]

@@ -1,0 +1,90 @@
+"""MLflow for studies: one parent run per study, one child run per trial, the report as artifacts.
+
+Every call is idempotent, because a resumed study repeats whatever its crash cut
+short: a trial's child run is looked up by its `roost.trial_id` tag before one is
+created, and logging a trial whose run is already FINISHED does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+STUDY_TAG = "roost.study_id"
+TRIAL_TAG = "roost.trial_id"
+
+
+def experiment_name(study_id: int) -> str:
+    return f"roost-study-{study_id}"
+
+
+def start_study_run(study_id: int, name: str, params: dict[str, Any]) -> str:
+    """Create the study's parent run; returns its id."""
+    from store.tracking import RunLogger
+
+    run = RunLogger.start(experiment_name(study_id), run_name=name, tags={STUDY_TAG: study_id},
+                          flush_interval_s=0)
+    run.log_params(params)
+    return run.run_id
+
+
+def _parent(run_id: str) -> Any:
+    from store.tracking import RunLogger, get_client
+
+    return RunLogger(get_client(), run_id, flush_interval_s=0)
+
+
+def log_trial(study_run_id: str, trial_id: int, arm: str, seed: int, params: dict[str, Any],
+              summary: dict[str, Any] | None, metrics: dict[str, float], status: str = "FINISHED") -> str:
+    """The trial's child run with per-step metrics from its summary; returns the run id."""
+    parent = _parent(study_run_id)
+    client = parent.client
+    found = client.search_runs([parent.experiment_id],
+                               filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'", max_results=1)
+    if found:
+        run = found[0]
+        if run.info.status in ("FINISHED", "FAILED", "KILLED"):
+            return str(run.info.run_id)
+        from store.tracking import RunLogger
+
+        child = RunLogger(client, run.info.run_id, flush_interval_s=0)  # half-logged: log again
+    else:
+        child = parent.child(f"{arm} seed={seed}", tags={TRIAL_TAG: trial_id, "roost.arm": arm,
+                                                         "roost.seed": seed, "roost.partial": "1"})
+        child.log_params({**params, "arm": arm, "seed": seed})
+    for row in (summary or {}).get("steps", []):
+        step = row.get("step")
+        if step is None:
+            continue
+        values = {k: v for k, v in row.items()
+                  if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+                  and math.isfinite(float(v))}
+        child.log_metrics(int(step), values)
+    for k, v in metrics.items():
+        if v is not None and math.isfinite(float(v)):
+            child.log_metrics(0, {f"trial/{k}": v})
+    if summary is not None:
+        child.log_json(summary, "summary.json")
+    child.set_tags({"roost.partial": "0"})
+    child.set_terminated(status)
+    return child.run_id
+
+
+def log_report(study_run_id: str, report_dir: Path, analysis: dict[str, Any] | None = None) -> None:
+    """The report directory (markdown + plots) as artifacts under `report/`."""
+    parent = _parent(study_run_id)
+    parent.log_artifact(report_dir, "report")
+    if analysis is not None:
+        parent.log_json(analysis, "report/analysis.json")
+
+
+def finish_study_run(study_run_id: str, status: str = "FINISHED") -> None:
+    from store.tracking import get_client
+
+    get_client().set_terminated(study_run_id, status=status)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,119 @@
+"""`AsyncSwarmClient`: the asyncio twin of `SwarmClient`, for async agent frameworks.
+
+    async with AsyncSwarmClient(url, token) as client:
+        async with client.episode("arith-0-3") as ep:
+            reply = await ep.async_openai.chat.completions.create(model=ep.model, messages=[...])
+            await ep.finish(1.0)
+
+Same retry rules as the sync client (shared `_Policy`); no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import httpx
+
+from swarm.client._client import TRANSIENT, EpisodeBase, SwarmError, _Policy
+from swarm.protocol import API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
+
+
+class AsyncSwarmClient:
+    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, max_retries: int = 6,
+                 backoff_s: float = 0.5, max_backoff_s: float = 10.0, claim_wait_s: float = 2.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token or os.environ.get("ROOST_TOKEN") or ""
+        self.timeout = timeout
+        self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
+        self.policy = _Policy(max_retries, backoff_s, max_backoff_s)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport)
+
+    async def request(self, method: str, path: str, *, key: str | None = None, json: Any = None,
+                      wait_429: bool = False, wait_timeout: float | None = None) -> dict:
+        headers = {"Authorization": f"Bearer {key or self.token}"}
+        deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                r = await self._http.request(method, path, json=json, headers=headers)
+                delay = self.policy.on_response(r, attempt, wait_429, deadline)
+                if delay is None:
+                    return r.json()
+                if r.status_code == 429:
+                    attempt -= 1
+            except TRANSIENT as exc:
+                delay = self.policy.on_error(exc, attempt)
+            await asyncio.sleep(delay)
+
+    async def claim(self, task_id: str, task_family: str = "default", metadata: dict | None = None, *,
+                    roles: list[str] | None = None, wait: bool = True,
+                    wait_timeout: float | None = None) -> AsyncEpisode:
+        body = {"task_id": task_id, "task_family": task_family, "metadata": metadata or {},
+                "roles": roles, "claim_key": uuid.uuid4().hex, "wait_s": self.claim_wait_s if wait else 0.0}
+        data = await self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait,
+                                  wait_timeout=wait_timeout)
+        return AsyncEpisode(self, ClaimResponse.model_validate(data))
+
+    @asynccontextmanager
+    async def episode(self, task_id: str, task_family: str = "default", metadata: dict | None = None,
+                      **claim_kwargs: Any) -> AsyncIterator[AsyncEpisode]:
+        ep = await self.claim(task_id, task_family, metadata, **claim_kwargs)
+        try:
+            yield ep
+        except BaseException as exc:
+            await ep._abort_quietly(f"exception in episode block: {type(exc).__name__}: {exc}"[:1000])
+            raise
+        finally:
+            if not ep.done:
+                await ep._abort_quietly("left the episode block without finish")
+            ep.close()
+
+    async def status(self) -> StatusResponse:
+        return StatusResponse.model_validate(await self.request("GET", f"{API_PREFIX}/status"))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSwarmClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class AsyncEpisode(EpisodeBase):
+    def __init__(self, client: AsyncSwarmClient, claim: ClaimResponse) -> None:
+        super().__init__(claim, client.timeout * 10)
+        self._client = client
+
+    async def finish(self, reward: float, metrics: dict[str, float] | None = None,
+                     agent_rewards: dict[str, float] | None = None) -> FinishResponse:
+        data = await self._client.request("POST", self._path("finish"), key=self.api_key,
+                                          json=self._finish_body(reward, metrics, agent_rewards))
+        self.result = FinishResponse.model_validate(data)
+        self.done = True
+        return self.result
+
+    async def abort(self, reason: str | None = None, release: bool = True) -> None:
+        await self._client.request("POST", self._path("abort"), key=self.api_key,
+                                   json={"reason": reason, "release": release})
+        self.done = True
+
+    async def heartbeat(self) -> float:
+        data = await self._client.request("POST", self._path("heartbeat"), key=self.api_key)
+        return HeartbeatResponse.model_validate(data).lease_expires_at
+
+    async def _abort_quietly(self, reason: str) -> None:
+        if self.done:
+            return
+        try:
+            await self.abort(reason)
+        except SwarmError:
+            self.done = True

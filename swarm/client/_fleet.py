@@ -1,0 +1,208 @@
+"""`run_fleet`: run a workflow over a dataset, each task n times, with bounded concurrency.
+
+    stats = run_fleet(client, workflow, dataset, n=8, concurrency=8, epochs=1)
+
+Jobs are handed out strictly in dataset order (task 0 × n, task 1 × n, ...), one
+at a time to whichever thread is free. That is what makes the server's on-policy
+admission safe: a thread blocked on a 429 holds a job for a task the window has
+not admitted, and every admitted task's remaining copies were handed out before
+it, to threads that are running them. A workflow exception aborts that episode,
+is counted, and the job is retried (up to `max_attempts`, so the group can still
+complete); the last attempt aborts without releasing the slot, so the group
+completes one smaller instead of waiting forever. The fleet never dies of a
+workflow error; it stops when the server says it is stopping or is gone, when
+`stop` is set, after `epochs`, or after `max_episodes` jobs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from swarm.client._client import (
+    Episode, ServerStopping, SwarmAPIError, SwarmClient, SwarmError, SwarmUnavailable,
+)
+
+log = logging.getLogger("swarm.client")
+Workflow = Callable[[dict, Episode], "float | None"]
+
+
+@dataclass
+class FleetStats:
+    """Counts of one fleet run (updated live; `progress` callbacks read it)."""
+
+    finished: int = 0  # episodes finished with a reward
+    failed: int = 0  # attempts whose workflow (or finish) raised
+    aborted: int = 0  # episodes aborted (failures, and workflows that returned None unfinished)
+    given_up: int = 0  # jobs dropped after max_attempts
+    jobs: int = 0  # jobs handed out
+    rewards: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the latest few, for humans
+    policy_version: int = 0  # of the latest claim
+    started_at: float = field(default_factory=time.time)
+    elapsed: float = 0.0
+    stopped_by: str | None = None  # epochs | max_episodes | stop | server | unreachable | unauthorized
+
+    @property
+    def reward_mean(self) -> float:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+    @property
+    def episodes(self) -> int:
+        return self.finished + self.aborted
+
+
+def _jobs(dataset: Sequence[dict], n: int, epochs: int | None) -> Iterator[dict]:
+    rounds = itertools.count() if epochs is None else range(epochs)
+    for _ in rounds:
+        if not dataset:
+            return
+        for task in dataset:
+            for _ in range(n):
+                yield task
+
+
+class _Fleet:
+    def __init__(self, client: SwarmClient, workflow: Workflow, dataset: Sequence[dict], n: int,
+                 epochs: int | None, stop: threading.Event, progress: Callable[[FleetStats], Any] | None,
+                 max_episodes: int | None, max_attempts: int, task_family: str) -> None:
+        self.client = client
+        self.workflow = workflow
+        self.jobs = _jobs(dataset, n, epochs)
+        self.stop = stop
+        self.progress = progress
+        self.max_episodes = max_episodes
+        self.max_attempts = max(1, max_attempts)
+        self.task_family = task_family
+        self.stats = FleetStats()
+        self.lock = threading.Lock()
+
+    def next_job(self) -> dict | None:
+        with self.lock:
+            if self.stop.is_set():
+                return None
+            if self.max_episodes is not None and self.stats.jobs >= self.max_episodes:
+                self._stopped("max_episodes")
+                return None
+            job = next(self.jobs, None)
+            if job is None:
+                self._stopped("epochs")
+                return None
+            self.stats.jobs += 1
+            return job
+
+    def _stopped(self, why: str) -> None:
+        if self.stats.stopped_by is None:
+            self.stats.stopped_by = why
+
+    def _note(self, **counts: int) -> None:
+        with self.lock:
+            for k, v in counts.items():
+                setattr(self.stats, k, getattr(self.stats, k) + v)
+        if self.progress is not None:
+            try:
+                self.progress(self.stats)
+            except Exception:
+                log.exception("progress callback failed")
+
+    def _error(self, message: str) -> None:
+        with self.lock:
+            self.stats.errors = (self.stats.errors + [message])[-20:]
+
+    def worker(self) -> None:
+        while (task := self.next_job()) is not None:
+            try:
+                self.run_job(task)
+            except ServerStopping:
+                self._halt("server")
+            except SwarmUnavailable as exc:
+                self._error(str(exc))
+                self._halt("unreachable")
+            except SwarmAPIError as exc:  # the claim itself was refused
+                self._error(f"{task.get('task_id')}: {exc}")
+                if exc.status_code in (401, 403):
+                    self._halt("unauthorized")  # no job can succeed with this token
+            except SwarmError as exc:  # cancelled while waiting (stop was set)
+                if not self.stop.is_set():
+                    self._error(str(exc))
+
+    def _halt(self, why: str) -> None:
+        with self.lock:  # a reason to halt outranks running out of jobs
+            if self.stats.stopped_by in (None, "epochs", "max_episodes"):
+                self.stats.stopped_by = why
+        self.stop.set()
+
+    def run_job(self, task: dict) -> None:
+        task_id = str(task["task_id"])
+        family = str(task.get("task_family") or self.task_family)
+        for attempt in range(1, self.max_attempts + 1):
+            last = attempt == self.max_attempts
+            with self.client.episode(task_id, family, {"attempt": attempt}, stop=self.stop) as ep:
+                with self.lock:
+                    self.stats.policy_version = max(self.stats.policy_version, ep.policy_version)
+                try:
+                    reward = self.workflow(task, ep)
+                    if reward is not None and not ep.done:
+                        ep.finish(float(reward))
+                except (ServerStopping, SwarmUnavailable):
+                    raise
+                except Exception as exc:
+                    self._error(f"{task_id} attempt {attempt}: {type(exc).__name__}: {exc}"[:500])
+                    ep._abort_quietly(f"workflow failed: {type(exc).__name__}: {exc}"[:1000], release=not last)
+                    self._note(failed=1, aborted=1, given_up=int(last))
+                    if self.stop.is_set():
+                        return
+                    continue
+                if ep.result is not None:
+                    with self.lock:
+                        self.stats.rewards.append(ep.result.reward)
+                    self._note(finished=1)
+                else:
+                    ep._abort_quietly("workflow returned None without finishing the episode")
+                    self._note(aborted=1)
+                return
+
+
+def run_fleet(
+    client: SwarmClient,
+    workflow: Workflow,
+    dataset: Sequence[dict],
+    n: int = 8,
+    concurrency: int = 8,
+    epochs: int | None = None,
+    stop: threading.Event | None = None,
+    progress: Callable[[FleetStats], Any] | None = None,
+    max_episodes: int | None = None,
+    max_attempts: int = 3,
+    task_family: str = "default",
+) -> FleetStats:
+    """Run `workflow(task, episode) -> reward | None` over `dataset`, each task `n` times.
+
+    `epochs=None` loops over the dataset until something else stops the fleet.
+    Blocks until done; Ctrl-C sets `stop` and waits for running episodes to end.
+    """
+    if n < 1 or concurrency < 1:
+        raise ValueError("n and concurrency must be >= 1")
+    stop = stop if stop is not None else threading.Event()
+    fleet = _Fleet(client, workflow, dataset, n, epochs, stop, progress, max_episodes, max_attempts,
+                   task_family)
+    threads = [threading.Thread(target=fleet.worker, name=f"fleet-{i}", daemon=True)
+               for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    except KeyboardInterrupt:
+        fleet._halt("stop")
+        for t in threads:
+            t.join()
+    if stop.is_set():
+        fleet._stopped("stop")
+    fleet.stats.elapsed = time.time() - fleet.stats.started_at
+    return fleet.stats

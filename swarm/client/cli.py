@@ -1,0 +1,133 @@
+"""`swarm client`: run an agent fleet against a swarm server.
+
+    swarm client --url http://127.0.0.1:8000 --token $TOKEN --task arith --n 8 --concurrency 8
+    swarm client --workflow my_agent:play --dataset my_agent:problems --max-episodes 512
+
+A built-in `--task` brings its dataset and workflow; `--workflow module:function`
+brings your own (its dataset from `--dataset module:function(seed, size)`, the
+task's dataset if `--task` is also given, or a `dataset` function beside the
+workflow). Registered by `swarm/cli.py` as `app.command("client")(client_command)`.
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import typer
+
+from swarm.client import FleetStats, run_fleet
+
+
+def load_object(spec: str) -> Any:
+    """`package.module:attr.sub` -> the object (a clear error for a bad spec)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise typer.BadParameter(f"expected module:function, got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise typer.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise typer.BadParameter(f"{module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def _resolve(task: str | None, workflow: str | None, dataset: str | None,
+             seed: int, size: int) -> tuple[Callable, list[dict], str]:
+    builtin = None
+    if task:
+        from swarm.tasks import get_task
+
+        try:
+            builtin = get_task(task)
+        except KeyError as exc:
+            raise typer.BadParameter(str(exc.args[0]), param_hint="--task") from None
+    if workflow:
+        flow = load_object(workflow)
+    elif builtin is not None:
+        flow = builtin.workflow
+    else:
+        raise typer.BadParameter("give --task NAME or --workflow module:function")
+    if dataset:
+        make = load_object(dataset)
+    elif builtin is not None:
+        make = builtin.dataset
+    else:
+        make = getattr(sys.modules[workflow.partition(":")[0]], "dataset", None) if workflow else None
+        if make is None:
+            raise typer.BadParameter("no dataset: give --dataset module:function or --task NAME")
+    family = builtin.family if builtin is not None else "default"
+    return flow, list(make(seed, size)), family
+
+
+def client_command(
+    url: str = typer.Option("http://127.0.0.1:8000", "--url", envvar="ROOST_URL", help="swarm server URL"),
+    token: str = typer.Option(None, "--token", envvar="ROOST_TOKEN", help="worker token"),
+    workflow: str = typer.Option(None, "--workflow", help="module:function(task, episode) -> reward"),
+    task: str = typer.Option(None, "--task", help="built-in task (arith, guess, ...)"),
+    dataset: str = typer.Option(None, "--dataset", help="module:function(seed, size) -> list of tasks"),
+    n: int = typer.Option(8, "--n", "-n", min=1, help="episodes per task (the server's group size)"),
+    concurrency: int = typer.Option(8, "--concurrency", "-c", min=1, help="episodes in flight"),
+    dataset_size: int = typer.Option(64, "--dataset-size", min=1, help="tasks drawn from the dataset"),
+    seed: int = typer.Option(0, "--seed", help="dataset seed"),
+    max_episodes: int = typer.Option(None, "--max-episodes", min=1, help="stop after this many episodes"),
+    epochs: int = typer.Option(None, "--epochs", min=1, help="passes over the dataset [default: until stopped]"),
+    max_attempts: int = typer.Option(3, "--max-attempts", min=1, help="tries per job when a workflow fails"),
+    retries: int = typer.Option(6, "--retries", min=0, help="retries of a request on connection errors"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+) -> None:
+    """Run a workflow over a dataset against a swarm server, each task n times."""
+    from rich.console import Console
+
+    from swarm.client import SwarmClient, SwarmError
+
+    if not token:
+        raise typer.BadParameter("a worker token is required (--token or ROOST_TOKEN)", param_hint="--token")
+    flow, items, family = _resolve(task, workflow, dataset, seed, dataset_size)
+    console = Console(stderr=True)
+    with SwarmClient(url, token, max_retries=retries) as client:
+        try:
+            status = client.status()  # fail fast on a wrong URL or token
+        except SwarmError as exc:
+            console.print(f"[red]cannot use {url}[/red]: {exc}")
+            raise typer.Exit(1) from None
+        if status.group_size != n:
+            console.print(f"[yellow]note[/yellow]: the server's group size is {status.group_size}; "
+                          f"this fleet sends each task {n} times")
+        total = max_episodes or (len(items) * n * epochs if epochs else None)
+        with _progress(console, total, quiet) as progress:
+            stats = run_fleet(client, flow, items, n=n, concurrency=concurrency, epochs=epochs,
+                              progress=progress, max_episodes=max_episodes, max_attempts=max_attempts,
+                              task_family=family)
+    console.print(f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "
+                  f"reward mean {stats.reward_mean:.3f}, {stats.elapsed:.1f}s, stopped by {stats.stopped_by}")
+    for err in stats.errors[-3:]:
+        console.print(f"  [red]error[/red] {err}")
+    if stats.stopped_by in ("unreachable", "unauthorized"):
+        raise typer.Exit(1)
+
+
+@contextmanager
+def _progress(console: Any, total: int | None, quiet: bool) -> Iterator[Callable[[FleetStats], None]]:
+    """A rich progress bar, and the `progress` callback that updates it (from fleet threads)."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = [SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}" if total else "{task.completed}"),
+               TimeElapsedColumn()]
+    with Progress(*columns, console=console, disable=quiet) as bar:
+        tid = bar.add_task("starting", total=total)
+
+        def update(s: FleetStats) -> None:
+            bar.update(tid, completed=s.finished + s.given_up,
+                       description=f"v{s.policy_version} ok {s.finished} failed {s.failed} "
+                                   f"reward {s.reward_mean:.3f}")
+
+        yield update

@@ -1,0 +1,123 @@
+"""`swarm inspect`: look at a recorded episode token by token, after the fact.
+
+    swarm inspect runs/train/server --episode EP_ID            # terminal
+    swarm inspect runs/train/server --last --html episode.html  # standalone HTML
+
+Reads the server's rollout log (`OUT/rollouts.jsonl`: one finished episode per
+line with its calls as token ids), merges it exactly as training did, and shows
+every token with its text, id, loss mask, rollout logprob and agent. Trained
+tokens are green (brighter = more likely under the policy that sampled them);
+context tokens are grey.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Callable, Iterator
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from swarm.timeline import Call, Segment, merge, merge_stats
+
+ROLLOUTS = "rollouts.jsonl"
+
+
+def iter_episodes(run_dir: Path) -> Iterator[dict]:
+    path = run_dir / ROLLOUTS if run_dir.is_dir() else run_dir
+    if not path.exists():
+        raise FileNotFoundError(f"no rollout log at {path} (is this a `swarm serve --out` directory?)")
+    with path.open() as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line after a crash
+
+
+def find_episode(run_dir: Path, episode_id: str | None) -> dict:
+    last = None
+    for ep in iter_episodes(run_dir):
+        if episode_id is None or ep.get("episode_id") == episode_id:
+            last = ep
+            if episode_id is not None:
+                return ep
+    if last is None:
+        raise KeyError(f"episode {episode_id!r} not found in {run_dir}" if episode_id else f"no episodes in {run_dir}")
+    return last
+
+
+def episode_calls(ep: dict) -> list[Call]:
+    return [Call(c.get("agent", "main"), c["prompt_ids"], c["completion_ids"], c["logprobs"],
+                 c.get("policy_version", 0)) for c in ep["calls"]]
+
+
+def _piece(decode: Callable[[list[int]], str], tid: int) -> str:
+    return decode([tid])
+
+
+def render_terminal(ep: dict, decode: Callable[[list[int]], str], console: Console | None = None) -> None:
+    console = console or Console()
+    calls = episode_calls(ep)
+    segs = merge(calls)
+    st = merge_stats(calls, segs)
+    console.print(f"[bold]episode[/] {ep.get('episode_id')}  task {ep.get('task_id')}  reward {ep.get('reward')}  "
+                  f"calls {st.calls} → samples {st.samples} (merge ratio {st.merge_ratio:.2f}, "
+                  f"tokens {st.tokens_unmerged} → {st.tokens_merged})")
+    for k, seg in enumerate(segs):
+        console.rule(f"sample {k}: agent {seg.agent}, {len(seg.input_ids)} tokens, "
+                     f"{sum(seg.loss_mask)} trained, calls {seg.calls}")
+        text = Text()
+        for tid, m, lp in zip(seg.input_ids, seg.loss_mask, seg.logprobs):
+            piece = _piece(decode, tid)
+            text.append(piece, style=_style(m, lp))
+        console.print(text)
+        table = Table(show_header=True, header_style="bold", box=None)
+        for col in ("pos", "id", "text", "mask", "logprob"):
+            table.add_column(col, justify="right" if col != "text" else "left")
+        for pos, (tid, m, lp) in enumerate(zip(seg.input_ids, seg.loss_mask, seg.logprobs)):
+            if m:
+                table.add_row(str(pos), str(tid), repr(_piece(decode, tid)), "1", f"{lp:.3f}")
+        console.print(table)
+
+
+def _style(mask: int, lp: float) -> str:
+    if not mask:
+        return "grey50"
+    return "bold green" if lp > -0.5 else ("green" if lp > -2 else "yellow")
+
+
+def render_html(ep: dict, decode: Callable[[list[int]], str]) -> str:
+    calls = episode_calls(ep)
+    segs: list[Segment] = merge(calls)
+    st = merge_stats(calls, segs)
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>episode "
+        f"{html.escape(str(ep.get('episode_id')))}</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em}"
+        ".t{font-family:ui-monospace,monospace;white-space:pre-wrap;border-radius:3px}"
+        ".m0{color:#888}.m1{background:#d7f5d7}.low{background:#fbecc0}"
+        "span.t:hover{outline:1px solid #333}</style></head><body>",
+        f"<h1>Episode {html.escape(str(ep.get('episode_id')))}</h1>",
+        f"<p>task {html.escape(str(ep.get('task_id')))} &middot; reward {ep.get('reward')} &middot; "
+        f"calls {st.calls} &rarr; samples {st.samples} (merge ratio {st.merge_ratio:.2f}) &middot; "
+        f"tokens {st.tokens_unmerged} &rarr; {st.tokens_merged}</p>",
+        "<p>Hover a token for its id, loss mask, rollout logprob and agent. Green: trained "
+        "(generated) tokens; grey: context.</p>",
+    ]
+    for k, seg in enumerate(segs):
+        parts.append(f"<h2>Sample {k} &middot; agent {html.escape(seg.agent)} &middot; {len(seg.input_ids)} tokens, "
+                     f"{sum(seg.loss_mask)} trained</h2><div>")
+        for pos, (tid, m, lp) in enumerate(zip(seg.input_ids, seg.loss_mask, seg.logprobs)):
+            cls = "m0" if not m else ("m1" if lp > -2 else "m1 low")
+            title = f"pos {pos} | id {tid} | mask {m} | logprob {lp:.4f} | agent {seg.agent}"
+            parts.append(f"<span class='t {cls}' title='{html.escape(title)}'>"
+                         f"{html.escape(_piece(decode, tid))}</span>")
+        parts.append("</div>")
+    parts.append("</body></html>")
+    return "".join(parts)

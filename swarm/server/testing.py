@@ -1,0 +1,90 @@
+"""Test helpers: a real uvicorn server on a free loopback port, in a thread.
+
+    with running_server(ServerConfig(engine="fake", model_dir=d, out_dir=tmp), FakeEngine(d)) as srv:
+        SwarmClient(srv.url, srv.token) ...
+
+The server binds its socket before the thread starts (no free-port race) and is
+shut down (and joined) on exit, also when the test fails. For a server in its own
+process, see `tests/server/test_checkpoint.py` (started with Popen, killed by PID).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from swarm.engine.base import Engine
+from swarm.server.app import create_app
+from swarm.server.config import ServerConfig
+from swarm.server.state import Swarm
+
+
+@dataclass
+class RunningServer:
+    url: str
+    token: str
+    admin_token: str
+    app: Any
+    swarm: Swarm
+    thread: threading.Thread
+    server: Any
+
+    @property
+    def engine(self) -> Engine:
+        return self.swarm.engine
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+@contextmanager
+def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0) -> Iterator[RunningServer]:
+    import uvicorn
+
+    config = config.with_secrets()
+    app = create_app(config, engine)
+    swarm: Swarm = app.state.swarm
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((config.host, 0))
+    sock.listen(256)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=5))
+    swarm.stop_callback = lambda: setattr(server, "should_exit", True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                              name=f"uvicorn-{port}")
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("test server did not start")
+        time.sleep(0.02)
+    running = RunningServer(f"http://{config.host}:{port}", config.token or "", config.admin_token or "",
+                            app, swarm, thread, server)
+    try:
+        yield running
+    finally:
+        running.stop()
+        sock.close()
+
+
+def tiny_model_dir(base: Path) -> Path:
+    """A tokenizer + random tiny Qwen2 under `base/tiny-model` (built once per base)."""
+    from swarm.model.build import build_untrained
+
+    out = Path(base) / "tiny-model"
+    if not (out / "config.json").exists():
+        tmp = Path(base) / f".tiny-model-{time.time_ns()}"
+        build_untrained(tmp)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").exists():
+                raise
+    return out

@@ -1,0 +1,122 @@
+"""run_fleet against a real server: groups fill, failures are counted, admission never deadlocks."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from swarm.client import FleetStats, SwarmClient, run_fleet
+from swarm.engine.fake import FakeEngine
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def chat_workflow(task: dict, episode) -> float:
+    r = episode.openai.chat.completions.create(model=episode.model, messages=MESSAGES, max_tokens=4)
+    return 1.0 if len(r.choices[0].message.content or "") % 2 else 0.0
+
+
+def _dataset(k: int) -> list[dict]:
+    return [{"task_id": f"t{i}"} for i in range(k)]
+
+
+def test_fleet_runs_epochs_and_trains(make_server) -> None:
+    srv = make_server(group_size=4, batch_groups=2)
+    seen: list[int] = []
+    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(4), n=4, concurrency=3,
+                      epochs=1, progress=lambda s: seen.append(s.finished))
+    assert stats.finished == 16 and stats.failed == 0 and stats.stopped_by == "epochs"
+    assert seen[-1] == 16 and len(stats.rewards) == 16
+    deadline = time.monotonic() + 10
+    while srv.swarm.trainer.step < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert srv.engine.policy_version == 2
+    assert all(len({s.group_id for s in b.samples}) == 2 for b in srv.engine.batches)
+
+
+def test_small_dataset_many_epochs_no_deadlock(make_server) -> None:
+    """One task, B=2: the same task fills both groups of a window (concurrency > B*n too)."""
+    srv = make_server(group_size=2, batch_groups=2)
+    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(1), n=2, concurrency=8,
+                      epochs=6)
+    assert stats.finished == 12
+    deadline = time.monotonic() + 10
+    while srv.swarm.trainer.step < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_workflow_errors_are_counted_and_groups_still_complete(make_server) -> None:
+    srv = make_server(group_size=2, batch_groups=1)
+    calls = {"n": 0}
+    lock = threading.Lock()
+
+    def flaky(task: dict, episode) -> float | None:
+        chat_workflow(task, episode)
+        with lock:
+            calls["n"] += 1
+            k = calls["n"]
+        if task["task_id"] == "t1":
+            raise RuntimeError("always broken")
+        if k % 3 == 0:
+            raise ValueError("sometimes broken")
+        if k % 5 == 0:
+            episode.finish(0.25)  # finished by the workflow itself
+            return None
+        return 1.0
+
+    stats = run_fleet(SwarmClient(srv.url, srv.token), flaky, _dataset(3), n=2, concurrency=2, epochs=1,
+                      max_attempts=2)
+    assert stats.given_up == 2  # both t1 jobs, after 2 attempts each
+    assert stats.finished == 4 and stats.failed >= 4 and stats.errors
+    deadline = time.monotonic() + 10
+    while srv.swarm.trainer.step < 2:  # t0, then t2 (t1's group completed empty and was skipped)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_fleet_stops_when_server_stops(make_server) -> None:
+    srv = make_server(group_size=2, batch_groups=1, max_steps=2, stop_grace_s=1.0)
+    stats = run_fleet(SwarmClient(srv.url, srv.token, max_retries=2, backoff_s=0.05), chat_workflow,
+                      _dataset(5), n=2, concurrency=4)  # epochs=None: until told to stop
+    assert stats.stopped_by in ("server", "unreachable") and stats.finished >= 4
+    srv.thread.join(10)
+    assert srv.swarm.trainer.step == 2
+
+
+def test_stop_event_and_max_episodes(make_server) -> None:
+    srv = make_server(group_size=2, batch_groups=1)
+    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(5), n=2, concurrency=2,
+                      max_episodes=3)
+    assert stats.finished == 3 and stats.stopped_by == "max_episodes"
+    stop = threading.Event()
+    timer = threading.Timer(0.5, stop.set)
+    timer.start()
+    # window is stuck (t1 has 1 of 2 finished) -> claims for other tasks wait on 429 until stopped
+    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(5)[2:], n=2, concurrency=2,
+                      stop=stop)
+    timer.cancel()
+    assert stats.stopped_by == "stop"
+
+
+def test_fake_engine_slow_generation_and_concurrency(make_server, model_dir) -> None:
+    srv = make_server(engine=FakeEngine(model_dir, token_delay_s=0.01), group_size=4, batch_groups=2)
+    t0 = time.monotonic()
+    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(2), n=4, concurrency=8,
+                      epochs=1)
+    assert stats.finished == 8 and time.monotonic() - t0 < 10
+    assert isinstance(stats, FleetStats) and 0.0 <= stats.reward_mean <= 1.0
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_bad_arguments(bad: int) -> None:
+    with pytest.raises(ValueError):
+        run_fleet(SwarmClient("http://127.0.0.1:9"), chat_workflow, [], n=bad)
+
+
+def test_wrong_token_halts_the_fleet(server) -> None:
+    stats = run_fleet(SwarmClient(server.url, "wrong"), chat_workflow, _dataset(3), n=2, concurrency=2)
+    assert stats.stopped_by == "unauthorized" and stats.finished == 0 and "401" in stats.errors[0]

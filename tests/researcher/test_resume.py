@@ -1,0 +1,123 @@
+"""Exactly-once launches: a crash inside a launch, and kill -9 of a running study."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, select
+
+from researcher.config import StudyConfig
+from researcher.planning import PlanDefaults
+from researcher.runner import create_study, drive, make_context, store_engine
+from scheduler.manager import JobManager
+from scheduler.records import StoreSink
+from store.models import Job, Study, Trial
+
+TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
+
+
+def _starts(study_dir: str) -> list[int]:
+    return [len(p.read_text().split()) for p in sorted(Path(study_dir).glob("trials/*/starts.log"))]
+
+
+class CrashAfterSubmit(StoreSink):
+    """The submitter 'dies' right after the backend started the job, before the handle is saved."""
+
+    def update(self, job_id, **fields):
+        if "external_id" in fields:
+            raise SystemExit("crash between submit and record")
+        return super().update(job_id, **fields)
+
+
+def test_crash_between_submit_and_record_is_adopted_not_resubmitted(fake_program):
+    cfg = StudyConfig(topic=TOPIC, trial_program=fake_program, defaults=PlanDefaults(steps=5),
+                      approve=True, poll_s=0.2)
+    sid = create_study(cfg)
+    assert drive(sid, poll_s=0.2).state == "approval"  # trials exist, nothing launched
+    engine = store_engine()
+    with Session(engine) as s:
+        tid = s.exec(select(Trial).order_by(Trial.id)).first().id
+    crashing = make_context(sid, manager=JobManager(CrashAfterSubmit(engine=engine)))
+    with pytest.raises(SystemExit):
+        crashing.launcher.launch(tid)
+    with Session(engine) as s:
+        (job,) = s.exec(select(Job)).all()
+        assert job.external_id is None and s.get(Trial, tid).status == "PENDING"
+    ctx = make_context(sid)
+    assert ctx.launcher.launch(tid) == "adopted"
+    assert ctx.launcher.launch(tid) == "already"
+    for _ in range(100):
+        if ctx.launcher.refresh([tid])[tid] != "RUNNING":
+            break
+        time.sleep(0.1)
+    assert ctx.launcher.refresh([tid])[tid] == "COMPLETED"
+    with Session(engine) as s:
+        assert len(s.exec(select(Job)).all()) == 1
+    assert _starts(ctx.cfg.study_dir) == [1]
+    # the rest of the study: approve, finish, and still one start per trial
+    assert drive(sid, poll_s=0.2, resume={"approved": True}).state == "done"
+    assert _starts(ctx.cfg.study_dir) == [1] * 6
+
+
+def test_intent_without_a_job_is_submitted_once(fake_program):
+    cfg = StudyConfig(topic=TOPIC, trial_program=fake_program, defaults=PlanDefaults(steps=5), approve=True)
+    sid = create_study(cfg)
+    drive(sid, poll_s=0.2)
+    engine = store_engine()
+
+    class CrashBeforeBackend(StoreSink):
+        def create(self, **kw):
+            raise SystemExit("crash before the job row")
+
+    crashing = make_context(sid, manager=JobManager(CrashBeforeBackend(engine=engine)))
+    with Session(engine) as s:
+        tid = s.exec(select(Trial).order_by(Trial.id)).first().id
+    with pytest.raises(SystemExit):
+        crashing.launcher.launch(tid)
+    assert make_context(sid).launcher.launch(tid) == "submitted"
+
+
+def _researcher(*args: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "researcher", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True, text=True)
+
+
+@pytest.mark.integration
+def test_kill_9_mid_study_then_resume(fake_program, tmp_path):
+    env = {**os.environ, "FAKE_TRIAL_SLEEP": "3", "ROOST_TRIAL_PROGRAM": " ".join(fake_program)}
+    proc = _researcher("study", TOPIC, "--steps", "5", "--poll", "0.3", env=env)
+    engine = store_engine()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            with Session(engine) as s:
+                running = [t for t in s.exec(select(Trial)).all() if t.status == "RUNNING"]
+            if len(running) >= 2:
+                break
+        assert len(running) >= 2, "the study never launched its trials"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the researcher (its trials run in their own sessions)
+        proc.wait(timeout=10)
+    with Session(engine) as s:
+        assert s.exec(select(Study)).one().status == "ACTIVE"
+        launched_before = len(s.exec(select(Job)).all())
+    assert launched_before >= 2
+    res = _researcher("resume", "1", env=env)
+    out, _ = res.communicate(timeout=240)
+    assert res.returncode == 0, out
+    with Session(engine) as s:
+        study = s.exec(select(Study)).one()
+        jobs = s.exec(select(Job)).all()
+        trials = s.exec(select(Trial)).all()
+    assert study.status == "COMPLETED", out
+    assert {t.status for t in trials} == {"COMPLETED"}
+    assert len(jobs) == 6 and len({j.trial_id for j in jobs}) == 6  # one job per trial
+    assert _starts(make_context(1).cfg.study_dir) == [1] * 6  # each trial ran once
+    assert "lr=0 is worse" in study.report

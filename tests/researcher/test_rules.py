@@ -1,0 +1,45 @@
+import pytest
+
+from researcher.planning import PlanDefaults
+from researcher.rules import RulesPlanner
+
+
+def plan(topic, **kw):
+    p = RulesPlanner()
+    d = PlanDefaults(**kw)
+    f = p.frame(topic, d)
+    h = p.hypothesize(topic, f, [])
+    return f, h, p.design(f, h, d)
+
+
+def test_learning_rate_topic():
+    f, h, d = plan("Does the learning rate matter for arithmetic? Compare 0 and 3e-4", steps=12)
+    assert (f.task, f.knobs, f.metric, f.metric_window) == ("arith", ["lr"], "final_reward", 5)
+    assert h.baseline_value == 0.0 and h.treatment_values == [3e-4] and h.direction == "greater"
+    assert [a.knobs for a in d.arms] == [{"lr": 0.0}, {"lr": 3e-4}]
+    assert d.baseline == d.arms[0].name and d.seeds == [0, 1, 2] and d.steps == 12
+    assert len(d.trial_configs()) == 6
+
+
+@pytest.mark.parametrize("topic, knob, values, task", [
+    ("Does group size matter on the guessing game? Compare 4 and 16", "group_size", [4, 16], "guess"),
+    ("Compare a KL coefficient of 0.1 against none (0)", "kl_coef", [0.0, 0.1], "arith"),
+    ("Is timeline merging on better than off?", "timeline_merge", [True, False], "arith"),
+    ("Sampling temperature 0.7 vs 1.0 for arithmetic", "temperature", [0.7, 1.0], "arith"),
+    ("Is RLOO better than GRPO?", "advantage", ["grpo", "rloo"], "arith"),
+    ("Does the model matter? Try /models/a", "model", ["embedded", "/models/a"], "arith"),
+    ("Does a task mix help?", "task", ["arith", "arith+guess"], "arith"),
+])
+def test_knobs_are_parsed(topic, knob, values, task):
+    p = RulesPlanner()
+    f = p.frame(topic, PlanDefaults())
+    h = p.hypothesize(topic, f, [])
+    assert f.knobs == [knob] and f.task == task
+    assert sorted(map(str, [h.baseline_value, *h.treatment_values])) == sorted(map(str, values))
+
+
+def test_more_seeds_and_one_round_only():
+    p = RulesPlanner()
+    f, h, d = plan("learning rate 1e-4 vs 3e-4", seeds=5)
+    assert d.seeds == [0, 1, 2, 3, 4]
+    assert p.hypothesize("learning rate 1e-4 vs 3e-4", f, [{"round": 0}]) is None

@@ -1,0 +1,118 @@
+"""A whole study through the real graph, store, local scheduler backend and MLflow,
+with `fake_trial.py` standing in for `swarm train` (seconds, not minutes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, select
+
+from researcher.config import Budget, StudyConfig
+from researcher.planning import PlanDefaults
+from researcher.runner import create_study, drive, make_context, store_engine
+from store.models import Hypothesis, Job, Study, Trial
+
+TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
+
+
+def config(program: list[str], **kw) -> StudyConfig:
+    return StudyConfig(topic=TOPIC, trial_program=program, defaults=PlanDefaults(steps=10), poll_s=0.2, **kw)
+
+
+def rows(model, **where):
+    with Session(store_engine()) as s:
+        stmt = select(model)
+        for k, v in where.items():
+            stmt = stmt.where(getattr(model, k) == v)
+        return list(s.exec(stmt).all())
+
+
+def starts(cfg_dir: str) -> dict[str, int]:
+    return {p.parent.name: len(p.read_text().split()) for p in Path(cfg_dir).glob("trials/*/starts.log")}
+
+
+def test_rules_study_end_to_end(fake_program):
+    sid = create_study(config(fake_program))
+    step = drive(sid, poll_s=0.2)
+    assert step.state == "done"
+    study = rows(Study, id=sid)[0]
+    assert study.status == "COMPLETED" and study.finished_at is not None
+    trials = rows(Trial, study_id=sid)
+    assert len(trials) == 6 and {t.status for t in trials} == {"COMPLETED"}
+    assert sorted((t.arm, t.seed) for t in trials)[0] == ("lr=0", 0)
+    (hyp,) = rows(Hypothesis, study_id=sid)
+    assert hyp.status == "SUPPORTED"
+    report = Path(make_context(sid).cfg.study_dir) / "report" / "report.md"
+    text = report.read_text()
+    assert "**lr=0 is worse than lr=0.0003**" in text and "do not overlap" in text
+    for line in text.splitlines():
+        if line.startswith("!["):
+            assert (report.parent / line.split("(")[1].rstrip(")")).exists()
+    assert study.report == text
+    # MLflow: the report is an artifact of the parent run; every trial a child run with its curve
+    from store.tracking import get_client
+
+    client = get_client()
+    arts = {a.path for a in client.list_artifacts(study.mlflow_run_id, "report")}
+    assert "report/report.md" in arts and "report/plots" in arts
+    plots = {a.path for a in client.list_artifacts(study.mlflow_run_id, "report/plots")}
+    assert "report/plots/round0_final_reward.png" in plots
+    for t in trials:
+        run = client.get_run(t.mlflow_run_id)
+        assert run.data.tags["mlflow.parentRunId"] == study.mlflow_run_id
+        assert len(client.get_metric_history(t.mlflow_run_id, "reward_mean")) == 10
+    assert client.get_run(study.mlflow_run_id).info.status == "FINISHED"
+    assert set(starts(make_context(sid).cfg.study_dir).values()) == {1}
+
+
+def test_approve_pauses_before_anything_launches(fake_program):
+    sid = create_study(config(fake_program, approve=True))
+    step = drive(sid, poll_s=0.2)
+    assert step.state == "approval" and step.detail["design"]["baseline"] == "lr=0"
+    assert rows(Study, id=sid)[0].status == "PAUSED"
+    assert rows(Job) == [] and {t.status for t in rows(Trial)} == {"PENDING"}
+    assert drive(sid, poll_s=0.2).state == "approval"  # a tick does not approve
+    step = drive(sid, poll_s=0.2, resume={"approved": True})
+    assert step.state == "done" and rows(Study, id=sid)[0].status == "COMPLETED"
+    assert len(rows(Job)) == 6
+
+
+def test_rejected_plan_launches_nothing(fake_program):
+    sid = create_study(config(fake_program, approve=True))
+    drive(sid, poll_s=0.2)
+    assert drive(sid, poll_s=0.2, resume={"approved": False}).state == "done"
+    assert rows(Job) == [] and {t.status for t in rows(Trial)} == {"CANCELLED"}
+    assert "not approved" in rows(Study, id=sid)[0].report
+
+
+def test_trial_budget_stops_launching_and_reports_what_it_has(fake_program):
+    sid = create_study(config(fake_program, budget=Budget(max_trials=4)))
+    assert drive(sid, poll_s=0.2).state == "done"
+    statuses = sorted(t.status for t in rows(Trial))
+    assert statuses == ["CANCELLED"] * 2 + ["COMPLETED"] * 4
+    assert len(rows(Job)) == 4
+    assert "Stopped early:** trial budget of 4 spent" in rows(Study, id=sid)[0].report
+
+
+def test_failed_trials_are_reported(fake_program, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_FAIL_ARM", "0.0")
+    sid = create_study(config(fake_program))
+    assert drive(sid, poll_s=0.2).state == "done"
+    by_arm = {(t.arm, t.status) for t in rows(Trial)}
+    assert by_arm == {("lr=0", "FAILED"), ("lr=0.0003", "COMPLETED")}
+    assert rows(Hypothesis)[0].status == "INCONCLUSIVE"
+
+
+def test_daemon_tick_drives_a_background_study(fake_program):
+    import time
+
+    from researcher.daemon import tick
+
+    sid = create_study(config(fake_program))
+    for _ in range(200):
+        if tick().get(sid) in ("done", None):
+            break
+        time.sleep(0.2)
+    assert rows(Study, id=sid)[0].status == "COMPLETED"
+    assert tick() == {}  # nothing active any more

@@ -1,0 +1,52 @@
+"""`swarm sched` (scheduler.cli): submit, status, logs, cancel, ticks — in-process with CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from scheduler.cli import app
+
+runner = CliRunner()
+
+
+def _run(*args: str) -> str:
+    res = runner.invoke(app, list(args), catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_submit_wait_status_logs(db_url: str, tmp_path: Path) -> None:
+    res = runner.invoke(app, ["submit", "--db", db_url, "--log-dir", str(tmp_path), "--wait", "-e", "WHO=cli",
+                              "greet", "bash", "-c", 'echo "hi $WHO"; exit 2'])
+    assert res.exit_code == 2, res.output  # --wait exits with the job's code
+    job_id = int(res.output.split()[0])
+    rows = [json.loads(line) for line in _run("status", "--db", db_url, "--json").splitlines()]
+    assert rows[0]["id"] == job_id and rows[0]["state"] == "FAILED" and rows[0]["exit_code"] == 2
+    assert _run("logs", str(job_id), "--db", db_url) == "hi cli\n"
+    table = _run("status", str(job_id), "--db", db_url, "--no-refresh")
+    assert "greet" in table and "FAILED" in table
+
+
+def test_cancel_by_id_and_group(db_url: str, tmp_path: Path) -> None:
+    a = int(_run("submit", "--db", db_url, "--log-dir", str(tmp_path), "--group", "g", "a", "sleep", "30").strip())
+    b = int(_run("submit", "--db", db_url, "--log-dir", str(tmp_path), "--group", "g", "b", "sleep", "30").strip())
+    c = int(_run("submit", "--db", db_url, "--log-dir", str(tmp_path), "c", "sleep", "30").strip())
+    _run("cancel", str(c), "--db", db_url, "--force")
+    _run("cancel", "--group", "g", "--db", db_url, "--force")
+    rows = {r["id"]: r for r in map(json.loads, _run("status", "--db", db_url, "--json").splitlines())}
+    assert {rows[i]["state"] for i in (a, b, c)} == {"CANCELLED"}
+
+
+def test_bad_input(db_url: str) -> None:
+    assert runner.invoke(app, ["cancel", "--db", db_url]).exit_code != 0
+    assert runner.invoke(app, ["submit", "--db", db_url, "-e", "NOEQUALS", "x", "true"]).exit_code != 0
+
+
+def test_ticks_listing(db_url: str) -> None:
+    from scheduler.daemon import register_tick
+
+    register_tick("s1", "sched_ticks:touch", 60, kwargs={"path": "/dev/null"}, db_url=db_url)
+    assert "s1\tsched_ticks:touch\tevery 60 s" in _run("ticks", "--db", db_url)

@@ -1,0 +1,175 @@
+"""The OpenAI-compatible routes, driven by the official `openai` package against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from swarm.client import SwarmClient
+from swarm.engine.fake import FakeEngine, token_logprob
+from swarm.server.testing import RunningServer
+
+MESSAGES = [{"role": "user", "content": "What is 12+30?"}]
+
+
+def _episode(srv: RunningServer, task_id: str = "t1"):
+    return SwarmClient(srv.url, srv.token).claim(task_id)
+
+
+def test_chat_returns_token_ids_that_decode_to_text(server: RunningServer, model_dir) -> None:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ep = _episode(server)
+    r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=24,
+                                          extra_body={"return_token_ids": True})
+    extra = r.model_extra or {}
+    choice = r.choices[0]
+    ids = choice.model_extra["token_ids"]
+    assert tok.decode(ids, skip_special_tokens=True) == choice.message.content
+    assert extra["prompt_token_ids"] == tok.encode(
+        tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    lps = [c.logprob for c in choice.logprobs.content]
+    assert lps == [token_logprob(t) for t in ids]
+    assert r.usage.completion_tokens == len(ids) and r.usage.prompt_tokens == len(extra["prompt_token_ids"])
+    assert choice.finish_reason in ("stop", "length")
+    assert r.system_fingerprint == "roost-policy-v0"
+    calls = server.swarm.registry.get(ep.id).calls
+    assert len(calls) == 1 and calls[0].completion_ids == ids and calls[0].agent == "main"
+
+
+def test_plain_chat_has_no_ids_and_logprobs_flag_adds_them(server: RunningServer) -> None:
+    ep = _episode(server)
+    r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=8)
+    assert r.choices[0].logprobs is None and "token_ids" not in (r.choices[0].model_extra or {})
+    r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=8, logprobs=True)
+    assert len(r.choices[0].logprobs.content) == len(r.choices[0].model_extra["token_ids"])
+
+
+def test_streaming_matches_token_ids(server: RunningServer, model_dir) -> None:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ep = _episode(server)
+    stream = ep.openai.chat.completions.create(
+        model=ep.model, messages=MESSAGES, max_tokens=40, stream=True,
+        stream_options={"include_usage": True}, extra_body={"return_token_ids": True})
+    text, ids, reasons, usage = "", [], [], None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            ids += (c.model_extra or {}).get("token_ids", [])
+            if c.finish_reason:
+                reasons.append(c.finish_reason)
+    assert reasons and reasons[-1] in ("stop", "length")
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert usage is not None and usage.completion_tokens == len(ids)
+    assert server.swarm.registry.get(ep.id).calls[-1].completion_ids == ids
+
+
+def test_async_client_and_agent_header(server: RunningServer) -> None:
+    ep = _episode(server)
+
+    async def go() -> list[str]:
+        a = ep.async_openai_client(agent="planner")
+        b = ep.async_openai_client(agent="critic")
+        rs = await asyncio.gather(*(c.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=6)
+                                    for c in (a, b, a)))
+        stream = await a.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=6, stream=True)
+        async for _ in stream:
+            pass
+        await a.close()
+        await b.close()
+        return [r.choices[0].finish_reason for r in rs]
+
+    assert len(asyncio.run(go())) == 3
+    agents = sorted(c.agent for c in server.swarm.registry.get(ep.id).calls)
+    assert agents == ["critic", "planner", "planner", "planner"]
+
+
+def test_completions_with_text_and_token_prompts(server: RunningServer, model_dir) -> None:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ep = _episode(server)
+    r = ep.openai.completions.create(model=ep.model, prompt="The answer is", max_tokens=10, logprobs=0)
+    ids = r.choices[0].model_extra["token_ids"]
+    assert tok.decode(ids, skip_special_tokens=True) == r.choices[0].text
+    assert r.choices[0].logprobs.token_logprobs == [token_logprob(t) for t in ids]
+    prompt_ids = tok.encode("The answer is", add_special_tokens=False)
+    r2 = ep.openai.completions.create(model=ep.model, prompt=prompt_ids, max_tokens=10,
+                                      extra_body={"return_token_ids": True})
+    assert r2.choices[0].model_extra["prompt_token_ids"] == prompt_ids
+    chunks = list(ep.openai.completions.create(model=ep.model, prompt=prompt_ids, max_tokens=10, stream=True))
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    models = ep.openai.models.list()
+    assert [m.id for m in models.data] == [ep.model]
+
+
+def test_sampling_knobs_reach_the_engine(server: RunningServer) -> None:
+    ep = _episode(server)
+    eng: FakeEngine = server.engine
+    ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=7, temperature=0.3,
+                                      top_p=0.9, seed=5, stop=["xyz"])
+    p = eng.requests[-1].params
+    assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.3, 0.9, 5, ("xyz",))
+    assert eng.tokenizer.eos_token_id in p.stop_token_ids
+    ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=10**6)
+    assert eng.requests[-1].params.max_tokens <= 1024  # capped by the model's context
+
+
+def test_stop_string_cuts_text(make_server) -> None:
+    srv = make_server(engine=None)
+    srv.swarm.engine.script = lambda ids: "12 + 30 = 42. Done"
+    ep = _episode(srv)
+    r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, stop=["."],
+                                          extra_body={"return_token_ids": True})
+    assert r.choices[0].message.content == "12 + 30 = 42" and r.choices[0].finish_reason == "stop"
+    s = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, stop=["= 4"], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in s if c.choices) == "12 + 30 "
+
+
+def test_multi_turn_prompt_continues_exact_ids(make_server) -> None:
+    srv = make_server()
+    ep = _episode(srv)
+    msgs = list(MESSAGES)
+    for _ in range(3):
+        r = ep.openai.chat.completions.create(model=ep.model, messages=msgs, max_tokens=12,
+                                              extra_body={"return_token_ids": True})
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": "Try again."}]
+    calls = srv.swarm.registry.get(ep.id).calls
+    for a, b in zip(calls, calls[1:]):
+        assert b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
+    assert srv.swarm.counters["prompt_continued"] == 2
+    ep.finish(1.0)
+    assert srv.swarm.batcher.groups[ep.group_id].finished[0].samples.__len__() == 1  # merged
+
+
+@pytest.mark.parametrize("body,code", [
+    ({"messages": MESSAGES, "n": 2}, "unsupported_n"),
+    ({"messages": []}, "invalid_request"),
+    ({"messages": MESSAGES, "temperature": -1}, "invalid_request"),
+    ({"messages": MESSAGES, "max_tokens": 0}, "invalid_request"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "unsupported_content"),
+    ({"messages": [{"role": "user"}], "stop": ["a"] * 17}, "invalid_stop"),
+])
+def test_bad_chat_requests_are_400(server: RunningServer, body: dict, code: str) -> None:
+    ep = _episode(server)
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": ep.model, **body},
+                   headers={"Authorization": f"Bearer {ep.api_key}"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == code
+    with pytest.raises(openai.BadRequestError):
+        ep.openai.chat.completions.create(model=ep.model, **body)
+
+
+def test_openai_routes_need_an_open_episode_key(server: RunningServer) -> None:
+    client = SwarmClient(server.url, server.token)
+    ep = client.claim("t1")
+    bad = openai.OpenAI(base_url=ep.base_url, api_key=ep.api_key[:-2] + "00")
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=ep.model, messages=MESSAGES)
+    ep.finish(0.5)
+    with pytest.raises(openai.ConflictError):
+        ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES)
