@@ -16,6 +16,7 @@ from pathlib import Path
 
 import typer
 
+import scheduler.cli as _sched_cli
 import store.cli as _store_cli
 from swarm.client.cli import client_command
 from swarm.server.cli import serve_command
@@ -26,6 +27,7 @@ model_app = typer.Typer(help="The embedded model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.command("serve", help="Run a swarm server: OpenAI-compatible endpoint + episode API + trainer.")(serve_command)
 app.add_typer(_store_cli.app, name="db", help="The project database: migrations (upgrade, downgrade, current, check).")
+app.add_typer(_sched_cli.app, name="sched", help="Jobs on local processes or Slurm: submit, status, cancel, logs, daemon.")
 app.command("client", help="Run a client fleet: play a workflow over a dataset through a server.")(client_command)
 
 

@@ -101,7 +101,8 @@ class _Policy:
             raise SwarmUnavailable(f"server unreachable after {attempt} attempts: {exc!r}") from exc
         return backoff(attempt, self.backoff_s, self.max_backoff_s)
 
-    def on_response(self, r: httpx.Response, attempt: int, wait_429: bool, deadline: float | None) -> float | None:
+    def on_response(self, r: httpx.Response, attempt: int, wait_429: bool,
+                    deadline: float | None) -> float | None:
         """None when `r` is the answer; otherwise the delay before retrying (or raise)."""
         if r.status_code < 400:
             return None

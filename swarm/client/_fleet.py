@@ -152,7 +152,8 @@ class _Fleet:
                     raise
                 except Exception as exc:
                     self._error(f"{task_id} attempt {attempt}: {type(exc).__name__}: {exc}"[:500])
-                    ep._abort_quietly(f"workflow failed: {type(exc).__name__}: {exc}"[:1000], release=not last)
+                    reason = f"workflow failed: {type(exc).__name__}: {exc}"[:1000]
+                    ep._abort_quietly(reason, release=not last)
                     self._note(failed=1, aborted=1, given_up=int(last))
                     if self.stop.is_set():
                         return

@@ -80,7 +80,12 @@ class Batch:
         mean = sum(rewards) / len(rewards) if rewards else 0.0
         var = sum((r - mean) ** 2 for r in rewards) / len(rewards) if rewards else 0.0
         samples = self.samples
+        sums: dict[str, list[float]] = {}
+        for e in self.episodes:  # client-reported episode metrics, averaged per step
+            for k, v in e.metrics.items():
+                sums.setdefault(f"episode/{k}", []).append(v)
         return {
+            **{k: sum(v) / len(v) for k, v in sorted(sums.items())},
             "reward_mean": mean,
             "reward_std": math.sqrt(var),
             "groups": len(self.groups),

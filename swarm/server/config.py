@@ -34,6 +34,8 @@ class ServerConfig(BaseModel):
 
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
     port: int = Field(8000, ge=0, le=65535, description="0 picks a free port (printed at start)")
+    public_url: str | None = Field(None, description="URL clients reach this server by (behind a proxy); "
+                                                     "default: the URL the claim came in on")
     model_dir: Path = Field(default_factory=_default_model_dir, description="Hugging Face model dir")
     model_name: str | None = Field(None, description="name served on /v1/models; default: dir name")
     engine: str = Field("torch", description="torch | fake")

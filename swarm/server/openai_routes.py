@@ -187,7 +187,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
 
     if body.stream:
         def chunk(text: str, ids: list[int], lps: list[float], reason: str | None) -> dict:
-            choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text or reason is None else {},
+            delta = {"content": text} if text or reason is None else {}
+            choice: dict[str, Any] = {"index": 0, "delta": delta,
                                       "logprobs": None, "finish_reason": reason}
             if want:
                 choice["token_ids"] = ids
@@ -203,7 +204,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     out, reason, version = await _generate(call)
     choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
                               "logprobs": None, "finish_reason": reason}
-    response: dict[str, Any] = {**head, "object": "chat.completion", "system_fingerprint": _fingerprint(version),
+    response: dict[str, Any] = {**head, "object": "chat.completion",
+                                "system_fingerprint": _fingerprint(version),
                                 "choices": [choice], "usage": call.usage(out)}
     if want:
         choice["token_ids"] = out.ids

@@ -26,7 +26,8 @@ def _swarm(request: Request) -> Swarm:
 
 
 def _base_url(request: Request) -> str:
-    return str(request.base_url).rstrip("/") + "/v1"
+    public = _swarm(request).config.public_url
+    return (public or str(request.base_url)).rstrip("/") + "/v1"
 
 
 # Auth as dependencies: they run before the body is validated, so an unauthenticated

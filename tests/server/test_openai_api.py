@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import openai
@@ -173,3 +174,20 @@ def test_openai_routes_need_an_open_episode_key(server: RunningServer) -> None:
     ep.finish(0.5)
     with pytest.raises(openai.ConflictError):
         ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES)
+
+
+def test_client_disconnect_mid_stream_leaves_server_clean(make_server, model_dir) -> None:
+    srv = make_server(engine=FakeEngine(model_dir, token_delay_s=0.05, stop_probability=0.0))
+    ep = _episode(srv)
+    body = {"model": ep.model, "messages": MESSAGES, "max_tokens": 200, "stream": True}
+    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {ep.api_key}"}) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # one event, then hang up
+    deadline = time.monotonic() + 5
+    while srv.swarm.gate._active:
+        assert time.monotonic() < deadline, "the gate still counts the abandoned stream"
+        time.sleep(0.05)
+    assert srv.swarm.registry.get(ep.id).calls == []  # an abandoned call is not trained
+    r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=3)
+    assert r.choices[0].finish_reason == "length"

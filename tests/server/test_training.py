@@ -25,7 +25,7 @@ def _wait(cond, timeout: float = 10.0) -> None:
 def _play(client: SwarmClient, task_id: str, reward: float) -> None:
     ep = client.claim(task_id, wait=False)
     ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=8)
-    ep.finish(reward)
+    ep.finish(reward, metrics={"turns": 1.0 + reward})
     ep.close()
 
 
@@ -45,7 +45,7 @@ def test_b_groups_of_n_make_one_step(server: RunningServer) -> None:
     m = json.loads(lines[0])
     assert m["step"] == 1 and m["policy_version"] == 1 and m["episodes"] == 4 and m["samples"] == 4
     assert abs(m["reward_mean"] - 0.5) < 1e-9 and m["reward_std"] > 0 and m["tokens"] > 0
-    assert "loss" in m and "wall_train_s" in m
+    assert "loss" in m and "wall_train_s" in m and m["episode/turns"] == 1.5
     ep = client.claim("c")
     assert ep.policy_version == 1
     r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=4)
