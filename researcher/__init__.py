@@ -1,1 +1,61 @@
-"""Roost."""
+"""`researcher`: the autonomous study loop (DESIGN.md §5).
+
+    researcher study "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
+
+Modules: `experiment` (knobs, typed configs, designs), `planning` (planner
+interface), `rules` / `llm_planner` (the two planners), `llm` (chat models,
+scripted model, request switch, structured output), `prompts` (templates in
+`prompts/`), `analysis` (statistics, plots), `trials` (exactly-once launches),
+`graph` (the LangGraph study), `runner` (create / drive / resume / stop),
+`report`, `tracking` (MLflow), `daemon` (scheduler ticks), `cli`.
+Names are imported on first use: the CLI starts without LangGraph or MLflow.
+"""
+
+from __future__ import annotations
+
+import importlib as _importlib
+import typing as _typing
+
+_LAZY = {
+    "Arm": "researcher.experiment",
+    "Budget": "researcher.config",
+    "Design": "researcher.experiment",
+    "ExperimentConfig": "researcher.experiment",
+    "Frame": "researcher.experiment",
+    "HypothesisSpec": "researcher.experiment",
+    "KNOBS": "researcher.experiment",
+    "LLMPlanner": "researcher.llm_planner",
+    "PlanDefaults": "researcher.planning",
+    "RulesPlanner": "researcher.rules",
+    "ScriptedChatModel": "researcher.llm",
+    "StudyConfig": "researcher.config",
+    "advance": "researcher.runner",
+    "analyze": "researcher.analysis",
+    "create_study": "researcher.runner",
+    "drive": "researcher.runner",
+    "model_requests_allowed": "researcher.llm",
+    "override_model": "researcher.llm",
+    "stop_study": "researcher.runner",
+}
+
+if _typing.TYPE_CHECKING:
+    from researcher.analysis import analyze
+    from researcher.config import Budget, StudyConfig
+    from researcher.experiment import KNOBS, Arm, Design, ExperimentConfig, Frame, HypothesisSpec
+    from researcher.llm import ScriptedChatModel, model_requests_allowed, override_model
+    from researcher.llm_planner import LLMPlanner
+    from researcher.planning import PlanDefaults
+    from researcher.rules import RulesPlanner
+    from researcher.runner import advance, create_study, drive, stop_study
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'researcher' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_LAZY)

@@ -169,7 +169,7 @@ def study(
         from researcher.llm_planner import LLMPlanner
 
         cfg.prompt_versions = LLMPlanner.prompt_versions()
-    from researcher.runner import create_study, drive
+    from researcher.runner import create_study
 
     sid = create_study(cfg)
     console.print(f"[bold]Study {sid}[/] ({cfg.planner} planner, {cfg.backend} backend): {cfg.study_dir or ''}")
@@ -179,7 +179,18 @@ def study(
         register()
         console.print(f"Left to the daemon (`researcher daemon`); follow with: researcher status {sid}")
         return
-    _finish(sid, drive(sid, on_step=_on_step))
+    _drive_here(sid)
+
+
+def _drive_here(study_id: int, resume: object = None) -> None:
+    from researcher.runner import drive
+
+    try:
+        _finish(study_id, drive(study_id, resume=resume, on_step=_on_step))
+    except KeyboardInterrupt:
+        console.print(f"\n[yellow]interrupted[/]: running trials go on; continue with "
+                      f"`researcher resume {study_id}` or stop them with `researcher stop {study_id}`")
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -187,11 +198,11 @@ def approve(study_id: int = typer.Argument(...),
             reject: bool = typer.Option(False, "--reject", help="reject the plan: the study stops"),
             foreground: bool = typer.Option(True, "--foreground/--background")) -> None:
     """Approve (or reject) the plan of a study waiting at --approve, and continue it."""
-    from researcher.runner import advance, drive
+    from researcher.runner import advance
 
     answer = {"approved": not reject}
     if foreground:
-        _finish(study_id, drive(study_id, resume=answer, on_step=_on_step))
+        _drive_here(study_id, resume=answer)
     else:
         step = advance(study_id, resume=answer)
         console.print(f"study {study_id}: {step.state}")
@@ -201,14 +212,14 @@ def approve(study_id: int = typer.Argument(...),
 def resume(study_id: int = typer.Argument(...),
            foreground: bool = typer.Option(True, "--foreground/--background")) -> None:
     """Continue a study after a crash or restart: running trials are reconciled, never resubmitted."""
-    from researcher.runner import advance, drive, make_context
+    from researcher.runner import advance, make_context
     from store.models import StudyStatus
 
     ctx = make_context(study_id)
     if ctx.study().status == StudyStatus.FAILED.value:
         ctx.set_study_status(StudyStatus.ACTIVE)
     if foreground:
-        _finish(study_id, drive(study_id, ctx=ctx, on_step=_on_step))
+        _drive_here(study_id)
     else:
         console.print(f"study {study_id}: {advance(study_id, ctx=ctx).state}")
 

@@ -210,8 +210,8 @@ def launch(ctx: StudyContext, state: StudyState) -> dict:
                                 f"not launched: {over}")
             updates["stop_reason"] = over
             break
-        ctx.launcher.launch(tid)
-        running += 1
+        if ctx.launcher.launch(tid) in ("submitted", "adopted"):
+            running += 1
     return updates
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher.context import StudyContext
+from researcher.tracking import experiment_name
 from store.models import StudyStatus
 from store.types import utcnow
 
@@ -107,7 +108,8 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
              f"parallel trials: {ctx.cfg.parallel}",
              f"- Trials: {len(trials)} ({', '.join(f'{k.lower()} {v}' for k, v in sorted(by_status.items()))}); "
              f"CPU-hours {usage['cpu_hours']:.3f}; LLM tokens {state.get('llm_tokens', 0)}",
-             f"- MLflow: experiment `roost-study-{study.id}`, parent run `{study.mlflow_run_id}`",
+             f"- MLflow: experiment `{experiment_name(study.id, study.name)}` "  # type: ignore[arg-type]
+             f"(id {study.mlflow_experiment_id}), parent run `{study.mlflow_run_id}`",
              f"- Generated {utcnow().strftime('%Y-%m-%d %H:%M UTC')}"]
     if state.get("stop_reason"):
         lines.append(f"- **Stopped early:** {state['stop_reason']} (the report covers what completed)")

@@ -211,6 +211,8 @@ def advance(study_id: int, *, ctx: StudyContext | None = None, resume: Any = Non
                 step = _classify(snap)
                 if step.state == "approval" and resume is None:
                     return step
+                if step.state == "waiting" and resume is None and _still_waiting(ctx, snap.values):
+                    return step  # nothing changed: no graph step, no new checkpoint
                 inp = Command(resume=resume if resume is not None else "tick")
             elif snap.next:
                 inp = None  # interrupted mid-step (crash): continue from the last checkpoint
@@ -218,6 +220,18 @@ def advance(study_id: int, *, ctx: StudyContext | None = None, resume: Any = Non
                 return _classify(snap)
             graph.invoke(inp, config)
             return _classify(graph.get_state(config))
+
+
+def _still_waiting(ctx: StudyContext, values: dict) -> bool:
+    """Cheap check before resuming a waiting study: trials still running, no slot to fill."""
+    from store.models import TrialStatus
+
+    statuses = ctx.launcher.refresh(list(values.get("trial_ids", [])))
+    running = sum(1 for v in statuses.values() if v == TrialStatus.RUNNING.value)
+    pending = sum(1 for v in statuses.values() if v == TrialStatus.PENDING.value)
+    if not running or (pending and ctx.running_trials() < ctx.cfg.parallel):
+        return False
+    return ctx.over_budget(values, launching=False) is None
 
 
 def drive(study_id: int, *, ctx: StudyContext | None = None, poll_s: float | None = None,

@@ -16,15 +16,17 @@ STUDY_TAG = "roost.study_id"
 TRIAL_TAG = "roost.trial_id"
 
 
-def experiment_name(study_id: int) -> str:
-    return f"roost-study-{study_id}"
+def experiment_name(study_id: int, name: str) -> str:
+    """One experiment per study; the study's unique name keeps a reset database's
+    study 1 from landing in an older study 1's experiment."""
+    return f"roost-study-{study_id}-{name[-6:]}"
 
 
 def start_study_run(study_id: int, name: str, params: dict[str, Any]) -> str:
     """Create the study's parent run; returns its id."""
     from store.tracking import RunLogger
 
-    run = RunLogger.start(experiment_name(study_id), run_name=name, tags={STUDY_TAG: study_id},
+    run = RunLogger.start(experiment_name(study_id, name), run_name=name, tags={STUDY_TAG: study_id},
                           flush_interval_s=0)
     run.log_params(params)
     return run.run_id

@@ -141,7 +141,7 @@ class TrialLauncher:
         return list(s.exec(select(Job).where(Job.trial_id == trial_id).order_by(Job.id)).all())  # type: ignore[arg-type]
 
     def launch(self, trial_id: int) -> str:
-        """Submit the trial unless it already was; 'submitted', 'adopted' or 'already'."""
+        """Submit the trial unless it already was: 'submitted', 'adopted', 'already' or 'failed'."""
         with Session(self.engine, expire_on_commit=False) as s:
             trial = s.get(Trial, trial_id)
             if trial is None or trial.status != TrialStatus.PENDING.value:
@@ -155,8 +155,20 @@ class TrialLauncher:
                                                        "intent_at": utcnow().isoformat()}}
             s.add(trial)
             s.commit()
-        rec = self.manager.submit(spec, backend=self.cfg.backend, trial_id=trial_id,
-                                  group_key=f"trial-{trial_id}")
+        try:
+            rec = self.manager.submit(spec, backend=self.cfg.backend, trial_id=trial_id,
+                                      group_key=f"trial-{trial_id}")
+        except Exception as e:  # refused by the backend (recorded on the job row): the trial failed
+            log.error("trial %s: submission failed: %s", trial_id, e)
+            with Session(self.engine, expire_on_commit=False) as s:
+                trial = s.get(Trial, trial_id)
+                assert trial is not None
+                trial.status = TrialStatus.FAILED.value
+                trial.finished_at = utcnow()
+                trial.config = {**trial.config, "reason": f"submission failed: {e}"}
+                s.add(trial)
+                s.commit()
+            return "failed"
         self._mark_running(trial_id, rec.id)
         log.info("trial %s submitted as job %s (%s)", trial_id, rec.id, rec.external_id)
         return "submitted"
@@ -248,17 +260,25 @@ class TrialLauncher:
         return TrialStatus.FAILED.value
 
     def cancel(self, trial_ids: list[int], reason: str) -> None:
-        """Cancel running jobs and mark unfinished trials CANCELLED."""
+        """Cancel running jobs and mark unfinished trials CANCELLED.
+
+        Jobs first, rows after, in separate transactions: a session holding a pending
+        write while the job manager writes from another connection would wait on
+        SQLite's lock for the full busy timeout.
+        """
+        with Session(self.engine) as s:
+            live = [(t.id, t.status) for t in (s.get(Trial, i) for i in trial_ids)
+                    if t is not None and t.status in LIVE]
+        for tid, status in live:
+            if status == TrialStatus.RUNNING.value:
+                try:
+                    self.manager.cancel_group(f"trial-{tid}")
+                except Exception as e:  # record the cancel anyway
+                    log.error("trial %s: cancel failed: %s", tid, e)
         with Session(self.engine, expire_on_commit=False) as s:
-            for tid in trial_ids:
+            for tid, _ in live:
                 trial = s.get(Trial, tid)
-                if trial is None or trial.status not in LIVE:
-                    continue
-                if trial.status == TrialStatus.RUNNING.value:
-                    try:
-                        self.manager.cancel_group(f"trial-{tid}")
-                    except Exception as e:  # record the cancel anyway
-                        log.error("trial %s: cancel failed: %s", tid, e)
+                assert trial is not None
                 trial.status = TrialStatus.CANCELLED.value
                 trial.finished_at = utcnow()
                 trial.config = {**trial.config, "reason": reason}

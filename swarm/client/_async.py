@@ -73,7 +73,7 @@ class AsyncSwarmClient:
         finally:
             if not ep.done:
                 await ep._abort_quietly("left the episode block without finish")
-            ep.close()
+            await ep.aclose()
 
     async def status(self) -> StatusResponse:
         return StatusResponse.model_validate(await self.request("GET", f"{API_PREFIX}/status"))

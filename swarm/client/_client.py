@@ -222,13 +222,20 @@ class EpisodeBase:
         self._timeout = timeout
         self._sync_clients: list[Any] = []
 
+    def _openai_kwargs(self, agent: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        base: dict[str, Any] = {"base_url": self.base_url, "api_key": self.api_key, "timeout": self._timeout}
+        if agent:
+            base["default_headers"] = {AGENT_HEADER: agent}
+        return {**base, **kwargs}
+
     def openai_client(self, agent: str | None = None, **kwargs: Any) -> Any:
-        """A new `openai.OpenAI` for this episode; `agent` tags its calls (multi-agent episodes)."""
+        """A new `openai.OpenAI` for this episode; `agent` tags its calls (multi-agent episodes).
+
+        Extra keyword arguments go to `openai.OpenAI` (e.g. `max_retries`). Closed by `close()`.
+        """
         import openai
 
-        headers = {AGENT_HEADER: agent} if agent else None
-        c = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, default_headers=headers,
-                          timeout=kwargs.pop("timeout", self._timeout), **kwargs)
+        c = openai.OpenAI(**self._openai_kwargs(agent, kwargs))
         self._sync_clients.append(c)
         return c
 
@@ -236,9 +243,7 @@ class EpisodeBase:
         """A new `openai.AsyncOpenAI` for this episode (tagged with `agent` if given)."""
         import openai
 
-        headers = {AGENT_HEADER: agent} if agent else None
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, default_headers=headers,
-                                  timeout=kwargs.pop("timeout", self._timeout), **kwargs)
+        return openai.AsyncOpenAI(**self._openai_kwargs(agent, kwargs))
 
     @cached_property
     def openai(self) -> Any:
@@ -258,6 +263,13 @@ class EpisodeBase:
                      agent_rewards: dict[str, float] | None) -> dict:
         return {"reward": reward, "metrics": metrics or {}, "agent_rewards": agent_rewards,
                 "idempotency_key": uuid.uuid4().hex}
+
+    async def aclose(self) -> None:
+        """`close()`, plus the cached `async_openai` client (which needs the event loop)."""
+        self.close()
+        client = self.__dict__.pop("async_openai", None)
+        if client is not None:
+            await client.close()
 
     def close(self) -> None:
         for c in self._sync_clients:

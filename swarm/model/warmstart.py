@@ -133,7 +133,16 @@ def warm_start(model, tokenizer: PreTrainedTokenizerFast, seed: int = 0,
     """Train `model` in place on noisy task transcripts; returns summary stats."""
     config = config or WarmStartConfig()
     report = progress or (lambda message, fraction: None)
+    threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
+    try:
+        return _train(model, tokenizer, seed, config, report)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(model, tokenizer: PreTrainedTokenizerFast, seed: int, config: WarmStartConfig,
+           report: Callable[[str, float], None]) -> dict:
     torch.manual_seed(seed)
     rng = random.Random(f"warm-start:{seed}")
     report("encoding transcripts", 0.0)

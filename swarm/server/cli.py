@@ -26,6 +26,11 @@ class EngineName(str, Enum):
     fake = "fake"
 
 
+class Continuity(str, Enum):
+    exact = "exact"
+    retokenize = "retokenize"
+
+
 class Advantage(str, Enum):
     grpo = "grpo"
     rloo = "rloo"
@@ -50,6 +55,13 @@ def serve_command(
                                     help="admin token; generated and printed when absent"),
     max_steps: int = typer.Option(None, "--max-steps", min=1, help="stop (exit 0) after this many steps"),
     max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="default max_tokens of a call"),
+    temperature: float = typer.Option(None, "--temperature", min=0.0, max=2.0,
+                                      help="force this sampling temperature on every call"),
+    merge: bool = typer.Option(True, "--merge/--no-merge", help="merge prefix-sharing calls into one sample"),
+    per_episode_norm: bool = typer.Option(False, "--per-episode-norm",
+                                          help="an episode's samples share a loss weight of 1"),
+    continuity: Continuity = typer.Option(Continuity.exact, "--continuity",
+                                          help="exact: reuse generated ids in later prompts"),
     seed: int = typer.Option(0, "--seed", help="engine seed"),
     device: str = typer.Option(None, "--device", help="torch device [default: cuda if available]"),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning"),
@@ -66,7 +78,8 @@ def serve_command(
         device=device, seed=seed, group_size=group_size, batch_groups=batch_groups,
         checkpoint_every=checkpoint_every, out_dir=out or data_dir() / "runs" / "serve",
         token=token, admin_token=admin_token, max_steps=max_steps, default_max_tokens=max_tokens,
-        train=train,
+        train=train, temperature=temperature, merge=merge, per_episode_norm=per_episode_norm,
+        continuity=continuity.value,
     )
     if not (Path(config.model_dir) / "config.json").exists() and engine is EngineName.torch:
         typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)

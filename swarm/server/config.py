@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,6 +57,13 @@ class ServerConfig(BaseModel):
     secret: str | None = Field(None, description="HMAC secret for episode keys; random if unset")
 
     train: TrainConfig = Field(default_factory=TrainConfig)
+    merge: bool = Field(True, description="merge an episode's prefix-sharing calls into one sample")
+    per_episode_norm: bool = Field(False, description="an episode's samples share a total loss weight of 1")
+    continuity: Literal["exact", "retokenize"] = Field(
+        "exact", description="exact: reuse generated ids in later prompts; retokenize: render afresh")
+    temperature: float | None = Field(None, ge=0.0, le=2.0,
+                                      description="force this sampling temperature on every call")
+    log_rollouts: bool = Field(True, description="append finished episodes to out_dir/rollouts.jsonl")
 
     default_max_tokens: int = Field(256, ge=1, description="when a request names no max_tokens")
     max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask")

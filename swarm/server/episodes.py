@@ -34,7 +34,6 @@ class RecordedCall:
     completion_ids: list[int]
     logprobs: list[float]
     policy_version: int
-    text: str | None = None  # decoded prompt+completion, cached for token continuity
 
 
 @dataclass
@@ -56,6 +55,13 @@ class Episode:
     reward: float | None = None
 
 
+def same_secret(given: str, expected: str | None) -> bool:
+    """Constant-time comparison that also copes with non-ASCII input (a header can carry any)."""
+    if not expected:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode())
+
+
 class KeySigner:
     """HMAC-signed episode keys: `rk.<id>.<epoch>.<sig>`."""
 
@@ -74,10 +80,10 @@ class KeySigner:
     def verify(self, key: str) -> tuple[str, int]:
         """(episode id, epoch) of a genuine key; 401 for anything else."""
         parts = key.split(".")
-        if len(parts) != 4 or parts[0] != self.PREFIX or not parts[2].isdigit():
+        if len(parts) != 4 or parts[0] != self.PREFIX or not (parts[2].isascii() and parts[2].isdigit()):
             raise ApiError(401, "invalid episode key", "invalid_api_key")
         episode_id, epoch = parts[1], int(parts[2])
-        if not hmac.compare_digest(parts[3], self._sig(episode_id, epoch)):
+        if not same_secret(parts[3], self._sig(episode_id, epoch)):
             raise ApiError(401, "invalid episode key", "invalid_api_key")
         return episode_id, epoch
 

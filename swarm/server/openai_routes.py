@@ -67,9 +67,10 @@ def _params(swarm: Swarm, body: _Sampling, prompt_len: int, wanted: int | None) 
             raise ApiError(400, f"prompt of {prompt_len} tokens leaves no room in the model's "
                                 f"{swarm.context_length}-token context", "context_length_exceeded")
         max_new = min(max_new, room)
+    temperature = 1.0 if body.temperature is None else body.temperature
     return SamplingParams(
         max_tokens=max_new,
-        temperature=1.0 if body.temperature is None else body.temperature,
+        temperature=temperature if cfg.temperature is None else cfg.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.engine_seed(),
         stop=body.stop_strings(),
@@ -176,7 +177,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     agent = _agent(x_roost_agent)
     body.check_n()
     text = swarm.renderer.render(body.message_dicts(), body.tools)
-    prompt = swarm.renderer.chat_prompt(text, ep.calls, agent)
+    prompt = swarm.renderer.chat_prompt(text, ep.calls, agent, mode=swarm.config.continuity)
     swarm.counters["prompt_continued"] += prompt.continued
     swarm.counters["prompt_drift"] += prompt.drift
     call = Call(swarm, ep, agent, prompt.ids, _params(swarm, body, len(prompt.ids), body.wants_max_tokens()),

@@ -63,22 +63,18 @@ class ChatRenderer:
         except Exception as exc:  # e.g. lone surrogates that are not valid UTF-8
             raise ApiError(400, f"cannot tokenize the prompt: {exc}", "invalid_prompt") from exc
 
-    def chat_prompt(self, text: str, history: Sequence[RecordedCall], agent: str) -> Prompt:
-        """Prompt ids for rendered `text`, continuing the longest matching earlier call."""
-        best: RecordedCall | None = None
-        for call in history:
-            if call.agent != agent:
-                continue
-            if call.text is None:
-                call.text = self.tok.decode(call.prompt_ids + call.completion_ids, skip_special_tokens=False)
-            if text.startswith(call.text) and (best is None or len(call.text) > len(best.text or "")):
-                best = call
-        plain = self.encode(text)
-        if best is None:
-            return Prompt(plain)
-        assert best.text is not None
-        ids = best.prompt_ids + best.completion_ids + self.encode(text[len(best.text):])
-        return Prompt(ids, continued=True, drift=ids != plain)
+    def chat_prompt(self, text: str, history: Sequence[RecordedCall], agent: str,
+                    mode: str = "exact") -> Prompt:
+        """Prompt ids for rendered `text`, continuing the longest matching earlier call of `agent`.
+
+        The rule itself lives in `swarm.timeline.continuity` (pure, shared with the benchmarks).
+        """
+        from swarm.timeline import PriorCall, continue_prompt
+
+        priors = [PriorCall(c.prompt_ids, c.completion_ids) for c in history if c.agent == agent]
+        got = continue_prompt(text, priors, self.encode,
+                              lambda ids: self.tok.decode(ids, skip_special_tokens=False), mode=mode)
+        return Prompt(list(got.prompt_ids), continued=got.extended is not None, drift=got.drift)
 
     def check_ids(self, ids: Sequence[int]) -> list[int]:
         bad = [i for i in ids if not 0 <= i < self.vocab_size]

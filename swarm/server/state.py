@@ -14,7 +14,6 @@ go to worker threads. The Swarm holds no math: samples come from
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -30,7 +29,7 @@ from swarm.protocol import (
 from swarm.server.batcher import Batcher, FinishedEpisode, Rejected
 from swarm.server.checkpoint import Checkpointer
 from swarm.server.config import ServerConfig
-from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner, RecordedCall
+from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner, RecordedCall, same_secret
 from swarm.server.errors import ApiError
 from swarm.server.render import ChatRenderer
 from swarm.server.trainer import GenerationGate, MetricsLog, Trainer
@@ -78,7 +77,7 @@ class Swarm:
                                on_reopen=self.wake_claims)
         self._admission = asyncio.Event()
         self.last_checkpoint: str | None = None
-        self._checkpointed_step = 0
+        self.checkpointed_step = 0
         self.stopping = False
         self.stop_callback: Callable[[], None] | None = None
         self._stop_task: asyncio.Task | None = None
@@ -87,15 +86,13 @@ class Swarm:
 
     # -- auth -----------------------------------------------------------------
     def check_worker(self, token: str) -> None:
-        if not any(t and hmac.compare_digest(token, t) for t in (self.config.token, self.config.admin_token)):
+        if not (same_secret(token, self.config.token) or same_secret(token, self.config.admin_token)):
             raise ApiError(401, "invalid worker token", "invalid_token")
 
     def check_admin(self, token: str) -> None:
-        if not (self.config.admin_token and hmac.compare_digest(token, self.config.admin_token)):
-            raise ApiError(403 if self._is_worker(token) else 401, "admin token required", "admin_only")
-
-    def _is_worker(self, token: str) -> bool:
-        return bool(self.config.token) and hmac.compare_digest(token, self.config.token or "")
+        if not same_secret(token, self.config.admin_token):
+            code = 403 if same_secret(token, self.config.token) else 401
+            raise ApiError(code, "admin token required", "admin_only")
 
     def episode_for(self, key: str, episode_id: str | None = None) -> Episode:
         return self.registry.authorize(key, episode_id)
@@ -114,17 +111,20 @@ class Swarm:
                            headers={"Retry-After": str(int(self.config.stop_grace_s) + 1)})
 
     async def claim(self, req: ClaimRequest, base_url: str) -> ClaimResponse:
-        """Admit a claim now, or (long poll) as soon as the window has room, or 429."""
+        """Admit a claim now, or (long poll, `wait_s`) as soon as the window has room, or 429."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + req.wait_s
         while True:
             changed = self._admission
             try:
-                return self._claim_now(req, base_url, waited=req.wait_s > 0)
-            except ApiError as e:
+                return self._claim_now(req, base_url)
+            except Rejected as r:
                 left = deadline - loop.time()
-                if e.status != 429 or left <= 0:
-                    raise
+                if left <= 0:
+                    self.counters["claims_rejected"] += 1
+                    # after a long poll, come straight back; otherwise give the window a moment
+                    retry = 0 if req.wait_s > 0 else max(1, round(self.config.retry_after_s))
+                    raise ApiError(429, r.message, r.code, headers={"Retry-After": str(retry)}) from None
             try:
                 await asyncio.wait_for(changed.wait(), left)
             except TimeoutError:
@@ -135,18 +135,12 @@ class Swarm:
         self._admission.set()
         self._admission = asyncio.Event()
 
-    def _claim_now(self, req: ClaimRequest, base_url: str, waited: bool) -> ClaimResponse:
+    def _claim_now(self, req: ClaimRequest, base_url: str) -> ClaimResponse:
         self._refuse_if_stopping()
         ep = self.registry.by_claim_key(req.claim_key)
         if ep is None:
             episode_id = self.registry.new_id()
-            try:
-                group = self.batcher.admit(req.task_id, episode_id)
-            except Rejected as r:
-                self.counters["claims_rejected"] += 1
-                # after a long poll, come straight back; otherwise give the window a moment
-                retry = 0 if waited else max(1, round(self.config.retry_after_s))
-                raise ApiError(429, r.message, r.code, headers={"Retry-After": str(retry)}) from None
+            group = self.batcher.admit(req.task_id, episode_id)  # raises Rejected
             ep = self.registry.create(episode_id, req.task_id, req.task_family, group.group_id,
                                       req.metadata, self.engine.policy_version, req.claim_key)
             self.counters["claims"] += 1
@@ -174,7 +168,11 @@ class Swarm:
 
         calls = [Call(c.agent, c.prompt_ids, c.completion_ids, c.logprobs, c.policy_version)
                  for c in ep.calls]
-        samples = episode_samples(calls, ep.id, ep.group_id, req.reward, agent_rewards=req.agent_rewards)
+        samples = episode_samples(calls, ep.id, ep.group_id, req.reward, agent_rewards=req.agent_rewards,
+                                  merge_enabled=self.config.merge,
+                                  per_episode_norm=self.config.per_episode_norm)
+        if self.config.log_rollouts:
+            self._log_rollout(ep, req)
         self.batcher.finish(ep.group_id, FinishedEpisode(ep.id, req.reward, samples, dict(req.metrics)))
         response = FinishResponse(
             episode_id=ep.id, reward=req.reward, samples=len(samples), calls=len(calls),
@@ -186,6 +184,23 @@ class Swarm:
         self.counters["finished"] += 1
         self.trainer.kick()
         return response
+
+    def _log_rollout(self, ep: Episode, req: FinishRequest) -> None:
+        """One JSON line per finished episode, calls as token ids (read by `swarm inspect`)."""
+        record = {
+            "episode_id": ep.id, "task_id": ep.task_id, "task_family": ep.task_family,
+            "group_id": ep.group_id, "reward": req.reward, "agent_rewards": req.agent_rewards,
+            "status": req.status, "metrics": req.metrics, "policy_version": ep.policy_version,
+            "model_dir": str(self.config.model_dir), "created_at": ep.created_at, "finished_at": time.time(),
+            "calls": [{"agent": c.agent, "prompt_ids": c.prompt_ids, "completion_ids": c.completion_ids,
+                       "logprobs": c.logprobs, "policy_version": c.policy_version} for c in ep.calls],
+        }
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.out_dir / "rollouts.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError:
+            log.exception("could not append to rollouts.jsonl")
 
     def abort(self, ep: Episode, req: AbortRequest) -> AbortResponse:
         if ep.state == "aborted":
@@ -230,7 +245,7 @@ class Swarm:
     async def checkpoint(self) -> Path:
         path = await asyncio.to_thread(self.checkpointer.save, self.engine, self.trainer.step, self._state())
         self.last_checkpoint = str(path)
-        self._checkpointed_step = self.trainer.step
+        self.checkpointed_step = self.trainer.step
         log.info("checkpoint %s", path)
         return path
 
@@ -241,7 +256,7 @@ class Swarm:
         state = self.checkpointer.read_state(path)
         self.engine.load(path)
         self.engine.policy_version = int(state["policy_version"])
-        self.trainer.step = self._checkpointed_step = int(state["step"])
+        self.trainer.step = self.checkpointed_step = int(state["step"])
         self.batcher.window = int(state.get("window", state["step"]))
         self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
         self.counters["resumes"] += 1
@@ -262,7 +277,7 @@ class Swarm:
     async def _stop(self) -> None:
         try:
             await self.trainer.wait()
-            if self.config.checkpoint_on_stop and self.trainer.step > self._checkpointed_step:
+            if self.config.checkpoint_on_stop and self.trainer.step > self.checkpointed_step:
                 async with self.gate.exclusive():
                     await self.checkpoint()
             await asyncio.sleep(self.config.stop_grace_s)

@@ -52,3 +52,11 @@ def test_knob_without_a_train_flag_is_refused_for_swarm_train():
 def test_hypothesis_baseline_cannot_be_a_treatment():
     with pytest.raises(ValidationError, match="baseline value"):
         HypothesisSpec(statement="x y z", knob="lr", baseline_value=0, treatment_values=[0.0])
+
+
+def test_public_api_is_exactly_all():
+    import researcher
+
+    assert researcher.__all__ == sorted(researcher.__all__)
+    for name in researcher.__all__:
+        assert getattr(researcher, name) is not None

@@ -121,3 +121,50 @@ def test_kill_9_mid_study_then_resume(fake_program, tmp_path):
     assert len(jobs) == 6 and len({j.trial_id for j in jobs}) == 6  # one job per trial
     assert _starts(make_context(1).cfg.study_dir) == [1] * 6  # each trial ran once
     assert "lr=0 is worse" in study.report
+
+
+@pytest.mark.integration
+def test_daemon_killed_mid_study_then_restarted(fake_program):
+    from typer.testing import CliRunner
+
+    from researcher.cli import app
+
+    env = {**os.environ, "FAKE_TRIAL_SLEEP": "2"}
+    res = CliRunner().invoke(app, ["study", TOPIC, "--background", "--steps", "5",
+                                   "--trial-program", " ".join(fake_program)], env={"FAKE_TRIAL_SLEEP": "2"})
+    assert res.exit_code == 0, res.output
+    engine = store_engine()
+
+    def trials(status: str) -> int:
+        with Session(engine) as s:
+            return sum(1 for t in s.exec(select(Trial)).all() if t.status == status)
+
+    def wait_for(pred, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if pred():
+                return True
+            time.sleep(0.3)
+        return False
+
+    daemon = _researcher("daemon", "--interval", "1", env=env)
+    try:
+        assert wait_for(lambda: trials("RUNNING") >= 1, 120), "the daemon never launched a trial"
+    finally:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait(timeout=10)
+    daemon = _researcher("daemon", "--interval", "1", env=env)
+    try:
+        assert wait_for(lambda: trials("COMPLETED") == 6, 240), "the study did not finish after the restart"
+
+        def completed() -> bool:
+            with Session(engine) as s:
+                return s.exec(select(Study)).one().status == "COMPLETED"
+
+        assert wait_for(completed, 60)
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(timeout=30)
+    with Session(engine) as s:
+        assert len(s.exec(select(Job)).all()) == 6
+    assert _starts(make_context(1).cfg.study_dir) == [1] * 6

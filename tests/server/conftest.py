@@ -9,6 +9,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from swarm.client import SwarmClient
+from swarm.client._client import EpisodeBase
 from swarm.engine.fake import FakeEngine
 from swarm.server.config import ServerConfig
 from swarm.server.testing import RunningServer, running_server, tiny_model_dir
@@ -19,6 +21,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(autouse=True)
 def _roost_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROOST_HOME", str(tmp_path / "roost-home"))
+
+
+@pytest.fixture(autouse=True)
+def _close_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Close every SwarmClient and Episode a test made (their sockets), so no ResourceWarnings leak."""
+    made: list[Any] = []
+    for cls in (SwarmClient, EpisodeBase):
+        def init(self: Any, *args: Any, __orig: Any = cls.__init__, **kwargs: Any) -> None:
+            __orig(self, *args, **kwargs)
+            made.append(self)
+
+        monkeypatch.setattr(cls, "__init__", init)
+    yield
+    for obj in reversed(made):
+        obj.close()
 
 
 @pytest.fixture(scope="session")

@@ -49,19 +49,22 @@ def test_checkpointer_layout_and_fallback(model_dir: Path, tmp_path: Path) -> No
     assert ck.read_state(ck.latest())["policy_version"] == 3
 
 
-def test_restart_resumes_policy_version(make_server, model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("on_stop", [False, True])
+def test_restart_resumes_policy_version(make_server, tmp_path: Path, on_stop: bool) -> None:
     out = tmp_path / "run"
-    srv = make_server(out_dir=out, group_size=1, batch_groups=1, checkpoint_every=2)
+    kw = dict(out_dir=out, group_size=1, batch_groups=1, checkpoint_every=2, checkpoint_on_stop=on_stop)
+    srv = make_server(**kw)
     client = SwarmClient(srv.url, srv.token)
     for i in range(3):
         _play(client, f"t{i}")
         _wait(lambda i=i: srv.swarm.trainer.step == i + 1)
-    srv.stop()
-    assert json.loads((out / "checkpoints" / "latest" / "server_state.json").read_text())["step"] == 2
-    srv2 = make_server(out_dir=out, group_size=1, batch_groups=1, checkpoint_every=2)
+    srv.stop()  # a plain shutdown (Ctrl-C): checkpoints step 3 unless told not to
+    expected = 3 if on_stop else 2
+    assert json.loads((out / "checkpoints" / "latest" / "server_state.json").read_text())["step"] == expected
+    srv2 = make_server(**kw)
     status = SwarmClient(srv2.url, srv2.token).status()
-    assert status.step == 2 and status.policy_version == 2 and status.counters["resumes"] == 1
-    assert SwarmClient(srv2.url, srv2.token).claim("x").policy_version == 2
+    assert status.step == expected and status.policy_version == expected and status.counters["resumes"] == 1
+    assert SwarmClient(srv2.url, srv2.token).claim("x").policy_version == expected
 
 
 def _spawn(args: list[str], env: dict, log: Path) -> tuple[subprocess.Popen, str]:

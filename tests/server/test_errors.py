@@ -93,6 +93,17 @@ def test_oversized_bodies(make_server) -> None:
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize("token", ["Bearer \u00e9t\u00e9".encode("latin-1"), b"Bearer rk.x.\xc2\xb2.abc",
+                                   "Bearer rk.x.1.\u00e9".encode("latin-1"), b"Bearer", b"bearer x"])
+def test_odd_authorization_headers(server: RunningServer, token: bytes) -> None:
+    for method, path in (("POST", "/swarm/v1/episodes"), ("GET", "/swarm/v1/status"),
+                         ("POST", "/v1/chat/completions"), ("POST", "/swarm/v1/episodes/x/finish"),
+                         ("POST", "/swarm/v1/admin/stop"), ("GET", "/v1/models")):
+        r = httpx.request(method, f"{server.url}{path}", json={}, headers={"Authorization": token})
+        _assert_error(r, 401)
+    _alive(server)
+
+
 def test_unknown_routes_and_methods_are_json(server: RunningServer) -> None:
     _assert_error(httpx.get(f"{server.url}/nope"), 404)
     _assert_error(httpx.get(f"{server.url}/swarm/v1/episodes"), 405)

@@ -168,7 +168,7 @@ def test_bad_chat_requests_are_400(server: RunningServer, body: dict, code: str)
 def test_openai_routes_need_an_open_episode_key(server: RunningServer) -> None:
     client = SwarmClient(server.url, server.token)
     ep = client.claim("t1")
-    bad = openai.OpenAI(base_url=ep.base_url, api_key=ep.api_key[:-2] + "00")
+    bad = ep.openai_client(api_key=ep.api_key[:-2] + "00")
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model=ep.model, messages=MESSAGES)
     ep.finish(0.5)

@@ -118,3 +118,23 @@ def test_failed_train_step_keeps_serving(make_server, model_dir) -> None:
     _wait(lambda: srv.swarm.trainer.errors == 1 and not srv.swarm.batcher.training)
     assert client.status().counters["train_errors"] == 1
     _play(client, "b", 1.0)  # the window reopened
+
+
+def test_rollout_log_and_knobs(make_server) -> None:
+    srv = make_server(group_size=1, batch_groups=1, temperature=0.0, merge=False)
+    client = SwarmClient(srv.url, srv.token)
+    with client.episode("a") as ep:
+        msgs = list(MESSAGES)
+        for _ in range(2):
+            r = ep.openai.chat.completions.create(model=ep.model, messages=msgs, max_tokens=4, temperature=1.5)
+            msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": "more"}]
+        ep.finish(0.75)
+    assert all(q.params.temperature == 0.0 for q in srv.engine.requests)  # forced by the server
+    _wait(lambda: srv.swarm.trainer.step == 1)
+    assert len(srv.engine.batches[0].samples) == 2  # --no-merge: one sample per call
+    rows = [json.loads(x) for x in (srv.swarm.out_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["reward"] == 0.75 and len(rows[0]["calls"]) == 2
+    from swarm.inspect import episode_calls, find_episode
+
+    assert len(episode_calls(find_episode(srv.swarm.out_dir, ep.id))) == 2

@@ -1,0 +1,196 @@
+"""The embedded model: tokenizer, tiny Qwen2 shape, determinism, idempotent init."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from swarm.model.build import (MARKER, build_tokenizer, build_untrained, init_model,
+                               is_complete, task_corpus)
+from swarm.model.evaluate import evaluate
+from swarm.model.tokenizer import ENDOFTEXT, IM_END, IM_START, render_chat
+from swarm.model.warmstart import WarmStartConfig, encode_transcript
+from swarm.tasks import get_task
+
+TINY = WarmStartConfig(arith_examples=64, guess_examples=16, batch_tokens=512)
+MESSAGES = [{"role": "user", "content": "What is 47+85?"},
+            {"role": "assistant", "content": "132"},
+            {"role": "user", "content": "Higher."}]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROOST_HOME", str(tmp_path / "roost-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return build_tokenizer(task_corpus(seed=0, per_task=500))
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory) -> Path:
+    return build_untrained(tmp_path_factory.mktemp("untrained") / "model", seed=0)
+
+
+# --- tokenizer ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["What is 47+85?", "Guess my number from 1 to 16.",
+                                  "héllo wörld 😀\n\n  tabs\tand  spaces ", "x" * 300, ""])
+def test_tokenizer_round_trips(tokenizer, text):
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_digits_are_single_tokens(tokenizer):
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode("What is 123+4567? 90"))
+    digits = [p.lstrip("Ġ") for p in pieces if any(ch.isdigit() for ch in p)]
+    assert digits == list("12345679" "0")
+    assert all(len(d) == 1 for d in digits)
+
+
+def test_special_tokens(tokenizer):
+    assert tokenizer.eos_token == IM_END and tokenizer.pad_token == ENDOFTEXT
+    for token in (ENDOFTEXT, IM_START, IM_END):
+        assert len(tokenizer.encode(token)) == 1
+    assert len(tokenizer) <= 512
+
+
+def test_chat_template_is_chatml(tokenizer):
+    text = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_start|>user\nWhat is 47+85?<|im_end|>\n"
+                    "<|im_start|>assistant\n132<|im_end|>\n"
+                    "<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n")
+    assert text == render_chat(MESSAGES, add_generation_prompt=True)
+    ids = tokenizer.apply_chat_template(MESSAGES[:1], add_generation_prompt=True)["input_ids"]
+    assert ids == tokenizer.encode(render_chat(MESSAGES[:1], add_generation_prompt=True))
+
+
+def test_tokenizer_is_deterministic():
+    corpus = task_corpus(seed=1, per_task=300)
+    a, b = build_tokenizer(corpus), build_tokenizer(corpus)
+    assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
+
+
+def test_warm_start_encoding_matches_plain_rendering(tokenizer):
+    """Piecewise encoding (as the server builds prompts) equals encoding the rendered text."""
+    for name in ("arith", "guess"):
+        for conv in get_task(name).transcripts(0, 30, noise=0.3):
+            ids, mask = encode_transcript(
+                lambda s: tokenizer.encode(s, add_special_tokens=False), conv)
+            full = tokenizer.encode(render_chat(conv))
+            assert full[: len(ids)] == ids and len(full) == len(ids) + 1  # trailing "\n"
+            answers = "".join(m["content"] + IM_END for m in conv if m["role"] == "assistant")
+            trained = [t for t, m in zip(ids, mask) if m]
+            assert tokenizer.decode(trained) == answers
+
+
+# --- model -------------------------------------------------------------------------------
+
+def test_untrained_loads_back_with_auto_classes(untrained, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(untrained)
+    tok = AutoTokenizer.from_pretrained(untrained)
+    cfg = model.config
+    assert cfg.model_type == "qwen2" and cfg.tie_word_embeddings
+    assert cfg.hidden_size // cfg.num_attention_heads >= 64 and cfg.head_dim >= 64
+    assert cfg.vocab_size == len(tok)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 0.5e6 < n_params < 2e6
+    eos = tok.convert_tokens_to_ids(IM_END)
+    assert model.generation_config.eos_token_id == eos and tok.eos_token_id == eos
+    # AutoTokenizer may pick another class (Qwen2Tokenizer); it must encode alike.
+    for text in task_corpus(seed=7, per_task=50) + ["odd +abc's 12 345\n\n", "é café"]:
+        assert tok.encode(text) == tokenizer.encode(text)
+    out = model.generate(torch.tensor([tok.apply_chat_template(
+        MESSAGES[:1], add_generation_prompt=True)["input_ids"]]), max_new_tokens=3,
+        do_sample=False)
+    assert out.shape[1] > 0
+
+
+def test_untrained_weights_are_seeded(tmp_path, untrained):
+    again = build_untrained(tmp_path / "again", seed=0)
+    other = build_untrained(tmp_path / "other", seed=1)
+    a, b = load_file(untrained / "model.safetensors"), load_file(again / "model.safetensors")
+    c = load_file(other / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+    assert (untrained / "tokenizer.json").read_text() == (again / "tokenizer.json").read_text()
+
+
+def test_local_evaluation_runs_workflows(untrained):
+    for name in ("arith", "guess"):
+        result = evaluate(untrained, name, n=4, temperature=1.0)
+        assert 0.0 <= result["mean_reward"] <= 1.0 and result["calls_per_episode"] >= 1
+
+
+# --- init_model --------------------------------------------------------------------------
+
+def test_init_model_is_idempotent_and_atomic(tmp_path):
+    out = tmp_path / "m"
+    assert init_model(out, seed=3, config=TINY) == out
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["seed"] == 3 and is_complete(out, seed=3)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    messages = []
+    init_model(out, seed=3, config=TINY, progress=lambda m, f: messages.append(m))
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    assert messages == ["model ready"]
+    AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_init_model_is_deterministic(tmp_path):
+    a = init_model(tmp_path / "a", seed=5, config=TINY)
+    b = init_model(tmp_path / "b", seed=5, config=TINY)
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_init_model_rebuilds_other_seed_and_respects_foreign_dirs(tmp_path):
+    out = init_model(tmp_path / "m", seed=0, config=TINY)
+    init_model(out, seed=1, config=TINY)
+    assert json.loads((out / MARKER).read_text())["seed"] == 1
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    with pytest.raises(FileExistsError):
+        init_model(foreign, config=TINY)
+    assert (foreign / "precious.txt").exists()
+    init_model(foreign, config=TINY, force=True)
+    assert is_complete(foreign) and not (foreign / "precious.txt").exists()
+
+
+def test_init_model_cleans_up_after_dead_builds(tmp_path):
+    stale = tmp_path / ".m.tmp-999999999-abc"  # a pid that cannot be alive
+    stale.mkdir()
+    (stale / "model.safetensors").write_text("half")
+    mine = tmp_path / f".m.tmp-{os.getpid()}-xyz"  # a live pid: left alone
+    mine.mkdir()
+    init_model(tmp_path / "m", config=TINY)
+    assert not stale.exists() and mine.exists()
+
+
+def test_init_model_defaults_under_roost_home(tmp_path):
+    out = init_model(config=TINY)
+    assert out.is_relative_to(tmp_path / "roost-home") and is_complete(out)
+
+
+@pytest.mark.slow
+def test_init_model_default_recipe(tmp_path):
+    out = tmp_path / "model"
+    started = time.monotonic()
+    init_model(out, seed=0)
+    built = time.monotonic() - started
+    assert is_complete(out, seed=0)
+    started = time.monotonic()
+    assert init_model(out, seed=0) == out
+    assert time.monotonic() - started < 2.0 < built
+    greedy = evaluate(out, "arith", n=100, temperature=0.0)
+    assert greedy["mean_reward"] > 0.2
