@@ -63,6 +63,9 @@ def train_command(
     seed: int = typer.Option(0, "--seed", help="seed (engine, dataset order)"),
     checkpoint_every: int = typer.Option(0, "--checkpoint-every", min=0, help="checkpoint every k steps (0: end only)"),
     timeout_s: float = typer.Option(3600.0, "--timeout", help="give up after this many seconds"),
+    mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="log the run to MLflow (see README)"),
+    mlflow_experiment: str = typer.Option("swarm-train", "--mlflow-experiment", help="MLflow experiment"),
+    mlflow_parent: str = typer.Option(None, "--mlflow-parent", help="nest the run under this MLflow run id"),
 ) -> None:
     """Train a model on a built-in task: one server and a client fleet over loopback."""
     from swarm.paths import default_model_dir
@@ -79,7 +82,8 @@ def train_command(
         raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)", param_hint="--model")
     spec = TrainSpec(task=task, model=model, out=out, steps=steps, group_size=group_size, batch_groups=batch_groups,
                      lr=lr, advantage=advantage, kl_coef=kl_coef, clients=clients, concurrency=concurrency,
-                     seed=seed, checkpoint_every=checkpoint_every, timeout_s=timeout_s)
+                     seed=seed, checkpoint_every=checkpoint_every, timeout_s=timeout_s, mlflow=mlflow,
+                     mlflow_experiment=mlflow_experiment, mlflow_parent=mlflow_parent)
     summary = run(spec)
     typer.echo(json.dumps({k: summary[k] for k in ("reward_first", "reward_last", "wall_s")}))
     typer.echo(f"summary: {out.resolve() / 'summary.json'}")

@@ -46,6 +46,9 @@ class TrainSpec:
     seed: int = 0
     dataset_size: int = 100_000
     checkpoint_every: int = 0
+    mlflow: bool = True
+    mlflow_experiment: str = "swarm-train"
+    mlflow_parent: str | None = None
     extra_server_args: list[str] = field(default_factory=list)
     timeout_s: float = 3600.0
 
@@ -116,6 +119,11 @@ def run(spec: TrainSpec) -> dict:
                    "--checkpoint-every", str(spec.checkpoint_every)]
     if spec.model:
         server_args += ["--model", str(spec.model)]
+    if spec.mlflow:
+        server_args += ["--mlflow", "--mlflow-experiment", spec.mlflow_experiment, "--mlflow-run-name",
+                        f"{spec.task}-{out.name}"]
+        if spec.mlflow_parent:
+            server_args += ["--mlflow-parent", spec.mlflow_parent]
     if spec.lr is not None:
         server_args += ["--lr", str(spec.lr)]
     server_args += spec.extra_server_args
@@ -142,6 +150,9 @@ def run(spec: TrainSpec) -> dict:
             _stop(p)
     wall = time.monotonic() - t0
     summary = summarize(_read_metrics(out / "server" / "metrics.jsonl"), wall, spec)
+    run_file = out / "server" / "mlflow_run.json"
+    if run_file.exists():
+        summary["mlflow"] = json.loads(run_file.read_text())
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -53,6 +53,8 @@ def create_app(config: ServerConfig, engine: Engine) -> FastAPI:
         await swarm.trainer.wait()  # never exit halfway through a step
         if swarm.config.checkpoint_on_stop and swarm.trainer.step > swarm.checkpointed_step:
             await swarm.checkpoint()  # Ctrl-C keeps the steps since the last checkpoint
+        if swarm.tracking is not None:
+            await asyncio.to_thread(swarm.tracking.close)
 
     app = FastAPI(title="Roost swarm server", version="1", lifespan=lifespan)
     app.state.swarm = swarm

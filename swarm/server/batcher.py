@@ -40,6 +40,9 @@ class FinishedEpisode:
     reward: float
     samples: list[TrainSample]
     metrics: dict[str, float] = field(default_factory=dict)
+    calls: int = 0  # calls that generated tokens
+    tokens_unmerged: int = 0  # tokens training would see with one sample per call
+    drift: int = 0  # prompts where plain re-tokenization would have drifted
 
 
 @dataclass
@@ -94,6 +97,11 @@ class Batch:
             "samples": len(samples),
             "tokens": sum(len(s.input_ids) for s in samples),
             "generated_tokens": sum(sum(s.loss_mask) for s in samples),
+            # timeline: how much merging saved, and how often continuity mattered
+            "calls": sum(e.calls for e in self.episodes),
+            "merge_ratio": sum(e.calls for e in self.episodes) / len(samples) if samples else 0.0,
+            "tokens_unmerged": sum(e.tokens_unmerged for e in self.episodes),
+            "drift_events": sum(e.drift for e in self.episodes),
         }
 
 

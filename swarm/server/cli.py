@@ -65,6 +65,11 @@ def serve_command(
     seed: int = typer.Option(0, "--seed", help="engine seed"),
     device: str = typer.Option(None, "--device", help="torch device [default: cuda if available]"),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning"),
+    mlflow: bool = typer.Option(False, "--mlflow/--no-mlflow", help="log params and per-step metrics to MLflow "
+                                "(MLFLOW_TRACKING_URI, default SQLite under ROOST_HOME)"),
+    mlflow_experiment: str = typer.Option("swarm", "--mlflow-experiment", help="MLflow experiment"),
+    mlflow_run_name: str = typer.Option(None, "--mlflow-run-name", help="MLflow run name [default: out dir name]"),
+    mlflow_parent: str = typer.Option(None, "--mlflow-parent", help="parent MLflow run id (nest under a study)"),
 ) -> None:
     """Serve a trainable model: OpenAI-compatible endpoints plus the episode API."""
     from swarm.paths import data_dir, default_model_dir
@@ -79,7 +84,8 @@ def serve_command(
         checkpoint_every=checkpoint_every, out_dir=out or data_dir() / "runs" / "serve",
         token=token, admin_token=admin_token, max_steps=max_steps, default_max_tokens=max_tokens,
         train=train, temperature=temperature, merge=merge, per_episode_norm=per_episode_norm,
-        continuity=continuity.value,
+        continuity=continuity.value, mlflow=mlflow, mlflow_experiment=mlflow_experiment,
+        mlflow_run_name=mlflow_run_name, mlflow_parent_run_id=mlflow_parent,
     )
     if not (Path(config.model_dir) / "config.json").exists() and engine is EngineName.torch:
         typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)

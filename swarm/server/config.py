@@ -64,6 +64,10 @@ class ServerConfig(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0,
                                       description="force this sampling temperature on every call")
     log_rollouts: bool = Field(True, description="append finished episodes to out_dir/rollouts.jsonl")
+    mlflow: bool = Field(False, description="also log params, per-step metrics and checkpoints to MLflow")
+    mlflow_experiment: str = Field("swarm", description="MLflow experiment name")
+    mlflow_run_name: str | None = Field(None, description="MLflow run name; default: the out_dir name")
+    mlflow_parent_run_id: str | None = Field(None, description="nest the run under this one (a study)")
 
     default_max_tokens: int = Field(256, ge=1, description="when a request names no max_tokens")
     max_tokens_limit: int = Field(4096, ge=1, description="largest max_tokens a request may ask")

@@ -53,6 +53,7 @@ class Episode:
     finish_key: str | None = None
     finish_response: dict | None = None
     reward: float | None = None
+    drift: int = 0  # calls whose re-rendered prompt would have tokenized differently
 
 
 def same_secret(given: str, expected: str | None) -> bool:

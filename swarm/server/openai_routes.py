@@ -180,6 +180,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     prompt = swarm.renderer.chat_prompt(text, ep.calls, agent, mode=swarm.config.continuity)
     swarm.counters["prompt_continued"] += prompt.continued
     swarm.counters["prompt_drift"] += prompt.drift
+    ep.drift += int(prompt.drift)
     call = Call(swarm, ep, agent, prompt.ids, _params(swarm, body, len(prompt.ids), body.wants_max_tokens()),
                 "chatcmpl-" + uuid.uuid4().hex, int(time.time()))
     want = call.want_ids = bool(body.return_token_ids or body.logprobs)

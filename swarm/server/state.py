@@ -32,6 +32,7 @@ from swarm.server.config import ServerConfig
 from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner, RecordedCall, same_secret
 from swarm.server.errors import ApiError
 from swarm.server.render import ChatRenderer
+from swarm.server.tracking import MlflowSink, TeeLog
 from swarm.server.trainer import GenerationGate, MetricsLog, Trainer
 
 log = logging.getLogger("swarm.server")
@@ -72,8 +73,16 @@ class Swarm:
         self.counters: Counter[str] = Counter()
         self.out_dir = Path(config.out_dir)
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", config.keep_checkpoints)
-        self.trainer = Trainer(engine, self.batcher, self.gate, config.train,
-                               MetricsLog(self.out_dir / "metrics.jsonl"), self._after_step,
+        metrics: Any = MetricsLog(self.out_dir / "metrics.jsonl")
+        self.tracking: MlflowSink | None = None
+        if config.mlflow:
+            params = {**config.model_dump(mode="json", exclude={"token", "admin_token", "secret", "train"}),
+                      **{f"train.{k}": v for k, v in config.train.__dict__.items()}}
+            self.tracking = MlflowSink(self.out_dir, config.mlflow_experiment,
+                                       config.mlflow_run_name or self.out_dir.name, params,
+                                       parent_run_id=config.mlflow_parent_run_id)
+            metrics = TeeLog(metrics, self.tracking)
+        self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics, self._after_step,
                                on_reopen=self.wake_claims)
         self._admission = asyncio.Event()
         self.last_checkpoint: str | None = None
@@ -173,7 +182,10 @@ class Swarm:
                                   per_episode_norm=self.config.per_episode_norm)
         if self.config.log_rollouts:
             self._log_rollout(ep, req)
-        self.batcher.finish(ep.group_id, FinishedEpisode(ep.id, req.reward, samples, dict(req.metrics)))
+        generating = [c for c in calls if c.completion_ids]
+        self.batcher.finish(ep.group_id, FinishedEpisode(
+            ep.id, req.reward, samples, dict(req.metrics), calls=len(generating),
+            tokens_unmerged=sum(len(c.prompt_ids) + len(c.completion_ids) for c in generating), drift=ep.drift))
         response = FinishResponse(
             episode_id=ep.id, reward=req.reward, samples=len(samples), calls=len(calls),
             group_id=ep.group_id, policy_version=self.engine.policy_version, step=self.trainer.step)
@@ -246,6 +258,8 @@ class Swarm:
         path = await asyncio.to_thread(self.checkpointer.save, self.engine, self.trainer.step, self._state())
         self.last_checkpoint = str(path)
         self.checkpointed_step = self.trainer.step
+        if self.tracking is not None:
+            self.tracking.checkpoint(self.trainer.step, path)
         log.info("checkpoint %s", path)
         return path
 

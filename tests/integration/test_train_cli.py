@@ -31,6 +31,14 @@ def test_train_writes_summary_and_cleans_up(tmp_path):
     pid = json.loads((out / "server" / "server.json").read_text())["pid"]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+    # the server logged the run to MLflow (SQLite under ROOST_HOME by default): the reward curve is there
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(summary["mlflow"]["tracking_uri"])
+    history = client.get_metric_history(summary["mlflow"]["run_id"], "reward_mean")
+    assert [m.step for m in sorted(history, key=lambda m: m.step)] == [1, 2]
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == [s["reward_mean"] for s in summary["steps"]]
+    assert client.get_run(summary["mlflow"]["run_id"]).info.status == "FINISHED"
 
 
 def test_train_rejects_bad_input(tmp_path):
