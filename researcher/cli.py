@@ -121,6 +121,9 @@ def study(
                                          "to `researcher daemon`"),
     model: str = typer.Option(None, "--model", help="model directory for every trial [default: embedded]"),
     trial_time_limit: str = typer.Option("1h", "--trial-time-limit", help="per-trial time limit"),
+    trial_cpus: int = typer.Option(1, "--trial-cpus", min=1, help="CPUs per trial job"),
+    trial_gpus: int = typer.Option(0, "--trial-gpus", min=0, help="GPUs per trial job (Slurm)"),
+    partition: str = typer.Option(None, "--partition", help="Slurm partition for trial jobs"),
     poll: float = typer.Option(5.0, "--poll", help="seconds between checks in the foreground"),
     trial_program: str = typer.Option(None, "--trial-program", envvar="ROOST_TRIAL_PROGRAM", hidden=True,
                                       help="command run per trial instead of `python -m swarm train`"),
@@ -145,6 +148,7 @@ def study(
                       wall_clock_s=parse_duration(wall_clock), llm_tokens=llm_tokens, deadline=_deadline(deadline)),
         trial_program=shlex.split(trial_program) if trial_program else default_trial_program(),
         trial_time_limit_s=int(parse_duration(trial_time_limit) or 3600), poll_s=poll, model_dir=model,
+        trial_cpus=trial_cpus, trial_gpus=trial_gpus, partition=partition,
         llm_base_url=llm.get("base_url"), llm_model=llm.get("model"))
     if dry_run:
         from researcher.runner import make_planner

@@ -30,6 +30,10 @@ BAD_DESIGN = {**DESIGN, "seeds": [0, 1]}
 def scripted_replies() -> ScriptedChatModel:
     """Replies by step (read from the prompt); the first design is invalid (2 seeds)."""
     designs = [json.dumps(BAD_DESIGN), "```json\n" + json.dumps(DESIGN) + "\n```"]
+    decisions = [json.dumps({"stop": False, "notes": "Is a smaller rate enough?",
+                             "follow_ups": [{**HYP, "statement": "lr 1e-4 beats lr 0",
+                                             "treatment_values": [1e-4]}]}),
+                 json.dumps({"stop": True, "follow_ups": [], "notes": "lr 0 does not learn."})]
 
     def reply(messages):
         prompt = str(messages[1].content)
@@ -38,9 +42,12 @@ def scripted_replies() -> ScriptedChatModel:
         if "most informative next hypothesis" in prompt:
             return "Here you go: " + json.dumps(HYP)
         if "Design the experiment" in prompt:
-            return designs.pop(0)
+            if designs:
+                return designs.pop(0)
+            return json.dumps({**DESIGN, "arms": [{"name": "zero", "knobs": {"lr": 0.0}},
+                                                  {"name": "low", "knobs": {"lr": 1e-4}}]})
         if "Decide whether the study should go on" in prompt:
-            return json.dumps({"stop": True, "follow_ups": [], "notes": "lr 0 does not learn."})
+            return decisions.pop(0)
         raise AssertionError(f"unexpected prompt: {prompt[:200]}")
 
     return ScriptedChatModel(script=reply)
@@ -96,10 +103,13 @@ def test_llm_study_end_to_end(fake_program):
     with Session(store_engine()) as s:
         study = s.get(Study, sid)
         trials = s.exec(select(Trial)).all()
-        (hyp,) = s.exec(select(Hypothesis)).all()
-    assert study.status == "COMPLETED" and len(trials) == 6
-    assert {t.arm for t in trials} == {"zero", "high"}
-    assert hyp.status == "SUPPORTED" and hyp.statement == HYP["statement"]
+        hyps = s.exec(select(Hypothesis).order_by(Hypothesis.id)).all()
+    assert study.status == "COMPLETED" and len(trials) == 12
+    assert {t.arm for t in trials} == {"zero", "high", "low"}
+    assert [h.statement for h in hyps] == [HYP["statement"], "lr 1e-4 beats lr 0"]
+    assert {h.status for h in hyps} == {"SUPPORTED"}
     assert "lr 0 does not learn." in study.report and "**zero is worse than high**" in study.report
-    assert len(model.calls) == 5  # frame, hypothesize, design ×2 (one retry), decide
+    assert "## Round 2: lr 1e-4 beats lr 0" in study.report
+    # frame, hypothesize, design ×2 (one retry), decide (follow-up), design, decide (stop)
+    assert len(model.calls) == 7
     assert make_context(sid, planner=object()).cfg.planner == "llm"

@@ -84,8 +84,17 @@ def test_intent_without_a_job_is_submitted_once(fake_program):
 
 
 def _researcher(*args: str, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "researcher", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, text=True)
+    """`researcher ARGS` in its own process group; output to a file (a pipe nobody reads fills up
+    and blocks the process), appended to ROOST_HOME/researcher.log."""
+    log = Path(os.environ["ROOST_HOME"]) / "researcher.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        return subprocess.Popen([sys.executable, "-m", "researcher", *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, text=True)
+
+
+def _log() -> str:
+    return (Path(os.environ["ROOST_HOME"]) / "researcher.log").read_text()[-3000:]
 
 
 @pytest.mark.integration
@@ -110,8 +119,8 @@ def test_kill_9_mid_study_then_resume(fake_program, tmp_path):
         launched_before = len(s.exec(select(Job)).all())
     assert launched_before >= 2
     res = _researcher("resume", "1", env=env)
-    out, _ = res.communicate(timeout=240)
-    assert res.returncode == 0, out
+    assert res.wait(timeout=240) == 0, _log()
+    out = _log()
     with Session(engine) as s:
         study = s.exec(select(Study)).one()
         jobs = s.exec(select(Job)).all()
@@ -155,7 +164,7 @@ def test_daemon_killed_mid_study_then_restarted(fake_program):
         daemon.wait(timeout=10)
     daemon = _researcher("daemon", "--interval", "1", env=env)
     try:
-        assert wait_for(lambda: trials("COMPLETED") == 6, 240), "the study did not finish after the restart"
+        assert wait_for(lambda: trials("COMPLETED") == 6, 240), _log()
 
         def completed() -> bool:
             with Session(engine) as s:

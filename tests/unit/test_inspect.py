@@ -1,0 +1,41 @@
+"""`swarm inspect`: a recorded multi-turn episode rendered token by token (terminal and HTML)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from rich.console import Console
+
+from swarm.inspect import find_episode, render_html, render_terminal
+
+
+def _write_rollouts(path):
+    calls = [
+        {"agent": "main", "prompt_ids": [1, 2], "completion_ids": [3, 4], "logprobs": [-0.1, -0.2]},
+        {"agent": "main", "prompt_ids": [1, 2, 3, 4, 5], "completion_ids": [6], "logprobs": [-3.0]},
+    ]
+    eps = [{"episode_id": "ep-a", "task_id": "t1", "reward": 1.0, "calls": calls},
+           {"episode_id": "ep-b", "task_id": "t2", "reward": 0.0, "calls": calls[:1]}]
+    path.write_text("\n".join(json.dumps(e) for e in eps) + "\n{torn")  # a torn last line is skipped
+
+
+def test_render_terminal_and_html(tmp_path):
+    _write_rollouts(tmp_path / "rollouts.jsonl")
+    ep = find_episode(tmp_path, "ep-a")
+    decode = lambda ids: "".join(f"<{i}>" for i in ids)  # noqa: E731
+    console = Console(record=True, width=120)
+    render_terminal(ep, decode, console)
+    out = console.export_text()
+    assert "calls 2 → samples 1" in out and "merge ratio 2.00" in out
+    page = render_html(ep, decode)
+    assert page.count("class='t m1") == 3 and page.count("class='t m0'") == 3
+    assert "logprob -3.0000" in page and "&lt;6&gt;" in page
+    assert find_episode(tmp_path, None)["episode_id"] == "ep-b"  # default: the last one
+
+
+def test_cli_errors_are_clear(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "swarm", "inspect", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "no rollout log" in r.stderr
