@@ -63,13 +63,19 @@ def _print_plan(frame: object, hyp: object, design: object) -> None:
     console.print(f"{len(design.trial_configs())} trials")
 
 
+_last_shown: list[str] = []
+
+
 def _on_step(step: object) -> None:
+    """Print progress when it changes (not on every poll)."""
     from researcher.runner import Step
 
     assert isinstance(step, Step)
     if step.state == "waiting" and step.detail.get("running") is not None:
-        console.print(f"[dim]trials running {step.detail.get('running')}, "
-                      f"pending {step.detail.get('pending')}[/]")
+        line = f"trials running {step.detail.get('running')}, pending {step.detail.get('pending')}"
+        if _last_shown[-1:] != [line]:
+            _last_shown.append(line)
+            console.print(f"[dim]{datetime.now().strftime('%H:%M:%S')} {line}[/]")
 
 
 def _finish(study_id: int, step: object) -> None:
