@@ -113,3 +113,16 @@ def test_llm_study_end_to_end(fake_program):
     # frame, hypothesize, design ×2 (one retry), decide (follow-up), design, decide (stop)
     assert len(model.calls) == 7
     assert make_context(sid, planner=object()).cfg.planner == "llm"
+
+
+def test_prompts_are_versioned_files(tmp_path, monkeypatch):
+    from researcher import prompts
+
+    assert set(LLMPlanner.prompt_versions()) == {"system", "frame", "hypothesize", "design", "decide", "retry"}
+    (tmp_path / "frame.v1.txt").write_text("old $topic")
+    (tmp_path / "frame.v2.txt").write_text("new $topic {json: braces}")
+    monkeypatch.setenv(prompts.ENV_DIR, str(tmp_path))
+    assert prompts.render("frame", topic="T") == "new T {json: braces}"
+    assert prompts.render("frame", version=1, topic="T") == "old T"
+    with pytest.raises(KeyError):
+        prompts.render("frame")  # a missing placeholder is an error, not a silent gap
