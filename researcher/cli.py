@@ -118,7 +118,7 @@ def study(
     backend: str = typer.Option("local", "--backend", help="local | slurm"),
     planner: str = typer.Option(None, "--planner", help="llm | rules [default: llm if configured]"),
     seeds: int = typer.Option(3, "--seeds", min=3, help="seeds per arm (at least 3)"),
-    steps: int = typer.Option(None, "--steps", min=1, help="training steps per trial"),
+    steps: int = typer.Option(None, "--steps", min=1, help="training steps per trial [default: 40]"),
     parallel: int = typer.Option(2, "--parallel", min=1, help="trials running at once"),
     approve: bool = typer.Option(False, "--approve", help="pause for approval before launching"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan; launch nothing"),
@@ -167,6 +167,13 @@ def study(
             raise typer.Exit(1)
         design = p.design(frame, hyp, defaults)
         _print_plan(frame, hyp, design)
+        if cfg.uses_swarm_train:
+            from researcher.experiment import swarm_train_flags
+
+            try:
+                design.check_program(swarm_train_flags())
+            except ValueError as e:
+                console.print(f"[bold red]This design cannot run yet:[/] {e}")
         console.print("[dim]dry run: nothing launched[/]")
         return
     if cfg.uses_swarm_train and cfg.model_dir is None:

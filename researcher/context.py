@@ -6,6 +6,7 @@ one, a resumed one, the daemon), so nothing here has to survive a crash.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC
@@ -131,9 +132,17 @@ class StudyContext:
             exp = t.config.get("experiment", {})
             params = {"task": exp.get("task"), "steps": exp.get("steps"), **exp.get("knobs", {})}
             status = "FINISHED" if t.status == TrialStatus.COMPLETED.value else "FAILED"
+            own = None
+            run_file = trial_dir(self.cfg, t.id) / "out" / "server" / "mlflow_run.json"  # type: ignore[arg-type]
+            if run_file.exists():
+                try:
+                    own = json.loads(run_file.read_text())["run_id"]
+                except (ValueError, KeyError):
+                    own = None
             try:
-                run_id = tracking.log_trial(study.mlflow_run_id, t.id, t.arm, t.seed, params,  # type: ignore[arg-type]
-                                            summary, metrics, status)
+                run_id = tracking.log_trial(study.mlflow_run_id, t.id, t.arm, t.seed,  # type: ignore[arg-type]
+                                            {**params, "study_id": self.study_id}, summary, metrics, status,
+                                            own_run_id=own)
             except Exception as e:  # tracking must not stop the study; retried next time
                 log.warning("trial %s: MLflow logging failed: %s", t.id, e)
                 continue

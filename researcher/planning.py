@@ -22,7 +22,8 @@ class PlanDefaults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seeds: int = Field(default=MIN_SEEDS, ge=MIN_SEEDS, description="seeds per arm")
-    steps: int = Field(default=30, ge=1, description="optimisation steps per trial")
+    # 40 steps: six trials, two at a time, take ~10 min on 2 CPU cores with the embedded model
+    steps: int = Field(default=40, ge=1, description="optimisation steps per trial")
     metric_window: int = Field(default=5, ge=1, description="steps averaged by the final-reward metric")
     max_arms: int = Field(default=4, ge=2, description="most arms one hypothesis may have")
 

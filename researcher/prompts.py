@@ -22,7 +22,9 @@ def prompts_dir() -> Path:
     env = os.environ.get(ENV_DIR)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "prompts"
+    import prompts  # the top-level package: works from a checkout and from an installed wheel
+
+    return Path(prompts.__file__).resolve().parent
 
 
 def versions(name: str) -> list[int]:

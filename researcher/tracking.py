@@ -39,36 +39,48 @@ def _parent(run_id: str) -> Any:
 
 
 def log_trial(study_run_id: str, trial_id: int, arm: str, seed: int, params: dict[str, Any],
-              summary: dict[str, Any] | None, metrics: dict[str, float], status: str = "FINISHED") -> str:
-    """The trial's child run with per-step metrics from its summary; returns the run id."""
+              summary: dict[str, Any] | None, metrics: dict[str, float], status: str = "FINISHED",
+              own_run_id: str | None = None) -> str:
+    """The trial's child run, complete with per-step metrics; returns the run id.
+
+    `own_run_id`: the run the trial program logged itself (`swarm train --mlflow-parent`
+    makes the server's run a child of the study run, live while it trains); it is
+    adopted (tagged, summarised) instead of copying its metrics into a second run.
+    """
+    from store.tracking import RunLogger
+
     parent = _parent(study_run_id)
     client = parent.client
     found = client.search_runs([parent.experiment_id],
                                filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'", max_results=1)
+    tags = {TRIAL_TAG: trial_id, STUDY_TAG: params.get("study_id", ""), "roost.arm": arm, "roost.seed": seed}
+    if found and found[0].data.tags.get("roost.partial") == "0":
+        return str(found[0].info.run_id)  # logged completely before
     if found:
-        run = found[0]
-        if run.info.status in ("FINISHED", "FAILED", "KILLED"):
-            return str(run.info.run_id)
-        from store.tracking import RunLogger
-
-        child = RunLogger(client, run.info.run_id, flush_interval_s=0)  # half-logged: log again
+        run_id, copy_steps = str(found[0].info.run_id), found[0].data.tags.get("roost.source") != "trial"
+        child = RunLogger(client, run_id, flush_interval_s=0)  # half-logged (crash): finish it
+    elif own_run_id:
+        child, copy_steps = RunLogger(client, own_run_id, flush_interval_s=0), False
+        child.set_tags({**tags, "roost.partial": "1", "roost.source": "trial"})
     else:
-        child = parent.child(f"{arm} seed={seed}", tags={TRIAL_TAG: trial_id, "roost.arm": arm,
-                                                         "roost.seed": seed, "roost.partial": "1"})
+        child = parent.child(f"{arm} seed={seed}", tags={**tags, "roost.partial": "1",
+                                                         "roost.source": "researcher"})
         child.log_params({**params, "arm": arm, "seed": seed})
-    for row in (summary or {}).get("steps", []):
-        step = row.get("step")
-        if step is None:
-            continue
-        values = {k: v for k, v in row.items()
-                  if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
-                  and math.isfinite(float(v))}
-        child.log_metrics(int(step), values)
+        copy_steps = True
+    if copy_steps:
+        for row in (summary or {}).get("steps", []):
+            step = row.get("step")
+            if step is None:
+                continue
+            values = {k: v for k, v in row.items()
+                      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and math.isfinite(float(v))}
+            child.log_metrics(int(step), values)
     for k, v in metrics.items():
         if v is not None and math.isfinite(float(v)):
             child.log_metrics(0, {f"trial/{k}": v})
     if summary is not None:
-        child.log_json(summary, "summary.json")
+        child.log_json(summary, "trial_summary.json")
     child.set_tags({"roost.partial": "0"})
     child.set_terminated(status)
     return child.run_id

@@ -37,7 +37,7 @@ from researcher.experiment import ExperimentConfig
 from scheduler.base import JobHandle
 from scheduler.manager import JobManager
 from scheduler.spec import JobSpec
-from store.models import Job, JobState, Trial, TrialStatus
+from store.models import Job, JobState, Study, Trial, TrialStatus
 from store.types import utcnow
 
 log = logging.getLogger(__name__)
@@ -131,11 +131,26 @@ class TrialLauncher:
         argv = [*self.cfg.trial_program, *exp.argv(str(tdir / "out"))]
         if self.cfg.model_dir and "model" not in exp.knobs and self.cfg.uses_swarm_train:
             argv += ["--model", self.cfg.model_dir]
+        argv += self._mlflow_args()
         return JobSpec(name=job_name(self.study_id, trial.id), command=argv,  # type: ignore[arg-type]
                        env={"HF_HUB_OFFLINE": "1", "ROOST_STUDY_ID": str(self.study_id),
                             "ROOST_TRIAL_ID": str(trial.id), **self.cfg.trial_env},
                        time_limit_s=self.cfg.trial_time_limit_s, cpus=self.cfg.trial_cpus,
                        gpus=self.cfg.trial_gpus, partition=self.cfg.partition, log_dir=str(tdir / "jobs"))
+
+    def _mlflow_args(self) -> list[str]:
+        """Nest the trial program's own MLflow run under the study's run, where it can."""
+        from researcher.experiment import swarm_train_flags
+        from researcher.tracking import experiment_name
+
+        if not self.cfg.uses_swarm_train or "--mlflow-parent" not in (swarm_train_flags() or ()):
+            return []
+        with Session(self.engine) as s:
+            study = s.get(Study, self.study_id)
+        if study is None or not study.mlflow_run_id:
+            return []
+        return ["--mlflow-parent", study.mlflow_run_id,
+                "--mlflow-experiment", experiment_name(self.study_id, study.name)]
 
     def jobs_of(self, s: Session, trial_id: int) -> list[Job]:
         return list(s.exec(select(Job).where(Job.trial_id == trial_id).order_by(Job.id)).all())  # type: ignore[arg-type]

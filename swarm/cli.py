@@ -18,6 +18,7 @@ import typer
 
 import scheduler.cli as _sched_cli
 import store.cli as _store_cli
+import swarm.ctl as _ctl
 from swarm.client.cli import client_command
 from swarm.server.cli import serve_command
 
@@ -29,6 +30,7 @@ app.command("serve", help="Run a swarm server: OpenAI-compatible endpoint + epis
 app.add_typer(_store_cli.app, name="db", help="The project database: migrations (upgrade, downgrade, current, check).")
 app.add_typer(_sched_cli.app, name="sched", help="Jobs on local processes or Slurm: submit, status, cancel, logs, daemon.")
 app.command("client", help="Run a client fleet: play a workflow over a dataset through a server.")(client_command)
+app.add_typer(_ctl.app, name="ctl", help="Operate a running server: live config (lr, temperature, quotas...), pause, resume, checkpoint, stop.")
 
 
 @model_app.command("init")
@@ -63,6 +65,10 @@ def train_command(
     seed: int = typer.Option(0, "--seed", help="seed (engine, dataset order)"),
     checkpoint_every: int = typer.Option(0, "--checkpoint-every", min=0, help="checkpoint every k steps (0: end only)"),
     timeout_s: float = typer.Option(3600.0, "--timeout", help="give up after this many seconds"),
+    temperature: float = typer.Option(None, "--temperature", min=0.0, max=2.0,
+                                      help="force this sampling temperature on every call [default: the workflow's]"),
+    merge: bool = typer.Option(True, "--merge/--no-merge", help="timeline merging of multi-turn calls"),
+    per_episode_norm: bool = typer.Option(False, "--per-episode-norm", help="each episode weighs 1 in the loss"),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="log the run to MLflow (see README)"),
     mlflow_experiment: str = typer.Option("swarm-train", "--mlflow-experiment", help="MLflow experiment"),
     mlflow_parent: str = typer.Option(None, "--mlflow-parent", help="nest the run under this MLflow run id"),
@@ -83,6 +89,7 @@ def train_command(
     spec = TrainSpec(task=task, model=model, out=out, steps=steps, group_size=group_size, batch_groups=batch_groups,
                      lr=lr, advantage=advantage, kl_coef=kl_coef, clients=clients, concurrency=concurrency,
                      seed=seed, checkpoint_every=checkpoint_every, timeout_s=timeout_s, mlflow=mlflow,
+                     temperature=temperature, merge=merge, per_episode_norm=per_episode_norm,
                      mlflow_experiment=mlflow_experiment, mlflow_parent=mlflow_parent)
     summary = run(spec)
     typer.echo(json.dumps({k: summary[k] for k in ("reward_first", "reward_last", "wall_s")}))

@@ -74,6 +74,8 @@ class ClaimResponse(_Response):
     base_url: str = Field(description="OpenAI-compatible base URL for this episode's calls")
     api_key: str = Field(description="server-signed episode key; the Bearer token of its calls")
     lease_expires_at: float
+    lease_seconds: float | None = Field(
+        None, description="lease length: heartbeats (or the episode's own calls) must come more often")
     policy_version: int
     model: str
     group_id: str

@@ -46,6 +46,9 @@ class TrainSpec:
     seed: int = 0
     dataset_size: int = 100_000
     checkpoint_every: int = 0
+    temperature: float | None = None
+    merge: bool = True
+    per_episode_norm: bool = False
     mlflow: bool = True
     mlflow_experiment: str = "swarm-train"
     mlflow_parent: str | None = None
@@ -99,7 +102,8 @@ def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5)
         "model": str(spec.model) if spec.model else None,
         "config": {"steps": spec.steps, "group_size": spec.group_size, "batch_groups": spec.batch_groups,
                    "lr": spec.lr, "advantage": spec.advantage, "kl_coef": spec.kl_coef, "seed": spec.seed,
-                   "clients": spec.clients, "concurrency": spec.concurrency},
+                   "clients": spec.clients, "concurrency": spec.concurrency, "temperature": spec.temperature,
+                   "merge": spec.merge, "per_episode_norm": spec.per_episode_norm},
         "steps": steps,
         "reward_first": sum(head) / len(head) if head else None,
         "reward_last": sum(tail) / len(tail) if tail else None,
@@ -119,6 +123,12 @@ def run(spec: TrainSpec) -> dict:
                    "--checkpoint-every", str(spec.checkpoint_every)]
     if spec.model:
         server_args += ["--model", str(spec.model)]
+    if spec.temperature is not None:
+        server_args += ["--temperature", str(spec.temperature)]
+    if not spec.merge:
+        server_args += ["--no-merge"]
+    if spec.per_episode_norm:
+        server_args += ["--per-episode-norm"]
     if spec.mlflow:
         server_args += ["--mlflow", "--mlflow-experiment", spec.mlflow_experiment, "--mlflow-run-name",
                         f"{spec.task}-{out.name}"]

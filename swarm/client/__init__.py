@@ -20,6 +20,7 @@ from swarm.client._client import (
     SwarmUnavailable,
 )
 from swarm.client._fleet import FleetStats, run_fleet
+from swarm.client._team import TeamClient, TeamEpisode, TeamError
 
 __all__ = [
     "AsyncEpisode",
@@ -31,5 +32,8 @@ __all__ = [
     "SwarmClient",
     "SwarmError",
     "SwarmUnavailable",
+    "TeamClient",
+    "TeamEpisode",
+    "TeamError",
     "run_fleet",
 ]

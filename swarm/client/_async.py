@@ -19,37 +19,47 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from swarm.client._client import TRANSIENT, EpisodeBase, SwarmError, _Policy
+from swarm.client._client import TRANSIENT, EpisodeBase, SwarmAPIError, SwarmError, _Policy
+from swarm.client._heartbeat import AsyncHeartbeats
 from swarm.protocol import API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
 
 
 class AsyncSwarmClient:
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, max_retries: int = 6,
                  backoff_s: float = 0.5, max_backoff_s: float = 10.0, claim_wait_s: float = 2.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, reconnect_s: float | None = None,
+                 heartbeat_s: float | None = None, heartbeats: bool = True) -> None:
         self.url = url.rstrip("/")
         self.token = token or os.environ.get("ROOST_TOKEN") or ""
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
-        self.policy = _Policy(max_retries, backoff_s, max_backoff_s)
+        self.policy = _Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport)
+        self._connected = False
+        self._heartbeats = AsyncHeartbeats(self._http, heartbeat_s) if heartbeats else None
 
     async def request(self, method: str, path: str, *, key: str | None = None, json: Any = None,
                       wait_429: bool = False, wait_timeout: float | None = None) -> dict:
         headers = {"Authorization": f"Bearer {key or self.token}"}
         deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
         attempt = 0
+        since: float | None = None  # first failure of this request
         while True:
             attempt += 1
             try:
                 r = await self._http.request(method, path, json=json, headers=headers)
-                delay = self.policy.on_response(r, attempt, wait_429, deadline)
+                self._connected = self._connected or r.status_code < 500
+                if r.status_code >= 500 and since is None:
+                    since = time.monotonic()
+                delay = self.policy.on_response(r, attempt, wait_429, deadline,
+                                                since if self._connected else None)
                 if delay is None:
                     return r.json()
                 if r.status_code == 429:
                     attempt -= 1
             except TRANSIENT as exc:
-                delay = self.policy.on_error(exc, attempt)
+                since = since if since is not None else time.monotonic()
+                delay = self.policy.on_error(exc, attempt, since if self._connected else None)
             await asyncio.sleep(delay)
 
     async def claim(self, task_id: str, task_family: str = "default", metadata: dict | None = None, *,
@@ -59,7 +69,10 @@ class AsyncSwarmClient:
                 "roles": roles, "claim_key": uuid.uuid4().hex, "wait_s": self.claim_wait_s if wait else 0.0}
         data = await self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait,
                                   wait_timeout=wait_timeout)
-        return AsyncEpisode(self, ClaimResponse.model_validate(data))
+        ep = AsyncEpisode(self, ClaimResponse.model_validate(data))
+        if self._heartbeats is not None:
+            self._heartbeats.add(ep)  # renewed from a background task while open
+        return ep
 
     @asynccontextmanager
     async def episode(self, task_id: str, task_family: str = "default", metadata: dict | None = None,
@@ -79,6 +92,8 @@ class AsyncSwarmClient:
         return StatusResponse.model_validate(await self.request("GET", f"{API_PREFIX}/status"))
 
     async def aclose(self) -> None:
+        if self._heartbeats is not None:
+            await self._heartbeats.stop()
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncSwarmClient:
@@ -95,25 +110,44 @@ class AsyncEpisode(EpisodeBase):
 
     async def finish(self, reward: float, metrics: dict[str, float] | None = None,
                      agent_rewards: dict[str, float] | None = None) -> FinishResponse:
-        data = await self._client.request("POST", self._path("finish"), key=self.api_key,
-                                          json=self._finish_body(reward, metrics, agent_rewards))
+        return await self._finish(self._finish_body(reward, metrics, agent_rewards))
+
+    async def fail(self, reason: str | None = None, metrics: dict[str, float] | None = None) -> FinishResponse:
+        """Finish as failed (environment crash, tool error): recorded, never trained."""
+        return await self._finish({**self._finish_body(0.0, metrics, None), "status": "failed"})
+
+    async def _finish(self, body: dict) -> FinishResponse:
+        try:
+            data = await self._client.request("POST", self._path("finish"), key=self.api_key, json=body)
+        except SwarmAPIError as exc:
+            self._gone(exc)
+            raise
         self.result = FinishResponse.model_validate(data)
         self.done = True
+        self._untrack()
         return self.result
 
     async def abort(self, reason: str | None = None, release: bool = True) -> None:
-        await self._client.request("POST", self._path("abort"), key=self.api_key,
-                                   json={"reason": reason, "release": release})
+        try:
+            await self._client.request("POST", self._path("abort"), key=self.api_key,
+                                       json={"reason": reason, "release": release})
+        except SwarmAPIError as exc:
+            self._gone(exc)
+            raise
         self.done = True
+        self._untrack()
 
     async def heartbeat(self) -> float:
         data = await self._client.request("POST", self._path("heartbeat"), key=self.api_key)
         return HeartbeatResponse.model_validate(data).lease_expires_at
 
     async def _abort_quietly(self, reason: str) -> None:
-        if self.done:
+        if self.done or self.lost:
+            self.done = True
+            self._untrack()
             return
         try:
             await self.abort(reason)
         except SwarmError:
             self.done = True
+            self._untrack()

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import httpx
 
+from swarm.client._heartbeat import Heartbeats
 from swarm.protocol import (
     AGENT_HEADER, API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse,
 )
@@ -90,19 +91,28 @@ def is_stopping(response: httpx.Response) -> bool:
 class _Policy:
     """What to do with one response or error; shared by the sync and async clients."""
 
-    def __init__(self, max_retries: int, backoff_s: float, max_backoff_s: float) -> None:
+    def __init__(self, max_retries: int, backoff_s: float, max_backoff_s: float,
+                 reconnect_s: float | None = None) -> None:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.reconnect_s = reconnect_s
 
-    def on_error(self, exc: Exception, attempt: int) -> float:
+    def may_retry(self, attempt: int, since: float | None) -> bool:
+        """While attempts remain; past them, for a server reached before (`since` is set: the
+        first failure of this request), until `reconnect_s` has passed: a restarting server."""
+        if attempt <= self.max_retries:
+            return True
+        return since is not None and self.reconnect_s is not None and time.monotonic() - since < self.reconnect_s
+
+    def on_error(self, exc: Exception, attempt: int, since: float | None = None) -> float:
         """Delay before retrying a transport error, or raise."""
-        if attempt > self.max_retries:
+        if not self.may_retry(attempt, since):
             raise SwarmUnavailable(f"server unreachable after {attempt} attempts: {exc!r}") from exc
         return backoff(attempt, self.backoff_s, self.max_backoff_s)
 
     def on_response(self, r: httpx.Response, attempt: int, wait_429: bool,
-                    deadline: float | None) -> float | None:
+                    deadline: float | None, since: float | None = None) -> float | None:
         """None when `r` is the answer; otherwise the delay before retrying (or raise)."""
         if r.status_code < 400:
             return None
@@ -113,7 +123,7 @@ class _Policy:
             if not wait_429 or (deadline is not None and time.monotonic() + delay > deadline):
                 raise error_of(r)
             return delay
-        if r.status_code in RETRY_STATUSES and attempt <= self.max_retries:
+        if r.status_code in RETRY_STATUSES and self.may_retry(attempt, since):
             return max(retry_after(r, 0.0), backoff(attempt, self.backoff_s, self.max_backoff_s))
         raise error_of(r)
 
@@ -123,14 +133,20 @@ class SwarmClient:
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, max_retries: int = 6,
                  backoff_s: float = 0.5, max_backoff_s: float = 10.0, claim_wait_s: float = 2.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, reconnect_s: float | None = None,
+                 heartbeat_s: float | None = None, heartbeats: bool = True) -> None:
+        """`reconnect_s`: once the server was reached, keep retrying connection errors and
+        502/503/504 this long (a restart) beyond `max_retries`. `heartbeats`: renew the lease of
+        every open episode from a background thread (every third of the lease, or `heartbeat_s`)."""
         self.url = url.rstrip("/")
         self.token = token or os.environ.get("ROOST_TOKEN") or ""
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
-        self.policy = _Policy(max_retries, backoff_s, max_backoff_s)
+        self.policy = _Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
         self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
         self._closed = threading.Event()
+        self._connected = False  # reached the server once: connection errors now mean "reconnect"
+        self._heartbeats = Heartbeats(self._http, self._closed, heartbeat_s) if heartbeats else None
 
     # -- plumbing -------------------------------------------------------------
     def request(self, method: str, path: str, *, key: str | None = None, json: Any = None,
@@ -140,17 +156,23 @@ class SwarmClient:
         headers = {"Authorization": f"Bearer {key or self.token}"}
         deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
         attempt = 0
+        since: float | None = None  # first failure of this request
         while True:
             attempt += 1
             try:
                 r = self._http.request(method, path, json=json, headers=headers)
-                delay = self.policy.on_response(r, attempt, wait_429, deadline)
+                self._connected = self._connected or r.status_code < 500
+                if r.status_code >= 500 and since is None:
+                    since = time.monotonic()
+                delay = self.policy.on_response(r, attempt, wait_429, deadline,
+                                                since if self._connected else None)
                 if delay is None:
                     return r.json()
                 if r.status_code == 429:
                     attempt -= 1  # waiting for the window is not a failure
             except TRANSIENT as exc:
-                delay = self.policy.on_error(exc, attempt)
+                since = since if since is not None else time.monotonic()
+                delay = self.policy.on_error(exc, attempt, since if self._connected else None)
             if self._sleep(delay, stop):
                 raise SwarmError("cancelled while waiting to retry")
 
@@ -174,7 +196,10 @@ class SwarmClient:
                 "roles": roles, "claim_key": uuid.uuid4().hex, "wait_s": self.claim_wait_s if wait else 0.0}
         data = self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait,
                             wait_timeout=wait_timeout, stop=stop)
-        return Episode(self, ClaimResponse.model_validate(data))
+        ep = Episode(self, ClaimResponse.model_validate(data))
+        if self._heartbeats is not None:
+            self._heartbeats.add(ep)
+        return ep
 
     @contextmanager
     def episode(self, task_id: str, task_family: str = "default", metadata: dict | None = None,
@@ -193,6 +218,27 @@ class SwarmClient:
 
     def status(self) -> StatusResponse:
         return StatusResponse.model_validate(self.request("GET", f"{API_PREFIX}/status"))
+
+    def open_episodes(self) -> list[Episode]:
+        """Episodes claimed through this client and not yet finished, aborted or closed."""
+        return self._heartbeats.open_episodes() if self._heartbeats is not None else []
+
+    def abort_open(self, reason: str = "client shutting down", timeout: float = 5.0) -> int:
+        """Give every open episode back (one quick try each, no retries): for a clean shutdown,
+        so their slots reopen now instead of when their leases lapse. Returns how many were aborted."""
+        n = 0
+        for ep in self.open_episodes():
+            if ep.done:
+                continue
+            ep.done = ep.lost = True  # the workflow's next call gets 409 and ends; nothing to finish
+            try:
+                r = self._http.post(ep._path("abort"), json={"reason": reason, "release": True},
+                                    headers={"Authorization": f"Bearer {ep.api_key}"}, timeout=timeout)
+                n += int(r.status_code == 200)
+            except (httpx.HTTPError, RuntimeError):
+                pass
+            ep._untrack()
+        return n
 
     def close(self) -> None:
         self._closed.set()
@@ -219,6 +265,7 @@ class EpisodeBase:
         self.task_id = claim.task_id
         self.result: FinishResponse | None = None
         self.done = False
+        self.lost = False  # gone on the server (lease moved on, server restarted): re-play, don't retry
         self._timeout = timeout
         self._sync_clients: list[Any] = []
 
@@ -271,7 +318,19 @@ class EpisodeBase:
         if client is not None:
             await client.close()
 
+    def _untrack(self) -> None:
+        """Stop heartbeats for this episode (finished, aborted, lost or closed)."""
+        beats = getattr(getattr(self, "_client", None), "_heartbeats", None)
+        if beats is not None:
+            beats.remove(self)
+
+    def _gone(self, exc: SwarmAPIError) -> None:
+        if exc.status_code in (404, 409):
+            self.lost = True
+            self._untrack()
+
     def close(self) -> None:
+        self._untrack()
         for c in self._sync_clients:
             try:
                 c.close()
@@ -294,26 +353,47 @@ class Episode(EpisodeBase):
     def finish(self, reward: float, metrics: dict[str, float] | None = None,
                agent_rewards: dict[str, float] | None = None) -> FinishResponse:
         """Report the reward; retried safely (one idempotency key for all attempts)."""
-        data = self._client.request("POST", self._path("finish"), key=self.api_key,
-                                    json=self._finish_body(reward, metrics, agent_rewards))
+        return self._finish(self._finish_body(reward, metrics, agent_rewards))
+
+    def fail(self, reason: str | None = None, metrics: dict[str, float] | None = None) -> FinishResponse:
+        """Finish as failed (environment crash, tool error): recorded, never trained; the
+        server's `failed_group_policy` decides whether the rest of its group trains."""
+        body = {**self._finish_body(0.0, metrics, None), "status": "failed"}
+        return self._finish(body)
+
+    def _finish(self, body: dict) -> FinishResponse:
+        try:
+            data = self._client.request("POST", self._path("finish"), key=self.api_key, json=body)
+        except SwarmAPIError as exc:
+            self._gone(exc)
+            raise
         self.result = FinishResponse.model_validate(data)
         self.done = True
+        self._untrack()
         return self.result
 
     def abort(self, reason: str | None = None, release: bool = True) -> None:
         """Give the episode up; nothing of it is trained. `release=False`: do not retry its slot."""
-        self._client.request("POST", self._path("abort"), key=self.api_key,
-                             json={"reason": reason, "release": release})
+        try:
+            self._client.request("POST", self._path("abort"), key=self.api_key,
+                                 json={"reason": reason, "release": release})
+        except SwarmAPIError as exc:
+            self._gone(exc)
+            raise
         self.done = True
+        self._untrack()
 
     def heartbeat(self) -> float:
         data = self._client.request("POST", self._path("heartbeat"), key=self.api_key)
         return HeartbeatResponse.model_validate(data).lease_expires_at
 
     def _abort_quietly(self, reason: str, release: bool = True) -> None:
-        if self.done:
+        if self.done or self.lost:  # a lost episode is closed on the server already
+            self.done = True
+            self._untrack()
             return
         try:
             self.abort(reason, release=release)
         except SwarmError:
             self.done = True  # the server is gone or the episode already closed: nothing to undo
+            self._untrack()

@@ -16,16 +16,16 @@ workflow error; it stops when the server says it is stopping or is gone, when
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from swarm.client._client import (
     Episode, ServerStopping, SwarmAPIError, SwarmClient, SwarmError, SwarmUnavailable,
 )
+from swarm.client._cursor import JobCursor
 
 log = logging.getLogger("swarm.client")
 Workflow = Callable[[dict, Episode], "float | None"]
@@ -39,6 +39,7 @@ class FleetStats:
     failed: int = 0  # attempts whose workflow (or finish) raised
     aborted: int = 0  # episodes aborted (failures, and workflows that returned None unfinished)
     given_up: int = 0  # jobs dropped after max_attempts
+    lost: int = 0  # episodes lost on the server (lease moved on, server restarted): re-played
     jobs: int = 0  # jobs handed out
     rewards: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the latest few, for humans
@@ -56,23 +57,30 @@ class FleetStats:
         return self.finished + self.aborted
 
 
-def _jobs(dataset: Sequence[dict], n: int, epochs: int | None) -> Iterator[dict]:
-    rounds = itertools.count() if epochs is None else range(epochs)
-    for _ in rounds:
-        if not dataset:
-            return
-        for task in dataset:
-            for _ in range(n):
-                yield task
+#: A job whose episode is lost this many times in a row is given up (a lost episode is not a failure).
+MAX_LOST = 20
+
+
+def is_lost(exc: BaseException, ep: Episode) -> bool:
+    """The episode is gone on the server, or the server went away meanwhile: re-play the job."""
+    if ep.lost:
+        return True
+    status = getattr(exc, "status_code", None)
+    if status in (404, 409):  # SwarmAPIError, or the openai package's NotFound/Conflict
+        return True
+    name = type(exc).__name__  # the openai package's connection errors (not imported here)
+    return name in ("APIConnectionError", "APITimeoutError") or isinstance(exc, SwarmUnavailable)
 
 
 class _Fleet:
     def __init__(self, client: SwarmClient, workflow: Workflow, dataset: Sequence[dict], n: int,
                  epochs: int | None, stop: threading.Event, progress: Callable[[FleetStats], Any] | None,
-                 max_episodes: int | None, max_attempts: int, task_family: str) -> None:
+                 max_episodes: int | None, max_attempts: int, task_family: str,
+                 cursor: JobCursor | None = None) -> None:
         self.client = client
         self.workflow = workflow
-        self.jobs = _jobs(dataset, n, epochs)
+        self.dataset = dataset
+        self.cursor = cursor if cursor is not None else JobCursor(len(dataset), n, epochs)
         self.stop = stop
         self.progress = progress
         self.max_episodes = max_episodes
@@ -81,19 +89,20 @@ class _Fleet:
         self.stats = FleetStats()
         self.lock = threading.Lock()
 
-    def next_job(self) -> dict | None:
+    def next_job(self) -> tuple[int, dict] | None:
+        """(job number, task): numbered by the cursor, which a restarted client resumes."""
         with self.lock:
             if self.stop.is_set():
                 return None
             if self.max_episodes is not None and self.stats.jobs >= self.max_episodes:
                 self._stopped("max_episodes")
                 return None
-            job = next(self.jobs, None)
+            job = self.cursor.take()
             if job is None:
                 self._stopped("epochs")
                 return None
             self.stats.jobs += 1
-            return job
+            return job, self.dataset[self.cursor.task_index(job)]
 
     def _stopped(self, why: str) -> None:
         if self.stats.stopped_by is None:
@@ -114,9 +123,11 @@ class _Fleet:
             self.stats.errors = (self.stats.errors + [message])[-20:]
 
     def worker(self) -> None:
-        while (task := self.next_job()) is not None:
+        while (job := self.next_job()) is not None:
+            number, task = job
             try:
-                self.run_job(task)
+                if self.run_job(task):
+                    self.cursor.done(number)  # else it stays pending: a restarted client re-plays it
             except ServerStopping:
                 self._halt("server")
             except SwarmUnavailable as exc:
@@ -136,10 +147,13 @@ class _Fleet:
                 self.stats.stopped_by = why
         self.stop.set()
 
-    def run_job(self, task: dict) -> None:
+    def run_job(self, task: dict) -> bool:
+        """Play one job; True when it is done (finished, or given up after `max_attempts`)."""
         task_id = str(task["task_id"])
         family = str(task.get("task_family") or self.task_family)
-        for attempt in range(1, self.max_attempts + 1):
+        attempt = lost = 0
+        while attempt < self.max_attempts:
+            attempt += 1
             last = attempt == self.max_attempts
             with self.client.episode(task_id, family, {"attempt": attempt}, stop=self.stop) as ep:
                 with self.lock:
@@ -148,15 +162,24 @@ class _Fleet:
                     reward = self.workflow(task, ep)
                     if reward is not None and not ep.done:
                         ep.finish(float(reward))
-                except (ServerStopping, SwarmUnavailable):
+                except ServerStopping:
                     raise
                 except Exception as exc:
+                    if self.stop.is_set():  # shutting down: the job stays pending for a restart
+                        ep._abort_quietly("client stopping")
+                        return False
+                    if is_lost(exc, ep) and lost < MAX_LOST:
+                        lost += 1
+                        attempt -= 1  # not the workflow's fault: play it again, same attempt
+                        ep._abort_quietly(f"lost: {type(exc).__name__}"[:1000])
+                        self._note(lost=1)
+                        continue
+                    if isinstance(exc, SwarmUnavailable):
+                        raise
                     self._error(f"{task_id} attempt {attempt}: {type(exc).__name__}: {exc}"[:500])
                     reason = f"workflow failed: {type(exc).__name__}: {exc}"[:1000]
                     ep._abort_quietly(reason, release=not last)
                     self._note(failed=1, aborted=1, given_up=int(last))
-                    if self.stop.is_set():
-                        return
                     continue
                 if ep.result is not None:
                     with self.lock:
@@ -165,7 +188,8 @@ class _Fleet:
                 else:
                     ep._abort_quietly("workflow returned None without finishing the episode")
                     self._note(aborted=1)
-                return
+                return True
+        return True
 
 
 def run_fleet(
@@ -180,17 +204,23 @@ def run_fleet(
     max_episodes: int | None = None,
     max_attempts: int = 3,
     task_family: str = "default",
+    cursor: JobCursor | None = None,
 ) -> FleetStats:
     """Run `workflow(task, episode) -> reward | None` over `dataset`, each task `n` times.
 
     `epochs=None` loops over the dataset until something else stops the fleet.
-    Blocks until done; Ctrl-C sets `stop` and waits for running episodes to end.
+    Blocks until done; Ctrl-C (or SIGTERM under `swarm client`) sets `stop`, gives
+    the open episodes back (aborts them, so their slots reopen at once) and waits
+    for the threads. `cursor` numbers the jobs; a `JobCursor` with a state file
+    lets a restarted fleet re-play its unfinished jobs and continue after them.
+    Lost episodes (404/409: the lease moved on or the server restarted; or the
+    server unreachable mid-episode) are re-played without counting an attempt.
     """
     if n < 1 or concurrency < 1:
         raise ValueError("n and concurrency must be >= 1")
     stop = stop if stop is not None else threading.Event()
     fleet = _Fleet(client, workflow, dataset, n, epochs, stop, progress, max_episodes, max_attempts,
-                   task_family)
+                   task_family, cursor)
     threads = [threading.Thread(target=fleet.worker, name=f"fleet-{i}", daemon=True)
                for i in range(concurrency)]
     for t in threads:
@@ -201,6 +231,9 @@ def run_fleet(
                 t.join(0.2)
     except KeyboardInterrupt:
         fleet._halt("stop")
+        abort_open = getattr(client, "abort_open", None)
+        if abort_open is not None:
+            abort_open("client interrupted")  # the running workflows' next calls fail fast
         for t in threads:
             t.join()
     if stop.is_set():

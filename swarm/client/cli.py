@@ -13,8 +13,10 @@ Never imports torch.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import typer
@@ -82,18 +84,32 @@ def client_command(
                                help="passes over the dataset [default: until stopped]"),
     max_attempts: int = typer.Option(3, "--max-attempts", min=1, help="tries per job when a workflow fails"),
     retries: int = typer.Option(6, "--retries", min=0, help="retries of a request on connection errors"),
+    reconnect_s: float = typer.Option(120.0, "--reconnect-s", min=0.0,
+                                      help="once connected, keep reconnecting this long (server restarts)"),
+    state: Path = typer.Option(None, "--state", help="dataset cursor file, so a restart continues where it "
+                               "stopped [default: ROOST_HOME/client-state/<url+workflow+seed>.json]"),
+    fresh: bool = typer.Option(False, "--fresh", help="ignore (and overwrite) the saved cursor: start over"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ) -> None:
     """Run a workflow over a dataset against a swarm server, each task n times."""
     from rich.console import Console
 
     from swarm.client import SwarmClient, SwarmError
+    from swarm.client._cursor import JobCursor, default_state_path
 
     if not token:
         raise typer.BadParameter("a worker token is required (--token or ROOST_TOKEN)", param_hint="--token")
     flow, items, family = _resolve(task, workflow, dataset, seed, dataset_size)
     console = Console(stderr=True)
-    with SwarmClient(url, token, max_retries=retries) as client:
+    state = state or default_state_path(url, workflow or f"task:{task}", seed, dataset or task)
+    if fresh:
+        state.unlink(missing_ok=True)
+    cursor = JobCursor(len(items), n, epochs, state, meta={"url": url, "workflow": workflow or task, "seed": seed})
+    if cursor.next or cursor.replay:
+        console.print(f"resuming at job {cursor.next} ({len(cursor.replay)} unfinished job(s) re-played first); "
+                      f"cursor {state}")
+    with _terminate_as_interrupt(), SwarmClient(url, token, max_retries=retries, max_backoff_s=5.0,
+                                                reconnect_s=reconnect_s or None) as client:
         try:
             status = client.status()  # fail fast on a wrong URL or token
         except SwarmError as exc:
@@ -106,13 +122,31 @@ def client_command(
         with _progress(console, total, quiet) as progress:
             stats = run_fleet(client, flow, items, n=n, concurrency=concurrency, epochs=epochs,
                               progress=progress, max_episodes=max_episodes, max_attempts=max_attempts,
-                              task_family=family)
+                              task_family=family, cursor=cursor)
     console.print(f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "
+                  f"{stats.lost} lost and re-played, "
                   f"reward mean {stats.reward_mean:.3f}, {stats.elapsed:.1f}s, stopped by {stats.stopped_by}")
     for err in stats.errors[-3:]:
         console.print(f"  [red]error[/red] {err}")
     if stats.stopped_by in ("unreachable", "unauthorized"):
         raise typer.Exit(1)
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C: the fleet stops and gives its open episodes back."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (embedded): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @contextmanager

@@ -22,6 +22,8 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI
 
 from swarm.engine.base import Engine
+from swarm.server.access import ServerErrorCounter
+from swarm.server.admin_routes import router as admin_router
 from swarm.server.config import ServerConfig
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
 from swarm.server.openai_routes import router as openai_router
@@ -49,7 +51,10 @@ def create_app(config: ServerConfig, engine: Engine) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        swarm.leases.start()  # the lease sweeper
+        swarm.trainer.kick()  # complete groups replayed from the durable buffer train at once
         yield
+        await swarm.leases.stop()
         await swarm.trainer.wait()  # never exit halfway through a step
         if swarm.config.checkpoint_on_stop and swarm.trainer.step > swarm.checkpointed_step:
             await swarm.checkpoint()  # Ctrl-C keeps the steps since the last checkpoint
@@ -60,7 +65,9 @@ def create_app(config: ServerConfig, engine: Engine) -> FastAPI:
     app.state.swarm = swarm
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=swarm.config.max_body_bytes)
+    app.add_middleware(ServerErrorCounter, counters=swarm.counters)  # http_5xx in status, and logged
     app.include_router(swarm_router)
+    app.include_router(admin_router)
     app.include_router(openai_router)
 
     @app.get("/health", tags=["swarm"])
@@ -93,8 +100,9 @@ def serve(config: ServerConfig, engine: Engine | None = None,
     """
     import uvicorn
 
-    given = {"token": config.token, "admin_token": config.admin_token}
-    config = config.with_secrets()
+    from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
+
+    config, source = ensure_secrets(config)  # env, out_dir/secrets.json, or generated (and saved)
     sock = _bind(config.host, config.port)
     port = sock.getsockname()[1]
     url = f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
@@ -114,8 +122,11 @@ def serve(config: ServerConfig, engine: Engine | None = None,
         {"url": url, "pid": os.getpid(), "model": swarm.model_name}, indent=2))
     announce(f"Roost swarm server on {url} (model {swarm.model_name}, policy version "
              f"{engine.policy_version}, step {swarm.trainer.step})")
-    announce(f"  worker token: {'(as given)' if given['token'] else config.token}")
-    announce(f"  admin token:  {'(as given)' if given['admin_token'] else config.admin_token}")
+    shown = {"config": "(as given)", "env": "(from the environment)"}
+    announce(f"  worker token: {shown.get(source['token'], config.token)}")
+    announce(f"  admin token:  {shown.get(source['admin_token'], config.admin_token)}")
+    if "generated" in source.values():
+        announce(f"  generated secrets saved to {config.out_dir / SECRETS_FILE} (mode 0600; reused on restart)")
     announce(f"  out dir:      {config.out_dir}")
     try:
         server.run(sockets=[sock])

@@ -3,6 +3,7 @@
     swarm serve                                   # embedded model, 127.0.0.1:8000, token printed
     swarm serve --model ./my-hf-model --port 0 --group-size 8 --batch-groups 4 --max-steps 100
     ROOST_TOKEN=secret swarm serve --out runs/exp1 --checkpoint-every 5 --advantage rloo
+    swarm serve --config server.yaml --quota math=0.5 --quota code=0.5   # file + flags on top
 
 Registered by `swarm/cli.py` as `app.command("serve")(serve_command)`. The server
 resumes from `OUT/checkpoints/latest` when present; `--max-steps` exits 0 after
@@ -15,10 +16,14 @@ import dataclasses
 import logging
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from swarm.engine.base import TrainConfig
+
+if TYPE_CHECKING:
+    from swarm.server.config import ServerConfig
 
 
 class EngineName(str, Enum):
@@ -38,6 +43,7 @@ class Advantage(str, Enum):
 
 
 def serve_command(
+    ctx: typer.Context,
     model: Path = typer.Option(None, "--model", help="Hugging Face model dir [default: the embedded model]"),
     engine: EngineName = typer.Option(EngineName.torch, "--engine", help="generation/training engine"),
     host: str = typer.Option("127.0.0.1", "--host", help="bind address (loopback unless told)"),
@@ -70,6 +76,14 @@ def serve_command(
     mlflow_experiment: str = typer.Option("swarm", "--mlflow-experiment", help="MLflow experiment"),
     mlflow_run_name: str = typer.Option(None, "--mlflow-run-name", help="MLflow run name [default: out dir name]"),
     mlflow_parent: str = typer.Option(None, "--mlflow-parent", help="parent MLflow run id (nest under a study)"),
+    config_file: Path = typer.Option(None, "--config", help="YAML/JSON file of ServerConfig fields; flags given "
+                                     "on the command line (or by envvar) override it"),
+    quota: list[str] = typer.Option(None, "--quota", help="FAMILY=SHARE of each batch's groups, repeatable "
+                                    "(e.g. --quota math=0.4 --quota code=0.6); other families share the rest"),
+    secret: str = typer.Option(None, "--secret", envvar="ROOST_SECRET", show_default=False,
+                               help="HMAC secret of episode keys; generated and kept in OUT/secrets.json"),
+    default_temperature: float = typer.Option(1.0, "--default-temperature", min=0.0, max=2.0,
+                                              help="temperature of calls that name none"),
 ) -> None:
     """Serve a trainable model: OpenAI-compatible endpoints plus the episode API."""
     from swarm.paths import data_dir, default_model_dir
@@ -87,7 +101,29 @@ def serve_command(
         continuity=continuity.value, mlflow=mlflow, mlflow_experiment=mlflow_experiment,
         mlflow_run_name=mlflow_run_name, mlflow_parent_run_id=mlflow_parent,
     )
-    if not (Path(config.model_dir) / "config.json").exists() and engine is EngineName.torch:
+    config = _with_file_and_quotas(ctx, config, config_file, quota, secret, default_temperature)
+    if not (Path(config.model_dir) / "config.json").exists() and config.engine == "torch":
         typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)
         raise typer.Exit(2)
     raise typer.Exit(serve(config))
+
+
+def _with_file_and_quotas(ctx: typer.Context, config: ServerConfig, config_file: Path | None,
+                          quota: list[str] | None, secret: str | None, default_temperature: float) -> ServerConfig:
+    """The flags' config, on top of `--config FILE` when given (only explicit flags override it)."""
+    from swarm.server.bootstrap import load_config_file, merge, parse_quotas
+
+    try:
+        quotas = parse_quotas(quota) if quota else None
+        config = config.model_copy(update={"secret": secret, "default_temperature": default_temperature})
+        if quotas is not None:
+            config = type(config).model_validate({**config.model_dump(), "quotas": quotas,
+                                                  "quota_schedule": None})
+        if config_file is None:
+            return config
+        # by name: typer may vendor its own click, with its own ParameterSource enum
+        explicit = {name for name in ctx.params
+                    if getattr(ctx.get_parameter_source(name), "name", "") in ("COMMANDLINE", "ENVIRONMENT")}
+        return merge(load_config_file(config_file), config, explicit)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise typer.BadParameter(str(exc), param_hint="--config / --quota") from None

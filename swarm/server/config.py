@@ -11,9 +11,10 @@ import secrets
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from swarm.engine.base import TrainConfig
+from swarm.server.quotas import QuotaPhase, check_quotas, check_schedule
 
 
 def _default_model_dir() -> Path:
@@ -63,6 +64,13 @@ class ServerConfig(BaseModel):
         "exact", description="exact: reuse generated ids in later prompts; retokenize: render afresh")
     temperature: float | None = Field(None, ge=0.0, le=2.0,
                                       description="force this sampling temperature on every call")
+    default_temperature: float = Field(1.0, ge=0.0, le=2.0,
+                                       description="sampling temperature of a call that names none")
+    quotas: dict[str, float] | None = Field(
+        None, description="share of the B groups of a batch per task family, e.g. {math: 0.4, code: 0.6}; "
+                          "unnamed families share `other` (see swarm/server/quotas.py)")
+    quota_schedule: list[QuotaPhase] | None = Field(
+        None, description="quotas over steps: [{from_step: 0, quotas: {...}}, {from_step: 50, ...}]")
     log_rollouts: bool = Field(True, description="append finished episodes to out_dir/rollouts.jsonl")
     mlflow: bool = Field(False, description="also log params, per-step metrics and checkpoints to MLflow")
     mlflow_experiment: str = Field("swarm", description="MLflow experiment name")
@@ -76,6 +84,34 @@ class ServerConfig(BaseModel):
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429s")
     stop_grace_s: float = Field(1.0, ge=0, description="answer 503 'stopping' this long before exit")
     closed_episodes_kept: int = Field(100_000, ge=1, description="finished ids kept for idempotency")
+    # robustness (leases.py, recovery.py): what survives dead clients, hung engines and kill -9
+    group_stall_s: float | None = Field(
+        300.0, gt=0, description="a group whose free slots nobody claims for this long completes smaller "
+                                 "(a vanished client cannot hold a window forever); None: wait forever")
+    durable_buffer: bool = Field(True, description="persist each finished episode (out_dir/buffer.sqlite, "
+                                                   "WAL, synchronous=FULL) before acknowledging it")
+    max_staleness: int = Field(1, ge=0, description="after a restart, buffered episodes more than this many "
+                                                    "policy versions away are dropped (dropped_stale)")
+    failed_group_policy: Literal["drop", "keep"] = Field(
+        "drop", description="a group with a failed episode: drop it, or keep training the rest (>= 2 left)")
+    generate_timeout_s: float | None = Field(300.0, gt=0, description="an engine call running longer gets "
+                                                                      "a 504 JSON error; None: no limit")
+
+    @field_validator("quotas")
+    @classmethod
+    def _quotas(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        return None if value is None else check_quotas(value)
+
+    @field_validator("quota_schedule")
+    @classmethod
+    def _schedule(cls, value: list[QuotaPhase] | None) -> list[QuotaPhase] | None:
+        return None if value is None else check_schedule(value)
+
+    @model_validator(mode="after")
+    def _one_quota_source(self) -> ServerConfig:
+        if self.quotas is not None and self.quota_schedule is not None:
+            raise ValueError("give quotas or quota_schedule, not both")
+        return self
 
     def with_secrets(self) -> ServerConfig:
         """A copy with every missing token/secret generated (printed once by `serve`)."""

@@ -18,11 +18,11 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from swarm.server.errors import ApiError
 
-State = Literal["open", "finished", "aborted"]
+State = Literal["open", "finished", "aborted", "expired"]  # expired: lease lapsed (leases.py)
 
 
 @dataclass
@@ -99,17 +99,23 @@ class EpisodeRegistry:
         self.open: dict[str, Episode] = {}
         self.closed: OrderedDict[str, Episode] = OrderedDict()
         self._by_claim_key: dict[str, str] = {}
+        # episodes closed before a restart, looked up in the durable buffer (recovery.py)
+        self.fallback: Callable[[str], Episode | None] | None = None
 
     @staticmethod
     def new_id() -> str:
         return uuid.uuid4().hex
 
     def create(self, episode_id: str, task_id: str, task_family: str, group_id: str,
-               metadata: dict[str, Any], policy_version: int, claim_key: str | None = None) -> Episode:
+               metadata: dict[str, Any], policy_version: int, claim_key: str | None = None,
+               epoch: int = 1) -> Episode:
+        """A new open episode; `epoch` > 1 hands over an expired one (same id, its old key fenced)."""
         now = time.time()
         ep = Episode(id=episode_id, task_id=task_id, task_family=task_family,
                      group_id=group_id, metadata=dict(metadata), policy_version=policy_version,
-                     created_at=now, lease_expires_at=now + self.lease_seconds, claim_key=claim_key)
+                     created_at=now, lease_expires_at=now + self.lease_seconds, claim_key=claim_key,
+                     epoch=epoch)
+        self.closed.pop(ep.id, None)
         self.open[ep.id] = ep
         if claim_key:
             self._by_claim_key[claim_key] = ep.id
@@ -127,6 +133,10 @@ class EpisodeRegistry:
 
     def get(self, episode_id: str) -> Episode:
         ep = self.open.get(episode_id) or self.closed.get(episode_id)
+        if ep is None and self.fallback is not None:
+            ep = self.fallback(episode_id)
+            if ep is not None:
+                self.closed[ep.id] = ep
         if ep is None:
             raise ApiError(404, f"unknown episode {episode_id}", "episode_not_found")
         return ep

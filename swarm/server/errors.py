@@ -28,18 +28,21 @@ class ApiError(Exception):
     """Raised anywhere in a request; rendered as the JSON error shape."""
 
     def __init__(self, status: int, message: str, code: str | None = None,
-                 headers: dict[str, str] | None = None, type: str | None = None) -> None:
+                 headers: dict[str, str] | None = None, type: str | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.headers = headers or {}
+        self.details = details  # extra machine-readable fields of the error (e.g. quota numbers)
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
-def error_body(status: int, message: str, code: str | None = None, type: str | None = None) -> dict:
+def error_body(status: int, message: str, code: str | None = None, type: str | None = None,
+               details: dict[str, Any] | None = None) -> dict:
     kind = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "code": code}}
+    return {"error": {**(details or {}), "message": message, "type": kind, "code": code}}
 
 
 def _headers(status: int, headers: dict[str, str] | None) -> dict[str, str]:
@@ -67,7 +70,7 @@ def _describe(errors: list[dict[str, Any]]) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.status, exc.message, exc.code, exc.type),
+        return JSONResponse(error_body(exc.status, exc.message, exc.code, exc.type, exc.details),
                             status_code=exc.status, headers=_headers(exc.status, exc.headers))
 
     @app.exception_handler(RequestValidationError)

@@ -11,12 +11,13 @@ version that generated the answer.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
@@ -31,6 +32,7 @@ from swarm.server.state import Swarm
 
 log = logging.getLogger("swarm.server")
 router = APIRouter(prefix="/v1", tags=["openai"])
+T = TypeVar("T")
 
 
 def bearer(authorization: str | None) -> str:
@@ -53,6 +55,7 @@ def open_episode(request: Request, authorization: str | None = Header(None)) -> 
     swarm.registry.require_open(ep)
     if swarm.stopping:
         raise ApiError(503, "the server is stopping", "stopping")
+    swarm.leases.touch(ep)  # an episode's own call renews its lease
     return ep
 
 
@@ -67,7 +70,7 @@ def _params(swarm: Swarm, body: _Sampling, prompt_len: int, wanted: int | None) 
             raise ApiError(400, f"prompt of {prompt_len} tokens leaves no room in the model's "
                                 f"{swarm.context_length}-token context", "context_length_exceeded")
         max_new = min(max_new, room)
-    temperature = 1.0 if body.temperature is None else body.temperature
+    temperature = cfg.default_temperature if body.temperature is None else body.temperature
     return SamplingParams(
         max_tokens=max_new,
         temperature=temperature if cfg.temperature is None else cfg.temperature,
@@ -100,10 +103,30 @@ class Call:
         return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
 
 
+def _deadline(swarm: Swarm) -> float | None:
+    limit = swarm.config.generate_timeout_s
+    return None if limit is None else asyncio.get_running_loop().time() + limit
+
+
+async def _timed(swarm: Swarm, aw: Awaitable[T], deadline: float | None) -> T:
+    """`aw`, or a 504 JSON error once `generate_timeout_s` has passed: a hung engine call is
+    cancelled and answered, never left holding the request (or the gate) forever."""
+    if deadline is None:
+        return await aw
+    try:
+        return await asyncio.wait_for(aw, max(0.0, deadline - asyncio.get_running_loop().time()))
+    except TimeoutError:
+        swarm.counters["generate_timeouts"] += 1
+        log.warning("generation exceeded generate_timeout_s=%s; cancelled", swarm.config.generate_timeout_s)
+        raise ApiError(504, f"generation took longer than {swarm.config.generate_timeout_s}s and was cancelled",
+                       "generate_timeout", headers={"x-should-retry": "false"}) from None
+
+
 async def _generate(call: Call) -> tuple[OutputText, str, int]:
     out = OutputText(call.swarm.renderer, call.params.stop)
     async with call.swarm.gate.generating():
-        completion = await call.swarm.engine.generate(GenerateRequest(call.prompt_ids, call.params))
+        completion = await _timed(call.swarm, call.swarm.engine.generate(
+            GenerateRequest(call.prompt_ids, call.params)), _deadline(call.swarm))
     out.add(completion.token_ids, completion.logprobs)
     out.finish()
     reason = "stop" if out.stopped else completion.finish_reason
@@ -126,8 +149,13 @@ async def _stream(call: Call, chunk: Callable[[str, list[int], list[float], str 
         async with call.swarm.gate.generating():
             version = call.swarm.engine.policy_version
             agen = call.swarm.engine.stream(GenerateRequest(call.prompt_ids, call.params))
+            deadline = _deadline(call.swarm)
             try:
-                async for c in agen:
+                while True:
+                    try:
+                        c = await _timed(call.swarm, agen.__anext__(), deadline)
+                    except StopAsyncIteration:
+                        break
                     text, ids, lps = out.add(c.token_ids, c.logprobs)
                     if text or (ids and call.want_ids):
                         yield _sse(chunk(text, ids, lps, None))
@@ -138,6 +166,10 @@ async def _stream(call: Call, chunk: Callable[[str, list[int], list[float], str 
                 aclose = getattr(agen, "aclose", None)
                 if aclose is not None:
                     await aclose()
+    except ApiError as exc:  # a generation timeout after the headers went out: in-band too
+        yield _sse(error_body(exc.status, exc.message, exc.code))
+        yield _sse("[DONE]")
+        return
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
         log.exception("stream failed")
         yield _sse(error_body(500, f"generation failed: {type(exc).__name__}", "engine_error"))

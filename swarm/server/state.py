@@ -29,8 +29,11 @@ from swarm.protocol import (
 from swarm.server.batcher import Batcher, FinishedEpisode, Rejected
 from swarm.server.checkpoint import Checkpointer
 from swarm.server.config import ServerConfig
+from swarm.server.control import LiveControl
 from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner, RecordedCall, same_secret
 from swarm.server.errors import ApiError
+from swarm.server.leases import LeaseKeeper
+from swarm.server.recovery import Durability
 from swarm.server.render import ChatRenderer
 from swarm.server.tracking import MlflowSink, TeeLog
 from swarm.server.trainer import GenerationGate, MetricsLog, Trainer
@@ -82,8 +85,13 @@ class Swarm:
                                        config.mlflow_run_name or self.out_dir.name, params,
                                        parent_run_id=config.mlflow_parent_run_id)
             metrics = TeeLog(metrics, self.tracking)
+        self.leases = LeaseKeeper(self)  # lease expiry, hand-over, stalled groups (a sweeper task)
+        self.durability = Durability(self)  # finished episodes on disk before the ack; replay on restart
+        self.registry.fallback = self.durability.closed_episode
         self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics, self._after_step,
-                               on_reopen=self.wake_claims)
+                               on_reopen=self._reopened, on_batch=self.durability.on_batch,
+                               on_outcome=self.durability.on_outcome)
+        self.control = LiveControl(self)  # live config, pause/resume, per-family quotas
         self._admission = asyncio.Event()
         self.last_checkpoint: str | None = None
         self.checkpointed_step = 0
@@ -92,6 +100,7 @@ class Swarm:
         self._stop_task: asyncio.Task | None = None
         if config.resume:
             self.resume()
+        self.durability.recover(resumed=config.resume)
 
     # -- auth -----------------------------------------------------------------
     def check_worker(self, token: str) -> None:
@@ -133,11 +142,17 @@ class Swarm:
                     self.counters["claims_rejected"] += 1
                     # after a long poll, come straight back; otherwise give the window a moment
                     retry = 0 if req.wait_s > 0 else max(1, round(self.config.retry_after_s))
-                    raise ApiError(429, r.message, r.code, headers={"Retry-After": str(retry)}) from None
+                    raise ApiError(429, r.message, r.code, headers={"Retry-After": str(retry)},
+                                   details=getattr(r, "details", None)) from None
             try:
                 await asyncio.wait_for(changed.wait(), left)
             except TimeoutError:
                 pass
+
+    def _reopened(self) -> None:
+        """A new window: restored groups waiting for room go in first, then claims wake."""
+        self.durability.refill()
+        self.wake_claims()
 
     def wake_claims(self) -> None:
         """The window changed (new version, freed slot, stopping): long-polling claims retry."""
@@ -148,15 +163,24 @@ class Swarm:
         self._refuse_if_stopping()
         ep = self.registry.by_claim_key(req.claim_key)
         if ep is None:
-            episode_id = self.registry.new_id()
-            group = self.batcher.admit(req.task_id, episode_id)  # raises Rejected
+            reuse = self.leases.take(req.task_id)  # an expired episode of this task is handed over
+            episode_id = reuse.id if reuse is not None else self.registry.new_id()
+            try:
+                self.control.before_admit(req)  # paused, over quota: raises Rejected
+                group = self.batcher.admit(req.task_id, episode_id)  # raises Rejected
+            except Rejected:
+                self.leases.put_back(reuse)
+                raise
+            self.control.admitted(req, group)
             ep = self.registry.create(episode_id, req.task_id, req.task_family, group.group_id,
-                                      req.metadata, self.engine.policy_version, req.claim_key)
+                                      req.metadata, self.engine.policy_version, req.claim_key,
+                                      epoch=reuse.epoch if reuse is not None else 1)
             self.counters["claims"] += 1
         return ClaimResponse(
             episode_id=ep.id, base_url=base_url, api_key=self.registry.key_for(ep),
             lease_expires_at=ep.lease_expires_at, policy_version=ep.policy_version,
-            model=self.model_name, group_id=ep.group_id, task_id=ep.task_id)
+            model=self.model_name, group_id=ep.group_id, task_id=ep.task_id,
+            lease_seconds=self.config.lease_seconds)
 
     def record(self, ep: Episode, call: RecordedCall) -> None:
         """Keep a finished LLM call; a call that ends after its episode closed is dropped."""
@@ -164,6 +188,7 @@ class Swarm:
             self.counters["calls_dropped"] += 1
             return
         ep.calls.append(call)
+        self.leases.touch(ep)
         self.counters["calls"] += 1
         self.counters["prompt_tokens"] += len(call.prompt_ids)
         self.counters["completion_tokens"] += len(call.completion_ids)
@@ -175,20 +200,28 @@ class Swarm:
         self.registry.require_open(ep)
         from swarm.timeline import Call, episode_samples  # the lead's merge; imported late on purpose
 
+        failed = req.status == "failed"  # an environment or tool crash: on record, never trained
         calls = [Call(c.agent, c.prompt_ids, c.completion_ids, c.logprobs, c.policy_version)
                  for c in ep.calls]
-        samples = episode_samples(calls, ep.id, ep.group_id, req.reward, agent_rewards=req.agent_rewards,
-                                  merge_enabled=self.config.merge,
-                                  per_episode_norm=self.config.per_episode_norm)
-        if self.config.log_rollouts:
-            self._log_rollout(ep, req)
+        samples = [] if failed else episode_samples(
+            calls, ep.id, ep.group_id, req.reward, agent_rewards=req.agent_rewards,
+            merge_enabled=self.config.merge, per_episode_norm=self.config.per_episode_norm)
         generating = [c for c in calls if c.completion_ids]
-        self.batcher.finish(ep.group_id, FinishedEpisode(
+        finished = FinishedEpisode(
             ep.id, req.reward, samples, dict(req.metrics), calls=len(generating),
-            tokens_unmerged=sum(len(c.prompt_ids) + len(c.completion_ids) for c in generating), drift=ep.drift))
+            tokens_unmerged=sum(len(c.prompt_ids) + len(c.completion_ids) for c in generating), drift=ep.drift)
         response = FinishResponse(
             episode_id=ep.id, reward=req.reward, samples=len(samples), calls=len(calls),
             group_id=ep.group_id, policy_version=self.engine.policy_version, step=self.trainer.step)
+        self.durability.persist(ep, req, finished, response)  # on disk before the ack (else 503)
+        if self.config.log_rollouts:
+            self._log_rollout(ep, req)
+        if failed:  # the slot is resolved without data; failed_group_policy decides the group at take
+            self.batcher.release(ep.group_id, ep.id, drop=True)
+            self.durability.failed[ep.group_id] += 1
+            self.counters["finished_failed"] += 1
+        else:
+            self.batcher.finish(ep.group_id, finished)
         ep.reward = req.reward
         ep.finish_key = req.idempotency_key
         ep.finish_response = response.model_dump()
@@ -234,8 +267,10 @@ class Swarm:
             group_size=self.config.group_size, batch_groups=self.config.batch_groups,
             training=self.batcher.training, stopping=self.stopping,
             open_episodes=len(self.registry.open), buffered_groups=self.batcher.complete_groups(),
-            groups=groups, counters={**self.counters, "train_errors": self.trainer.errors},
-            last_checkpoint=self.last_checkpoint, max_steps=self.config.max_steps)
+            groups=groups, counters={**self.counters, **self.durability.counts(),
+                                     "train_errors": self.trainer.errors},
+            last_checkpoint=self.last_checkpoint, max_steps=self.config.max_steps,
+            **self.control.status_fields())
 
     # -- steps, checkpoints, stopping -----------------------------------------
     async def _after_step(self, step: int) -> dict[str, float]:

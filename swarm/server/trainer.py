@@ -87,6 +87,8 @@ class Trainer:
         on_step: Callable[[int], Awaitable[dict[str, float]]],
         step: int = 0,
         on_reopen: Callable[[], None] | None = None,
+        on_batch: Callable[[Batch], Batch] | None = None,
+        on_outcome: Callable[[Batch, int | None], None] | None = None,
     ) -> None:
         self.engine = engine
         self.batcher = batcher
@@ -95,6 +97,8 @@ class Trainer:
         self.metrics = metrics
         self.on_step = on_step
         self.on_reopen = on_reopen
+        self.on_batch = on_batch  # a taken batch before it trains (failed-group policy)
+        self.on_outcome = on_outcome  # (batch, step) once trained, (batch, None) if skipped or failed
         self.step = step
         self.errors = 0
         self.last_error: str | None = None
@@ -108,15 +112,26 @@ class Trainer:
     def kick(self) -> None:
         """Start a step if a batch is ready and none runs (called after every finish)."""
         if not self.running and self.batcher.ready():
-            self._task = asyncio.get_running_loop().create_task(self._run(self.batcher.take()))
+            batch = self.batcher.take()
+            if self.on_batch is not None:
+                batch = self.on_batch(batch)
+            self._task = asyncio.get_running_loop().create_task(self._run(batch))
 
     async def wait(self) -> None:
         """Until the running step (if any) is done."""
         if self._task is not None:
             await asyncio.shield(self._task)
 
+    def _outcome(self, batch: Batch, step: int | None) -> None:
+        if self.on_outcome is not None:
+            try:
+                self.on_outcome(batch, step)
+            except Exception:
+                log.exception("on_outcome hook failed")
+
     async def _run(self, batch: Batch) -> None:
         started = time.monotonic()
+        batch_trained = False
         try:
             async with self.gate.exclusive():
                 gated = time.monotonic()
@@ -124,11 +139,14 @@ class Trainer:
                 if not samples:
                     log.warning("window %d has no samples (all episodes empty or dropped); skipped",
                                 batch.window)
+                    self._outcome(batch, None)
                     return
                 metrics = await asyncio.to_thread(
                     self.engine.train_step, TrainBatch(samples=samples, config=self.config))
                 trained = time.monotonic()
                 self.step += 1
+                self._outcome(batch, self.step)
+                batch_trained = True
                 extra = await self.on_step(self.step)
                 record = {
                     "step": self.step,
@@ -150,6 +168,8 @@ class Trainer:
         except Exception as exc:  # a failed step must not take the server down
             self.errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
+            if not batch_trained:
+                self._outcome(batch, None)
             log.exception("training step failed; the batch of window %d is dropped", batch.window)
         finally:
             self.batcher.reopen()

@@ -61,6 +61,7 @@ def list_tasks() -> list[str]:
 def _load_builtins() -> None:
     # Imported lazily so `base` has no import cycle with the task modules.
     from swarm.tasks import arith, guess  # noqa: F401
+    from swarm.tasks import duet  # noqa: F401
 
 
 def completion_text(response: Any) -> str:

@@ -116,3 +116,56 @@ def test_daemon_tick_drives_a_background_study(fake_program):
         time.sleep(0.2)
     assert rows(Study, id=sid)[0].status == "COMPLETED"
     assert tick() == {}  # nothing active any more
+
+
+@pytest.mark.parametrize("budget, why", [
+    (Budget(wall_clock_s=0.001), "wall-clock budget"),
+    (Budget(deadline="2000-01-01T00:00:00Z"), "deadline"),
+])
+def test_spent_budgets_launch_nothing(fake_program, budget, why):
+    sid = create_study(config(fake_program, budget=budget))
+    assert drive(sid, poll_s=0.2).state == "done"
+    assert rows(Job) == [] and {t.status for t in rows(Trial)} == {"CANCELLED"}
+    report = rows(Study, id=sid)[0].report
+    assert f"Stopped early:** {why}" in report and "not enough completed trials" in report
+
+
+def test_cpu_budget_uses_measured_trial_cost(fake_program, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_SLEEP", "1")
+    sid = create_study(config(fake_program, budget=Budget(cpu_hours=2.5 / 3600)))  # 2.5 CPU-seconds
+    assert drive(sid, poll_s=0.2).state == "done"
+    launched = len(rows(Job))
+    assert 2 <= launched < 6  # the first wave runs, then the projected cost stops launches
+    assert "CPU budget" in rows(Study, id=sid)[0].report
+
+
+def test_parse_duration():
+    from researcher.config import parse_duration
+
+    assert parse_duration("90") == 90 and parse_duration("45m") == 2700
+    assert parse_duration("1h30m") == 5400 and parse_duration("2d") == 172800
+    assert parse_duration(None) is None
+    with pytest.raises(ValueError):
+        parse_duration("soon")
+
+
+def test_a_trial_programs_own_mlflow_run_is_adopted_as_the_child_run():
+    from researcher import tracking
+    from store.tracking import RunLogger, get_client
+
+    parent = tracking.start_study_run(99, "x-abcdef", {"topic": "t"})
+    exp = get_client().get_run(parent).info.experiment_id
+    own = RunLogger.start(tracking.experiment_name(99, "x-abcdef"), "server", parent_run_id=parent,
+                          flush_interval_s=0)
+    own.log_metrics(0, {"reward_mean": 0.5})
+    own.flush()
+    summary = {"steps": [{"step": 0, "reward_mean": 0.5}]}
+    run_id = tracking.log_trial(parent, 7, "lr=0", 0, {}, summary, {"final_reward": 0.5}, own_run_id=own.run_id)
+    assert run_id == own.run_id
+    again = tracking.log_trial(parent, 7, "lr=0", 0, {}, summary, {"final_reward": 0.5})
+    assert again == own.run_id  # found by its tag: no second run
+    client = get_client()
+    run = client.get_run(run_id)
+    assert run.info.experiment_id == exp and run.data.tags["roost.trial_id"] == "7"
+    assert len(client.get_metric_history(run_id, "reward_mean")) == 1  # not copied twice
+    assert run.data.metrics["trial/final_reward"] == 0.5

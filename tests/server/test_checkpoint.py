@@ -52,7 +52,10 @@ def test_checkpointer_layout_and_fallback(model_dir: Path, tmp_path: Path) -> No
 @pytest.mark.parametrize("on_stop", [False, True])
 def test_restart_resumes_policy_version(make_server, tmp_path: Path, on_stop: bool) -> None:
     out = tmp_path / "run"
-    kw = dict(out_dir=out, group_size=1, batch_groups=1, checkpoint_every=2, checkpoint_on_stop=on_stop)
+    # durable_buffer off: with it, the episode of the lost step 3 is replayed and trained again at
+    # once (tests/server/test_durability.py covers that); here only the checkpoint resume is checked
+    kw = dict(out_dir=out, group_size=1, batch_groups=1, checkpoint_every=2, checkpoint_on_stop=on_stop,
+              durable_buffer=False)
     srv = make_server(**kw)
     client = SwarmClient(srv.url, srv.token)
     for i in range(3):

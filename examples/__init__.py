@@ -1,0 +1,1 @@
+"""Copy-able agent workflows (`swarm client --workflow examples.arith_openai:workflow`)."""

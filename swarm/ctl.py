@@ -1,0 +1,137 @@
+"""`swarm ctl`: operate a running swarm server (admin token).
+
+    swarm ctl --url http://127.0.0.1:8000 --admin-token T get
+    swarm ctl set lr=1e-4 temperature=0.8 batch_groups=8
+    swarm ctl set quota.math=0.5 quota.code=0.5        # replaces the quotas; `quotas=null` clears them
+    swarm ctl set 'quota_schedule=[{"from_step": 0, "quotas": {"math": 1}}]'
+    swarm ctl pause | resume | checkpoint | stop | status
+
+`--url` and `--admin-token` default to ROOST_URL and ROOST_ADMIN_TOKEN. Values
+are parsed as JSON when they parse (numbers, null, lists, objects), else taken
+as strings; the server validates them (400 with the reason otherwise). What
+each setting does and when it takes effect: `swarm/server/control.py`.
+Imports no torch: runs anywhere the client SDK runs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+app = typer.Typer(help="Operate a running swarm server: live config, pause/resume, checkpoint, stop.",
+                  no_args_is_help=True, add_completion=False)
+
+ALIASES = {"kl": "kl_coef", "temp": "temperature", "B": "batch_groups", "batch-groups": "batch_groups"}
+
+
+class _Ctx:
+    def __init__(self, url: str, token: str, timeout: float) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def call(self, method: str, path: str, body: Any = None) -> dict:
+        import httpx
+
+        try:
+            r = httpx.request(method, f"{self.url}/swarm/v1{path}", json=body, timeout=self.timeout,
+                              headers={"Authorization": f"Bearer {self.token}"})
+        except httpx.HTTPError as exc:
+            typer.echo(f"cannot reach {self.url}: {exc}", err=True)
+            raise typer.Exit(1) from None
+        try:
+            data = r.json()
+        except ValueError:
+            data = {"raw": r.text[:2000]}
+        if r.status_code >= 400:
+            err = data.get("error", {}) if isinstance(data, dict) else {}
+            typer.echo(f"{r.status_code} {err.get('code') or ''}: {err.get('message') or data}", err=True)
+            raise typer.Exit(2 if r.status_code in (400, 401, 403) else 1)
+        return data
+
+
+def _echo(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """`["lr=1e-4", "quota.math=0.5"]` -> {"lr": 0.0001, "quotas": {"math": 0.5}}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise typer.BadParameter(f"expected KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        if key.startswith("quota.") or key.startswith("quotas."):
+            family = key.split(".", 1)[1]
+            if not family:
+                raise typer.BadParameter(f"expected quota.FAMILY=SHARE, got {item!r}")
+            quotas = out.setdefault("quotas", {})
+            if not isinstance(quotas, dict):
+                raise typer.BadParameter("give quotas=... or quota.FAMILY=..., not both")
+            quotas[family] = value
+            continue
+        out[ALIASES.get(key, key)] = value
+    return out
+
+
+@app.callback()
+def main(ctx: typer.Context,
+         url: str = typer.Option("http://127.0.0.1:8000", "--url", envvar="ROOST_URL", help="swarm server URL"),
+         admin_token: str = typer.Option(None, "--admin-token", envvar="ROOST_ADMIN_TOKEN",
+                                         help="the server's admin token"),
+         timeout: float = typer.Option(30.0, "--timeout", help="seconds per request")) -> None:
+    if not admin_token:
+        raise typer.BadParameter("an admin token is required (--admin-token or ROOST_ADMIN_TOKEN)",
+                                 param_hint="--admin-token")
+    ctx.obj = _Ctx(url, admin_token, timeout)
+
+
+@app.command("get")
+def get(ctx: typer.Context) -> None:
+    """Live settings, pending ones (next window), quotas and slots."""
+    _echo(ctx.obj.call("GET", "/admin/config"))
+
+
+@app.command("set")
+def set_(ctx: typer.Context, settings: list[str] = typer.Argument(..., help="KEY=VALUE ...")) -> None:
+    """Change settings: lr, kl_coef, entropy_coef, clip_eps, max_grad_norm, advantage (next step);
+    temperature, default_temperature, batch_groups, quotas, quota_schedule (next window)."""
+    data = ctx.obj.call("POST", "/admin/config", parse_settings(settings))
+    _echo({"changed": data.get("changed"), "live": data.get("live"), "pending": data.get("pending")})
+
+
+@app.command("pause")
+def pause(ctx: typer.Context) -> None:
+    """Refuse new claims (429) until resume; running episodes finish and train."""
+    _echo(ctx.obj.call("POST", "/admin/pause"))
+
+
+@app.command("resume")
+def resume(ctx: typer.Context) -> None:
+    """Let claims in again."""
+    _echo(ctx.obj.call("POST", "/admin/resume"))
+
+
+@app.command("checkpoint")
+def checkpoint(ctx: typer.Context) -> None:
+    """Write a checkpoint now (after a running step)."""
+    _echo(ctx.obj.call("POST", "/admin/checkpoint"))
+
+
+@app.command("stop")
+def stop(ctx: typer.Context) -> None:
+    """Stop the server: refuse new work, finish a running step, checkpoint, exit."""
+    _echo(ctx.obj.call("POST", "/admin/stop"))
+
+
+@app.command("status")
+def status(ctx: typer.Context) -> None:
+    """Step, policy version, groups, counters, paused, quotas."""
+    _echo(ctx.obj.call("GET", "/status"))

@@ -1,0 +1,171 @@
+"""How a server's config is assembled at start: file, environment, flags, persisted secrets.
+
+    swarm serve --config server.yaml --port 9000       # file values, flags on top
+    ROOST_TOKEN=... ROOST_ADMIN_TOKEN=... ROOST_SECRET=... swarm serve
+
+Precedence, highest first: command-line flags, environment variables
+(`ROOST_TOKEN`, `ROOST_ADMIN_TOKEN`, `ROOST_SECRET` and any flag's own envvar),
+the `--config` file (YAML or JSON with `ServerConfig` fields, `train:` nested),
+defaults.
+
+Secrets: a worker token, an admin token and the HMAC secret of episode keys.
+Any of them still missing after the above is taken from `out_dir/secrets.json`
+(a previous start) or generated and saved there (mode 0600, written atomically),
+so a restarted server keeps its tokens and its secret: clients keep working and
+episode keys it signed before the restart still verify.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import Any
+
+from swarm.server.config import ServerConfig
+
+log = logging.getLogger("swarm.server")
+
+SECRETS_FILE = "secrets.json"
+ENV = {"token": "ROOST_TOKEN", "admin_token": "ROOST_ADMIN_TOKEN", "secret": "ROOST_SECRET"}
+_GENERATE = {
+    "token": lambda: "swt-" + secrets.token_urlsafe(24),
+    "admin_token": lambda: "swa-" + secrets.token_urlsafe(24),
+    "secret": lambda: secrets.token_hex(32),
+}
+
+
+def _read_secrets(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        log.warning("%s is readable by others (mode %o); tightening to 0600", path, mode)
+        try:
+            path.chmod(0o600)
+        except OSError:
+            pass
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"cannot read {path}: {exc}; fix or remove it (its tokens are then regenerated)") \
+            from None
+    return {k: v for k, v in data.items() if k in _GENERATE and isinstance(v, str) and v}
+
+
+def _write_secrets(path: Path, values: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(values, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def ensure_secrets(config: ServerConfig, env: dict[str, str] | None = None
+                   ) -> tuple[ServerConfig, dict[str, str]]:
+    """`config` with every token and the secret set; and where each came from.
+
+    Sources, in order: the config itself, the environment, `out_dir/secrets.json`,
+    a fresh value (then saved to that file). The second value maps each field to
+    "config", "env", "file" or "generated".
+    """
+    env = os.environ if env is None else env
+    path = Path(config.out_dir) / SECRETS_FILE
+    stored = _read_secrets(path)
+    values: dict[str, str] = {}
+    source: dict[str, str] = {}
+    for field, var in ENV.items():
+        given = getattr(config, field)
+        if given:
+            values[field], source[field] = given, "config"
+        elif env.get(var):
+            values[field], source[field] = env[var], "env"
+        elif field in stored:
+            values[field], source[field] = stored[field], "file"
+        else:
+            values[field], source[field] = _GENERATE[field](), "generated"
+    generated = {k: values[k] for k, s in source.items() if s == "generated"}
+    if generated:
+        _write_secrets(path, {**stored, **generated})
+    return config.model_copy(update=values), source
+
+
+# -- config file ---------------------------------------------------------------------
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """A YAML or JSON mapping of ServerConfig fields (validated later, with the flags on top)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)  # safe_load: plain data only, never objects or code
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of server settings, not {type(data).__name__}")
+    return data
+
+
+#: `swarm serve` parameters whose ServerConfig field has another name.
+PARAM_FIELDS = {"model": "model_dir", "out": "out_dir", "max_tokens": "default_max_tokens",
+                "mlflow_parent": "mlflow_parent_run_id", "quota": "quotas"}
+TRAIN_PARAMS = {"lr", "advantage", "kl_coef"}
+
+
+def merge(file_data: dict[str, Any], flags: ServerConfig, explicit: set[str]) -> ServerConfig:
+    """File settings with the explicitly given flags (`explicit`: parameter names) on top."""
+    data = dict(file_data)
+    train = data.get("train") or {}
+    if not isinstance(train, dict):
+        raise ValueError("`train` in the config file must be a mapping")
+    train = dict(train)
+    for name in explicit:
+        if name in TRAIN_PARAMS:
+            train[name] = getattr(flags.train, name)
+            continue
+        field = PARAM_FIELDS.get(name, name)
+        if field in ServerConfig.model_fields:
+            data[field] = getattr(flags, field)
+            if field == "quotas":
+                data.pop("quota_schedule", None)  # --quota replaces the file's quotas of either kind
+    if train:
+        data["train"] = train
+    return ServerConfig.model_validate(data)
+
+
+def parse_quotas(items: list[str]) -> dict[str, float]:
+    """`["math=0.4", "code=0.6"]` -> {"math": 0.4, "code": 0.6} (ValueError on a bad item)."""
+    out: dict[str, float] = {}
+    for item in items:
+        family, sep, share = item.partition("=")
+        family = family.strip()
+        if not sep or not family:
+            raise ValueError(f"expected FAMILY=SHARE, got {item!r}")
+        try:
+            out[family] = float(share)
+        except ValueError:
+            raise ValueError(f"share of {family!r} is not a number: {share!r}") from None
+    return out

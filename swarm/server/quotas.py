@@ -1,0 +1,229 @@
+"""Per-family quotas of a batch (the multi-task cocktail). Pure: no I/O, no clock.
+
+    quotas: {math: 0.4, code: 0.3, shell: 0.3}            # shares of the B groups of a batch
+    quota_schedule: [{from_step: 0, quotas: {...}}, {from_step: 50, quotas: {...}}]
+
+A batch of B groups *reserves* group slots per family, so clients of one family
+cannot crowd out the others: a claim that would open a new group for a family
+whose slots in this window are all taken is refused (429, `quota_exceeded`).
+Joining a group that is already open never needs a slot.
+
+Families not named in the quotas share the `other` bucket: its share is the
+explicit `other` entry plus whatever the named shares leave below 1. With
+shares summing to exactly 1 and no `other` entry, an unnamed family has 0
+slots and every claim of it gets 429 (with a reason naming the family); the
+quotas can be changed live (`POST /swarm/v1/admin/config`) to let it in.
+
+Rounding (slots always sum to B): each bucket first gets floor(q*B); the
+B - sum(floors) leftover slots go one each to the buckets with the largest
+`fraction + carry`, where `fraction` is q*B - floor(q*B) and `carry` is how far
+the bucket is behind its exact entitlement over the previous windows under the
+same quotas and B (ties: larger share, then name). The first window is thus
+plain largest-remainder (Hamilton) rounding of round(q*B), and over many
+windows every bucket gets q*B slots per batch on average (math=0.4, code=0.3,
+shell=0.3 at B=4 gives 2/1/1, 1/2/1, 2/1/1, 1/1/2, ...). A bucket with share 0
+never gets a slot. Reserved slots that no client of their family claims keep
+the window from filling (that is what reserving means): lower that family's
+quota, or let its clients run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+OTHER = "other"
+_EPS = 1e-6
+
+
+def check_quotas(quotas: dict[str, float]) -> dict[str, float]:
+    """Validate a {family: share} mapping (shares in [0, 1], sum <= 1, some share > 0)."""
+    if not quotas:
+        raise ValueError("quotas must name at least one family")
+    if len(quotas) > 256:
+        raise ValueError("at most 256 families in quotas")
+    out: dict[str, float] = {}
+    for family, share in quotas.items():
+        if not isinstance(family, str) or not 1 <= len(family) <= 128:
+            raise ValueError(f"family names are 1..128 characters, got {family!r}")
+        share = float(share)
+        if not (0.0 <= share <= 1.0) or math.isnan(share):
+            raise ValueError(f"quota of {family!r} must be in [0, 1], got {share}")
+        out[family] = share
+    total = sum(out.values())
+    if total > 1.0 + _EPS:
+        raise ValueError(f"quotas sum to {total:.4g} > 1")
+    if total <= 0.0:
+        raise ValueError("at least one quota must be > 0")
+    return out
+
+
+class QuotaPhase(BaseModel):
+    """One entry of a quota schedule: these quotas from this optimisation step on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: int = Field(0, ge=0, description="first step (as counted by the server) these quotas apply to")
+    quotas: dict[str, float] = Field(description="family -> share of the B groups of a batch")
+
+    @field_validator("quotas")
+    @classmethod
+    def _valid(cls, value: dict[str, float]) -> dict[str, float]:
+        return check_quotas(value)
+
+
+def check_schedule(phases: Iterable[QuotaPhase]) -> list[QuotaPhase]:
+    """Sorted by `from_step`; no two phases may start at the same step."""
+    out = sorted(phases, key=lambda p: p.from_step)
+    if not out:
+        raise ValueError("quota_schedule must have at least one phase")
+    if len(out) > 1000:
+        raise ValueError("at most 1000 phases in quota_schedule")
+    for a, b in zip(out, out[1:]):
+        if a.from_step == b.from_step:
+            raise ValueError(f"two quota phases start at step {a.from_step}")
+    return out
+
+
+def shares(quotas: dict[str, float]) -> dict[str, float]:
+    """Buckets and their shares, summing to 1: named families plus `other` (the rest)."""
+    out = dict(quotas)
+    rest = 1.0 - sum(out.values())
+    if rest > _EPS:
+        out[OTHER] = out.get(OTHER, 0.0) + rest
+    total = sum(out.values())
+    return {k: v / total for k, v in out.items()}
+
+
+def allocate(share: dict[str, float], batch_groups: int,
+             carry: dict[str, float] | None = None) -> dict[str, int]:
+    """Group slots per bucket for one window (sums to `batch_groups`; see the module docstring)."""
+    carry = carry or {}
+    exact = {k: q * batch_groups for k, q in share.items()}
+    slots = {k: math.floor(v + 1e-9) for k, v in exact.items()}
+    leftover = batch_groups - sum(slots.values())
+    candidates = sorted((k for k, q in share.items() if q > 0),
+                        key=lambda k: (-(exact[k] - slots[k] + carry.get(k, 0.0)), -share[k], k))
+    for k in candidates[:max(0, leftover)]:
+        slots[k] += 1
+    return slots
+
+
+def bucket_of(family: str, quotas: dict[str, float]) -> str:
+    return family if family in quotas else OTHER
+
+
+class QuotaRejected(Exception):
+    """A claim over its family's quota; `details` go into the 429 body."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, details: dict) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class QuotaBook:
+    """Which quotas are in force, the slots of the current window, and who uses them.
+
+    The server calls `window_slots(window, step, B)` when it needs the slots (the
+    allocation is fixed for a window once computed), `check(...)` before a claim
+    that would open a new group, and `opened(group_id, family)` after it.
+    """
+
+    def __init__(self, quotas: dict[str, float] | None = None,
+                 schedule: list[QuotaPhase] | None = None) -> None:
+        self.quotas: dict[str, float] | None = None
+        self.schedule: list[QuotaPhase] | None = None
+        self.set(quotas, schedule)
+
+    def set(self, quotas: dict[str, float] | None, schedule: list[QuotaPhase] | None) -> None:
+        if quotas is not None and schedule is not None:
+            raise ValueError("give quotas or quota_schedule, not both")
+        self.quotas = check_quotas(quotas) if quotas is not None else None
+        self.schedule = check_schedule(schedule) if schedule is not None else None
+        self._window: int | None = None
+        self._b = 0
+        self._slots: dict[str, int] = {}
+        self._active: dict[str, float] | None = None
+        self._carry: dict[str, float] = {}
+        self._carry_key: tuple | None = None
+        self.families: dict[str, str] = {}  # group id -> family, for groups opened under quotas
+
+    @property
+    def enabled(self) -> bool:
+        return self.quotas is not None or self.schedule is not None
+
+    def active(self, step: int) -> dict[str, float] | None:
+        """The quotas in force for a window that trains as step `step + 1`."""
+        if self.schedule is not None:
+            current = None
+            for phase in self.schedule:
+                if phase.from_step <= step:
+                    current = phase.quotas
+            return current
+        return self.quotas
+
+    def window_slots(self, window: int, step: int, batch_groups: int) -> dict[str, int]:
+        if self._window == window:
+            return self._slots
+        if self._window is not None and self._active is not None:
+            # the window that just ended counts towards the long-run fairness of the next ones
+            sh = shares(self._active)
+            for k, q in sh.items():
+                self._carry[k] = self._carry.get(k, 0.0) + q * self._b - self._slots.get(k, 0)
+        self._active = self.active(step)
+        self._window = window
+        self._b = batch_groups
+        self.families = {}
+        if self._active is None:
+            self._slots = {}
+            return self._slots
+        key = (tuple(sorted(self._active.items())), batch_groups)
+        if key != self._carry_key:
+            self._carry, self._carry_key = {}, key
+        self._slots = allocate(shares(self._active), batch_groups, self._carry)
+        return self._slots
+
+    def used(self, open_groups: Iterable[str]) -> dict[str, int]:
+        """Slots taken per bucket by the groups of this window that still exist."""
+        quotas = self._active or {}
+        out: dict[str, int] = {}
+        for gid in open_groups:
+            family = self.families.get(gid)
+            if family is not None:
+                b = bucket_of(family, quotas)
+                out[b] = out.get(b, 0) + 1
+        return out
+
+    def check(self, family: str, open_groups: Iterable[str]) -> None:
+        """Raise `QuotaRejected` when `family` has no free slot in this window."""
+        if self._active is None:
+            return
+        b = bucket_of(family, self._active)
+        slots = self._slots.get(b, 0)
+        used = self.used(open_groups).get(b, 0)
+        if used < slots:
+            return
+        share = shares(self._active).get(b, 0.0)
+        where = f"family {family!r}" + (f" (bucket {OTHER!r})" if b != family else "")
+        if slots == 0:
+            why = (f"{where} has quota {share:.3g} and so 0 of the {self._b} group slots of a batch"
+                   + ("; unnamed families share the 'other' bucket" if b == OTHER else ""))
+        else:
+            why = (f"{where} has used its {slots} of {self._b} group slots (quota {share:.3g}) "
+                   "in this batch; claims resume with the next batch")
+        raise QuotaRejected(why, {"family": family, "bucket": b, "quota": round(share, 6),
+                                  "slots": slots, "used": used, "batch_groups": self._b})
+
+    def opened(self, group_id: str, family: str) -> None:
+        if self._active is not None:
+            self.families.setdefault(group_id, family)
+
+    def describe(self, open_groups: Iterable[str]) -> dict:
+        return {"quotas": self.quotas, "quota_schedule": [p.model_dump() for p in self.schedule]
+                if self.schedule is not None else None,
+                "active": self._active, "slots": dict(self._slots), "used": self.used(open_groups)}

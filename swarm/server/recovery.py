@@ -1,0 +1,200 @@
+"""Durability of finished episodes: persist before the ack, mark what trained, replay after a restart.
+
+    finish  -> persist (buffer row "buffered" or "failed", fsync'd) -> ack
+    take    -> failed_group_policy: drop a group with a failed episode, or keep it when >= 2 remain
+    step s  -> its episodes' rows become "trained" at s (never trained again)
+    restart -> rows trained after the restored checkpoint go back to "buffered" (those weights
+               were lost), rows further than `max_staleness` policy versions from the restored
+               policy become "dropped_stale", the rest return to the batcher as their groups
+               (complete ones first; at most B per window, the others wait in a backlog)
+
+A restored partial group keeps its id and its free slots; the clients' re-played
+jobs for that task fill it. Staleness is the distance |restored version - the
+episode's policy version|: an episode from a step the restart rolled back is as
+off-policy as one from the step before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from swarm.protocol import FinishRequest, FinishResponse
+from swarm.server.batcher import Batch, FinishedEpisode, Group
+from swarm.server.buffer import BufferedRow, BufferError, DurableBuffer, encode_samples
+from swarm.server.episodes import Episode
+from swarm.server.errors import ApiError
+
+if TYPE_CHECKING:
+    from swarm.server.state import Swarm
+
+log = logging.getLogger("swarm.server")
+BUFFER_FILE = "buffer.sqlite"
+
+
+class Durability:
+    def __init__(self, swarm: Swarm) -> None:
+        self.swarm = swarm
+        cfg = swarm.config
+        self.buffer = DurableBuffer(Path(cfg.out_dir) / BUFFER_FILE) if cfg.durable_buffer else None
+        self.failed: Counter[str] = Counter()  # failed finishes per group id still in the batcher
+        self.backlog: list[Group] = []  # restored groups waiting for room in a window
+        self._versions: dict[str, int] = {}  # restored episode id -> its policy version
+        self._future_window: int | None = None  # highest window in the buffer at boot
+
+    # -- finish ---------------------------------------------------------------------------------
+    def persist(self, ep: Episode, req: FinishRequest, finished: FinishedEpisode,
+                response: FinishResponse) -> None:
+        """Write the finished episode durably; 503 (retryable, not acknowledged) if that fails."""
+        if self.buffer is None:
+            return
+        payload = {"samples": encode_samples(finished.samples), "metrics": finished.metrics,
+                   "calls": finished.calls, "tokens_unmerged": finished.tokens_unmerged,
+                   "drift": finished.drift, "agent_rewards": req.agent_rewards}
+        try:
+            self.buffer.add(episode_id=ep.id, group_id=ep.group_id, task_id=ep.task_id,
+                            task_family=ep.task_family, epoch=ep.epoch, policy_version=ep.policy_version,
+                            status=req.status, reward=req.reward,
+                            state="failed" if req.status == "failed" else "buffered",
+                            idempotency_key=req.idempotency_key, response=response.model_dump(),
+                            payload=payload)
+        except BufferError as exc:
+            log.error("could not persist episode %s: %s", ep.id, exc)
+            self.swarm.counters["buffer_errors"] += 1
+            raise ApiError(503, "the episode buffer could not persist this finish; retry",
+                           "buffer_unavailable", headers={"Retry-After": "1"}) from None
+
+    def closed_episode(self, episode_id: str) -> Episode | None:
+        """A finished episode known only to the buffer (finished before a restart): for idempotent retries."""
+        row = self.buffer.get(episode_id) if self.buffer is not None else None
+        if row is None:
+            return None
+        return Episode(id=row.id, task_id=row.task_id, task_family=row.task_family, group_id=row.group_id,
+                       metadata={}, policy_version=row.policy_version, created_at=0.0, lease_expires_at=0.0,
+                       epoch=row.epoch, state="finished", finish_key=row.idempotency_key,
+                       finish_response=row.response, reward=row.reward)
+
+    # -- batches ----------------------------------------------------------------------------------
+    def on_batch(self, batch: Batch) -> Batch:
+        """The failed-group policy, applied to a batch the trainer just took."""
+        keep = self.swarm.config.failed_group_policy == "keep"
+        for g in batch.groups:
+            failed = self.failed.pop(g.group_id, 0)
+            if failed and g.finished and not (keep and len(g.finished) >= 2):
+                self._mark([e.episode_id for e in g.finished], "dropped_group")
+                self.swarm.counters["groups_dropped_failed"] += 1
+                self.swarm.counters["episodes_dropped_failed_group"] += len(g.finished)
+                g.dropped += len(g.finished)
+                g.finished = []
+        return batch
+
+    def on_outcome(self, batch: Batch, step: int | None) -> None:
+        """Step `step` trained `batch` (None: it was skipped or the step failed)."""
+        ids = [e.episode_id for e in batch.episodes]
+        if step is not None:
+            self._mark(ids, "trained", step)
+            self.swarm.counters["episodes_trained"] += len(ids)
+        else:
+            self._mark(ids, "skipped")
+            self.swarm.counters["episodes_skipped"] += len(ids)
+
+    def _mark(self, ids: list[str], state: str, step: int | None = None) -> None:
+        if self.buffer is None or not ids:
+            return
+        try:
+            self.buffer.mark(ids, state, step)
+        except Exception:  # the in-memory truth stands; a restart may replay these rows once more
+            log.exception("could not mark %d buffered episode(s) %s", len(ids), state)
+            self.swarm.counters["buffer_errors"] += 1
+
+    # -- restart ------------------------------------------------------------------------------------
+    def recover(self, resumed: bool) -> None:
+        """After `Swarm.resume`: put acknowledged-but-untrained episodes back into the batcher."""
+        if self.buffer is None:
+            return
+        s = self.swarm
+        if not resumed:
+            n = self.buffer.discard_unfinished()
+            if n:
+                log.warning("not resuming: %d buffered episode(s) of an earlier run discarded", n)
+            return
+        rolled = self.buffer.rollback_to(s.trainer.step)
+        rows = self.buffer.buffered()
+        s.counters["episodes_rolled_back"] += rolled
+        groups: dict[str, Group] = {}
+        for r in rows:
+            g = groups.setdefault(r.group_id, Group(r.group_id, r.task_id, s.config.group_size))
+            g.finished.append(_finished(r))
+            g.size = max(g.size, len(g.finished))
+            self._versions[r.id] = r.policy_version
+        for gid, n in self.buffer.failed_in(groups).items():
+            g = groups[gid]
+            g.dropped = min(n, g.size - len(g.finished))
+            self.failed[gid] = n
+        # complete groups first (training resumes at once), then the freshest
+        self.backlog = sorted(groups.values(), key=lambda g: (
+            not g.complete, -max(self._versions[e.episode_id] for e in g.finished)))
+        self._future_window = self.buffer.max_window()
+        replayed = self._inject()
+        log.info("buffer: %d episode(s) replayed, %d rolled back from lost steps, %d waiting, %d stale",
+                 replayed, rolled, sum(len(g.finished) for g in self.backlog), s.counters["dropped_stale"])
+
+    def refill(self) -> None:
+        """A new window opened: restored groups that waited for room go in (staleness re-checked)."""
+        if self.backlog or self._future_window is not None:
+            self._inject()
+        live = self.swarm.batcher.groups
+        self.failed = Counter({k: v for k, v in self.failed.items() if k in live})
+
+    def _inject(self) -> int:
+        s = self.swarm
+        b = s.batcher
+        version = s.engine.policy_version
+        waiting: list[Group] = []
+        replayed = 0
+        for g in self.backlog:
+            stale = [e for e in g.finished if abs(version - self._versions[e.episode_id]) > s.config.max_staleness]
+            if stale:
+                self._mark([e.episode_id for e in stale], "dropped_stale")
+                s.counters["dropped_stale"] += len(stale)
+                g.finished = [e for e in g.finished if e not in stale]
+            if not g.finished:
+                self.failed.pop(g.group_id, None)
+                continue
+            if len(b.groups) < b.batch_groups and g.group_id not in b.groups:
+                b.groups[g.group_id] = g
+                replayed += len(g.finished)
+            else:
+                waiting.append(g)
+        self.backlog = waiting
+        s.counters["episodes_replayed"] += replayed
+        if self._future_window is not None:
+            if b.window <= self._future_window and self.buffer is not None:
+                # group ids must stay unique: this window may have been played before a rollback
+                b._opened = max(b._opened, self.buffer.next_group_index(b.window))
+            else:
+                self._future_window = None
+        if replayed and b.ready():
+            try:
+                asyncio.get_running_loop().call_soon(s.trainer.kick)
+            except RuntimeError:
+                pass  # at boot: the app's startup kicks the trainer
+        return replayed
+
+    def counts(self) -> dict[str, int]:
+        if self.buffer is None:
+            return {}
+        return {f"buffer_{k}": v for k, v in self.buffer.counts().items()}
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
+
+
+def _finished(r: BufferedRow) -> FinishedEpisode:
+    p = r.payload
+    return FinishedEpisode(r.id, r.reward, r.samples(), dict(p.get("metrics") or {}), calls=int(p.get("calls", 0)),
+                           tokens_unmerged=int(p.get("tokens_unmerged", 0)), drift=int(p.get("drift", 0)))

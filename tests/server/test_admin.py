@@ -1,0 +1,226 @@
+"""Live control: admin auth, validated partial config, when changes take effect, metrics, pause, `swarm ctl`."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from swarm.cli import app as cli_app
+from swarm.engine.fake import FakeEngine
+from swarm.server.testing import RunningServer
+
+MESSAGES = [{"role": "user", "content": "What is 1+1?"}]
+
+
+def _h(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _wait(cond, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
+def _set(srv: RunningServer, body: dict, token: str | None = None) -> httpx.Response:
+    return httpx.post(f"{srv.url}/swarm/v1/admin/config", json=body, headers=_h(token or srv.admin_token))
+
+
+def _claim(srv: RunningServer, task_id: str, family: str = "default") -> httpx.Response:
+    return httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": task_id, "task_family": family},
+                      headers=_h(srv.token))
+
+
+def _call(srv: RunningServer, ep: dict, **extra) -> None:
+    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
+                   json={"model": "m", "messages": MESSAGES, "max_tokens": 4, **extra})
+    assert r.status_code == 200, r.text
+
+
+def _finish(srv: RunningServer, ep: dict, reward: float = 1.0) -> None:
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": reward},
+                   headers=_h(ep["api_key"]))
+    assert r.status_code == 200, r.text
+
+
+def _episode(srv: RunningServer, task_id: str, **call) -> dict:
+    r = _claim(srv, task_id)
+    assert r.status_code == 200, r.text
+    ep = r.json()
+    _call(srv, ep, **call)
+    return ep
+
+
+def _step(srv: RunningServer, n: int) -> None:
+    _wait(lambda: srv.swarm.trainer.step == n and not srv.swarm.batcher.training)
+
+
+def _rows(srv: RunningServer) -> list[dict]:
+    return [json.loads(x) for x in (srv.swarm.out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# -- auth -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("route", ["GET /config", "POST /config", "POST /pause", "POST /resume",
+                                   "POST /stop", "POST /checkpoint"])
+def test_admin_routes_need_the_admin_token(server: RunningServer, route: str) -> None:
+    method, path = route.split()
+    url = f"{server.url}/swarm/v1/admin{path}"
+    body = {"lr": 1e-4} if path == "/config" and method == "POST" else None
+    assert httpx.request(method, url, json=body).status_code == 401
+    r = httpx.request(method, url, json=body, headers=_h("not-the-token"))
+    assert r.status_code == 401 and r.json()["error"]["code"] == "admin_only"
+    r = httpx.request(method, url, json=body, headers=_h(server.token))  # a worker is known, not allowed
+    assert r.status_code == 403 and r.json()["error"]["code"] == "admin_only"
+    assert server.swarm.trainer.config.lr != 1e-4 and not server.swarm.stopping
+
+
+# -- validation -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body", [{}, {"lr": -1}, {"lr": 0}, {"lr": None}, {"learning_rate": 1e-4},
+                                  {"temperature": 3}, {"batch_groups": 0}, {"quotas": {"a": 0.7, "b": 0.7}},
+                                  {"quotas": {"a": 1}, "quota_schedule": [{"from_step": 0, "quotas": {"a": 1}}]},
+                                  {"advantage": "ppo"}, {"batch_groups": None}, [1, 2], {"lr": "fast"}])
+def test_invalid_updates_are_400_and_change_nothing(server: RunningServer, body) -> None:
+    before = httpx.get(f"{server.url}/swarm/v1/admin/config", headers=_h(server.admin_token)).json()
+    r = _set(server, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] in ("invalid_request", "invalid_json")
+    after = httpx.get(f"{server.url}/swarm/v1/admin/config", headers=_h(server.admin_token)).json()
+    assert before["live"] == after["live"] and after["pending"] == {}
+
+
+# -- effects ----------------------------------------------------------------------------
+
+def test_get_reports_the_live_values(make_server) -> None:
+    srv = make_server(temperature=None, quotas={"math": 0.5})
+    r = httpx.get(f"{srv.url}/swarm/v1/admin/config", headers=_h(srv.admin_token))
+    assert r.status_code == 200
+    data = r.json()
+    assert data["live"]["lr"] == srv.swarm.config.train.lr and data["live"]["batch_groups"] == 2
+    assert data["live"]["quotas"] == {"math": 0.5} and data["quotas"]["slots"] == {"math": 1, "other": 1}
+    assert data["paused"] is False and data["pending"] == {}
+
+
+def test_idle_window_changes_apply_at_once(server: RunningServer) -> None:
+    eng: FakeEngine = server.engine
+    r = _set(server, {"temperature": 0.25, "default_temperature": 0.5})
+    assert r.status_code == 200
+    assert r.json()["changed"]["temperature"] == {"old": None, "new": 0.25, "effective": "now"}
+    ep = _episode(server, "a", temperature=1.0)
+    assert eng.requests[-1].params.temperature == 0.25  # forced
+    _set(server, {"temperature": None})  # stop forcing: a window is open now, so this waits
+    _call(server, ep)
+    assert eng.requests[-1].params.temperature == 0.25
+    assert server.swarm.control.pending == {"temperature": None}
+
+
+def test_window_settings_wait_for_the_next_window(server: RunningServer) -> None:
+    eng: FakeEngine = server.engine
+    a1 = _episode(server, "a")
+    assert eng.requests[-1].params.temperature == 1.0  # the default default
+    r = _set(server, {"default_temperature": 0.5, "batch_groups": 1, "lr": 3e-4})
+    assert r.status_code == 200, r.text
+    changed = r.json()["changed"]
+    assert changed["default_temperature"]["effective"] == "next window"
+    assert changed["lr"]["effective_step"] == 1
+    assert r.json()["pending"] == {"default_temperature": 0.5, "batch_groups": 1}
+    a2 = _episode(server, "a")
+    assert eng.requests[-1].params.temperature == 1.0  # same window: same temperature
+    b = [_episode(server, "b") for _ in range(2)]
+    for ep in (a1, a2, *b):
+        _finish(server, ep)
+    _step(server, 1)
+    assert eng.batches[0].config.lr == 3e-4  # training knob: the next step
+    assert server.swarm.batcher.batch_groups == 1 and server.swarm.config.batch_groups == 1
+    c = [_episode(server, "c") for _ in range(2)]
+    assert eng.requests[-1].params.temperature == 0.5
+    assert _claim(server, "d").status_code == 429  # B=1 now
+    for ep in c:
+        _finish(server, ep)
+    _step(server, 2)
+    rows = _rows(server)
+    assert rows[0]["live/lr"] == 3e-4 and rows[0]["live/default_temperature"] == 1.0
+    assert rows[0]["live/batch_groups"] == 2
+    assert rows[1]["live/default_temperature"] == 0.5 and rows[1]["live/batch_groups"] == 1
+    assert [e["event"] for e in rows[0]["config_changed"]] == ["config_changed"]
+    assert [e["event"] for e in rows[1]["config_changed"]] == ["config_applied"]
+    assert rows[1]["config_changed"][0]["effective_step"] == 2
+    events = [json.loads(x) for x in (server.swarm.out_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["config_changed", "config_applied"]
+
+
+def test_lr_change_during_a_step_applies_to_the_step_after(make_server, model_dir) -> None:
+    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=0.5), batch_groups=1, group_size=1)
+    _finish(srv, _episode(srv, "a"))
+    _wait(lambda: srv.swarm.trainer.running)
+    r = _set(srv, {"lr": 5e-5, "kl_coef": 0.1})
+    assert r.json()["changed"]["lr"]["effective_step"] == 2
+    _step(srv, 1)
+    _finish(srv, _episode(srv, "b"))
+    _step(srv, 2)
+    eng: FakeEngine = srv.engine
+    assert eng.batches[0].config.lr != 5e-5 and eng.batches[1].config.lr == 5e-5
+    assert eng.batches[1].config.kl_coef == 0.1
+    rows = _rows(srv)
+    assert rows[0]["live/lr"] == eng.batches[0].config.lr and rows[1]["live/lr"] == 5e-5
+
+
+def test_live_quotas(server: RunningServer) -> None:
+    r = _set(server, {"quotas": {"math": 0.5, "code": 0.5}})
+    assert r.status_code == 200 and r.json()["live"]["quotas"] == {"math": 0.5, "code": 0.5}
+    assert _claim(server, "m1", "math").status_code == 200
+    r = _claim(server, "m2", "math")
+    assert r.status_code == 429 and r.json()["error"]["family"] == "math"
+    _set(server, {"quotas": None})  # pending until this window is trained
+    assert _claim(server, "m3", "math").status_code == 429
+
+
+def test_pause_and_resume(server: RunningServer) -> None:
+    ep = _episode(server, "a")
+    r = httpx.post(f"{server.url}/swarm/v1/admin/pause", headers=_h(server.admin_token))
+    assert r.status_code == 200 and r.json()["ok"]
+    r = _claim(server, "b")
+    assert r.status_code == 429 and r.json()["error"]["code"] == "paused" and r.headers["retry-after"]
+    _call(server, ep)  # running episodes carry on
+    _finish(server, ep)
+    status = httpx.get(f"{server.url}/swarm/v1/status", headers=_h(server.token)).json()
+    assert status["paused"] is True
+    assert httpx.post(f"{server.url}/swarm/v1/admin/resume", headers=_h(server.admin_token)).status_code == 200
+    assert _claim(server, "b").status_code == 200
+    events = [json.loads(x)["event"] for x in (server.swarm.out_dir / "events.jsonl").read_text().splitlines()]
+    assert events == ["paused", "resumed"]
+
+
+# -- swarm ctl --------------------------------------------------------------------------
+
+def test_ctl_commands(server: RunningServer) -> None:
+    runner = CliRunner()
+
+    def ctl(*args: str, token: str | None = None) -> object:
+        return runner.invoke(cli_app, ["ctl", "--url", server.url, "--admin-token", token or server.admin_token,
+                                       *args])
+
+    r = ctl("set", "lr=1e-4", "temperature=0.8", "quota.math=0.5", "quota.code=0.5", "kl=0.05")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["live"]["lr"] == 1e-4
+    assert server.swarm.config.temperature == 0.8 and server.swarm.trainer.config.kl_coef == 0.05
+    assert server.swarm.control.book.quotas == {"math": 0.5, "code": 0.5}
+    r = ctl("get")
+    assert r.exit_code == 0 and json.loads(r.output)["live"]["temperature"] == 0.8
+    r = ctl("set", "lr=-5")
+    assert r.exit_code == 2 and "lr" in r.output
+    assert ctl("get", token="wrong").exit_code == 2
+    assert ctl("pause").exit_code == 0 and server.swarm.control.paused
+    assert ctl("resume").exit_code == 0 and not server.swarm.control.paused
+    r = ctl("status")
+    assert r.exit_code == 0 and json.loads(r.output)["step"] == 0
+    r = ctl("checkpoint")
+    assert r.exit_code == 0 and "checkpoint" in json.loads(r.output)["message"]
+    assert ctl("stop").exit_code == 0
+    _wait(lambda: server.swarm.stopping)
