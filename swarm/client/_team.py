@@ -117,11 +117,16 @@ class TeamEpisode:
             raise TeamError(f"team episode {self.id}: abort failed for {', '.join(errors)}", errors)
 
     def _abort_rest(self, reason: str, release: bool = True) -> list[str]:
+        """Abort every member not done, never raising; the roles whose abort went through."""
         aborted = []
         for role, ep in self.episodes.items():
-            if not ep.done:
-                ep._abort_quietly(reason[:1000], release=release)
+            if ep.done:
+                continue
+            try:
+                ep.abort(reason[:1000], release=release)
                 aborted.append(role)
+            except SwarmError:
+                ep.done = True  # gone or already closed on its server: nothing left to undo
         return aborted
 
     def close(self) -> None:

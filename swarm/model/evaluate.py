@@ -34,7 +34,7 @@ class LocalOpenAI:
     def __init__(self, model, tokenizer, temperature: float | None = None):
         self.model = model
         self.tokenizer = tokenizer
-        self.temperature = temperature
+        self.temperature = None if temperature is None else float(temperature)
         self.calls = 0
         self._cv = threading.Condition()
         self._pending: list[dict] = []
@@ -86,7 +86,7 @@ class LocalOpenAI:
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        temperature = batch[0]["temperature"]  # one value per evaluation run
+        temperature = float(batch[0]["temperature"])  # one value per evaluation run
         sample = temperature > 0
         extra = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if sample else {}
         with torch.no_grad():
@@ -111,10 +111,13 @@ class LocalOpenAI:
 def run_workflows(client: LocalOpenAI, workflow, items: list[dict]) -> list[float]:
     """Run `workflow(item, episode)` for every item concurrently against `client`."""
     rewards: list[float] = [0.0] * len(items)
+    errors: list[BaseException] = []
 
     def play(i: int) -> None:
         try:
             rewards[i] = float(workflow(items[i], SimpleNamespace(openai=client, model="local")))
+        except BaseException as exc:  # re-raised once below, not printed by every thread
+            errors.append(exc)
         finally:
             client.episode_done()
 
@@ -124,6 +127,8 @@ def run_workflows(client: LocalOpenAI, workflow, items: list[dict]) -> list[floa
     client.serve(len(items))
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     return rewards
 
 

@@ -1,13 +1,16 @@
 """Counting 5xx answers: `http_5xx` in `/swarm/v1/status` counters, and one log line each.
 
-Nothing a client does should produce a 5xx (see `errors.py`); the only
-deliberate ones are 503 (stopping, buffer unavailable) and 504 (generation
-timeout). Chaos tests assert on this count and grep the log line, which
+Nothing a client does should produce a 5xx (see `errors.py`); the deliberate
+ones are 503 `buffer_unavailable` (the disk failed), 504 `generate_timeout` (a
+hung engine) and 503 `stopping`. The last is the protocol's "go away, I am
+done" (clients stop on it), so it is counted apart (`http_503_stopping`), not
+as a 5xx. Chaos tests assert on `http_5xx` and grep the log line, which
 survives a `kill -9` of the server where an in-memory counter does not.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from typing import Any
@@ -28,14 +31,16 @@ class ServerErrorCounter:
             await self.app(scope, receive, send)
             return
         started = False
+        status = 0
 
         async def counting_send(message: dict) -> None:
-            nonlocal started
+            nonlocal started, status
             if message["type"] == "http.response.start":
                 started = True
                 status = int(message["status"])
-                if status >= 500:
-                    self._count(scope, status)
+            elif message["type"] == "http.response.body" and status >= 500:
+                self._count(scope, status, _code(message.get("body", b"")))
+                status = 0  # once per response
             await send(message)
 
         try:
@@ -45,7 +50,18 @@ class ServerErrorCounter:
                 self._count(scope, 500)  # the outer error middleware turns it into a 500
             raise
 
-    def _count(self, scope: dict, status: int) -> None:
+    def _count(self, scope: dict, status: int, code: str | None = None) -> None:
+        if status == 503 and code == "stopping":
+            self.counters["http_503_stopping"] += 1
+            return
         self.counters["http_5xx"] += 1
         self.counters[f"http_{status}"] += 1
         log.warning("%s %d %s %s", MARKER, status, scope.get("method"), scope.get("path"))
+
+
+def _code(body: bytes) -> str | None:
+    """The `error.code` of a JSON error body (None for anything else)."""
+    try:
+        return json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None

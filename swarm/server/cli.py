@@ -36,6 +36,11 @@ class Continuity(str, Enum):
     retokenize = "retokenize"
 
 
+class FailedGroupPolicy(str, Enum):
+    drop = "drop"
+    keep = "keep"
+
+
 class Advantage(str, Enum):
     grpo = "grpo"
     rloo = "rloo"
@@ -84,6 +89,19 @@ def serve_command(
                                help="HMAC secret of episode keys; generated and kept in OUT/secrets.json"),
     default_temperature: float = typer.Option(1.0, "--default-temperature", min=0.0, max=2.0,
                                               help="temperature of calls that name none"),
+    lease_seconds: float = typer.Option(600.0, "--lease-seconds", min=0.05,
+                                        help="episode lease, renewed by heartbeats and the episode's calls"),
+    group_stall_s: float = typer.Option(300.0, "--group-stall-s", min=0.0, help="a group nobody plays for this "
+                                        "long completes smaller (0: wait forever)"),
+    durable_buffer: bool = typer.Option(True, "--durable/--no-durable", help="persist finished episodes "
+                                        "(OUT/buffer.sqlite) before acknowledging them; replayed on restart"),
+    max_staleness: int = typer.Option(1, "--max-staleness", min=0, help="replay buffered episodes at most this "
+                                      "many policy versions away after a restart; older ones: dropped_stale"),
+    failed_group_policy: FailedGroupPolicy = typer.Option(
+        FailedGroupPolicy.drop, "--failed-group-policy", help="a group with a failed episode: drop it, or keep "
+                                                              "training the rest (when >= 2 remain)"),
+    generate_timeout_s: float = typer.Option(300.0, "--generate-timeout-s", min=0.0,
+                                             help="engine calls running longer get a 504 (0: no limit)"),
 ) -> None:
     """Serve a trainable model: OpenAI-compatible endpoints plus the episode API."""
     from swarm.paths import data_dir, default_model_dir
@@ -100,6 +118,9 @@ def serve_command(
         train=train, temperature=temperature, merge=merge, per_episode_norm=per_episode_norm,
         continuity=continuity.value, mlflow=mlflow, mlflow_experiment=mlflow_experiment,
         mlflow_run_name=mlflow_run_name, mlflow_parent_run_id=mlflow_parent,
+        lease_seconds=lease_seconds, group_stall_s=group_stall_s or None, durable_buffer=durable_buffer,
+        max_staleness=max_staleness, failed_group_policy=failed_group_policy.value,
+        generate_timeout_s=generate_timeout_s or None,
     )
     config = _with_file_and_quotas(ctx, config, config_file, quota, secret, default_temperature)
     if not (Path(config.model_dir) / "config.json").exists() and config.engine == "torch":

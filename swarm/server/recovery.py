@@ -134,9 +134,10 @@ class Durability:
             g = groups[gid]
             g.dropped = min(n, g.size - len(g.finished))
             self.failed[gid] = n
-        # complete groups first (training resumes at once), then the freshest
+        # complete groups first (training resumes at once), then the nearest to the restored policy
+        version = s.engine.policy_version
         self.backlog = sorted(groups.values(), key=lambda g: (
-            not g.complete, -max(self._versions[e.episode_id] for e in g.finished)))
+            not g.complete, min(abs(version - self._versions[e.episode_id]) for e in g.finished)))
         self._future_window = self.buffer.max_window()
         replayed = self._inject()
         log.info("buffer: %d episode(s) replayed, %d rolled back from lost steps, %d waiting, %d stale",

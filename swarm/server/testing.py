@@ -44,14 +44,17 @@ class RunningServer:
 
 
 @contextmanager
-def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0) -> Iterator[RunningServer]:
+def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0,
+                   port: int = 0) -> Iterator[RunningServer]:
+    """`port` 0 picks a free one; a fixed port lets a test restart a server where clients expect it."""
     import uvicorn
 
     config = config.with_secrets()
     app = create_app(config, engine)
     swarm: Swarm = app.state.swarm
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((config.host, 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, port))
     sock.listen(256)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,

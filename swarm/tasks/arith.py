@@ -14,8 +14,8 @@ import random
 from swarm.tasks.base import Task, completion_text, register
 
 A_RANGE = (10, 99)
-B_RANGE = (1, 99)
-OPS = ("+", "-")
+B_RANGE = (10, 99)
+OPS = ("+",)
 MAX_TOKENS = 8
 
 

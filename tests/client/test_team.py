@@ -44,18 +44,26 @@ def _scripted(model_dir: Path, reply: Callable[[str], str]) -> FakeEngine:
 
 
 @pytest.fixture
-def pair(make_server, model_dir: Path, tmp_path: Path) -> tuple[RunningServer, RunningServer]:
-    planner = make_server(engine=_scripted(model_dir, _planner_script), out_dir=tmp_path / "planner",
-                          group_size=2, batch_groups=1)
-    executor = make_server(engine=_scripted(model_dir, _executor_script), out_dir=tmp_path / "executor",
-                           group_size=2, batch_groups=1)
-    return planner, executor
+def make_pair(make_server, model_dir: Path, tmp_path: Path) -> Callable[..., tuple[RunningServer, RunningServer]]:
+    def make(**config) -> tuple[RunningServer, RunningServer]:
+        config = {"group_size": 2, "batch_groups": 8, **config}
+        planner = make_server(engine=_scripted(model_dir, _planner_script), out_dir=tmp_path / "planner", **config)
+        executor = make_server(engine=_scripted(model_dir, _executor_script), out_dir=tmp_path / "executor",
+                               **config)
+        return planner, executor
+
+    return make
+
+
+@pytest.fixture
+def pair(make_pair) -> tuple[RunningServer, RunningServer]:
+    return make_pair()
 
 
 def _team(pair: tuple[RunningServer, RunningServer]) -> TeamClient:
     p, e = pair
-    return TeamClient({"planner": SwarmClient(p.url, p.token, max_retries=1, backoff_s=0.05),
-                       "executor": SwarmClient(e.url, e.token, max_retries=1, backoff_s=0.05)})
+    return TeamClient({"planner": SwarmClient(p.url, p.token, max_retries=1, backoff_s=0.05, timeout=5),
+                       "executor": SwarmClient(e.url, e.token, max_retries=1, backoff_s=0.05, timeout=5)})
 
 
 def _wait(cond, timeout: float = 10.0) -> None:
@@ -74,7 +82,8 @@ def _state(srv: RunningServer, episode_id: str) -> str:
     return srv.swarm.registry.get(episode_id).state
 
 
-def test_team_episodes_train_each_server_on_its_own_role(pair) -> None:
+def test_team_episodes_train_each_server_on_its_own_role(make_pair) -> None:
+    pair = make_pair(batch_groups=1)
     p, e = pair
     task = get_task("duet").dataset(0, 1)[0]
     team = _team(pair)
@@ -158,7 +167,7 @@ def test_failed_finish_on_one_server_aborts_the_others(pair) -> None:
             _abort_behind_its_back(p, t["planner"])  # e.g. its lease expired
             ids = {role: t[role].id for role in t}
             t.finish(1.0)
-    assert exc.value.finished == [] and exc.value.aborted == ["executor"]
+    assert exc.value.finished == [] and exc.value.aborted == ["planner", "executor"]  # abort is idempotent
     assert isinstance(exc.value.errors["planner"], SwarmAPIError)
     assert _state(e, ids["executor"]) == "aborted" and e.swarm.counters["finished"] == 0
     with pytest.raises(TeamError) as exc:  # the second member fails: the first stays finished
@@ -166,7 +175,7 @@ def test_failed_finish_on_one_server_aborts_the_others(pair) -> None:
             _abort_behind_its_back(e, t["executor"])
             ids = {role: t[role].id for role in t}
             t.finish(1.0)
-    assert exc.value.finished == ["planner"] and exc.value.aborted == []
+    assert exc.value.finished == ["planner"] and exc.value.aborted == ["executor"]
     assert _state(p, ids["planner"]) == "finished"
 
 

@@ -14,7 +14,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import sys
+
 import pytest
+
+# helper modules beside this file (sched_helpers) import by name under --import-mode=importlib
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scheduler.base import JobHandle
 from scheduler.slurm import SlurmBackend

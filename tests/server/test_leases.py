@@ -78,7 +78,7 @@ def test_in_flight_call_of_an_expired_episode_is_dropped(make_server, model_dir)
 
 
 def test_heartbeats_and_calls_keep_a_lease(make_server) -> None:
-    srv = make_server(group_size=1, batch_groups=1, lease_seconds=0.5)
+    srv = make_server(group_size=2, batch_groups=1, lease_seconds=0.5)
     beating = SwarmClient(srv.url, srv.token).claim("a")  # background heartbeats
     talking = SwarmClient(srv.url, srv.token, heartbeats=False).claim("a")  # only its own calls
     for _ in range(8):
@@ -98,6 +98,7 @@ def test_expired_slot_lets_another_task_in(make_server) -> None:
     assert r.status_code == 429  # the window's only group is t1's
     _wait(lambda: srv.swarm.counters["expired"] == 1)
     other = client.claim("t2", wait=False)
+    _say(other, "my turn")
     other.finish(0.5)
     _wait(lambda: srv.swarm.trainer.step == 1)
 

@@ -1,0 +1,144 @@
+"""Schemathesis against the server's own OpenAPI schema: no 5xx, uniform 4xx errors, still healthy after.
+
+A real loopback server (FakeEngine). Every operation of the schema is fuzzed
+with positive (schema-valid) and negative (schema-violating) cases, each sent
+with the credential its route wants: the worker token for claims and status, a
+fresh episode (id in the path, its key as Bearer) for each episode-route case,
+a long-lived open episode's key for the OpenAI routes, the admin token for
+`/admin/*` (run last; `stop` only with a worker token, which must get 403).
+Bounded: MAX_EXAMPLES per operation and mode, derandomized, well under a minute.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+
+schemathesis = pytest.importorskip("schemathesis")
+
+from swarm.engine.fake import FakeEngine  # noqa: E402
+from swarm.server.config import ServerConfig  # noqa: E402
+from swarm.server.testing import RunningServer, running_server  # noqa: E402
+
+MAX_EXAMPLES = 25
+MODES = ("POSITIVE", "NEGATIVE")
+
+
+@pytest.fixture
+def fuzz_server(model_dir: Path, tmp_path: Path) -> Iterator[RunningServer]:
+    config = ServerConfig(engine="fake", model_dir=model_dir, out_dir=tmp_path / "out", group_size=2,
+                          batch_groups=100_000, checkpoint_every=0, keep_checkpoints=1, token="worker-token",
+                          admin_token="admin-token", default_max_tokens=4, max_tokens_limit=8,
+                          max_body_bytes=256 * 1024, stop_grace_s=0.1)
+    with running_server(config, FakeEngine(model_dir)) as srv:
+        yield srv
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _claim(srv: RunningServer, task_id: str) -> dict:
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": task_id}, headers=_bearer(srv.token))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _order(op: Any) -> int:
+    return 1 if "/admin/" in op.path else 0  # live config and pause would disturb the others: last
+
+
+def _runner(strategy: Any, body: Any) -> Any:
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def run(case: Any) -> None:
+        body(case)
+
+    return run
+
+
+def test_fuzz_every_operation(fuzz_server: RunningServer) -> None:
+    srv = fuzz_server
+    schema = schemathesis.openapi.from_dict(srv.app.openapi())
+    ops = sorted((r.ok() for r in schema.get_all_operations()), key=_order)
+    assert len(ops) >= 14
+    session = requests.Session()
+    pool = _claim(srv, "fuzz-pool")  # an open episode for the OpenAI routes
+    fresh = iter(range(10**6))
+    ran: dict[str, int] = {}
+    failures: list[str] = []
+    skipped: list[str] = []
+    statuses: dict[int, int] = {}
+
+    def send(op: Any, case: Any) -> None:
+        name = f"{op.method.upper()} {op.path}"
+        ran[name] = ran.get(name, 0) + 1
+        case.headers = {k: v for k, v in (case.headers or {}).items() if k.lower() != "authorization"}
+        if op.path.startswith("/swarm/v1/episodes/"):
+            ep = _claim(srv, f"fuzz-ep-{next(fresh)}")
+            case.path_parameters = {**(case.path_parameters or {}), "episode_id": ep["episode_id"]}
+            token = ep["api_key"]
+        elif op.path.startswith("/v1/"):
+            token = pool["api_key"]
+        elif op.path == "/swarm/v1/admin/stop":
+            token = srv.token  # a worker may not stop the server
+        elif "/admin/" in op.path:
+            token = srv.admin_token
+        else:
+            token = srv.token
+        case.headers["Authorization"] = f"Bearer {token}"
+        response = case.call(base_url=srv.url, session=session, timeout=15)
+        status = response.status_code
+        statuses[status] = statuses.get(status, 0) + 1
+        if status >= 500:
+            failures.append(f"{name}: {status} {response.text[:300]} for {case.as_curl_command()[:600]}")
+        elif status >= 400:
+            try:
+                err = response.json()["error"]
+                assert isinstance(err["message"], str) and err["type"]
+            except Exception:
+                failures.append(f"{name}: {status} without the error shape: {response.text[:200]}")
+        if op.path == "/swarm/v1/admin/stop" and status < 400:
+            failures.append("a worker token stopped the server")
+
+    started = time.monotonic()
+    for op in ops:
+        for mode in MODES:
+            strategy = op.as_strategy(generation_mode=getattr(schemathesis.GenerationMode, mode))
+
+            try:
+                _runner(strategy, lambda case, op=op: send(op, case))()
+            except Unsatisfiable:
+                if mode != "NEGATIVE":
+                    raise
+                skipped.append(f"{op.method.upper()} {op.path}")  # nothing in it can be made invalid
+            except Exception as exc:  # generation trouble is a test bug; report it with the operation
+                failures.append(f"{op.method.upper()} {op.path} ({mode}): {type(exc).__name__}: {exc}"[:800])
+    elapsed = time.monotonic() - started
+    total = sum(ran.values())
+    print(f"fuzzed {total} cases over {len(ran)} operations in {elapsed:.1f}s "
+          f"(no negative cases for {len(skipped)}); statuses {dict(sorted(statuses.items()))}")
+    assert not failures, "\n".join(failures[:20])
+    assert total >= 10 * len(ops), ran
+    assert not srv.swarm.stopping
+
+    # still healthy: health, status, models, and the pool episode still generates and finishes
+    httpx.post(f"{srv.url}/swarm/v1/admin/resume", headers=_bearer(srv.admin_token))
+    assert httpx.get(f"{srv.url}/health").json()["ok"] is True
+    assert httpx.get(f"{srv.url}/swarm/v1/status", headers=_bearer(srv.token)).status_code == 200
+    assert httpx.get(f"{srv.url}/v1/models", headers=_bearer(srv.token)).status_code == 200
+    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_bearer(pool["api_key"]),
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes/{pool['episode_id']}/finish", json={"reward": 1.0},
+                   headers=_bearer(pool["api_key"]))
+    assert r.status_code == 200, r.text
+    assert srv.swarm.trainer.errors == 0
