@@ -1,1 +1,11 @@
-"""Roost."""
+"""The embedded model: a tiny Qwen2 with its own ChatML tokenizer, warm-started on the built-in tasks.
+
+* `swarm.model.build`: `init_model` (idempotent build + warm start), `build_untrained`
+  (seconds, for tests), `build_tokenizer`, `rich_progress`.
+* `swarm.model.tokenizer`: the BPE tokenizer and chat template.
+* `swarm.model.warmstart`: the supervised pass and its calibration.
+* `swarm.model.evaluate`: score a model directory on the built-in tasks in process
+  (`python -m swarm.model.evaluate DIR`).
+
+Importing this package imports nothing heavy; the modules pull in torch.
+"""

@@ -19,8 +19,9 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -38,6 +39,7 @@ __all__ = [
     "init_model",
     "is_complete",
     "model_config",
+    "rich_progress",
     "task_corpus",
 ]
 
@@ -200,3 +202,24 @@ def _swap_into_place(tmp: Path, out_dir: Path) -> None:
             raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def rich_progress(description: str = "building model") -> Iterator[Progress]:
+    """A rich progress bar on stderr and the `progress` callback that drives it.
+
+        with rich_progress() as progress:
+            init_model(progress=progress)
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(),
+               TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn()]
+    with Bar(*columns, console=Console(stderr=True), transient=False) as bar:
+        tid = bar.add_task(description, total=1.0)
+
+        def update(message: str, fraction: float) -> None:
+            bar.update(tid, completed=fraction, description=message)
+
+        yield update

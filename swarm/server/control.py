@@ -126,6 +126,9 @@ class _LiveMetrics:
         self.control = control
         self.path = getattr(inner, "path", None)
 
+    def __getattr__(self, name: str) -> Any:  # anything else the sink offers (flush, close, ...)
+        return getattr(self.inner, name)
+
     def write(self, record: dict) -> None:
         try:
             record.update(self.control.row_fields(int(record.get("step", 0))))
@@ -273,10 +276,26 @@ class LiveControl:
         if any(g.task_id == req.task_id and g.free > 0 for g in b.groups.values()):
             return  # joining an open group takes no new slot
         self.book.window_slots(b.window, self.swarm.trainer.step, b.batch_groups)
+        self._learn_families()
         try:
             self.book.check(req.task_family, b.groups.keys())
         except QuotaRejected as exc:
             raise _Refused(exc.code, exc.message, exc.details) from None
+
+    def _learn_families(self) -> None:
+        """Families of groups not opened through a claim here (restored after a restart)."""
+        missing = {gid for gid in self.swarm.batcher.groups if gid not in self.book.families}
+        if not missing:
+            return
+        reg = self.swarm.registry
+        for ep in [*reg.open.values(), *reversed(reg.closed.values())]:
+            if ep.group_id in missing:
+                self.book.opened(ep.group_id, ep.task_family)
+                missing.discard(ep.group_id)
+                if not missing:
+                    return
+        for gid in missing:  # not found: counted as no family's slot, and not searched again
+            self.book.families[gid] = None
 
     def admitted(self, req: ClaimRequest, group: Group) -> None:
         self.book.opened(group.group_id, req.task_family)

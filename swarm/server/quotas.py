@@ -151,7 +151,7 @@ class QuotaBook:
         self._active: dict[str, float] | None = None
         self._carry: dict[str, float] = {}
         self._carry_key: tuple | None = None
-        self.families: dict[str, str] = {}  # group id -> family, for groups opened under quotas
+        self.families: dict[str, str | None] = {}  # group id -> family (None: unknown)
 
     @property
     def enabled(self) -> bool:

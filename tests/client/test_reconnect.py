@@ -148,3 +148,26 @@ def test_sigterm_gives_open_episodes_back(server: RunningServer, tmp_path: Path)
     assert server.swarm.status().open_episodes == 0, out.decode()
     assert server.swarm.counters["aborted"] == 2 and server.swarm.counters["expired"] == 0
     assert json.loads(state.read_text())["pending"] == [0, 1]  # a restart re-plays both
+
+
+def test_async_client_heartbeats_and_fail(make_server) -> None:
+    import asyncio
+
+    from swarm.client import AsyncSwarmClient
+
+    srv = make_server(group_size=2, batch_groups=1, lease_seconds=0.4)
+
+    async def go() -> None:
+        async with AsyncSwarmClient(srv.url, srv.token) as client:
+            ep = await client.claim("a")
+            await asyncio.sleep(1.5)  # the background task renews the lease meanwhile
+            await ep.async_openai.chat.completions.create(model=ep.model, max_tokens=3,
+                                                          messages=[{"role": "user", "content": "x"}])
+            await ep.finish(1.0)
+            bad = await client.claim("a")
+            await bad.fail("tool crashed")
+            await ep.aclose()
+            await bad.aclose()
+
+    asyncio.run(go())
+    assert srv.swarm.counters["expired"] == 0 and srv.swarm.counters["finished_failed"] == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import stat
+import time
 from pathlib import Path
 
 import httpx
@@ -239,3 +240,49 @@ def test_no_server_module_runs_client_supplied_code() -> None:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]
             assert not banned.search(code), f"{path.name}:{n}: {line.strip()}"
+
+
+def test_serve_generates_persists_and_reuses_secrets(tmp_path: Path, model_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from swarm.server.app import serve
+
+    for var in ("ROOST_TOKEN", "ROOST_ADMIN_TOKEN", "ROOST_SECRET"):
+        monkeypatch.delenv(var, raising=False)
+    out = tmp_path / "out"
+    config = ServerConfig(engine="fake", model_dir=model_dir, out_dir=out, port=0, checkpoint_every=0,
+                          stop_grace_s=0.05)
+
+    def run_once() -> list[str]:
+        lines: list[str] = []
+        (out / "server.json").unlink(missing_ok=True)
+        t = threading.Thread(target=serve, args=(config, FakeEngine(model_dir)), kwargs={"announce": lines.append},
+                             daemon=True)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not (out / "server.json").exists() or not any("out dir" in x for x in lines):
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.05)
+        url = json.loads((out / "server.json").read_text())["url"]
+        saved = json.loads((out / SECRETS_FILE).read_text())
+        while httpx.get(f"{url}/health").status_code != 200:  # pragma: no cover - startup race
+            time.sleep(0.05)
+        assert _claim_url(url, saved["token"]) == 200
+        r = httpx.post(f"{url}/swarm/v1/admin/stop", headers=_h(saved["admin_token"]))
+        assert r.status_code == 200
+        t.join(30)
+        assert not t.is_alive()
+        return lines
+
+    first = run_once()
+    saved = json.loads((out / SECRETS_FILE).read_text())
+    assert any(saved["token"] in x for x in first) and any("secrets.json" in x for x in first)
+    second = run_once()
+    assert json.loads((out / SECRETS_FILE).read_text()) == saved  # reused, not regenerated
+    assert any(saved["admin_token"] in x for x in second) and not any("generated" in x for x in second)
+    assert "server.json" not in saved and all(saved[k] not in (out / "server.json").read_text() for k in saved)
+
+
+def _claim_url(url: str, token: str) -> int:
+    return httpx.post(f"{url}/swarm/v1/episodes", json={"task_id": "t"}, headers=_h(token)).status_code

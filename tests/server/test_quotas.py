@@ -168,3 +168,12 @@ def test_long_poll_claim_waits_for_the_next_batch(make_server) -> None:
     _finish(srv, ep)
     t.join(10)
     assert got and got[0].status_code == 200
+
+
+def test_groups_restored_without_a_claim_still_count(make_server) -> None:
+    srv = make_server(group_size=1, batch_groups=2, quotas={"math": 0.5, "code": 0.5})
+    assert _claim(srv, "m1", "math").status_code == 200
+    srv.swarm.control.book.families.clear()  # as after a restart: groups exist, nobody claimed them here
+    r = _claim(srv, "m2", "math")
+    assert r.status_code == 429 and r.json()["error"]["used"] == 1
+    assert _claim(srv, "c1", "code").status_code == 200
