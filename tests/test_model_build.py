@@ -19,7 +19,7 @@ from swarm.model.tokenizer import ENDOFTEXT, IM_END, IM_START, render_chat
 from swarm.model.warmstart import WarmStartConfig, encode_transcript
 from swarm.tasks import get_task
 
-TINY = WarmStartConfig(arith_examples=64, guess_examples=16, batch_tokens=512)
+TINY = WarmStartConfig(arith_examples=64, guess_examples=16, arith_batch=32, guess_batch=8)
 MESSAGES = [{"role": "user", "content": "What is 47+85?"},
             {"role": "assistant", "content": "132"},
             {"role": "user", "content": "Higher."}]
@@ -137,7 +137,7 @@ def test_init_model_is_idempotent_and_atomic(tmp_path):
     assert init_model(out, seed=3, config=TINY) == out
     marker = json.loads((out / MARKER).read_text())
     assert marker["seed"] == 3 and is_complete(out, seed=3)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+    assert [p.name for p in tmp_path.iterdir() if p.name != "m"] == [".m.lock"]  # no temp left
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     messages = []
     init_model(out, seed=3, config=TINY, progress=lambda m, f: messages.append(m))

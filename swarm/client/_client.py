@@ -8,7 +8,10 @@
 Every call is retry-safe: claims and finishes carry idempotency keys, so the
 client retries connection errors and 5xx with backoff; 429 (the server's
 on-policy window is full, or it is training) is waited out honouring
-`Retry-After`. A server that is stopping raises `ServerStopping`. No torch here.
+`Retry-After`. A server that is stopping raises `ServerStopping`. With
+`reconnect_s`, a server reached once is waited for that long (a restart). While
+an episode is open a background thread renews its lease (`_heartbeat.py`); an
+episode the server no longer knows (404/409) is marked `lost`. No torch here.
 """
 
 from __future__ import annotations

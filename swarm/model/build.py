@@ -129,8 +129,8 @@ def is_complete(model_dir: Path, seed: int | None = None) -> bool:
 
 
 def _clean_stale_temps(parent: Path, name: str) -> None:
-    """Remove temp dirs left by interrupted inits whose process is gone."""
-    for p in parent.glob(f".{name}.tmp-*"):
+    """Remove temp/aside dirs left by interrupted inits whose process is gone."""
+    for p in [*parent.glob(f".{name}.tmp-*"), *parent.glob(f".{name}.old-*")]:
         try:
             pid = int(p.name.split("-")[-2])
             os.kill(pid, 0)
@@ -154,16 +154,42 @@ def init_model(out_dir: Path | None = None, seed: int = 0, force: bool = False,
     out_dir = Path(out_dir) if out_dir is not None else default_model_dir()
     config = config or WarmStartConfig()
     report = progress or (lambda message, fraction: None)
-    if not force and is_complete(out_dir, seed) and \
-            json.loads((out_dir / MARKER).read_text()) == _marker_for(seed, config):
+    if not force and _matches(out_dir, seed, config):
         report("model ready", 1.0)
         return out_dir
-    if out_dir.exists() and any(out_dir.iterdir()) and not force and \
-            not (out_dir / MARKER).exists():
-        raise FileExistsError(f"{out_dir} exists and is not a Roost model; pass force=True")
-
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale_temps(out_dir.parent, out_dir.name)
+    with _build_lock(out_dir):  # a concurrent init of the same dir waits, then finds it built
+        if not force and _matches(out_dir, seed, config):
+            report("model ready", 1.0)
+            return out_dir
+        if out_dir.exists() and any(out_dir.iterdir()) and not force and \
+                not (out_dir / MARKER).exists():
+            raise FileExistsError(f"{out_dir} exists and is not a Roost model; pass force=True")
+        _clean_stale_temps(out_dir.parent, out_dir.name)
+        _build(out_dir, seed, config, report)
+    report("model ready", 1.0)
+    return out_dir
+
+
+def _matches(out_dir: Path, seed: int, config: WarmStartConfig) -> bool:
+    if not is_complete(out_dir, seed):
+        return False
+    return json.loads((out_dir / MARKER).read_text()) == _marker_for(seed, config)
+
+
+@contextmanager
+def _build_lock(out_dir: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(out_dir.with_name(f".{out_dir.name}.lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(out_dir: Path, seed: int, config: WarmStartConfig, report: Progress) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-",
                                 dir=out_dir.parent))
     started = time.monotonic()
@@ -174,16 +200,14 @@ def init_model(out_dir: Path | None = None, seed: int = 0, force: bool = False,
         stats = warm_start(model, tokenizer, seed=seed, config=config,
                            progress=lambda m, f: report(m, 0.02 + 0.96 * f))
         _save(model, tokenizer, tmp)
-        marker = _marker_for(seed, config)
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
         (tmp / "roost_build_stats.json").write_text(json.dumps(
             {**stats, "build_seconds": round(time.monotonic() - started, 1),
              "parameters": sum(p.numel() for p in model.parameters())}, indent=2) + "\n")
+        marker = _marker_for(seed, config)  # written last: its presence means complete
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
         _swap_into_place(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    report("model ready", 1.0)
-    return out_dir
 
 
 def _swap_into_place(tmp: Path, out_dir: Path) -> None:

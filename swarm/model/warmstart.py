@@ -3,7 +3,7 @@
 Why: RL from random weights never sees a reward. Why *calibrated*: a model that
 already solves the tasks when sampled leaves RL nothing to show. The recipe:
 
-* ~1,400 small steps (lr 1e-3, one thread): clean `arith` transcripts, and
+* ~2,250 small steps (lr 1e-3, one thread): clean `arith` transcripts, and
   `guess` games where 70% of the guesses are any number still consistent with
   the feedback rather than the midpoint (the best guess stays the most likely,
   but sampling wanders and needs more turns);
@@ -40,7 +40,8 @@ class WarmStartConfig:
     guess_examples: int = 2000
     arith_noise: float = 0.0
     guess_noise: float = 0.7
-    batch_tokens: int = 672
+    arith_batch: int = 16  # sequences per step; small batches, many steps: learns sooner
+    guess_batch: int = 8
     epochs: int = 1
     lr: float = 1e-3
     warmup_frac: float = 0.05
@@ -110,16 +111,14 @@ def training_data(tokenizer: PreTrainedTokenizerFast, seed: int,
     return buckets
 
 
-def make_batches(buckets: list[list[Encoded]], batch_tokens: int, rng: random.Random,
+def make_batches(buckets: list[list[Encoded]], sizes: list[int], rng: random.Random,
                  epochs: int = 1) -> list[list[Encoded]]:
-    """Fixed-order batches of roughly `batch_tokens` padded tokens each."""
+    """Fixed-order batches: each bucket cut into batches of its size, all shuffled together."""
     batches: list[list[Encoded]] = []
     for _ in range(epochs):
-        for bucket in buckets:
+        for bucket, per in zip(buckets, sizes):
             items = list(bucket)
             rng.shuffle(items)
-            longest = max(len(ids) for ids, _ in items)
-            per = max(1, batch_tokens // longest)
             batches += [items[i:i + per] for i in range(0, len(items), per)]
     rng.shuffle(batches)
     return batches
@@ -157,8 +156,8 @@ def _train(model, tokenizer: PreTrainedTokenizerFast, seed: int, config: WarmSta
     torch.manual_seed(seed)
     rng = random.Random(f"warm-start:{seed}")
     report("encoding transcripts", 0.0)
-    batches = make_batches(training_data(tokenizer, seed, config), config.batch_tokens, rng,
-                           config.epochs)
+    batches = make_batches(training_data(tokenizer, seed, config),
+                           [config.arith_batch, config.guess_batch], rng, config.epochs)
     pad_id = tokenizer.convert_tokens_to_ids(tokenizer.pad_token)
     optim = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98),
                               weight_decay=config.weight_decay)

@@ -3,8 +3,9 @@
 Pure bookkeeping (no I/O, no engine): the routes call it from the event loop, so
 it needs no locks. An episode key is `rk.<episode id>.<epoch>.<hmac>`; the HMAC
 of id and epoch under the server secret makes a forged key fail before any
-lookup, and the epoch makes room for leases: when an expired lease is handed to
-another client the epoch moves on, and the old holder's key gets 409.
+lookup, and the epoch fences leases (leases.py): when a lease expires the epoch
+moves on and the episode is handed to the next claim of its task; the old
+holder's key gets 409.
 
 Finishing is idempotent by key: a retried finish with the same
 `idempotency_key` returns the stored answer and is never counted twice.

@@ -1,10 +1,12 @@
 """`Swarm`: the server's components wired together, and the operations routes call.
 
-    claim  -> batcher.admit (on-policy window) -> registry.create -> signed key
-    call   -> (recorded by the OpenAI routes) -> episode.calls
-    finish -> timeline.episode_samples -> batcher.finish -> trainer.kick
+    claim  -> batcher.admit (on-policy window) -> registry.create -> signed key (lease epoch)
+    call   -> (recorded by the OpenAI routes) -> episode.calls; lease renewed
+    finish -> timeline.episode_samples -> durable buffer (fsync'd) -> batcher.finish -> trainer.kick
     abort  -> batcher.release
-    step   -> checkpoint every k -> stop after max_steps
+    expiry -> (leases.py sweeper) epoch+1, slot reopened, handed to the next claim of the task
+    step   -> buffer rows marked trained -> checkpoint every k -> stop after max_steps
+    start  -> resume checkpoint -> replay untrained buffered episodes (recovery.py)
 
 Everything here runs on the event loop; only `train_step` and checkpoint writes
 go to worker threads. The Swarm holds no math: samples come from

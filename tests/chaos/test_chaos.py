@@ -253,9 +253,9 @@ def _chaos_run(tmp_path: Path, model_dir: Path, engine: str, max_steps: int, bud
 
 @pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_chaos_fake_engine(tmp_path: Path, model_dir: Path) -> None:
-    s = _chaos_run(tmp_path, model_dir, "fake", max_steps=16, budget_s=150)
+    s = _chaos_run(tmp_path, model_dir, "fake", max_steps=16, budget_s=200)
     assert s["server_sigkills"] == 1 and s["client_sigkills"] >= 3 and s["client_sigstops"] == 1
     assert s["acknowledged"] >= 16 * 8 * 0.8
 

@@ -153,9 +153,11 @@ def test_sigterm_gives_open_episodes_back(server: RunningServer, tmp_path: Path)
 def test_async_client_heartbeats_and_fail(make_server) -> None:
     import asyncio
 
+    import openai  # noqa: F401  (imported up front: a first import blocks the loop, and the beats)
+
     from swarm.client import AsyncSwarmClient
 
-    srv = make_server(group_size=2, batch_groups=1, lease_seconds=0.4)
+    srv = make_server(group_size=2, batch_groups=1, lease_seconds=0.6)
 
     async def go() -> None:
         async with AsyncSwarmClient(srv.url, srv.token) as client:
