@@ -36,12 +36,12 @@ from swarm.model.tokenizer import IM_END, IM_START, render_chat
 class WarmStartConfig:
     """The warm-start recipe; recorded in the model's marker file."""
 
-    arith_examples: int = 32000
+    arith_examples: int = 20000
     guess_examples: int = 2000
     arith_noise: float = 0.0
     guess_noise: float = 0.7
-    arith_batch: int = 16  # sequences per step; small batches, many steps: learns sooner
-    guess_batch: int = 8
+    arith_batch: int = 32
+    guess_batch: int = 4  # small batches, many steps: the game is learned sooner
     epochs: int = 1
     lr: float = 1e-3
     warmup_frac: float = 0.05

@@ -14,7 +14,7 @@ import random
 from swarm.tasks.base import Task, completion_text, register
 
 A_RANGE = (10, 99)
-B_RANGE = (10, 99)
+B_RANGE = (1, 9)
 OPS = ("+",)
 MAX_TOKENS = 8
 
