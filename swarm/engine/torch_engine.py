@@ -42,7 +42,7 @@ class TorchEngine:
         model_dir: Path,
         seed: int = 0,
         device: str | None = None,
-        max_batch: int = 64,
+        max_batch: int = 128,
         reference: bool = True,
     ) -> None:
         self.model_dir = Path(model_dir)

@@ -3,8 +3,8 @@
 Why: RL from random weights never sees a reward. Why *calibrated*: a model that
 already solves the tasks when sampled leaves RL nothing to show. The recipe:
 
-* ~2,250 small steps (lr 1e-3, one thread): clean `arith` transcripts, and
-  `guess` games where 70% of the guesses are any number still consistent with
+* ~1,100 small steps (lr 1e-3, one thread, about a minute): clean `arith`
+  transcripts, and `guess` games where 70% of the guesses are any number still consistent with
   the feedback rather than the midpoint (the best guess stays the most likely,
   but sampling wanders and needs more turns);
 * then every logit is scaled down (`calibrate_logit_scale`) until sampling at

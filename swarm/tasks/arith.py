@@ -1,10 +1,13 @@
 """`arith`: single-turn arithmetic with an exact-match reward.
 
-Two-digit numbers added to or subtracted from each other ("What is 47+8?" ->
-"55"). Answers are two or three digits, a handful of tokens, so an episode is
-one short call. The difficulty is chosen so the embedded 1M-parameter model,
-after its warm start, knows most answers (greedy) but samples them unreliably
-at temperature 1: the gap GRPO closes in minutes on a CPU.
+A two-digit number plus a one-digit number ("What is 47+8?" -> "55"): answers
+are two or three digit tokens, so an episode is one short call. The difficulty
+is what the embedded 1M-parameter model learns reliably (every seed) in its
+one-minute warm start; harder sums (two digits + two digits) are learned by
+some seeds and not others in that budget. After the warm start the model
+answers almost all of them greedily but only about a quarter when sampling at
+temperature 1: the gap GRPO closes in minutes on a CPU. `OPS`/`B_RANGE` widen
+the task (subtraction is supported) for bigger models.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ MAX_TOKENS = 8
 def _problem(rng: random.Random) -> tuple[int, str, int, int]:
     op = rng.choice(OPS)
     a = rng.randint(*A_RANGE)
-    b = rng.randint(B_RANGE[0], a if op == "-" else B_RANGE[1])
+    b = rng.randint(B_RANGE[0], min(a, B_RANGE[1]) if op == "-" else B_RANGE[1])
     answer = a + b if op == "+" else a - b
     return a, op, b, answer
 
