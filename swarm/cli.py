@@ -43,9 +43,10 @@ def model_init(
 
     Deterministic from the seed and idempotent: a complete model is reused.
     """
-    from swarm.model.build import init_model
+    from swarm.model.build import init_model, rich_progress
 
-    path = init_model(out, seed=seed, force=force)
+    with rich_progress() as progress:
+        path = init_model(out, seed=seed, force=force, progress=progress)
     typer.echo(str(path))
 
 
@@ -81,9 +82,10 @@ def train_command(
     if task not in list_tasks():
         raise typer.BadParameter(f"unknown task {task!r}; built-in tasks: {', '.join(list_tasks())}", param_hint="--task")
     if model is None:
-        from swarm.model.build import init_model
+        from swarm.model.build import init_model, rich_progress
 
-        model = init_model(default_model_dir())
+        with rich_progress("building the embedded model") as progress:
+            model = init_model(default_model_dir(), progress=progress)
     elif not (model / "config.json").exists():
         raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)", param_hint="--model")
     spec = TrainSpec(task=task, model=model, out=out, steps=steps, group_size=group_size, batch_groups=batch_groups,
