@@ -81,6 +81,10 @@ def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait(timeout=5)
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _read_metrics(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -142,6 +146,8 @@ def run(spec: TrainSpec) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": token}
     t0 = time.monotonic()
     procs: list[subprocess.Popen] = []
+    # SIGTERM (a scheduler's cancel) must still run the cleanup below: stop children by PID
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         server = subprocess.Popen(_swarm(*server_args), stdout=open(logs / "server.log", "w"),
                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -158,6 +164,7 @@ def run(spec: TrainSpec) -> dict:
     finally:
         for p in reversed(procs):
             _stop(p)
+        signal.signal(signal.SIGTERM, previous)
     wall = time.monotonic() - t0
     summary = summarize(_read_metrics(out / "server" / "metrics.jsonl"), wall, spec)
     run_file = out / "server" / "mlflow_run.json"
