@@ -77,6 +77,14 @@ def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0,
         sock.close()
 
 
+def wait_until(cond: Any, timeout: float = 10.0) -> None:
+    """Poll `cond()` every 20 ms until it is true; fail the test after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
 def tiny_model_dir(base: Path) -> Path:
     """A tokenizer + random tiny Qwen2 under `base/tiny-model` (built once per base)."""
     from swarm.model.build import build_untrained

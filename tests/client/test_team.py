@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Callable
 
 import httpx
 import pytest
 
+from swarm.server.testing import wait_until
 from swarm.client import SwarmAPIError, SwarmClient, TeamClient, TeamError
 from swarm.engine.fake import FakeEngine
 from swarm.server.testing import RunningServer
@@ -66,11 +66,6 @@ def _team(pair: tuple[RunningServer, RunningServer]) -> TeamClient:
                        "executor": SwarmClient(e.url, e.token, max_retries=1, backoff_s=0.05, timeout=5)})
 
 
-def _wait(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
 
 
 def _rollouts(srv: RunningServer) -> list[dict]:
@@ -102,7 +97,7 @@ def test_team_episodes_train_each_server_on_its_own_role(make_pair) -> None:
         for role in ids:
             ids[role].append(t[role].id)
     for srv, role in ((p, "planner"), (e, "executor")):
-        _wait(lambda srv=srv: srv.swarm.trainer.step == 1)
+        wait_until(lambda srv=srv: srv.swarm.trainer.step == 1)
         eng: FakeEngine = srv.engine
         assert len(eng.batches) == 1
         assert {s.episode_id for s in eng.batches[0].samples} == set(ids[role])  # only its own role

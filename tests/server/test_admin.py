@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 from typer.testing import CliRunner
 
+from swarm.server.testing import wait_until
 from swarm.cli import app as cli_app
 from swarm.engine.fake import FakeEngine
 from swarm.server.testing import RunningServer
@@ -20,11 +20,6 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _wait(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
 
 
 def _set(srv: RunningServer, body: dict, token: str | None = None) -> httpx.Response:
@@ -57,7 +52,7 @@ def _episode(srv: RunningServer, task_id: str, **call) -> dict:
 
 
 def _step(srv: RunningServer, n: int) -> None:
-    _wait(lambda: srv.swarm.trainer.step == n and not srv.swarm.batcher.training)
+    wait_until(lambda: srv.swarm.trainer.step == n and not srv.swarm.batcher.training)
 
 
 def _rows(srv: RunningServer) -> list[dict]:
@@ -158,7 +153,7 @@ def test_window_settings_wait_for_the_next_window(server: RunningServer) -> None
 def test_lr_change_during_a_step_applies_to_the_step_after(make_server, model_dir) -> None:
     srv = make_server(engine=FakeEngine(model_dir, train_delay_s=0.5), batch_groups=1, group_size=1)
     _finish(srv, _episode(srv, "a"))
-    _wait(lambda: srv.swarm.trainer.running)
+    wait_until(lambda: srv.swarm.trainer.running)
     r = _set(srv, {"lr": 5e-5, "kl_coef": 0.1})
     assert r.json()["changed"]["lr"]["effective_step"] == 2
     _step(srv, 1)
@@ -223,4 +218,4 @@ def test_ctl_commands(server: RunningServer) -> None:
     r = ctl("checkpoint")
     assert r.exit_code == 0 and "checkpoint" in json.loads(r.output)["message"]
     assert ctl("stop").exit_code == 0
-    _wait(lambda: server.swarm.stopping)
+    wait_until(lambda: server.swarm.stopping)

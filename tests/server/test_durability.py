@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from swarm.server.testing import wait_until
 from swarm.client import SwarmAPIError, SwarmClient
 from swarm.engine.fake import FakeEngine
 
@@ -20,11 +21,6 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _wait(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
 
 
 def _rows(out: Path) -> dict[str, tuple]:
@@ -52,7 +48,7 @@ def test_finish_is_on_disk_before_the_ack_and_trained_once(make_server, tmp_path
     a = _play(client, "t", 1.0)
     assert _rows(tmp_path / "out")[a.id][:2] == ("buffered", None)  # acknowledged => durable
     b = _play(client, "t", 0.0)
-    _wait(lambda: srv.swarm.trainer.step == 1)
+    wait_until(lambda: srv.swarm.trainer.step == 1)
     rows = _rows(tmp_path / "out")
     assert rows[a.id][:2] == rows[b.id][:2] == ("trained", 1)
     counters = srv.swarm.status().counters
@@ -89,7 +85,7 @@ def test_idempotent_finish_and_open_group_survive_a_restart(make_server, tmp_pat
     assert (group.task_id, group.finished, group.claimed) == ("t", 1, 0)
     second = _play(client2, "t", 0.25)
     assert second.group_id == group.group_id
-    _wait(lambda: srv2.swarm.trainer.step == 1)
+    wait_until(lambda: srv2.swarm.trainer.step == 1)
     assert {s.episode_id for s in srv2.engine.batches[0].samples} == {first.id, second.id}
     assert srv2.swarm.counters["episodes_replayed"] == 1
 
@@ -102,11 +98,11 @@ def test_restart_rolls_back_lost_steps_and_drops_stale_episodes(make_server, tmp
     ids = {}
     for step, task in enumerate("abc", start=1):
         ids[task] = _play(client, task).id
-        _wait(lambda step=step: srv.swarm.trainer.step == step)
+        wait_until(lambda step=step: srv.swarm.trainer.step == step)
     srv.stop()  # no checkpoint was ever written: the restart begins again at version 0
     srv2 = make_server(**kw)
     # a (v0, staleness 0) trains at once; b (v1) waits for room, then trains; c (v2) is too stale
-    _wait(lambda: srv2.swarm.trainer.step == 2)
+    wait_until(lambda: srv2.swarm.trainer.step == 2)
     assert [[s.episode_id for s in b.samples] for b in srv2.engine.batches] == [[ids["a"]], [ids["b"]]]
     rows = _rows(tmp_path / "out")
     assert rows[ids["a"]][:2] == ("trained", 1) and rows[ids["b"]][:2] == ("trained", 2)
@@ -123,7 +119,7 @@ def test_failed_episodes_and_group_policy(make_server, tmp_path: Path, policy: s
     good = [_play(client, "t", float(i)).id for i in range(ok)]
     bad = _play(client, "t", status="failed")
     assert bad.result is not None and bad.result.samples == 0
-    _wait(lambda: srv.swarm.batcher.window == 1 and not srv.swarm.batcher.training)
+    wait_until(lambda: srv.swarm.batcher.window == 1 and not srv.swarm.batcher.training)
     rows = _rows(tmp_path / "out")
     assert rows[bad.id][0] == "failed" and rows[bad.id][3] == "failed"
     trained_ids = {s.episode_id for b in srv.engine.batches for s in b.samples}

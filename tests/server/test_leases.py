@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from swarm.server.testing import wait_until
 from swarm.client import SwarmClient
 from swarm.engine.fake import FakeEngine
 from swarm.server.testing import RunningServer
@@ -18,11 +19,6 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _wait(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
 
 
 def _say(ep, text: str, max_tokens: int = 4):
@@ -39,7 +35,7 @@ def test_zombie_is_fenced_after_hand_over(make_server) -> None:
     client = SwarmClient(srv.url, srv.token, heartbeats=False)  # A stops beating: a stalled client
     zombie = client.claim("t")
     _say(zombie, "holder A was here")
-    _wait(lambda: srv.swarm.counters["expired"] == 1)
+    wait_until(lambda: srv.swarm.counters["expired"] == 1)
     assert srv.swarm.status().open_episodes == 0
     # the slot reopened: B gets the same episode under the next epoch
     fresh = SwarmClient(srv.url, srv.token)
@@ -58,7 +54,7 @@ def test_zombie_is_fenced_after_hand_over(make_server) -> None:
     c = fresh.claim("t")
     _say(c, "holder C speaking")
     c.finish(0.0)
-    _wait(lambda: srv.swarm.trainer.step == 1)
+    wait_until(lambda: srv.swarm.trainer.step == 1)
     texts = [srv.engine.tokenizer.decode(s.input_ids) for s in srv.engine.batches[0].samples]
     assert any("holder B" in t for t in texts) and any("holder C" in t for t in texts)
     assert not any("holder A" in t for t in texts)  # the zombie's data never trains
@@ -96,11 +92,11 @@ def test_expired_slot_lets_another_task_in(make_server) -> None:
     client.claim("t1")
     r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": "t2"}, headers=_h(srv.token))
     assert r.status_code == 429  # the window's only group is t1's
-    _wait(lambda: srv.swarm.counters["expired"] == 1)
+    wait_until(lambda: srv.swarm.counters["expired"] == 1)
     other = client.claim("t2", wait=False)
     _say(other, "my turn")
     other.finish(0.5)
-    _wait(lambda: srv.swarm.trainer.step == 1)
+    wait_until(lambda: srv.swarm.trainer.step == 1)
 
 
 def test_stalled_group_completes_smaller(make_server) -> None:
@@ -111,7 +107,7 @@ def test_stalled_group_completes_smaller(make_server) -> None:
         _say(ep, "hi")
         ep.finish(reward)
     # nobody claims the third copy: after group_stall_s the group trains with two
-    _wait(lambda: srv.swarm.trainer.step == 1)
+    wait_until(lambda: srv.swarm.trainer.step == 1)
     assert srv.swarm.counters["slots_abandoned"] == 1
     assert len({s.episode_id for s in srv.engine.batches[0].samples}) == 2
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from swarm.server.testing import wait_until
 from swarm.server.config import ServerConfig
 from swarm.server.quotas import OTHER, QuotaBook, QuotaPhase, QuotaRejected, allocate, shares
 from swarm.server.testing import RunningServer
@@ -32,11 +33,6 @@ def _finish(srv: RunningServer, ep: dict, reward: float = 1.0) -> None:
     assert r.status_code == 200, r.text
 
 
-def _wait(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
 
 
 # -- rounding (pure) ------------------------------------------------------------------
@@ -149,7 +145,7 @@ def test_slots_free_up_with_the_next_batch_and_schedule_switches(make_server) ->
     assert _claim(srv, "c0", "code").status_code == 429
     for ep in eps:
         _finish(srv, ep)
-    _wait(lambda: srv.swarm.trainer.step == 1 and not srv.swarm.batcher.training)
+    wait_until(lambda: srv.swarm.trainer.step == 1 and not srv.swarm.batcher.training)
     assert _claim(srv, "m9", "math").status_code == 429  # step 1: the second phase
     assert _claim(srv, "c1", "code").status_code == 200
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 
+from swarm.server.testing import wait_until
 from swarm.client import SwarmClient
 from swarm.engine.fake import FakeEngine
 from swarm.server.testing import RunningServer
@@ -15,11 +15,6 @@ from swarm.server.testing import RunningServer
 MESSAGES = [{"role": "user", "content": "What is 1+1?"}]
 
 
-def _wait(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
 
 
 def _play(client: SwarmClient, task_id: str, reward: float) -> None:
@@ -36,7 +31,7 @@ def test_b_groups_of_n_make_one_step(server: RunningServer) -> None:
         for r in rewards:
             assert eng.policy_version == 0
             _play(client, task, r)
-    _wait(lambda: server.swarm.trainer.step == 1 and not server.swarm.batcher.training)
+    wait_until(lambda: server.swarm.trainer.step == 1 and not server.swarm.batcher.training)
     assert eng.policy_version == 1 and len(eng.batches) == 1
     batch = eng.batches[0]
     assert len(batch.samples) == 4 and {s.group_id.split("#")[0] for s in batch.samples} == {"a", "b"}
@@ -75,7 +70,7 @@ def test_dropped_slot_lets_a_group_complete_smaller(server: RunningServer) -> No
     client.claim("a").abort(release=False)
     _play(client, "b", 1.0)
     _play(client, "b", 0.0)
-    _wait(lambda: server.swarm.trainer.step == 1)
+    wait_until(lambda: server.swarm.trainer.step == 1)
     assert len(server.engine.batches[0].samples) == 3
 
 
@@ -83,7 +78,7 @@ def test_claims_get_429_while_training_and_generation_waits(make_server, model_d
     srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1)
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", 1.0)
-    _wait(lambda: srv.swarm.batcher.training)
+    wait_until(lambda: srv.swarm.batcher.training)
     r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": "b"},
                    headers={"Authorization": f"Bearer {srv.token}"})
     assert r.status_code == 429 and r.json()["error"]["code"] == "training"
@@ -98,7 +93,7 @@ def test_max_steps_stops_the_server(make_server) -> None:
     srv = make_server(group_size=1, batch_groups=1, max_steps=2, checkpoint_every=0)
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", 1.0)
-    _wait(lambda: srv.swarm.trainer.step == 1)
+    wait_until(lambda: srv.swarm.trainer.step == 1)
     _play(client, "b", 1.0)
     srv.thread.join(15)
     assert not srv.thread.is_alive() and srv.swarm.trainer.step == 2
@@ -115,7 +110,7 @@ def test_failed_train_step_keeps_serving(make_server, model_dir) -> None:
     srv = make_server(engine=eng, group_size=1, batch_groups=1)
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", 1.0)
-    _wait(lambda: srv.swarm.trainer.errors == 1 and not srv.swarm.batcher.training)
+    wait_until(lambda: srv.swarm.trainer.errors == 1 and not srv.swarm.batcher.training)
     assert client.status().counters["train_errors"] == 1
     _play(client, "b", 1.0)  # the window reopened
 
@@ -131,7 +126,7 @@ def test_rollout_log_and_knobs(make_server) -> None:
                      {"role": "user", "content": "more"}]
         ep.finish(0.75)
     assert all(q.params.temperature == 0.0 for q in srv.engine.requests)  # forced by the server
-    _wait(lambda: srv.swarm.trainer.step == 1)
+    wait_until(lambda: srv.swarm.trainer.step == 1)
     assert len(srv.engine.batches[0].samples) == 2  # --no-merge: one sample per call
     rows = [json.loads(x) for x in (srv.swarm.out_dir / "rollouts.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["reward"] == 0.75 and len(rows[0]["calls"]) == 2
