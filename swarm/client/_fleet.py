@@ -231,12 +231,32 @@ def run_fleet(
                 t.join(0.2)
     except KeyboardInterrupt:
         fleet._halt("stop")
-        abort_open = getattr(client, "abort_open", None)
-        if abort_open is not None:
-            abort_open("client interrupted")  # the running workflows' next calls fail fast
-        for t in threads:
-            t.join()
+        _give_back(client, threads)
     if stop.is_set():
         fleet._stopped("stop")
     fleet.stats.elapsed = time.time() - fleet.stats.started_at
     return fleet.stats
+
+
+#: After Ctrl-C, how long the fleet waits for its workflows to notice before it exits anyway.
+STOP_GRACE_S = 30.0
+
+
+def _give_back(client: SwarmClient, threads: list[threading.Thread], grace_s: float = STOP_GRACE_S) -> None:
+    """Abort every open episode so the running workflows' next calls fail fast, until the threads end.
+
+    Aborting once is not enough: a claim the server granted just before the
+    interrupt may reach its thread only afterwards, and its workflow would then
+    play on unhindered. So the open episodes are given back again every round.
+    A second Ctrl-C, or `grace_s`, ends the wait (the threads are daemons).
+    """
+    abort_open = getattr(client, "abort_open", None)
+    deadline = time.monotonic() + grace_s
+    while alive := [t for t in threads if t.is_alive()]:
+        if abort_open is not None:
+            abort_open("client interrupted")
+        if time.monotonic() > deadline:
+            log.warning("%d workflow(s) still running %.0fs after the stop; exiting without them",
+                        len(alive), grace_s)
+            return
+        alive[0].join(0.2)
