@@ -22,6 +22,13 @@ Row states (`state`):
     skipped        its batch had no samples, or the training step failed
     discarded      left behind by a start without `resume` over the same out_dir
 
+Compaction: after each checkpoint, rows that can never be replayed again (trained
+at or before the checkpointed step, or in any other final state) lose their
+payload (the token ids, most of a row's bytes); the row itself stays, so
+idempotent finish retries and the accounting still work, and SQLite reuses the
+freed pages, so a long run's buffer stops growing with its history. The
+token-level record of every episode stays in `rollouts.jsonl` for `swarm inspect`.
+
 Storage only: which rows to replay, and where, is decided by `recovery.py`.
 """
 
@@ -39,6 +46,7 @@ from typing import Any, Iterable
 from swarm.engine.base import TrainSample
 
 FINAL_STATES = ("trained", "failed", "dropped_group", "dropped_stale", "skipped", "discarded")
+COMPACTED = "{}"  # the payload of a compacted row (a stored payload always has "samples")
 _WINDOW = re.compile(r"#w(\d+)g(\d+)$")
 
 _SCHEMA = """
@@ -151,10 +159,28 @@ class DurableBuffer:
         return n
 
     def rollback_to(self, step: int) -> int:
-        """Rows trained after `step` go back to buffered: the weights holding them were lost."""
+        """Rows trained after `step` go back to buffered: the weights holding them were lost.
+
+        Only rows that still hold their samples: a compacted row was trained into
+        a checkpoint that is gone now (deleted by hand), and cannot be replayed.
+        """
         with self._lock:
             return self._db.execute("UPDATE episodes SET state='buffered', trained_step=NULL "
-                                    "WHERE state='trained' AND trained_step>?", (step,)).rowcount
+                                    "WHERE state='trained' AND trained_step>? AND payload!=?",
+                                    (step, COMPACTED)).rowcount
+
+    def compact(self, checkpointed_step: int) -> int:
+        """Drop the payload of rows no restart can replay (see the module doc); returns how many."""
+        finals = tuple(s for s in FINAL_STATES if s != "trained")
+        marks = ",".join("?" * len(finals))
+        with self._lock:
+            return self._db.execute(
+                f"UPDATE episodes SET payload=? WHERE payload!=? AND ((state='trained' AND trained_step<=?) "
+                f"OR state IN ({marks}))", (COMPACTED, COMPACTED, checkpointed_step, *finals)).rowcount
+
+    def payload_bytes(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM episodes").fetchone()[0])
 
     def discard_unfinished(self) -> int:
         with self._lock:

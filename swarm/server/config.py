@@ -90,6 +90,8 @@ class ServerConfig(BaseModel):
                                  "(a vanished client cannot hold a window forever); None: wait forever")
     durable_buffer: bool = Field(True, description="persist each finished episode (out_dir/buffer.sqlite, "
                                                    "WAL, synchronous=FULL) before acknowledging it")
+    compact_buffer: bool = Field(True, description="after each checkpoint, drop the token ids of buffered "
+                                                   "rows no restart can replay (keeps the buffer bounded)")
     max_staleness: int = Field(1, ge=0, description="after a restart, buffered episodes more than this many "
                                                     "policy versions away are dropped (dropped_stale)")
     failed_group_policy: Literal["drop", "keep"] = Field(

@@ -20,6 +20,12 @@ Every metrics.jsonl row carries the values its step ran with (`live/lr`,
 
 `pause` refuses new claims (429 `paused` with Retry-After) while running
 episodes finish and train normally; `resume` lets claims in again.
+
+Live settings survive a restart: every change (and pause/resume) rewrites
+`out_dir/live_config.json` atomically, and a server that resumes from that
+`out_dir` re-applies it before it admits anything, so a crash does not silently
+revert an operator's learning-rate cut to the command line's value. A fresh
+run (`resume=False`) ignores the file.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,6 +52,7 @@ TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "adv
 WINDOW_KEYS = ("temperature", "default_temperature", "batch_groups", "quotas", "quota_schedule")
 NULLABLE = {"temperature", "quotas", "quota_schedule"}
 HISTORY_KEPT = 1000
+LIVE_FILE = "live_config.json"
 
 
 class LiveConfigUpdate(BaseModel):
@@ -146,6 +154,8 @@ class LiveControl:
         self._unreported: list[dict[str, Any]] = []
         self._history: list[tuple[int, dict[str, Any]]] = [(0, self.values())]
         self.events_path = swarm.out_dir / "events.jsonl"
+        self.live_path = swarm.out_dir / LIVE_FILE
+        self.overrides: dict[str, Any] = {}  # every setting changed live so far (persisted)
         # pending window settings apply when the trainer opens the next window
         self._after_reopen = swarm.trainer.on_reopen
         swarm.trainer.on_reopen = self._on_reopen
@@ -216,8 +226,54 @@ class LiveControl:
             else:
                 for k in window:
                     changed[k]["effective"] = "next window"
+        self.overrides.update({k: _plain(v) for k, v in changes.items()})
+        self._save()
         self._event("config_changed", changes=changed)
         return self.describe(changed)
+
+    # -- persistence ------------------------------------------------------------
+    def _save(self) -> None:
+        """Rewrite live_config.json atomically (a crash leaves the old or the new one)."""
+        record = {"overrides": self.overrides, "paused": self.paused, "saved_at": time.time()}
+        tmp = self.live_path.with_name(self.live_path.name + ".tmp")
+        try:
+            self.live_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w") as f:
+                f.write(json.dumps(record, indent=2, sort_keys=True, default=str))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.live_path)
+        except OSError:
+            log.exception("could not save live settings to %s", self.live_path)
+
+    def restore(self) -> dict[str, Any] | None:
+        """Re-apply the live settings a previous run of this out_dir left (call before admitting).
+
+        A file that cannot be read or no longer validates is reported and set
+        aside (renamed `.invalid`), never half-applied: the server starts with
+        its configured values instead.
+        """
+        if not self.live_path.is_file():
+            return None
+        try:
+            record = json.loads(self.live_path.read_text())
+            overrides = dict(record.get("overrides") or {})
+            paused = bool(record.get("paused", False))
+            update = LiveConfigUpdate(**overrides) if overrides else None
+        except (OSError, ValueError, TypeError) as exc:
+            bad = self.live_path.with_name(self.live_path.name + ".invalid")
+            log.error("ignoring live settings in %s (%s); moved to %s", self.live_path, exc, bad)
+            self.live_path.replace(bad)
+            return None
+        if update is not None:
+            self.update(update)
+            self._apply_pending()  # nothing is admitted yet: window settings apply now
+        if paused:
+            self.pause()
+        log.warning("restored live settings from %s: %s%s", self.live_path, json.dumps(overrides, default=str),
+                    " (paused: `swarm ctl resume` lets claims in)" if paused else "")
+        self._event("config_restored", overrides=overrides, paused=paused)
+        return {"overrides": overrides, "paused": paused}
 
     def _window_idle(self) -> bool:
         b = self.swarm.batcher
@@ -255,11 +311,13 @@ class LiveControl:
     def pause(self) -> None:
         if not self.paused:
             self.paused = True
+            self._save()
             self._event("paused")
 
     def resume(self) -> None:
         if self.paused:
             self.paused = False
+            self._save()
             self._event("resumed")
             self.swarm.wake_claims()
 

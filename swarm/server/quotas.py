@@ -14,14 +14,17 @@ shares summing to exactly 1 and no `other` entry, an unnamed family has 0
 slots and every claim of it gets 429 (with a reason naming the family); the
 quotas can be changed live (`POST /swarm/v1/admin/config`) to let it in.
 
-Rounding (slots always sum to B): each bucket first gets floor(q*B); the
-B - sum(floors) leftover slots go one each to the buckets with the largest
-`fraction + carry`, where `fraction` is q*B - floor(q*B) and `carry` is how far
-the bucket is behind its exact entitlement over the previous windows under the
-same quotas and B (ties: larger share, then name). The first window is thus
-plain largest-remainder (Hamilton) rounding of round(q*B), and over many
-windows every bucket gets q*B slots per batch on average (math=0.4, code=0.3,
-shell=0.3 at B=4 gives 2/1/1, 1/2/1, 2/1/1, 1/1/2, ...). A bucket with share 0
+Rounding (slots always sum to B): the slots of successive windows under the same
+quotas are dealt one at a time by Balinski and Young's *quota method*: the next
+slot goes to the bucket with the largest q/(a+1) (a: its slots so far) among
+those still below their upper quota ceil(q*h) (h: slots dealt including this
+one); ties go to the larger share, then the name. That method is house-monotone
+and satisfies quota, so after every window each bucket holds floor(q*H) or
+ceil(q*H) of the H slots dealt so far: never a whole slot from its share, however
+many windows pass (a per-window largest-remainder rule with a carry can drift
+past one). math=0.4, code=0.3, shell=0.3 at B=4 gives 2/1/1, 1/2/1, 2/1/1,
+1/1/2, ...; a change of B keeps the count, a change of quotas starts it afresh.
+A bucket with share 0
 never gets a slot. Reserved slots that no client of their family claims keep
 the window from filling (that is what reserving means): lower that family's
 quota, or let its clients run.
@@ -98,16 +101,18 @@ def shares(quotas: dict[str, float]) -> dict[str, float]:
 
 
 def allocate(share: dict[str, float], batch_groups: int,
-             carry: dict[str, float] | None = None) -> dict[str, int]:
-    """Group slots per bucket for one window (sums to `batch_groups`; see the module docstring)."""
-    carry = carry or {}
-    exact = {k: q * batch_groups for k, q in share.items()}
-    slots = {k: math.floor(v + 1e-9) for k, v in exact.items()}
-    leftover = batch_groups - sum(slots.values())
-    candidates = sorted((k for k, q in share.items() if q > 0),
-                        key=lambda k: (-(exact[k] - slots[k] + carry.get(k, 0.0)), -share[k], k))
-    for k in candidates[:max(0, leftover)]:
-        slots[k] += 1
+             dealt: dict[str, int] | None = None) -> dict[str, int]:
+    """Group slots per bucket for one window, after `dealt` slots per bucket in earlier windows
+    under the same shares (the quota method; see the module docstring). Sums to `batch_groups`."""
+    counts = {k: (dealt or {}).get(k, 0) for k in share}
+    slots = {k: 0 for k in share}
+    live = sorted((k for k, q in share.items() if q > 0), key=lambda k: (-share[k], k))
+    for _ in range(batch_groups):
+        h = sum(counts.values()) + 1
+        eligible = [k for k in live if counts[k] < math.ceil(share[k] * h - 1e-9)] or live
+        pick = max(eligible, key=lambda k: share[k] / (counts[k] + 1))  # first of equals: share, then name
+        counts[pick] += 1
+        slots[pick] += 1
     return slots
 
 
@@ -149,8 +154,8 @@ class QuotaBook:
         self._b = 0
         self._slots: dict[str, int] = {}
         self._active: dict[str, float] | None = None
-        self._carry: dict[str, float] = {}
-        self._carry_key: tuple | None = None
+        self._dealt: dict[str, int] = {}  # slots per bucket over the windows under the current quotas
+        self._dealt_key: tuple | None = None
         self.families: dict[str, str | None] = {}  # group id -> family (None: unknown)
 
     @property
@@ -170,11 +175,6 @@ class QuotaBook:
     def window_slots(self, window: int, step: int, batch_groups: int) -> dict[str, int]:
         if self._window == window:
             return self._slots
-        if self._window is not None and self._active is not None:
-            # the window that just ended counts towards the long-run fairness of the next ones
-            sh = shares(self._active)
-            for k, q in sh.items():
-                self._carry[k] = self._carry.get(k, 0.0) + q * self._b - self._slots.get(k, 0)
         self._active = self.active(step)
         self._window = window
         self._b = batch_groups
@@ -182,10 +182,12 @@ class QuotaBook:
         if self._active is None:
             self._slots = {}
             return self._slots
-        key = (tuple(sorted(self._active.items())), batch_groups)
-        if key != self._carry_key:
-            self._carry, self._carry_key = {}, key
-        self._slots = allocate(shares(self._active), batch_groups, self._carry)
+        key = tuple(sorted(self._active.items()))
+        if key != self._dealt_key:
+            self._dealt, self._dealt_key = {}, key
+        self._slots = allocate(shares(self._active), batch_groups, self._dealt)
+        for k, v in self._slots.items():
+            self._dealt[k] = self._dealt.get(k, 0) + v
         return self._slots
 
     def used(self, open_groups: Iterable[str]) -> dict[str, int]:

@@ -110,6 +110,17 @@ class Durability:
             log.exception("could not mark %d buffered episode(s) %s", len(ids), state)
             self.swarm.counters["buffer_errors"] += 1
 
+    def compact(self, checkpointed_step: int) -> None:
+        """After a checkpoint: drop the samples of rows no restart can replay (blocking: run in a thread)."""
+        if self.buffer is None or not self.swarm.config.compact_buffer:
+            return
+        try:
+            n = self.buffer.compact(checkpointed_step)
+        except Exception:  # compaction only saves space: never fail a checkpoint over it
+            log.exception("could not compact the episode buffer")
+            return
+        self.swarm.counters["buffer_compacted"] += n
+
     # -- restart ------------------------------------------------------------------------------------
     def recover(self, resumed: bool) -> None:
         """After `Swarm.resume`: put acknowledged-but-untrained episodes back into the batcher."""

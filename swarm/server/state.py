@@ -102,6 +102,7 @@ class Swarm:
         self._stop_task: asyncio.Task | None = None
         if config.resume:
             self.resume()
+            self.control.restore()  # the operator's live changes outlive a crash
         self.durability.recover(resumed=config.resume)
 
     # -- auth -----------------------------------------------------------------
@@ -295,6 +296,7 @@ class Swarm:
         path = await asyncio.to_thread(self.checkpointer.save, self.engine, self.trainer.step, self._state())
         self.last_checkpoint = str(path)
         self.checkpointed_step = self.trainer.step
+        await asyncio.to_thread(self.durability.compact, self.checkpointed_step)
         if self.tracking is not None:
             self.tracking.checkpoint(self.trainer.step, path)
         log.info("checkpoint %s", path)

@@ -144,8 +144,8 @@ class Trainer:
                 metrics = await asyncio.to_thread(
                     self.engine.train_step, TrainBatch(samples=samples, config=self.config))
                 trained = time.monotonic()
+                self._outcome(batch, self.step + 1)  # rows marked before the new step is visible
                 self.step += 1
-                self._outcome(batch, self.step)
                 batch_trained = True
                 extra = await self.on_step(self.step)
                 record = {

@@ -219,3 +219,49 @@ def test_ctl_commands(server: RunningServer) -> None:
     assert r.exit_code == 0 and "checkpoint" in json.loads(r.output)["message"]
     assert ctl("stop").exit_code == 0
     wait_until(lambda: server.swarm.stopping)
+
+
+# -- restarts ---------------------------------------------------------------------------
+
+def _restart(model_dir, out_dir, **overrides):
+    from swarm.server.config import ServerConfig
+    from swarm.server.testing import running_server
+
+    fields = {"engine": "fake", "model_dir": model_dir, "out_dir": out_dir, "group_size": 2, "batch_groups": 2,
+              "checkpoint_every": 0, "token": "worker-token", "admin_token": "admin-token", "stop_grace_s": 0.2}
+    return running_server(ServerConfig(**{**fields, **overrides}), FakeEngine(model_dir))
+
+
+def test_live_settings_survive_a_restart(model_dir, tmp_path) -> None:
+    out = tmp_path / "run"
+    with _restart(model_dir, out) as srv:
+        a = _episode(srv, "a")  # a window is open: the window settings wait as pending
+        r = _set(srv, {"lr": 1e-4, "kl_coef": 0.2, "default_temperature": 0.5, "quotas": {"m": 0.5, "c": 0.5}})
+        assert r.status_code == 200 and r.json()["pending"]["default_temperature"] == 0.5
+        assert httpx.post(f"{srv.url}/swarm/v1/admin/pause", headers=_h(srv.admin_token)).status_code == 200
+        del a  # killed with an open episode, pending settings unapplied
+    with _restart(model_dir, out) as srv:  # the configured lr is not 1e-4; the operator set 1e-4
+        live = httpx.get(f"{srv.url}/swarm/v1/admin/config", headers=_h(srv.admin_token)).json()
+        assert live["live"]["lr"] == 1e-4 and live["live"]["kl_coef"] == 0.2
+        assert live["live"]["default_temperature"] == 0.5 and live["live"]["quotas"] == {"m": 0.5, "c": 0.5}
+        assert live["paused"] is True and live["pending"] == {}
+        assert _claim(srv, "b", "m").json()["error"]["code"] == "paused"
+        assert httpx.post(f"{srv.url}/swarm/v1/admin/resume", headers=_h(srv.admin_token)).status_code == 200
+        r = _claim(srv, "b", "m")  # quotas restored too: family "m" has a slot, "default" none
+        assert r.status_code == 200, r.text
+        _call(srv, r.json())
+        assert srv.engine.requests[-1].params.temperature == 0.5
+        assert _claim(srv, "x").json()["error"]["code"] == "quota_exceeded"
+        events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+        assert "config_restored" in [e["event"] for e in events]
+    with _restart(model_dir, out, resume=False) as srv:  # a fresh run ignores what an earlier one set
+        assert srv.swarm.trainer.config.lr != 1e-4 and not srv.swarm.control.paused
+
+
+def test_a_corrupt_live_file_is_set_aside(model_dir, tmp_path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "live_config.json").write_text('{"overrides": {"lr": -3}}')
+    with _restart(model_dir, out) as srv:
+        assert srv.swarm.trainer.config.lr > 0 and not srv.swarm.control.paused
+    assert (out / "live_config.json.invalid").is_file() and not (out / "live_config.json").exists()

@@ -48,7 +48,8 @@ def test_finish_is_on_disk_before_the_ack_and_trained_once(make_server, tmp_path
     a = _play(client, "t", 1.0)
     assert _rows(tmp_path / "out")[a.id][:2] == ("buffered", None)  # acknowledged => durable
     b = _play(client, "t", 0.0)
-    wait_until(lambda: srv.swarm.trainer.step == 1)
+    wait_until(lambda: srv.swarm.status().counters.get("buffer_trained") == 2)  # marked as the step ends
+    assert srv.swarm.trainer.step == 1
     rows = _rows(tmp_path / "out")
     assert rows[a.id][:2] == rows[b.id][:2] == ("trained", 1)
     counters = srv.swarm.status().counters
@@ -147,3 +148,48 @@ def test_generate_timeout_is_a_504_and_the_server_stays_up(make_server, model_di
     assert status.counters["generate_timeouts"] == 2 and status.counters["http_5xx"] == 1
     ep.finish(0.0)
     assert json.loads(ep.result.model_dump_json())["calls"] == 0  # timed-out calls are not recorded
+
+
+def test_checkpoints_compact_what_no_restart_can_replay(make_server, tmp_path: Path) -> None:
+    srv = make_server(group_size=1, batch_groups=1, checkpoint_every=2, secret="s", checkpoint_on_stop=False)
+    client = SwarmClient(srv.url, srv.token)
+    eps = []
+    for step in range(1, 4):
+        eps.append(_play(client, f"t{step}"))
+        wait_until(lambda step=step: srv.swarm.trainer.step == step)
+    wait_until(lambda: srv.swarm.checkpointed_step == 2 and srv.swarm.counters["buffer_compacted"] == 2)
+    ids = [e.id for e in eps]
+    failed = _play(client, "f", status="failed").id
+    db = sqlite3.connect(tmp_path / "out" / "buffer.sqlite")
+    payload = dict(db.execute("SELECT id, payload FROM episodes").fetchall())
+    db.close()
+    assert payload[ids[0]] == payload[ids[1]] == "{}"  # trained into checkpoint 2: never replayed
+    assert json.loads(payload[ids[2]])["samples"]  # trained at step 3, after it: a restart replays it
+    assert json.loads(payload[failed]) != {}  # compacted at the next checkpoint
+    srv.stop()
+    srv2 = make_server(group_size=1, batch_groups=1, checkpoint_every=2, secret="s")
+    wait_until(lambda: srv2.swarm.trainer.step == 3)  # resumed at 2; step 3 re-trained from the buffer
+    assert [s.episode_id for s in srv2.engine.batches[0].samples] == [ids[2]]
+    assert srv2.swarm.counters["episodes_rolled_back"] == 1
+    r = httpx.post(f"{srv2.url}/swarm/v1/episodes/{ids[0]}/finish", json={"reward": 1.0},
+                   headers=_h(eps[0].api_key))
+    assert r.status_code == 409, r.text  # a compacted row still closes its episode
+
+
+def test_buffer_compact_and_rollback_unit(tmp_path: Path) -> None:
+    from swarm.server.buffer import DurableBuffer
+
+    buf = DurableBuffer(tmp_path / "b.sqlite")
+    for i, state in enumerate(["buffered", "buffered", "buffered", "failed"]):
+        buf.add(episode_id=f"e{i}", group_id="t#w0g0", task_id="t", task_family="f", epoch=0, policy_version=0,
+                status="ok" if state == "buffered" else "failed", reward=1.0, state=state,
+                idempotency_key=None, response={}, payload={"samples": [], "pad": "x" * 1000})
+    buf.mark(["e0"], "trained", 1)
+    buf.mark(["e1"], "trained", 2)
+    before = buf.payload_bytes()
+    assert buf.compact(1) == 2  # e0 (trained at 1 <= 1) and e3 (failed); e1 after, e2 untrained
+    assert buf.payload_bytes() < before and buf.compact(1) == 0
+    assert buf.rollback_to(0) == 1  # e1 comes back; e0 was compacted and cannot
+    assert sorted(r.id for r in buf.buffered()) == ["e1", "e2"]
+    assert buf.get("e0").state == "trained"
+    buf.close()
