@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 import httpx
 
-from swarm.client._client import TRANSIENT, EpisodeBase, SwarmAPIError, SwarmError, _Policy
+from swarm.client._client import TRANSIENT, EpisodeBase, SwarmAPIError, SwarmError, _Attempts, _Policy
 from swarm.client._heartbeat import AsyncHeartbeats
 from swarm.protocol import API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
 
@@ -41,25 +40,15 @@ class AsyncSwarmClient:
     async def request(self, method: str, path: str, *, key: str | None = None, json: Any = None,
                       wait_429: bool = False, wait_timeout: float | None = None) -> dict:
         headers = {"Authorization": f"Bearer {key or self.token}"}
-        deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
-        attempt = 0
-        since: float | None = None  # first failure of this request
+        tries = _Attempts(self, wait_429, wait_timeout)
         while True:
-            attempt += 1
             try:
                 r = await self._http.request(method, path, json=json, headers=headers)
-                self._connected = self._connected or r.status_code < 500
-                if r.status_code >= 500 and since is None:
-                    since = time.monotonic()
-                delay = self.policy.on_response(r, attempt, wait_429, deadline,
-                                                since if self._connected else None)
+                delay = tries.response(r)
                 if delay is None:
                     return r.json()
-                if r.status_code == 429:
-                    attempt -= 1
             except TRANSIENT as exc:
-                since = since if since is not None else time.monotonic()
-                delay = self.policy.on_error(exc, attempt, since if self._connected else None)
+                delay = tries.error(exc)
             await asyncio.sleep(delay)
 
     async def claim(self, task_id: str, task_family: str = "default", metadata: dict | None = None, *,

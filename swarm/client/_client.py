@@ -131,6 +131,43 @@ class _Policy:
         raise error_of(r)
 
 
+class _Attempts:
+    """The retry state of one request (attempts, first failure) over a client's `_Policy`.
+
+    The sync and async clients' request loops differ only in how they send and
+    sleep; every decision is here. `owner._connected` records that the server was
+    reached once: from then on, connection errors mean a restart to wait out.
+    """
+
+    def __init__(self, owner: Any, wait_429: bool, wait_timeout: float | None) -> None:
+        self.owner = owner
+        self.policy: _Policy = owner.policy
+        self.wait_429 = wait_429
+        self.deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
+        self.attempt = 0
+        self.since: float | None = None  # first failure of this request
+
+    def response(self, r: httpx.Response) -> float | None:
+        """None: `r` is the answer; else the delay before the next try (or raise)."""
+        self.attempt += 1
+        self.owner._connected = self.owner._connected or r.status_code < 500
+        if r.status_code >= 500 and self.since is None:
+            self.since = time.monotonic()
+        delay = self.policy.on_response(r, self.attempt, self.wait_429, self.deadline, self._reconnecting())
+        if delay is not None and r.status_code == 429:
+            self.attempt -= 1  # waiting for the window is not a failure
+        return delay
+
+    def error(self, exc: Exception) -> float:
+        """The delay before retrying a transport error (or raise `SwarmUnavailable`)."""
+        self.attempt += 1
+        self.since = self.since if self.since is not None else time.monotonic()
+        return self.policy.on_error(exc, self.attempt, self._reconnecting())
+
+    def _reconnecting(self) -> float | None:
+        return self.since if self.owner._connected else None
+
+
 class SwarmClient:
     """Synchronous client of one swarm server (thread-safe: share it across a fleet)."""
 
@@ -157,25 +194,15 @@ class SwarmClient:
                 stop: threading.Event | None = None) -> dict:
         """One API call with retries; returns the JSON body of the successful answer."""
         headers = {"Authorization": f"Bearer {key or self.token}"}
-        deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
-        attempt = 0
-        since: float | None = None  # first failure of this request
+        tries = _Attempts(self, wait_429, wait_timeout)
         while True:
-            attempt += 1
             try:
                 r = self._http.request(method, path, json=json, headers=headers)
-                self._connected = self._connected or r.status_code < 500
-                if r.status_code >= 500 and since is None:
-                    since = time.monotonic()
-                delay = self.policy.on_response(r, attempt, wait_429, deadline,
-                                                since if self._connected else None)
+                delay = tries.response(r)
                 if delay is None:
                     return r.json()
-                if r.status_code == 429:
-                    attempt -= 1  # waiting for the window is not a failure
             except TRANSIENT as exc:
-                since = since if since is not None else time.monotonic()
-                delay = self.policy.on_error(exc, attempt, since if self._connected else None)
+                delay = tries.error(exc)
             if self._sleep(delay, stop):
                 raise SwarmError("cancelled while waiting to retry")
 

@@ -91,6 +91,8 @@ def serve_command(
                                               help="temperature of calls that name none"),
     lease_seconds: float = typer.Option(600.0, "--lease-seconds", min=0.05,
                                         help="episode lease, renewed by heartbeats and the episode's calls"),
+    quota_borrow_s: float = typer.Option(30.0, "--quota-borrow-s", min=0.0, help="once a window is this old, "
+                                         "a family over quota may take a slot left unclaimed (0: never)"),
     group_stall_s: float = typer.Option(300.0, "--group-stall-s", min=0.0, help="a group nobody plays for this "
                                         "long completes smaller (0: wait forever)"),
     durable_buffer: bool = typer.Option(True, "--durable/--no-durable", help="persist finished episodes "
@@ -118,7 +120,8 @@ def serve_command(
         train=train, temperature=temperature, merge=merge, per_episode_norm=per_episode_norm,
         continuity=continuity.value, mlflow=mlflow, mlflow_experiment=mlflow_experiment,
         mlflow_run_name=mlflow_run_name, mlflow_parent_run_id=mlflow_parent,
-        lease_seconds=lease_seconds, group_stall_s=group_stall_s or None, durable_buffer=durable_buffer,
+        lease_seconds=lease_seconds, group_stall_s=group_stall_s or None,
+        quota_borrow_s=quota_borrow_s or None, durable_buffer=durable_buffer,
         max_staleness=max_staleness, failed_group_policy=failed_group_policy.value,
         generate_timeout_s=generate_timeout_s or None,
     )

@@ -90,6 +90,9 @@ class ServerConfig(BaseModel):
                                  "(a vanished client cannot hold a window forever); None: wait forever")
     durable_buffer: bool = Field(True, description="persist each finished episode (out_dir/buffer.sqlite, "
                                                    "WAL, synchronous=FULL) before acknowledging it")
+    quota_borrow_s: float | None = Field(
+        30.0, gt=0, description="once a window is this old, a family over its quota may take a slot another "
+                                "family left unclaimed (a dead fleet cannot stall training); None: never")
     compact_buffer: bool = Field(True, description="after each checkpoint, drop the token ids of buffered "
                                                    "rows no restart can replay (keeps the buffer bounded)")
     max_staleness: int = Field(1, ge=0, description="after a restart, buffered episodes more than this many "

@@ -338,6 +338,16 @@ class LiveControl:
         try:
             self.book.check(req.task_family, b.groups.keys())
         except QuotaRejected as exc:
+            borrow_s = self.swarm.config.quota_borrow_s
+            if borrow_s is not None and len(b.groups) < b.batch_groups:
+                age = self.swarm.trainer.window_age_s
+                if age >= borrow_s:  # a slot its own family left idle this long: lend it
+                    self.swarm.counters["quota_borrowed"] += 1
+                    log.info("window %d is %.0fs old: %s borrows an idle slot", b.window, age, req.task_family)
+                    return
+                exc.message += (f"; or, if that slot is still unclaimed when this window is {borrow_s:g}s old "
+                                f"(now {age:.0f}s), it may borrow one")
+                exc.details["borrow_in_s"] = round(borrow_s - age, 3)
             raise _Refused(exc.code, exc.message, exc.details) from None
 
     def _learn_families(self) -> None:

@@ -26,8 +26,11 @@ past one). math=0.4, code=0.3, shell=0.3 at B=4 gives 2/1/1, 1/2/1, 2/1/1,
 1/1/2, ...; a change of B keeps the count, a change of quotas starts it afresh.
 A bucket with share 0
 never gets a slot. Reserved slots that no client of their family claims keep
-the window from filling (that is what reserving means): lower that family's
-quota, or let its clients run.
+the window from filling (that is what reserving means) until the window is
+`quota_borrow_s` old (30 s by default): from then on another family may take a
+slot that is still free, so a family whose fleet died slows training but cannot
+stop it (the server counts `quota_borrowed`; lower that family's quota to stop
+waiting at all).
 """
 
 from __future__ import annotations

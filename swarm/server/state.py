@@ -140,6 +140,7 @@ class Swarm:
             try:
                 return self._claim_now(req, base_url)
             except Rejected as r:
+                borrow_in = (getattr(r, "details", None) or {}).get("borrow_in_s")
                 left = deadline - loop.time()
                 if left <= 0:
                     self.counters["claims_rejected"] += 1
@@ -147,8 +148,8 @@ class Swarm:
                     retry = 0 if req.wait_s > 0 else max(1, round(self.config.retry_after_s))
                     raise ApiError(429, r.message, r.code, headers={"Retry-After": str(retry)},
                                    details=getattr(r, "details", None)) from None
-            try:
-                await asyncio.wait_for(changed.wait(), left)
+            try:  # a quota refusal may turn into a borrowed slot before anything else changes
+                await asyncio.wait_for(changed.wait(), left if borrow_in is None else min(left, borrow_in + 0.01))
             except TimeoutError:
                 pass
 

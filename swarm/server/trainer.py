@@ -106,6 +106,11 @@ class Trainer:
         self._window_opened = time.monotonic()
 
     @property
+    def window_age_s(self) -> float:
+        """Seconds since the current window opened (quota borrowing waits on it)."""
+        return time.monotonic() - self._window_opened
+
+    @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 

@@ -206,11 +206,22 @@ def _analyse(chaos: Chaos, model_dir: Path, max_steps: int) -> dict:
     assert sum(steps[s]["episodes"] for s in steps) == len(trained)
     assert all(1 <= r[1] <= max_steps for r in trained.values())
     # 3. fencing: every marker in trained tokens is the finishing holder's (its epoch, its episode)
-    markers = 0
+    # a checkpoint compacts the rows it holds (their token ids go); rollouts.jsonl keeps every call
+    calls: dict[str, list[list[int]]] = {}
+    for line in (chaos.out / "rollouts.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        calls[rec["episode_id"]] = [c["prompt_ids"] + c["completion_ids"] for c in rec["calls"]]
+    markers = compacted = 0
     for eid, (_, _, epoch, payload) in trained.items():
         seen = set()
-        for s in json.loads(payload)["samples"]:
-            seen |= set(MARKER.findall(tok.decode(s["input_ids"])))
+        stored = json.loads(payload)
+        if "samples" in stored:
+            token_lists = [s["input_ids"] for s in stored["samples"]]
+        else:
+            compacted += 1
+            token_lists = calls[eid]
+        for ids in token_lists:
+            seen |= set(MARKER.findall(tok.decode(ids)))
         assert seen, f"trained episode {eid} carries no marker"
         for pid, ep_epoch, ep_id in seen:
             assert ep_id == eid and int(ep_epoch) == epoch, f"fenced call in {eid}: {seen}"
@@ -227,7 +238,7 @@ def _analyse(chaos: Chaos, model_dir: Path, max_steps: int) -> dict:
         "acked_trained": acked_states["trained"], "acked_dropped_stale": acked_states["dropped_stale"],
         "acked_buffered_at_end": acked_states["buffered"], "trained_rows": len(trained),
         "all_states": dict(Counter(r[0] for r in rows.values())), "http_5xx": fivexx,
-        "markers_checked": markers, **dict(chaos.events),
+        "markers_checked": markers, "trained_rows_compacted": compacted, **dict(chaos.events),
         "server_counters": {k: counters.get(k, 0) for k in (
             "expired", "episodes_replayed", "episodes_rolled_back", "dropped_stale", "slots_abandoned",
             "calls_dropped", "resumes", "finished")},
@@ -258,6 +269,7 @@ def test_chaos_fake_engine(tmp_path: Path, model_dir: Path) -> None:
     s = _chaos_run(tmp_path, model_dir, "fake", max_steps=16, budget_s=200)
     assert s["server_sigkills"] == 1 and s["client_sigkills"] >= 3 and s["client_sigstops"] == 1
     assert s["acknowledged"] >= 16 * 8 * 0.8
+    assert s["trained_rows_compacted"] > 0  # checkpoints compacted the buffer, across the kill too
 
 
 @pytest.mark.slow
