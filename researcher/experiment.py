@@ -102,7 +102,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("timeline_merge", "bool", "--merge", "merge prefix-sharing calls into one sample",
          false_flag="--no-merge"),
     Knob("model", "str", "--model", "Hugging Face model directory ('embedded' = the built-in model)"),
-    Knob("task", "str", "--task", "built-in task, or several joined by '+' for a task mix"),
+    Knob("task", "str", "--task", "built-in task, or a mix: 'arith+guess' (equal shares) or "
+         "'arith=0.75+guess=0.25'"),
 ]}
 
 STEPS_RANGE = (1, 100_000)
@@ -142,8 +143,10 @@ def check_supported(knobs: dict[str, Any], flags: frozenset[str] | None) -> None
         missing = [f for f in needed if f not in flags]
         if missing:
             raise ValueError(f"knob {name!r} is not supported by `swarm train` yet (no {missing[0]} option)")
-        if name == "task" and "+" in str(value):
-            raise ValueError("task mixes are not supported by `swarm train` yet (one --task per run)")
+        if name == "task":
+            from swarm.train import parse_mix
+
+            parse_mix(str(value))  # ValueError naming an unknown task or a bad share
 
 
 class ExperimentConfig(BaseModel):

@@ -52,7 +52,8 @@ def model_init(
 
 @app.command("train")
 def train_command(
-    task: str = typer.Option("arith", "--task", help="built-in task: arith | guess"),
+    task: str = typer.Option("arith", "--task", help="built-in task (arith | guess), or a mix: arith+guess "
+                             "(equal shares of each batch) or arith=0.75+guess=0.25"),
     model: Path = typer.Option(None, "--model", help="HF causal-LM dir [default: the embedded model, built if missing]"),
     out: Path = typer.Option(Path("runs/train"), "--out", help="output directory (summary.json, metrics, logs)"),
     steps: int = typer.Option(100, "--steps", min=1, help="optimisation steps to run"),
@@ -76,11 +77,12 @@ def train_command(
 ) -> None:
     """Train a model on a built-in task: one server and a client fleet over loopback."""
     from swarm.paths import default_model_dir
-    from swarm.tasks import list_tasks
-    from swarm.train import TrainSpec, run
+    from swarm.train import TrainSpec, parse_mix, run
 
-    if task not in list_tasks():
-        raise typer.BadParameter(f"unknown task {task!r}; built-in tasks: {', '.join(list_tasks())}", param_hint="--task")
+    try:
+        parse_mix(task)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--task") from None
     if model is None:
         from swarm.model.build import init_model, rich_progress
 

@@ -1,6 +1,8 @@
 """`swarm train`: one server and a client fleet, as separate processes, over loopback.
 
     swarm model init && swarm train --task arith
+    swarm train --task arith+guess                # a task mix: equal shares of every batch
+    swarm train --task arith=0.75+guess=0.25      # ... or these shares
 
 The server (`swarm serve`) owns the model and trains it; the fleet
 (`swarm client`, any number of processes) plays the task through the server's
@@ -8,6 +10,11 @@ OpenAI-compatible endpoint. This command only orchestrates: it picks a port and
 a token, starts both, shows progress from the server's status and metrics, stops
 everything by PID when the target step is reached (or on Ctrl-C), and writes
 `summary.json`.
+
+A task mix runs one fleet per task and gives the server a quota per task family,
+so every batch holds the tasks in the given shares however fast each fleet is
+(the server enforces it; see docs/server-control.md). The metrics then carry
+`reward_mean/<family>` per step, and `summary.json` a first/last reward per family.
 """
 
 from __future__ import annotations
@@ -56,6 +63,44 @@ class TrainSpec:
     timeout_s: float = 3600.0
 
 
+def parse_mix(task: str) -> dict[str, float]:
+    """'arith' -> {arith: 1}; 'arith+guess' -> equal shares; 'arith=3+guess=1' -> normalised shares.
+
+    ValueError naming the problem: an unknown task, a task twice, a bad or
+    non-positive share, or shares given for some tasks but not others.
+    """
+    from swarm.tasks import list_tasks
+
+    parts = [p.strip() for p in task.split("+")]
+    if not all(parts):
+        raise ValueError(f"empty task name in {task!r}")
+    named = [p.partition("=") for p in parts]
+    with_share = [sep == "=" for _, sep, _ in named]
+    if any(with_share) and not all(with_share):
+        raise ValueError(f"give a share for every task of the mix or for none: {task!r}")
+    mix: dict[str, float] = {}
+    for name, sep, share in named:
+        if name not in list_tasks():
+            raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(list_tasks())}")
+        if name in mix:
+            raise ValueError(f"task {name!r} appears twice in {task!r}")
+        try:
+            value = float(share) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"share of {name!r} is not a number: {share!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"share of {name!r} must be a positive number, got {share!r}")
+        mix[name] = value
+    total = sum(mix.values())
+    return {k: v / total for k, v in mix.items()}
+
+
+def _family(task: str) -> str:
+    from swarm.tasks import get_task
+
+    return get_task(task).family
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,6 +146,12 @@ def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5)
     steps = [{k: v for k, v in r.items() if isinstance(v, (int, float, str)) or v is None} for r in rows]
     rewards = [float(r["reward_mean"]) for r in rows if r.get("reward_mean") is not None]
     head, tail = rewards[:window], rewards[-window:]
+    families = {}
+    for key in sorted({k for r in rows for k in r if k.startswith("reward_mean/")}):
+        curve = [float(r[key]) for r in rows if r.get(key) is not None]
+        families[key.partition("/")[2]] = {"reward_first": sum(curve[:window]) / len(curve[:window]),
+                                           "reward_last": sum(curve[-window:]) / len(curve[-window:]),
+                                           "steps_seen": len(curve)}
     return {
         "task": spec.task,
         "model": str(spec.model) if spec.model else None,
@@ -111,6 +162,7 @@ def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5)
         "steps": steps,
         "reward_first": sum(head) / len(head) if head else None,
         "reward_last": sum(tail) / len(tail) if tail else None,
+        "families": families,
         "wall_s": round(wall_s, 2),
     }
 
@@ -140,6 +192,10 @@ def run(spec: TrainSpec) -> dict:
             server_args += ["--mlflow-parent", spec.mlflow_parent]
     if spec.lr is not None:
         server_args += ["--lr", str(spec.lr)]
+    mix = parse_mix(spec.task)
+    if len(mix) > 1:
+        for name, share in mix.items():
+            server_args += ["--quota", f"{_family(name)}={share!r}"]
     server_args += spec.extra_server_args
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
@@ -153,13 +209,15 @@ def run(spec: TrainSpec) -> dict:
                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
         procs.append(server)
         _wait_healthy(url, token, server, logs / "server.log")
-        per_client = max(1, spec.concurrency // spec.clients)
-        for i in range(spec.clients):
-            args = ["client", "--url", url, "--task", spec.task, "--n", str(spec.group_size),
-                    "--concurrency", str(per_client), "--seed", str(spec.seed * 1000 + i),
-                    "--dataset-size", str(spec.dataset_size)]
-            procs.append(subprocess.Popen(_swarm(*args), stdout=open(logs / f"client{i}.log", "w"),
-                                          stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        for name, share in mix.items():  # one fleet per task of the mix
+            per_client = max(1, round(spec.concurrency * share) // spec.clients)
+            for i in range(spec.clients):
+                args = ["client", "--url", url, "--task", name, "--n", str(spec.group_size),
+                        "--concurrency", str(per_client), "--seed", str(spec.seed * 1000 + i),
+                        "--dataset-size", str(spec.dataset_size)]
+                log_name = f"client{i}.log" if len(mix) == 1 else f"client-{name}-{i}.log"
+                procs.append(subprocess.Popen(_swarm(*args), stdout=open(logs / log_name, "w"),
+                                              stderr=subprocess.STDOUT, env=env, start_new_session=True))
         _follow(spec, url, token, server, out / "server" / "metrics.jsonl", t0, procs[1:])
     finally:
         for p in reversed(procs):
@@ -190,6 +248,14 @@ def _wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, tim
     raise TimeoutError(f"server at {url} not healthy after {timeout:.0f}s; see {log}")
 
 
+def _info(row: dict) -> str:
+    per = {k.partition("/")[2]: v for k, v in row.items() if k.startswith("reward_mean/")}
+    text = f"reward {row.get('reward_mean', 0):.3f}"
+    if len(per) > 1:
+        text += " (" + ", ".join(f"{f} {v:.3f}" for f, v in sorted(per.items())) + ")"
+    return text
+
+
 def _follow(spec: TrainSpec, url: str, token: str, server: subprocess.Popen, metrics: Path, t0: float,
             clients: list[subprocess.Popen]) -> None:
     shown = 0
@@ -200,11 +266,11 @@ def _follow(spec: TrainSpec, url: str, token: str, server: subprocess.Popen, met
             rows = _read_metrics(metrics)
             for r in rows[shown:]:
                 progress.console.print(
-                    f"step {r.get('step')}: reward {r.get('reward_mean', float('nan')):.3f}  "
+                    f"step {r.get('step')}: {_info(r)}  "
                     f"loss {r.get('loss', float('nan')):+.4f}  kl {r.get('kl', float('nan')):.4f}  "
                     f"entropy {r.get('entropy', float('nan')):.3f}  {r.get('tokens_per_s', 0):.0f} tok/s")
             shown = len(rows)
-            info = f"reward {rows[-1].get('reward_mean', 0):.3f}" if rows else "collecting…"
+            info = _info(rows[-1]) if rows else "collecting…"
             progress.update(bar, completed=min(shown, spec.steps), info=info)
             if server.poll() is not None:
                 if shown < spec.steps:

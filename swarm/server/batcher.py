@@ -43,6 +43,7 @@ class FinishedEpisode:
     calls: int = 0  # calls that generated tokens
     tokens_unmerged: int = 0  # tokens training would see with one sample per call
     drift: int = 0  # prompts where plain re-tokenization would have drifted
+    family: str = "default"  # its task family: rewards are also reported per family
 
 
 @dataclass
@@ -87,8 +88,13 @@ class Batch:
         for e in self.episodes:  # client-reported episode metrics, averaged per step
             for k, v in e.metrics.items():
                 sums.setdefault(f"episode/{k}", []).append(v)
+        by_family: dict[str, list[float]] = {}
+        for e in self.episodes:  # a task mix: each family's own learning curve
+            by_family.setdefault(e.family, []).append(e.reward)
         return {
             **{k: sum(v) / len(v) for k, v in sorted(sums.items())},
+            **{f"reward_mean/{f}": sum(v) / len(v) for f, v in sorted(by_family.items())},
+            **{f"episodes/{f}": len(v) for f, v in sorted(by_family.items())},
             "reward_mean": mean,
             "reward_std": math.sqrt(var),
             "groups": len(self.groups),

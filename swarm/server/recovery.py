@@ -209,4 +209,5 @@ class Durability:
 def _finished(r: BufferedRow) -> FinishedEpisode:
     p = r.payload
     return FinishedEpisode(r.id, r.reward, r.samples(), dict(p.get("metrics") or {}), calls=int(p.get("calls", 0)),
-                           tokens_unmerged=int(p.get("tokens_unmerged", 0)), drift=int(p.get("drift", 0)))
+                           tokens_unmerged=int(p.get("tokens_unmerged", 0)), drift=int(p.get("drift", 0)),
+                           family=r.task_family)

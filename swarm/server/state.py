@@ -213,7 +213,8 @@ class Swarm:
         generating = [c for c in calls if c.completion_ids]
         finished = FinishedEpisode(
             ep.id, req.reward, samples, dict(req.metrics), calls=len(generating),
-            tokens_unmerged=sum(len(c.prompt_ids) + len(c.completion_ids) for c in generating), drift=ep.drift)
+            tokens_unmerged=sum(len(c.prompt_ids) + len(c.completion_ids) for c in generating), drift=ep.drift,
+            family=ep.task_family)
         response = FinishResponse(
             episode_id=ep.id, reward=req.reward, samples=len(samples), calls=len(calls),
             group_id=ep.group_id, policy_version=self.engine.policy_version, step=self.trainer.step)

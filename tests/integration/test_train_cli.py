@@ -48,3 +48,27 @@ def test_train_rejects_bad_input(tmp_path):
     r = subprocess.run([sys.executable, "-m", "swarm", "train", "--model", str(tmp_path)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "config.json" in r.stderr
+
+
+def test_train_a_task_mix_holds_the_shares_in_every_batch(tmp_path):
+    model = build_untrained(tmp_path / "model", seed=0)
+    out = tmp_path / "run"
+    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
+    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--task", "arith=0.75+guess=0.25", "--model",
+                        str(model), "--steps", "2", "--group-size", "2", "--batch-groups", "4", "--concurrency",
+                        "8", "--no-mlflow", "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    for step in summary["steps"]:  # the server's quotas: 3 arith groups and 1 guess group per batch
+        assert (step["episodes/arith"], step["episodes/guess"]) == (6, 2), step
+        assert 0.0 <= step["reward_mean/arith"] <= 1.0 and 0.0 <= step["reward_mean/guess"] <= 1.0
+    assert set(summary["families"]) == {"arith", "guess"}
+    assert (out / "logs" / "client-arith-0.log").is_file() and (out / "logs" / "client-guess-0.log").is_file()
+
+
+@pytest.mark.parametrize("task,message", [("arith+arith", "appears twice"), ("arith=1+guess", "share for every"),
+                                          ("arith=0+guess=1", "positive"), ("arith+nope", "unknown task 'nope'")])
+def test_train_rejects_a_bad_mix(task, message):
+    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--task", task], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
