@@ -7,7 +7,10 @@ crash, and it records everything the scheduler needs to learn what happened late
 
 1. Queue: waits until it holds one of N slot locks (`flock` on SLOTDIR/slot-I.lock;
    the kernel drops a dead holder's lock, so slots never leak). Until then the job is
-   PENDING. The queue works with no scheduler process running at all.
+   PENDING. First come, first served: each waiter holds a ticket file in
+   SLOTDIR/queue (named by submission time, locked while its waiter lives), and only
+   the first live ticket may take a free slot; a dead waiter's ticket is unlocked and
+   swept by the next. The queue works with no scheduler process running at all.
 2. Start: writes JOBDIR/started (JSON, atomically), starts CMD in its own process group
    with stdout/stderr appended to JOBDIR/stdout and JOBDIR/stderr.
 3. Limits: past `--time-limit` seconds it sends SIGTERM to the job's process group,
@@ -50,19 +53,57 @@ def _on_signal(signum: int, _frame: Any) -> None:
     _Stop.reason = "CANCELLED"
 
 
-def acquire_slot(slots: Path, n: int) -> int | None:
-    """Block until one of `n` slot locks is ours; the fd stays open (held) until exit."""
-    slots.mkdir(parents=True, exist_ok=True)
-    while _Stop.reason is None:
-        for i in range(n):
-            fd = os.open(slots / f"slot-{i}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            return fd
-        time.sleep(SLOT_POLL_S)
+def acquire_slot(slots: Path, n: int, ticket: str | None = None) -> int | None:
+    """Block until one of `n` slot locks is ours, in ticket order; the fd stays open (held) until exit."""
+    queue = slots / "queue"
+    queue.mkdir(parents=True, exist_ok=True)
+    name = ticket or f"{time.time_ns():020d}-{os.getpid()}"
+    tmp = queue / f".{name}.tmp"
+    tfd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(tfd, fcntl.LOCK_EX)  # locked before it is visible: never taken for a dead waiter's
+    os.rename(tmp, queue / name)
+    try:
+        while _Stop.reason is None:
+            if _first_in_line(queue, name):
+                fd = _try_slot(slots, n)
+                if fd is not None:
+                    return fd
+            time.sleep(SLOT_POLL_S)
+        return None
+    finally:
+        (queue / name).unlink(missing_ok=True)
+        os.close(tfd)
+
+
+def _first_in_line(queue: Path, name: str) -> bool:
+    """True when no live ticket is ahead of ours (dead waiters' tickets are swept on the way)."""
+    for other in sorted(p for p in os.listdir(queue) if not p.startswith(".")):
+        if other >= name:
+            return True
+        try:
+            fd = os.open(queue / other, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a live waiter was first
+        else:
+            (queue / other).unlink(missing_ok=True)  # its waiter died while queued
+        finally:
+            os.close(fd)
+    return True
+
+
+def _try_slot(slots: Path, n: int) -> int | None:
+    for i in range(n):
+        fd = os.open(slots / f"slot-{i}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return fd
     return None
 
 
@@ -100,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", required=True, type=Path)
     ap.add_argument("--slots", required=True, type=Path)
     ap.add_argument("--max", type=int, default=1)
+    ap.add_argument("--ticket", default=None, help="queue position (sorts by name); default: now")
     ap.add_argument("--time-limit", type=float, required=True)
     ap.add_argument("--kill-wait", type=float, default=5.0)
     ap.add_argument("command", nargs=argparse.REMAINDER)
@@ -110,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
 
-    slot_fd = acquire_slot(args.slots, max(1, args.max))
+    slot_fd = acquire_slot(args.slots, max(1, args.max), args.ticket)
     if slot_fd is None:  # cancelled while queued
         now = time.time()
         write_json(job_dir / "exit.json", {"state": "CANCELLED", "exit_code": None,

@@ -99,6 +99,7 @@ class LocalBackend:
             command = ["bash", "-c", script, spec.name, *command]
         argv = [self.python, "-m", "scheduler._wrap", "--dir", str(job_dir),
                 "--slots", str(self.slots_dir), "--max", str(self.max_concurrent),
+                "--ticket", f"{time.time_ns():020d}-{job_dir.name}",  # queue order: submission order
                 "--time-limit", str(spec.time_limit_s), "--kill-wait", str(self.kill_wait_s),
                 "--", *command]
         env = {**os.environ, **spec.env}

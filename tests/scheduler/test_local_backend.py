@@ -37,6 +37,38 @@ def test_concurrency_limit_queues_the_rest(tmp_path: Path) -> None:
     wait_for(lambda: all(_state(b, h) == JobState.COMPLETED for h in hs), 15, what="all done")
 
 
+def test_queue_is_first_come_first_served(tmp_path: Path) -> None:
+    b = _backend(tmp_path, n=1)
+    order = tmp_path / "order.txt"
+    gate = b.submit(_spec(tmp_path, "gate", ["sleep", "1.5"]))  # holds the one slot while the rest queue
+    hs = []
+    for i in range(5):
+        hs.append(b.submit(_spec(tmp_path, f"j{i}", ["bash", "-c", f"echo j{i} >> {order}; sleep 0.1"])))
+    hs.append(gate)
+    wait_for(lambda: all(_state(b, h) == JobState.COMPLETED for h in hs), 30, what="all done")
+    assert order.read_text().split() == [f"j{i}" for i in range(5)]
+    assert not [p for p in (b.slots_dir / "queue").iterdir()]  # every ticket cleaned up
+
+
+def test_a_dead_waiters_ticket_is_swept(tmp_path: Path) -> None:
+    import fcntl
+
+    from scheduler._wrap import _first_in_line
+
+    queue = tmp_path / "queue"
+    queue.mkdir()
+    (queue / "001-dead").write_text("")  # nobody holds its lock: its waiter died
+    live = os.open(queue / "002-live", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(live, fcntl.LOCK_EX)
+    try:
+        assert not _first_in_line(queue, "003-me")  # the live one is ahead
+        assert not (queue / "001-dead").exists()
+        assert _first_in_line(queue, "002-live")
+    finally:
+        os.close(live)
+    assert _first_in_line(queue, "003-me")  # its waiter is gone now too
+
+
 def test_reattach_from_a_new_backend_instance(tmp_path: Path) -> None:
     """A restarted scheduler has only the handles: running and finished jobs are found again."""
     first = _backend(tmp_path)
