@@ -169,7 +169,7 @@ class ExperimentConfig(BaseModel):
     @classmethod
     def _task(cls, task: str) -> str:
         tasks = known_tasks()
-        for t in task.split("+"):
+        for t in (part.partition("=")[0] for part in task.split("+")):  # a mix: name[=share]+...
             if t not in tasks:
                 raise ValueError(f"unknown task {t!r}; built-in tasks: {', '.join(tasks)}")
         return task

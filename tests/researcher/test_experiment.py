@@ -49,6 +49,17 @@ def test_knob_without_a_train_flag_is_refused_for_swarm_train():
         d.check_program(flags)
 
 
+def test_task_mixes_reach_swarm_train():
+    flags = frozenset({"--task", "--steps", "--seed", "--out"})
+    d = _design(arms=[Arm(name="a", knobs={"task": "arith"}), Arm(name="b", knobs={"task": "arith=0.75+guess=0.25"})])
+    d.check_program(flags)  # `swarm train --task` takes mixes
+    cfg = ExperimentConfig(arm="b", seed=0, steps=5, task="arith+guess")
+    assert cfg.argv("/o")[:2] == ["--task", "arith+guess"]
+    bad = _design(arms=[Arm(name="a", knobs={"task": "arith"}), Arm(name="b", knobs={"task": "arith=0+guess=1"})])
+    with pytest.raises(ValueError, match="positive"):
+        bad.check_program(flags)
+
+
 def test_hypothesis_baseline_cannot_be_a_treatment():
     with pytest.raises(ValidationError, match="baseline value"):
         HypothesisSpec(statement="x y z", knob="lr", baseline_value=0, treatment_values=[0.0])
