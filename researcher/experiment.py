@@ -98,6 +98,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("kl_coef", "float", "--kl-coef", "KL penalty to the initial model", 0.0, 10.0),
     Knob("advantage", "choice", "--advantage", "group advantage estimator",
          choices=("grpo", "rloo", "reinforce_pp")),
+    Knob("loss_agg", "choice", "--loss-agg", "how the loss averages: over tokens or over samples",
+         choices=("token-mean", "seq-mean-token-mean")),
     Knob("temperature", "float", "--temperature", "sampling temperature of rollouts", 0.0, 2.0),
     Knob("timeline_merge", "bool", "--merge", "merge prefix-sharing calls into one sample",
          false_flag="--no-merge"),

@@ -61,6 +61,8 @@ def train_command(
     batch_groups: int = typer.Option(16, "--batch-groups", "-B", min=1, help="groups per step"),
     lr: float = typer.Option(3e-4, "--lr", min=0.0, help="learning rate"),
     advantage: str = typer.Option("grpo", "--advantage", help="grpo | rloo | reinforce_pp"),
+    loss_agg: str = typer.Option("token-mean", "--loss-agg", help="token-mean | seq-mean-token-mean (each "
+                                 "sample weighs the same: for task mixes of short and long episodes)"),
     kl_coef: float = typer.Option(0.0, "--kl-coef", min=0.0, help="KL penalty to the initial model"),
     clients: int = typer.Option(1, "--clients", min=1, help="client fleet processes"),
     concurrency: int = typer.Option(128, "--concurrency", min=1, help="episodes in flight, over all clients"),
@@ -83,6 +85,10 @@ def train_command(
         parse_mix(task)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--task") from None
+    for value, allowed, hint in ((advantage, ("grpo", "rloo", "reinforce_pp"), "--advantage"),
+                                 (loss_agg, ("token-mean", "seq-mean-token-mean"), "--loss-agg")):
+        if value not in allowed:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}", param_hint=hint)
     if model is None:
         from swarm.model.build import init_model, rich_progress
 
@@ -91,7 +97,8 @@ def train_command(
     elif not (model / "config.json").exists():
         raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)", param_hint="--model")
     spec = TrainSpec(task=task, model=model, out=out, steps=steps, group_size=group_size, batch_groups=batch_groups,
-                     lr=lr, advantage=advantage, kl_coef=kl_coef, clients=clients, concurrency=concurrency,
+                     lr=lr, advantage=advantage, loss_agg=loss_agg, kl_coef=kl_coef, clients=clients,
+                     concurrency=concurrency,
                      seed=seed, checkpoint_every=checkpoint_every, timeout_s=timeout_s, mlflow=mlflow,
                      temperature=temperature, merge=merge, per_episode_norm=per_episode_norm,
                      mlflow_experiment=mlflow_experiment, mlflow_parent=mlflow_parent)

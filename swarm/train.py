@@ -47,6 +47,7 @@ class TrainSpec:
     batch_groups: int = 16
     lr: float | None = 3e-4
     advantage: str = "grpo"
+    loss_agg: str = "token-mean"
     kl_coef: float = 0.0
     clients: int = 1
     concurrency: int = 128
@@ -156,7 +157,8 @@ def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5)
         "task": spec.task,
         "model": str(spec.model) if spec.model else None,
         "config": {"steps": spec.steps, "group_size": spec.group_size, "batch_groups": spec.batch_groups,
-                   "lr": spec.lr, "advantage": spec.advantage, "kl_coef": spec.kl_coef, "seed": spec.seed,
+                   "lr": spec.lr, "advantage": spec.advantage, "loss_agg": spec.loss_agg,
+                   "kl_coef": spec.kl_coef, "seed": spec.seed,
                    "clients": spec.clients, "concurrency": spec.concurrency, "temperature": spec.temperature,
                    "merge": spec.merge, "per_episode_norm": spec.per_episode_norm},
         "steps": steps,
@@ -175,7 +177,7 @@ def run(spec: TrainSpec) -> dict:
     server_args = ["serve", "--port", str(port), "--out", str(out / "server"), "--token", token,
                    "--admin-token", admin, "--group-size", str(spec.group_size),
                    "--batch-groups", str(spec.batch_groups), "--max-steps", str(spec.steps),
-                   "--advantage", spec.advantage, "--kl-coef", str(spec.kl_coef), "--seed", str(spec.seed),
+                   "--advantage", spec.advantage, "--loss-agg", spec.loss_agg, "--kl-coef", str(spec.kl_coef), "--seed", str(spec.seed),
                    "--checkpoint-every", str(spec.checkpoint_every)]
     if spec.model:
         server_args += ["--model", str(spec.model)]

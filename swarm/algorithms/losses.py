@@ -2,13 +2,15 @@
 
 All functions take [batch, time] tensors plus a float `weights` tensor that is
 zero on tokens that are not trained (prompt, tool output, padding) and carries
-per-sample weights elsewhere. Aggregation is a weighted token mean over the
-whole batch ("token-mean", as in DAPO/verl's default), so the denominator must
-be the batch total: callers doing gradient accumulation pass `denom`.
+per-sample weights elsewhere. Aggregation is a weighted sum over the whole
+batch divided by a batch-wide `denom` (callers doing gradient accumulation pass
+it); `loss_scales` turns the aggregation mode ("token-mean", as in DAPO/verl's
+default, or "seq-mean-token-mean") into per-sample weights and that denominator.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +32,33 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi || ref): unbiased, always >= 0, low variance."""
     log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
     return log_ratio.exp() - log_ratio - 1.0
+
+
+LOSS_AGG = ("token-mean", "seq-mean-token-mean")
+
+
+def loss_scales(masks: Sequence[Sequence[int]], weights: Sequence[float], mode: str) -> tuple[list[float], float]:
+    """Per-sample multipliers of the token weights, and the loss denominator, of an aggregation mode.
+
+    The loss is sum over samples s and trained tokens t of scale_s * weight_s * l_st, over the
+    denominator (verl's `loss_agg_mode` of the same names):
+
+    * `token-mean`: scale 1, denominator the weighted count of trained tokens. Every token weighs
+      the same, so long samples dominate the step (the DAPO choice; verl's default).
+    * `seq-mean-token-mean`: scale 1/(trained tokens of s), denominator the sum of weights: each
+      sample's tokens average first, then the samples. A 3-token answer weighs as much as a
+      300-token dialogue, which a task mix of short and long tasks wants.
+
+    `masks` are the loss masks as the loss sees them (targets: the first position dropped).
+    """
+    if mode == "token-mean":
+        denom = sum(sum(m) * w for m, w in zip(masks, weights))
+        return [1.0] * len(masks), max(float(denom), 1e-8)
+    if mode == "seq-mean-token-mean":
+        scales = [1.0 / max(1, sum(m)) for m in masks]
+        denom = sum(w for m, w in zip(masks, weights) if sum(m))
+        return scales, max(float(denom), 1e-8)
+    raise ValueError(f"unknown loss aggregation {mode!r}; one of {', '.join(LOSS_AGG)}")
 
 
 def masked_sum_mean(x: torch.Tensor, weights: torch.Tensor, denom: float | torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     micro_batch_tokens: int = 8192
     normalize_std: bool = True
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean (swarm.algorithms.loss_scales)
+
+    def __post_init__(self) -> None:
+        if self.loss_agg not in ("token-mean", "seq-mean-token-mean"):
+            raise ValueError(f"loss_agg must be token-mean or seq-mean-token-mean, got {self.loss_agg!r}")
 
 
 @dataclass

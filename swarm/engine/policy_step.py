@@ -13,7 +13,9 @@ from typing import Sequence
 
 import torch
 
-from swarm.algorithms import compute_advantages, entropy_from_logits, kl_k3, ppo_clip_loss, token_logprobs
+from swarm.algorithms import (
+    compute_advantages, entropy_from_logits, kl_k3, loss_scales, ppo_clip_loss, token_logprobs,
+)
 from swarm.engine.base import TrainConfig, TrainSample
 
 
@@ -49,7 +51,8 @@ def micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return batches
 
 
-def _tensors(samples: Sequence[TrainSample], idx: list[int], adv: list[float], device: torch.device):
+def _tensors(samples: Sequence[TrainSample], idx: list[int], adv: list[float], scales: list[float],
+             device: torch.device):
     width = max(len(samples[i].input_ids) for i in idx)
     n = len(idx)
     ids = torch.zeros(n, width, dtype=torch.long)
@@ -62,7 +65,7 @@ def _tensors(samples: Sequence[TrainSample], idx: list[int], adv: list[float], d
         L = len(s.input_ids)
         ids[r, :L] = torch.tensor(s.input_ids)
         attn[r, :L] = 1
-        w[r, :L] = torch.tensor(s.loss_mask, dtype=torch.float32) * s.weight
+        w[r, :L] = torch.tensor(s.loss_mask, dtype=torch.float32) * (s.weight * scales[i])
         old[r, :L] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
         a[r, :L] = adv[i]
     # position t predicts token t+1: shift targets and per-token data left by one
@@ -88,14 +91,13 @@ def policy_step(
         group["lr"] = config.lr
         group["weight_decay"] = config.weight_decay
     adv = sample_advantages(samples, config)
-    denom = sum(sum(m for m in s.loss_mask[1:]) * s.weight for s in samples)
-    denom = max(float(denom), 1e-8)
+    scales, denom = loss_scales([s.loss_mask[1:] for s in samples], [s.weight for s in samples], config.loss_agg)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "pg_loss": 0.0, "clipfrac": 0.0, "kl": 0.0, "kl_ref": 0.0, "entropy": 0.0}
     tokens = 0
     for idx in micro_batches([len(s.input_ids) for s in samples], config.micro_batch_tokens):
-        ids, attn, w, old, a = _tensors(samples, idx, adv, device)
+        ids, attn, w, old, a = _tensors(samples, idx, adv, scales, device)
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
         logp = token_logprobs(logits, ids[:, 1:])
         terms = ppo_clip_loss(logp, old, a, w, denom, config.clip_eps, config.clip_eps_high)

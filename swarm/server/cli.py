@@ -47,6 +47,11 @@ class Advantage(str, Enum):
     reinforce_pp = "reinforce_pp"
 
 
+class LossAgg(str, Enum):
+    token_mean = "token-mean"
+    seq_mean_token_mean = "seq-mean-token-mean"
+
+
 def serve_command(
     ctx: typer.Context,
     model: Path = typer.Option(None, "--model", help="Hugging Face model dir [default: the embedded model]"),
@@ -60,6 +65,8 @@ def serve_command(
     lr: float = typer.Option(TrainConfig.lr, "--lr", min=0.0, help="learning rate"),
     advantage: Advantage = typer.Option(Advantage.grpo, "--advantage", help="group advantage estimator"),
     kl_coef: float = typer.Option(TrainConfig.kl_coef, "--kl-coef", min=0.0, help="KL to the reference"),
+    loss_agg: LossAgg = typer.Option(LossAgg.token_mean, "--loss-agg", help="token-mean: every trained token "
+                                     "weighs the same; seq-mean-token-mean: every sample does (task mixes)"),
     token: str = typer.Option(None, "--token", envvar="ROOST_TOKEN",
                               help="worker token; generated and printed when absent"),
     admin_token: str = typer.Option(None, "--admin-token", envvar="ROOST_ADMIN_TOKEN",
@@ -111,7 +118,8 @@ def serve_command(
     from swarm.server.config import ServerConfig
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    train = dataclasses.replace(TrainConfig(), lr=lr, advantage=advantage.value, kl_coef=kl_coef)
+    train = dataclasses.replace(TrainConfig(), lr=lr, advantage=advantage.value, kl_coef=kl_coef,
+                                loss_agg=loss_agg.value)
     config = ServerConfig(
         host=host, port=port, model_dir=model or default_model_dir(), engine=engine.value,
         device=device, seed=seed, group_size=group_size, batch_groups=batch_groups,

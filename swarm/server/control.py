@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swarm.server")
 
-TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "advantage")
+TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "advantage", "loss_agg")
 WINDOW_KEYS = ("temperature", "default_temperature", "batch_groups", "quotas", "quota_schedule")
 NULLABLE = {"temperature", "quotas", "quota_schedule"}
 HISTORY_KEPT = 1000
@@ -66,6 +66,7 @@ class LiveConfigUpdate(BaseModel):
     clip_eps: float | None = Field(None, gt=0.0, le=10.0, description="PPO clip epsilon (next step)")
     max_grad_norm: float | None = Field(None, gt=0.0, le=1e6, description="gradient clip (next step)")
     advantage: Literal["grpo", "rloo", "reinforce_pp"] | None = Field(None, description="next step")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] | None = Field(None, description="next step")
     temperature: float | None = Field(None, ge=0.0, le=2.0,
                                       description="force this temperature on every call; null: stop forcing")
     default_temperature: float | None = Field(None, ge=0.0, le=2.0,

@@ -77,3 +77,30 @@ def test_kl_k3_zero_when_equal_and_positive():
 def test_token_logprobs():
     logits = torch.tensor([[[0.0, math.log(3.0)]]])
     assert float(token_logprobs(logits, torch.tensor([[1]]))) == pytest.approx(math.log(0.75))
+
+
+def test_loss_scales_token_mean_and_seq_mean_hand_computed():
+    from swarm.algorithms import loss_scales
+
+    masks, weights = [[1, 1, 1, 0], [0, 1], [0, 0]], [1.0, 0.5, 1.0]
+    scales, denom = loss_scales(masks, weights, "token-mean")
+    assert scales == [1.0, 1.0, 1.0] and denom == 3 * 1.0 + 1 * 0.5
+    scales, denom = loss_scales(masks, weights, "seq-mean-token-mean")
+    assert scales == pytest.approx([1 / 3, 1.0, 1.0]) and denom == 1.5  # an empty sample adds no weight
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        loss_scales(masks, weights, "seq-sum")
+
+
+def test_seq_mean_weighs_each_sample_once_whatever_its_length():
+    """Per-token losses l: token-mean favours the long sample; seq-mean averages the two samples' means."""
+    from swarm.algorithms import loss_scales
+
+    losses = [[2.0, 2.0, 2.0, 2.0], [10.0]]
+    masks = [[1, 1, 1, 1], [1]]
+
+    def agg(mode):
+        scales, denom = loss_scales(masks, [1.0, 1.0], mode)
+        return sum(sc * sum(l) for sc, l in zip(scales, losses)) / denom
+
+    assert agg("token-mean") == pytest.approx((8 + 10) / 5)
+    assert agg("seq-mean-token-mean") == pytest.approx((2 + 10) / 2)

@@ -123,3 +123,30 @@ def test_save_load_roundtrip(model_dir, tmp_path):
     assert b.optimizer.state_dict()["state"].keys() == a.optimizer.state_dict()["state"].keys()
     a.batcher.close()
     b.batcher.close()
+
+
+def test_loss_aggregation_modes_agree_on_equal_lengths_and_differ_otherwise(model_dir):
+    import copy
+
+    from swarm.engine.policy_step import policy_step
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+
+    def sample(ids, gen, reward, group="g"):
+        mask = [0] * (len(ids) - gen) + [1] * gen
+        return TrainSample(input_ids=ids, loss_mask=mask, rollout_logprobs=[0.0] * len(ids), episode_id=str(ids),
+                           group_id=group, reward=reward)
+
+    equal = [sample([1, 5, 6, 7], 2, 1.0), sample([1, 5, 8, 9], 2, 0.0)]
+    uneven = [sample([1, 5, 6, 7, 8, 9, 10, 11], 6, 1.0), sample([1, 5, 8, 9], 1, 0.0)]
+    # lr 0: the step leaves the weights alone; its reported loss is the aggregate under test
+    for samples, same in ((equal, True), (uneven, False)):
+        out = {}
+        for mode in ("token-mean", "seq-mean-token-mean"):
+            model = copy.deepcopy(base)
+            opt = torch.optim.SGD(model.parameters(), lr=0.0)
+            out[mode] = policy_step(model, opt, samples, TrainConfig(lr=0.0, loss_agg=mode))["loss"]
+        assert (out["token-mean"] == pytest.approx(out["seq-mean-token-mean"], rel=1e-5)) is same, out
+    with pytest.raises(ValueError, match="loss_agg"):
+        TrainConfig(loss_agg="sum")
