@@ -30,6 +30,7 @@ KNOB_PATTERNS: list[tuple[str, str]] = [
     ("batch_groups", r"batch[- ](size|groups?)"),
     ("temperature", r"temperature|\btemp\b"),
     ("advantage", r"advantage|\bgrpo\b|\brloo\b|reinforce\+\+|reinforce_pp"),
+    ("loss_agg", r"loss[- ]aggregat\w*|seq(uence)?[- ]mean|token[- ]mean|per[- ]sample loss"),
     ("task", r"task[- ]mix|mix(ture)? of tasks|multi[- ]task"),
     ("model", r"\bmodels?\b"),
 ]
@@ -45,6 +46,7 @@ DEFAULT_ARMS: dict[str, list[Any]] = {
     "timeline_merge": [True, False],
     "advantage": ["grpo", "rloo"],
     "task": ["arith", "arith+guess"],
+    "loss_agg": ["token-mean", "seq-mean-token-mean"],
     "model": ["embedded"],
 }
 
@@ -62,10 +64,13 @@ def detect_knobs(topic: str) -> list[str]:
 
 
 def detect_task(topic: str) -> str:
+    """The task named in the topic; several named with a word for mixing: their equal-share mix."""
     t = topic.lower()
     tasks = [name for name, pattern in TASK_WORDS.items() if re.search(pattern, t)]
     available = known_tasks()
     tasks = [x for x in tasks if x in available]
+    if len(tasks) > 1 and re.search(r"\bmix\w*|\btogether\b|\bboth\b|\bcombin\w*", t):
+        return "+".join(tasks)
     return tasks[0] if tasks else "arith"
 
 
@@ -85,6 +90,8 @@ def detect_values(topic: str, knob: str) -> list[Any]:
         return [m.group(1) for m in PATH.finditer(topic)]
     if knob == "task":
         return []
+    if knob == "loss_agg":
+        return []  # the two modes are the arms (DEFAULT_ARMS), token-mean the control
     values: list[Any] = []
     for m in NUMBER.finditer(topic):
         try:
@@ -99,7 +106,7 @@ def detect_values(topic: str, knob: str) -> list[Any]:
 def natural_baseline(knob: str, values: list[Any]) -> Any:
     """The control arm: lr/KL 0, merging on, the embedded model; else the first value named."""
     for control in {"lr": [0.0], "kl_coef": [0.0], "timeline_merge": [True], "model": ["embedded"],
-                    "advantage": ["grpo"], "task": ["arith"]}.get(knob, []):
+                    "advantage": ["grpo"], "task": ["arith"], "loss_agg": ["token-mean"]}.get(knob, []):
         if control in values:
             return control
     return values[0]

@@ -29,6 +29,9 @@ def test_learning_rate_topic():
     ("Is RLOO better than GRPO?", "advantage", ["grpo", "rloo"], "arith"),
     ("Does the model matter? Try /models/a", "model", ["embedded", "/models/a"], "arith"),
     ("Does a task mix help?", "task", ["arith", "arith+guess"], "arith"),
+    ("Does sequence-mean loss aggregation help a mix of arithmetic and guess?", "loss_agg",
+     ["token-mean", "seq-mean-token-mean"], "arith+guess"),
+    ("Token-mean loss on the guessing game", "loss_agg", ["token-mean", "seq-mean-token-mean"], "guess"),
 ])
 def test_knobs_are_parsed(topic, knob, values, task):
     p = RulesPlanner()
