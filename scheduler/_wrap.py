@@ -11,8 +11,9 @@ crash, and it records everything the scheduler needs to learn what happened late
    SLOTDIR/queue (named by submission time, locked while its waiter lives), and only
    the first live ticket may take a free slot; a dead waiter's ticket is unlocked and
    swept by the next. The queue works with no scheduler process running at all.
-2. Start: writes JOBDIR/started (JSON, atomically), starts CMD in its own process group
-   with stdout/stderr appended to JOBDIR/stdout and JOBDIR/stderr.
+2. Start: starts CMD in its own process group with stdout/stderr appended to
+   JOBDIR/stdout and JOBDIR/stderr, then writes JOBDIR/child and JOBDIR/started (JSON,
+   atomically; in that order, so a job seen RUNNING always has its process group on record).
 3. Limits: past `--time-limit` seconds it sends SIGTERM to the job's process group,
    SIGKILL after `--kill-wait` seconds, and records TIMEOUT. SIGTERM/SIGINT to the
    wrapper does the same and records CANCELLED.
@@ -161,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
         return 143
 
     started_at = time.time()
-    write_json(job_dir / "started", {"started_at": started_at, "wrapper_pid": os.getpid()})
     try:
         with open(job_dir / "stdout", "ab") as out, open(job_dir / "stderr", "ab") as err:
             child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
@@ -171,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                                            "reason": f"could not start: {e}",
                                            "started_at": started_at, "finished_at": time.time()})
         return 127
+    # `child` before `started`: whoever sees RUNNING can also find (and force-kill) the job's group
     write_json(job_dir / "child", {"pid": child.pid, "pgid": child.pid})
+    write_json(job_dir / "started", {"started_at": started_at, "wrapper_pid": os.getpid()})
 
     rc, stop = supervise(child, started_at + args.time_limit, args.kill_wait)
     exit_code = rc if rc >= 0 else 128 - rc
