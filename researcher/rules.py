@@ -88,10 +88,8 @@ def detect_values(topic: str, knob: str) -> list[Any]:
         return [c for c in ("grpo", "rloo", "reinforce_pp") if c.replace("_pp", "++") in t or c in t]
     if knob == "model":
         return [m.group(1) for m in PATH.finditer(topic)]
-    if knob == "task":
-        return []
-    if knob == "loss_agg":
-        return []  # the two modes are the arms (DEFAULT_ARMS), token-mean the control
+    if knob in ("task", "loss_agg"):
+        return []  # the arms are DEFAULT_ARMS
     values: list[Any] = []
     for m in NUMBER.finditer(topic):
         try:

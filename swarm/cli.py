@@ -20,7 +20,7 @@ import scheduler.cli as _sched_cli
 import store.cli as _store_cli
 import swarm.ctl as _ctl
 from swarm.client.cli import client_command
-from swarm.server.cli import serve_command
+from swarm.server.cli import Advantage, LossAgg, serve_command
 
 app = typer.Typer(help="Swarm RL training: serve a trainable model, run agent fleets, train.",
                   no_args_is_help=True, add_completion=False)
@@ -60,9 +60,9 @@ def train_command(
     group_size: int = typer.Option(8, "--group-size", "-n", min=2, help="episodes per task (GRPO group)"),
     batch_groups: int = typer.Option(16, "--batch-groups", "-B", min=1, help="groups per step"),
     lr: float = typer.Option(3e-4, "--lr", min=0.0, help="learning rate"),
-    advantage: str = typer.Option("grpo", "--advantage", help="grpo | rloo | reinforce_pp"),
-    loss_agg: str = typer.Option("token-mean", "--loss-agg", help="token-mean | seq-mean-token-mean (each "
-                                 "sample weighs the same: for task mixes of short and long episodes)"),
+    advantage: Advantage = typer.Option(Advantage.grpo, "--advantage", help="group advantage estimator"),
+    loss_agg: LossAgg = typer.Option(LossAgg.token_mean, "--loss-agg", help="seq-mean-token-mean: each sample "
+                                     "weighs the same (task mixes of short and long episodes)"),
     kl_coef: float = typer.Option(0.0, "--kl-coef", min=0.0, help="KL penalty to the initial model"),
     clients: int = typer.Option(1, "--clients", min=1, help="client fleet processes"),
     concurrency: int = typer.Option(128, "--concurrency", min=1, help="episodes in flight, over all clients"),
@@ -85,10 +85,6 @@ def train_command(
         parse_mix(task)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--task") from None
-    for value, allowed, hint in ((advantage, ("grpo", "rloo", "reinforce_pp"), "--advantage"),
-                                 (loss_agg, ("token-mean", "seq-mean-token-mean"), "--loss-agg")):
-        if value not in allowed:
-            raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}", param_hint=hint)
     if model is None:
         from swarm.model.build import init_model, rich_progress
 
@@ -97,7 +93,7 @@ def train_command(
     elif not (model / "config.json").exists():
         raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)", param_hint="--model")
     spec = TrainSpec(task=task, model=model, out=out, steps=steps, group_size=group_size, batch_groups=batch_groups,
-                     lr=lr, advantage=advantage, loss_agg=loss_agg, kl_coef=kl_coef, clients=clients,
+                     lr=lr, advantage=advantage.value, loss_agg=loss_agg.value, kl_coef=kl_coef, clients=clients,
                      concurrency=concurrency,
                      seed=seed, checkpoint_every=checkpoint_every, timeout_s=timeout_s, mlflow=mlflow,
                      temperature=temperature, merge=merge, per_episode_norm=per_episode_norm,

@@ -145,14 +145,16 @@ def _read_metrics(path: Path) -> list[dict]:
 
 def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5) -> dict:
     steps = [{k: v for k, v in r.items() if isinstance(v, (int, float, str)) or v is None} for r in rows]
-    rewards = [float(r["reward_mean"]) for r in rows if r.get("reward_mean") is not None]
-    head, tail = rewards[:window], rewards[-window:]
+    def first_last(key: str) -> tuple[float | None, float | None, int]:
+        curve = [float(r[key]) for r in rows if r.get(key) is not None]
+        head, tail = curve[:window], curve[-window:]
+        return (sum(head) / len(head) if head else None), (sum(tail) / len(tail) if tail else None), len(curve)
+
+    reward_first, reward_last, _ = first_last("reward_mean")
     families = {}
     for key in sorted({k for r in rows for k in r if k.startswith("reward_mean/")}):
-        curve = [float(r[key]) for r in rows if r.get(key) is not None]
-        families[key.partition("/")[2]] = {"reward_first": sum(curve[:window]) / len(curve[:window]),
-                                           "reward_last": sum(curve[-window:]) / len(curve[-window:]),
-                                           "steps_seen": len(curve)}
+        first, last, seen = first_last(key)
+        families[key.partition("/")[2]] = {"reward_first": first, "reward_last": last, "steps_seen": seen}
     return {
         "task": spec.task,
         "model": str(spec.model) if spec.model else None,
@@ -162,8 +164,8 @@ def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5)
                    "clients": spec.clients, "concurrency": spec.concurrency, "temperature": spec.temperature,
                    "merge": spec.merge, "per_episode_norm": spec.per_episode_norm},
         "steps": steps,
-        "reward_first": sum(head) / len(head) if head else None,
-        "reward_last": sum(tail) / len(tail) if tail else None,
+        "reward_first": reward_first,
+        "reward_last": reward_last,
         "families": families,
         "wall_s": round(wall_s, 2),
     }
@@ -177,7 +179,8 @@ def run(spec: TrainSpec) -> dict:
     server_args = ["serve", "--port", str(port), "--out", str(out / "server"), "--token", token,
                    "--admin-token", admin, "--group-size", str(spec.group_size),
                    "--batch-groups", str(spec.batch_groups), "--max-steps", str(spec.steps),
-                   "--advantage", spec.advantage, "--loss-agg", spec.loss_agg, "--kl-coef", str(spec.kl_coef), "--seed", str(spec.seed),
+                   "--advantage", spec.advantage, "--loss-agg", spec.loss_agg, "--kl-coef", str(spec.kl_coef),
+                   "--seed", str(spec.seed),
                    "--checkpoint-every", str(spec.checkpoint_every)]
     if spec.model:
         server_args += ["--model", str(spec.model)]

@@ -39,7 +39,7 @@ class Checkpointer:
         try:
             engine.save(tmp)
             payload = {**state, "step": step, "saved_at": time.time()}
-            _write_atomic(tmp / STATE_FILE, json.dumps(payload, indent=2, sort_keys=True))
+            write_atomic(tmp / STATE_FILE, json.dumps(payload, indent=2, sort_keys=True))
             if final.exists():  # the same step saved twice (periodic, then on stop)
                 shutil.rmtree(final)
             os.rename(tmp, final)
@@ -78,7 +78,8 @@ class Checkpointer:
         return json.loads((Path(path) / STATE_FILE).read_text())
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` via a fsync'd temporary file: a crash leaves the old or the new file."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         f.write(text)

@@ -33,13 +33,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm.server.batcher import Group, Rejected
+from swarm.server.checkpoint import write_atomic
 from swarm.server.quotas import QuotaBook, QuotaPhase, QuotaRejected, check_quotas, check_schedule
 
 if TYPE_CHECKING:
@@ -236,14 +236,9 @@ class LiveControl:
     def _save(self) -> None:
         """Rewrite live_config.json atomically (a crash leaves the old or the new one)."""
         record = {"overrides": self.overrides, "paused": self.paused, "saved_at": time.time()}
-        tmp = self.live_path.with_name(self.live_path.name + ".tmp")
         try:
             self.live_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w") as f:
-                f.write(json.dumps(record, indent=2, sort_keys=True, default=str))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.live_path)
+            write_atomic(self.live_path, json.dumps(record, indent=2, sort_keys=True, default=str))
         except OSError:
             log.exception("could not save live settings to %s", self.live_path)
 

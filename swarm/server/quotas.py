@@ -24,8 +24,7 @@ ceil(q*H) of the H slots dealt so far: never a whole slot from its share, howeve
 many windows pass (a per-window largest-remainder rule with a carry can drift
 past one). math=0.4, code=0.3, shell=0.3 at B=4 gives 2/1/1, 1/2/1, 2/1/1,
 1/1/2, ...; a change of B keeps the count, a change of quotas starts it afresh.
-A bucket with share 0
-never gets a slot. Reserved slots that no client of their family claims keep
+A bucket with share 0 never gets a slot. Reserved slots that no client of their family claims keep
 the window from filling (that is what reserving means) until the window is
 `quota_borrow_s` old (30 s by default): from then on another family may take a
 slot that is still free, so a family whose fleet died slows training but cannot
