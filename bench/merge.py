@@ -25,7 +25,7 @@ from rich.table import Table
 
 from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
 from swarm.engine.torch_engine import TorchEngine
-from swarm.timeline import Call, PriorCall, continue_prompt, episode_samples, merge, merge_stats
+from swarm.timeline import Call, continue_prompt, episode_samples, merge, merge_stats
 
 
 async def _episode(engine: TorchEngine, turns: int, seed: int, reply_tokens: int) -> list[Call]:
@@ -37,7 +37,7 @@ async def _episode(engine: TorchEngine, turns: int, seed: int, reply_tokens: int
     for t in range(turns):
         messages.append({"role": "user", "content": f"Turn {t}: guess again, {seed % 7 + t}?"})
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompt = continue_prompt(text, [PriorCall(c.prompt_ids, c.completion_ids) for c in calls], encode, decode)
+        prompt = continue_prompt(text, calls, encode, decode)
         out = await engine.generate(GenerateRequest(prompt.prompt_ids, SamplingParams(
             max_tokens=reply_tokens, temperature=1.0, seed=seed * 100 + t, ignore_eos=True)))
         calls.append(Call("main", prompt.prompt_ids, out.token_ids, out.logprobs, out.policy_version))

@@ -48,7 +48,7 @@ def workflow(task: dict, episode) -> float:
 
 
 def main() -> None:
-    from swarm.client import SwarmClient, run_fleet
+    from swarm.client import SwarmClient, run_fleet  # here: workflow and dataset above run without swarm
 
     parser = argparse.ArgumentParser(description="run the guess workflow through a swarm server")
     parser.add_argument("--url", default="http://127.0.0.1:8000")

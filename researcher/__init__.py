@@ -8,13 +8,15 @@ scripted model, request switch, structured output), `prompts` (templates in
 `prompts/`), `analysis` (statistics, plots), `trials` (exactly-once launches),
 `graph` (the LangGraph study), `runner` (create / drive / resume / stop),
 `report`, `tracking` (MLflow), `daemon` (scheduler ticks), `cli`.
-Names are imported on first use: the CLI starts without LangGraph or MLflow.
+Names are imported on first use, so `import researcher` stays light; MLflow,
+scipy and matplotlib load only where a study logs, analyses or plots.
 """
 
 from __future__ import annotations
 
-import importlib as _importlib
 import typing as _typing
+
+from store.lazy import lazy_attributes
 
 _LAZY = {
     "Arm": "researcher.experiment",
@@ -49,13 +51,7 @@ if _typing.TYPE_CHECKING:
     from researcher.runner import advance, create_study, drive, stop_study
 
 
-def __getattr__(name: str) -> _typing.Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'researcher' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)

@@ -1,11 +1,18 @@
-"""Statistics of one round: per-arm means with bootstrap CIs, effect sizes, Welch tests.
+"""Statistics of one round: per-arm means with t-intervals, Welch tests, Holm correction, a verdict.
 
-Pure functions over numbers (no I/O) plus two plot helpers; deterministic (the
-bootstrap uses a fixed seed), so a re-run analysis gives the same report:
+Pure functions over numbers (no I/O) plus two plot helpers, deterministic, so a
+re-run analysis gives the same report:
 
     metrics = {"lr=0": [0.21, 0.20, 0.22], "lr=0.0003": [0.55, 0.61, 0.58]}
     result = analyze(metrics, baseline="lr=0", direction="greater")
     result["verdict"]            # "supported"
+
+Why these statistics: a study has 3 to 5 seeds per arm. A percentile bootstrap
+of 2 values is just their min and max, and at n = 3 it is far too narrow, so the
+intervals are Student-t (per arm) and Welch–Satterthwaite (differences), which are
+exact for normal noise at any n. Several treatments against one control are
+Holm-corrected, so "supported because one of three arms won" keeps its 5 % error
+rate. The rule itself is `VERDICT_RULE`, printed in every report.
 """
 
 from __future__ import annotations
@@ -17,17 +24,57 @@ from typing import Any
 
 import numpy as np
 
+from researcher.experiment import MIN_SEEDS
+
+ALPHA = 0.05
+LEVEL = 0.95
+MIN_N = MIN_SEEDS  # completed trials per arm below which a comparison says nothing
 BOOTSTRAP_SEED = 20240611
 N_BOOTSTRAP = 10_000
-ALPHA = 0.05
+WINDOW_FRACTION = 0.2  # the metric averages the last 20 % of a trial's steps ...
+MAX_WINDOW = 5  # ... at least 1 and at most 5 steps
+# a true difference of this many seed-to-seed SDs is called at least 80 % of the time with
+# MIN_SEEDS seeds per arm (tests/researcher/test_calibration.py holds the claim to it)
+DETECTABLE_SDS = 4.0
+
+SUPPORTED = "supported"
+REFUTED = "refuted"
+INCONCLUSIVE = "inconclusive"
+TOO_FEW = "too few seeds to say"
+
+VERDICT_RULE = (
+    "Each treatment is compared with the baseline by Welch's two-sided t-test on the per-trial "
+    "metric; the p-values of the {m} comparison(s) of this round are Holm-adjusted (family-wise "
+    "error at most α = {alpha}). A comparison is *supported* when its adjusted p < α and the "
+    "difference has the predicted sign (any sign for a two-sided hypothesis), *refuted* when "
+    "adjusted p < α with the opposite sign, and *inconclusive* otherwise; with fewer than {min_n} "
+    "completed trials in either arm it is *too few seeds to say*. The round is supported if any "
+    "treatment is, refuted if every compared treatment is, too few seeds to say if none could be "
+    "compared, inconclusive otherwise. Intervals are 95 % Student-t intervals (per arm) and "
+    "Welch intervals (differences), not adjusted for multiplicity. final_reward and reward_gain average "
+    "the last {fraction:.0%} of a trial's steps (at least 1, at most {max_window}). With {min_n} seeds per arm "
+    "a true difference of about {sds:g} seed-to-seed standard deviations is found at least 80 % of "
+    "the time; smaller effects often come out inconclusive, so an inconclusive round is not evidence "
+    "of no effect.")
 
 
-def trial_metric(rewards: Sequence[float], metric: str, window: int = 5) -> float | None:
-    """One trial's score from its per-step mean rewards."""
+def metric_window(steps: int) -> int:
+    """Steps the final-reward metric averages: scales with the trial so a 2-step trial
+    is not scored on 5 steps, and a long one on its end rather than its middle."""
+    return max(1, min(MAX_WINDOW, math.ceil(WINDOW_FRACTION * max(1, steps))))
+
+
+def verdict_rule(m: int, alpha: float = ALPHA) -> str:
+    return VERDICT_RULE.format(m=m, alpha=alpha, min_n=MIN_N, fraction=WINDOW_FRACTION,
+                               max_window=MAX_WINDOW, sds=DETECTABLE_SDS)
+
+
+def trial_metric(rewards: Sequence[float], metric: str, window: int | None = None) -> float | None:
+    """One trial's score from its per-step mean rewards; window None: `metric_window` of its length."""
     r = [float(x) for x in rewards if x is not None and not math.isnan(float(x))]
     if not r:
         return None
-    w = max(1, min(window, len(r)))
+    w = max(1, min(window if window is not None else metric_window(len(r)), len(r)))
     if metric == "final_reward":
         return float(np.mean(r[-w:]))
     if metric == "reward_gain":
@@ -37,31 +84,50 @@ def trial_metric(rewards: Sequence[float], metric: str, window: int = 5) -> floa
     raise ValueError(f"unknown metric {metric!r}")
 
 
-def bootstrap_ci(values: Sequence[float], level: float = 0.95, n: int = N_BOOTSTRAP,
-                 seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean (fixed seed: reproducible)."""
+def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
+    """Student-t interval of the mean (nan below 2 values: one value has no spread)."""
+    from scipy import stats  # lazy: scipy.stats takes a second or two to import
+
     x = np.asarray(values, dtype=float)
-    if x.size == 0:
+    if x.size < 2:
         return (math.nan, math.nan)
-    if x.size == 1:
-        return (float(x[0]), float(x[0]))
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n, x.size))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return (float(lo), float(hi))
+    half = stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+    return (float(x.mean() - half), float(x.mean() + half))
 
 
-def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95, n: int = N_BOOTSTRAP,
-                      seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """Percentile bootstrap CI of mean(b) − mean(a), resampling each group independently."""
+def welch_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
+    """Interval of mean(b) − mean(a) with Welch–Satterthwaite degrees of freedom."""
+    from scipy import stats  # lazy: see t_interval
+
     xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if xa.size == 0 or xb.size == 0:
+    if xa.size < 2 or xb.size < 2:
         return (math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    ma = xa[rng.integers(0, xa.size, size=(n, xa.size))].mean(axis=1)
-    mb = xb[rng.integers(0, xb.size, size=(n, xb.size))].mean(axis=1)
-    lo, hi = np.quantile(mb - ma, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return (float(lo), float(hi))
+    va, vb = xa.var(ddof=1) / xa.size, xb.var(ddof=1) / xb.size
+    diff = float(xb.mean() - xa.mean())
+    if va + vb == 0:
+        return (diff, diff)
+    df = (va + vb) ** 2 / (va**2 / (xa.size - 1) + vb**2 / (xb.size - 1))
+    half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(va + vb)
+    return (diff - half, diff + half)
+
+
+def bootstrap_ci(values: Sequence[float], level: float = LEVEL, n: int = N_BOOTSTRAP,
+                 seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """BCa bootstrap interval of the mean (fixed seed: reproducible); nan below MIN_N values.
+
+    Not used for verdicts (at 3 to 5 seeds the t-interval is the honest one); kept for a
+    robustness check on studies with many seeds, where the noise may be far from normal.
+    """
+    from scipy import stats  # lazy: see t_interval
+
+    x = np.asarray(values, dtype=float)
+    if x.size < MIN_N:
+        return (math.nan, math.nan)
+    if np.all(x == x[0]):
+        return (float(x[0]), float(x[0]))
+    res = stats.bootstrap((x,), np.mean, confidence_level=level, n_resamples=n, method="BCa",
+                          random_state=np.random.default_rng(seed))
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
 def hedges_g(a: Sequence[float], b: Sequence[float]) -> float:
@@ -84,7 +150,7 @@ def hedges_g(a: Sequence[float], b: Sequence[float]) -> float:
 
 def welch(a: Sequence[float], b: Sequence[float], direction: str = "two-sided") -> tuple[float, float]:
     """Welch's t-test of b against a: (t, p). `direction`: greater | less | two-sided (for b − a)."""
-    from scipy import stats
+    from scipy import stats  # lazy: see t_interval
 
     xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if xa.size < 2 or xb.size < 2:
@@ -100,71 +166,23 @@ def welch(a: Sequence[float], b: Sequence[float], direction: str = "two-sided") 
     return (float(res.statistic), float(res.pvalue))
 
 
-def _clean(x: float) -> float | None:
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values (same order as given): p_(i) × (m − i + 1), kept monotone."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    out = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def _clean(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
 
-def analyze(metrics: Mapping[str, Sequence[float]], baseline: str, direction: str = "two-sided",
-            alpha: float = ALPHA) -> dict[str, Any]:
-    """Per-arm summaries, each treatment compared with the baseline, and a verdict.
-
-    Verdict per comparison (treatment − baseline):
-    * supported: Welch p < alpha with the effect in the predicted direction (for a
-      two-sided hypothesis: any significant difference);
-    * refuted: a significant effect in the opposite direction;
-    * inconclusive: anything else (too few seeds, too noisy, no effect).
-    The hypothesis is supported if any treatment supports it, refuted if every
-    treatment refutes it, inconclusive otherwise.
-    """
-    arms: dict[str, dict[str, Any]] = {}
-    for arm, vals in metrics.items():
-        x = [float(v) for v in vals]
-        lo, hi = bootstrap_ci(x)
-        arms[arm] = {"n": len(x), "values": x,
-                     "mean": _clean(float(np.mean(x))) if x else None,
-                     "std": _clean(float(np.std(x, ddof=1))) if len(x) > 1 else None,
-                     "ci_low": _clean(lo), "ci_high": _clean(hi)}
-    comparisons = []
-    base = list(metrics.get(baseline, []))
-    for arm, vals in metrics.items():
-        if arm == baseline:
-            continue
-        t, p = welch(base, vals, direction)
-        lo, hi = bootstrap_diff_ci(base, vals)
-        g = hedges_g(base, vals)
-        a, b = arms[baseline], arms[arm]
-        diff = (b["mean"] - a["mean"]) if a["mean"] is not None and b["mean"] is not None else None
-        overlap = None
-        if None not in (a["ci_low"], a["ci_high"], b["ci_low"], b["ci_high"]):
-            overlap = not (b["ci_low"] > a["ci_high"] or a["ci_low"] > b["ci_high"])
-        significant = p is not None and not math.isnan(p) and p < alpha
-        if diff is None or not significant:
-            verdict = "inconclusive"
-        elif direction == "two-sided" or (direction == "greater") == (diff > 0):
-            verdict = "supported"
-        else:
-            verdict = "refuted"
-        if direction != "two-sided" and diff is not None and not significant:
-            # a one-sided test cannot see the opposite effect; test it two-sided
-            _, p2 = welch(base, vals, "two-sided")
-            if not math.isnan(p2) and p2 < alpha and (direction == "greater") != (diff > 0):
-                verdict = "refuted"
-        comparisons.append({"arm": arm, "baseline": baseline, "diff": _clean(diff) if diff is not None else None,
-                            "diff_ci_low": _clean(lo), "diff_ci_high": _clean(hi), "hedges_g": _g(g),
-                            "t": _g(t), "p": _clean(p), "ci_overlap": overlap, "verdict": verdict,
-                            "better": (arm if diff > 0 else baseline) if diff else None})
-    verdicts = [c["verdict"] for c in comparisons]
-    if any(v == "supported" for v in verdicts):
-        overall = "supported"
-    elif verdicts and all(v == "refuted" for v in verdicts):
-        overall = "refuted"
-    else:
-        overall = "inconclusive"
-    return {"arms": arms, "baseline": baseline, "direction": direction, "alpha": alpha,
-            "comparisons": comparisons, "verdict": overall}
-
-
-def _g(x: float) -> float | str | None:
+def _g(x: float | None) -> float | str | None:
     """JSON-safe: inf as a string, nan as None."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return None
@@ -173,12 +191,81 @@ def _g(x: float) -> float | str | None:
     return float(x)
 
 
+def _arm_summary(values: Sequence[float]) -> dict[str, Any]:
+    x = [float(v) for v in values]
+    lo, hi = t_interval(x)
+    return {"n": len(x), "values": x, "mean": _clean(float(np.mean(x))) if x else None,
+            "std": _clean(float(np.std(x, ddof=1))) if len(x) > 1 else None,
+            "ci_low": _clean(lo), "ci_high": _clean(hi)}
+
+
+def _comparison(base: list[float], vals: list[float], a: dict, b: dict) -> dict[str, Any]:
+    diff = (b["mean"] - a["mean"]) if a["mean"] is not None and b["mean"] is not None else None
+    enough = len(base) >= MIN_N and len(vals) >= MIN_N
+    t, p = welch(base, vals, "two-sided") if enough else (math.nan, math.nan)
+    lo, hi = welch_interval(base, vals)
+    overlap = None
+    if None not in (a["ci_low"], a["ci_high"], b["ci_low"], b["ci_high"]):
+        overlap = not (b["ci_low"] > a["ci_high"] or a["ci_low"] > b["ci_high"])
+    return {"diff": _clean(diff), "n": [len(base), len(vals)], "enough": enough,
+            "diff_ci_low": _clean(lo), "diff_ci_high": _clean(hi), "hedges_g": _g(hedges_g(base, vals)),
+            "t": _g(t), "p": _clean(p), "ci_overlap": overlap, "better": None}
+
+
+def analyze(metrics: Mapping[str, Sequence[float]], baseline: str, direction: str = "two-sided",
+            alpha: float = ALPHA) -> dict[str, Any]:
+    """Per-arm summaries, each treatment compared with the baseline, and a verdict (`VERDICT_RULE`).
+
+    The test is two-sided even for a directional hypothesis: "supported" and
+    "refuted" together must stay within α when nothing differs.
+    """
+    arms = {arm: _arm_summary(vals) for arm, vals in metrics.items()}
+    base = [float(v) for v in metrics.get(baseline, [])]
+    comparisons = []
+    for arm, vals in metrics.items():
+        if arm == baseline:
+            continue
+        c = _comparison(base, [float(v) for v in vals], arms.get(baseline, _arm_summary([])), arms[arm])
+        c.update(arm=arm, baseline=baseline)
+        if c["diff"]:
+            c["better"] = arm if c["diff"] > 0 else baseline
+        comparisons.append(c)
+    tested = [c for c in comparisons if c["enough"] and c["p"] is not None]
+    for c, p_adj in zip(tested, holm([c["p"] for c in tested]), strict=True):
+        c["p_holm"] = p_adj
+    for c in comparisons:
+        c.setdefault("p_holm", None)
+        c["verdict"] = _verdict(c, direction, alpha)
+    verdicts = [c["verdict"] for c in comparisons]
+    compared = [v for v in verdicts if v != TOO_FEW]
+    if SUPPORTED in compared:
+        overall = SUPPORTED
+    elif compared and all(v == REFUTED for v in compared):
+        overall = REFUTED
+    elif not compared:
+        overall = TOO_FEW
+    else:
+        overall = INCONCLUSIVE
+    return {"arms": arms, "baseline": baseline, "direction": direction, "alpha": alpha, "min_n": MIN_N,
+            "comparisons": comparisons, "verdict": overall, "rule": verdict_rule(len(tested), alpha)}
+
+
+def _verdict(c: dict[str, Any], direction: str, alpha: float) -> str:
+    if not c["enough"]:
+        return TOO_FEW
+    if c["p_holm"] is None or c["p_holm"] >= alpha or not c["diff"]:
+        return INCONCLUSIVE
+    if direction == "two-sided" or (direction == "greater") == (c["diff"] > 0):
+        return SUPPORTED
+    return REFUTED
+
+
 # ---------------------------------------------------------------- plots
 
 
 def metric_plot(result: Mapping[str, Any], out: Path, ylabel: str) -> Path:
-    """Each arm: its trials' scores (dots) and the mean with its 95 % bootstrap CI (bar)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    """Each arm: its trials' scores (dots) and the mean with its 95 % t-interval (bar)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib is slow to import
     from matplotlib.figure import Figure
 
     arms = result["arms"]
@@ -188,13 +275,15 @@ def metric_plot(result: Mapping[str, Any], out: Path, ylabel: str) -> Path:
     for i, (name, a) in enumerate(arms.items()):
         xs = np.full(len(a["values"]), i) + np.linspace(-0.08, 0.08, max(1, len(a["values"])))
         ax.scatter(xs, a["values"], s=18, alpha=0.6, color="gray")
-        if a["mean"] is not None:
+        if a["mean"] is not None and a["ci_low"] is not None:
             lo, hi = a["ci_low"], a["ci_high"]
             ax.errorbar([i], [a["mean"]], yerr=[[a["mean"] - lo], [hi - a["mean"]]], fmt="o",
                         capsize=6, markersize=8, linewidth=2)
+        elif a["mean"] is not None:
+            ax.plot([i], [a["mean"]], "o", markersize=8)
     ax.set_xticks(range(len(arms)), list(arms), rotation=15)
     ax.set_ylabel(ylabel)
-    ax.set_title("Per-arm mean with 95 % bootstrap CI (dots: seeds)")
+    ax.set_title("Per-arm mean with 95 % t-interval (dots: seeds)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +293,7 @@ def metric_plot(result: Mapping[str, Any], out: Path, ylabel: str) -> Path:
 
 def curves_plot(histories: Mapping[str, list[tuple[list[float], list[float]]]], out: Path) -> Path:
     """Reward per step, mean over seeds with a ± SD band per arm (store's plot helper)."""
-    from store.plots import reward_curves
+    from store.plots import reward_curves  # lazy: store.plots imports matplotlib
 
     return Path(reward_curves(histories, out, title="Reward per step (mean ± SD over seeds)",
                               ylabel="reward_mean"))

@@ -15,6 +15,8 @@ from typing import Any
 
 from sqlmodel import Session, select
 
+from researcher import tracking
+from researcher.analysis import curves_plot, metric_plot, trial_metric
 from researcher.config import StudyConfig
 from researcher.experiment import Frame
 from researcher.trials import TrialLauncher, read_summary, step_rewards, trial_dir
@@ -92,13 +94,18 @@ class StudyContext:
                 return f"GPU budget of {b.gpu_hours:g} h would be exceeded ({used['gpu_hours']:.3f} h used)"
         return None
 
+    def trials_left(self) -> int | None:
+        """Trials the trial budget still allows (None: no trial budget)."""
+        if self.cfg.budget.max_trials is None:
+            return None
+        launched = sum(1 for t in self.trials() if "launch" in t.config)
+        return max(0, self.cfg.budget.max_trials - launched)
+
     # ------------------------------------------------------------ results
     def summary(self, trial: Trial) -> dict | None:
         return read_summary(trial_dir(self.cfg, trial.id) / "out")  # type: ignore[arg-type]
 
     def arm_metrics(self, ids: list[int], frame: Frame) -> dict[str, list[float]]:
-        from researcher.analysis import trial_metric
-
         out: dict[str, list[float]] = {}
         for t in self.trials(ids):
             if t.status != TrialStatus.COMPLETED.value:
@@ -113,9 +120,6 @@ class StudyContext:
 
     def ingest(self, ids: list[int]) -> None:
         """Finished trials → MLflow child runs of the study run (+ RunSummary rows). Idempotent."""
-        from researcher import tracking
-        from researcher.analysis import trial_metric
-
         study = self.study()
         if not study.mlflow_run_id:
             return
@@ -157,8 +161,6 @@ class StudyContext:
                 s.commit()
 
     def round_plots(self, rnd: int, ids: list[int], result: dict, frame: Frame) -> list[str]:
-        from researcher.analysis import curves_plot, metric_plot
-
         out_dir = Path(self.cfg.study_dir) / "report" / "plots"
         paths = []
         try:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import logging
 
+from researcher.runner import active_studies, advance
+from scheduler.daemon import register_tick
+
 log = logging.getLogger(__name__)
 
 TICK_NAME = "researcher"
@@ -21,8 +24,6 @@ TICK_REF = "researcher.daemon:tick"
 
 def tick(study_id: int | None = None) -> dict[int, str]:
     """Advance one study (or every ACTIVE one); {study id: resulting state}."""
-    from researcher.runner import active_studies, advance
-
     ids = [study_id] if study_id is not None else active_studies()
     out = {}
     for sid in ids:
@@ -37,6 +38,4 @@ def tick(study_id: int | None = None) -> dict[int, str]:
 
 
 def register(interval_s: float = 30.0, db_url: str | None = None) -> str:
-    from scheduler.daemon import register_tick
-
     return register_tick(TICK_NAME, TICK_REF, interval_s, db_url=db_url)

@@ -9,18 +9,25 @@ a knob the trial program cannot express is refused *before* anything launches:
                           Arm(name="lr=3e-4", knobs={"lr": 3e-4})])
     design.trial_configs()   # -> [ExperimentConfig(arm="lr=0", seed=0, ...), ...]
 
-A knob maps onto one `swarm train` flag (`KNOBS[name].flag`). Knobs the current
-`swarm train` has no flag for (e.g. temperature, timeline merging) are still parsed
-and described, but a design using them fails validation with a message that says so.
+The knobs are derived from `swarm train`'s config model (`RunConfig`, with the
+server's `ServerConfig` and `TrainConfig` inside): every setting a run may vary,
+with its type, default, help and flag, so a new server setting is a new knob
+without an edit here. A knob maps onto one `swarm train` flag (`KNOBS[name].flag`).
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import typer.main
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from swarm.options import Leaf, cli_leaves
+from swarm.tasks import list_tasks
+from swarm.train_config import ORCHESTRATED, RunConfig, parse_mix
 
 MIN_SEEDS = 3
 
@@ -46,6 +53,7 @@ class Knob:
     high: float | None = None
     choices: tuple[str, ...] = ()
     false_flag: str | None = None  # for bools: the flag that turns it off
+    default: Any = None  # what a trial that does not set it runs with
 
     def validate(self, value: Any) -> Any:
         """The value coerced to the knob's type; ValueError when wrong or out of range."""
@@ -69,8 +77,9 @@ class Knob:
                     raise ValueError(f"{self.name} must be an integer, got {value!r}")
                 num = int(num)
             if self.low is not None and num < self.low or self.high is not None and num > self.high:
-                raise ValueError(f"{self.name}={value!r} is outside the allowed range "
-                                 f"[{self.low:g}, {self.high:g}]")
+                low = "-inf" if self.low is None else f"{self.low:g}"
+                high = "inf" if self.high is None else f"{self.high:g}"
+                raise ValueError(f"{self.name}={value!r} is outside the allowed range [{low}, {high}]")
             return num
         if self.kind == "choice":
             if str(value) not in self.choices:
@@ -91,22 +100,44 @@ def _fmt(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-KNOBS: dict[str, Knob] = {k.name: k for k in [
-    Knob("lr", "float", "--lr", "learning rate of the trainer", 0.0, 1e-2),
-    Knob("group_size", "int", "--group-size", "episodes per task (GRPO group)", 2, 64),
-    Knob("batch_groups", "int", "--batch-groups", "groups per optimisation step", 1, 64),
-    Knob("kl_coef", "float", "--kl-coef", "KL penalty to the initial model", 0.0, 10.0),
-    Knob("advantage", "choice", "--advantage", "group advantage estimator",
-         choices=("grpo", "rloo", "reinforce_pp")),
-    Knob("loss_agg", "choice", "--loss-agg", "how the loss averages: over tokens or over samples",
-         choices=("token-mean", "seq-mean-token-mean")),
-    Knob("temperature", "float", "--temperature", "sampling temperature of rollouts", 0.0, 2.0),
-    Knob("timeline_merge", "bool", "--merge", "merge prefix-sharing calls into one sample",
-         false_flag="--no-merge"),
-    Knob("model", "str", "--model", "Hugging Face model directory ('embedded' = the built-in model)"),
-    Knob("task", "str", "--task", "built-in task, or a mix: 'arith+guess' (equal shares) or "
-         "'arith=0.75+guess=0.25'"),
-]}
+def _kind(leaf: Leaf) -> str:
+    if leaf.annotation is bool:
+        return "bool"
+    if leaf.annotation in (int, float):
+        return leaf.annotation.__name__
+    if isinstance(leaf.annotation, type) and issubclass(leaf.annotation, enum.Enum):
+        return "choice"
+    return "str"
+
+
+def _knob(leaf: Leaf) -> Knob:
+    low, high = leaf.flag.study or leaf.bounds
+    kind = _kind(leaf)
+    choices = tuple(str(c.value) for c in leaf.annotation) if kind == "choice" else ()
+    default = leaf.default.value if isinstance(leaf.default, enum.Enum) else leaf.default
+    if leaf.knob == "model":
+        default = "embedded"
+    false_flag = (leaf.flag.off or "--no-" + leaf.option[2:]) if kind == "bool" else None
+    return Knob(leaf.knob, kind, leaf.option, leaf.description, low, high, choices,  # type: ignore[arg-type]
+                false_flag, default)
+
+
+def derive_knobs() -> dict[str, Knob]:
+    """Every setting of a `swarm train` run a study may vary, from `RunConfig`'s fields.
+
+    Names, types, choices, help, defaults and flags come from the config model;
+    a field's `Flag(study=(low, high))` narrows the range a study may explore.
+    Settings `swarm train` orchestrates itself and those marked `studied=False`
+    (paths, ports, secrets, logging) are left out.
+    """
+    out: dict[str, Knob] = {}
+    for leaf in cli_leaves(RunConfig, RunConfig(), exclude=ORCHESTRATED):
+        if leaf.flag.studied:
+            out[leaf.knob] = _knob(leaf)
+    return out
+
+
+KNOBS: dict[str, Knob] = derive_knobs()
 
 STEPS_RANGE = (1, 100_000)
 
@@ -115,9 +146,7 @@ STEPS_RANGE = (1, 100_000)
 def swarm_train_flags() -> frozenset[str] | None:
     """Option names `swarm train` accepts, read from its typer command (None if unknown)."""
     try:
-        import typer.main
-
-        from swarm.cli import app
+        from swarm.cli import app  # lazy: the whole swarm CLI (server, engines' config) only when checked
 
         group = typer.main.get_command(app)
         cmd = group.commands["train"]  # type: ignore[attr-defined]
@@ -127,12 +156,7 @@ def swarm_train_flags() -> frozenset[str] | None:
 
 
 def known_tasks() -> list[str]:
-    try:
-        from swarm.tasks import list_tasks
-
-        return list(list_tasks())
-    except Exception:  # pragma: no cover
-        return ["arith", "guess"]
+    return list(list_tasks())
 
 
 def check_supported(knobs: dict[str, Any], flags: frozenset[str] | None) -> None:
@@ -146,8 +170,6 @@ def check_supported(knobs: dict[str, Any], flags: frozenset[str] | None) -> None
         if missing:
             raise ValueError(f"knob {name!r} is not supported by `swarm train` yet (no {missing[0]} option)")
         if name == "task":
-            from swarm.train import parse_mix
-
             parse_mix(str(value))  # ValueError naming an unknown task or a bad share
 
 

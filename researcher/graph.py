@@ -13,6 +13,11 @@ A node can run twice (a crash after its side effects but before the checkpoint),
 so each is idempotent: rows are looked up by (study, round) before being
 created; launches go through `TrialLauncher.launch` (exactly once); MLflow
 child runs are found by tag. The state holds only JSON-able data.
+
+A planner that cannot go on (a topic it cannot express, no valid answer after
+its retries, a design the trial budget cannot cover) ends the study with that
+reason in the report. An unreachable LLM endpoint is raised instead: nothing is
+wrong with the study, and `researcher resume` continues from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from sqlmodel import Session, select
 
 from researcher import analysis as stats
 from researcher.context import StudyContext
-from researcher.experiment import Design, Frame, HypothesisSpec
-from researcher.llm import BudgetExceeded
+from researcher.experiment import Design, Frame, HypothesisSpec, swarm_train_flags
+from researcher.llm import BudgetExceeded, StructuredOutputError
+from researcher.planning import BudgetTooSmall, UnsupportedTopic, fit_to_budget
+from researcher.report import write_report
 from store.models import Hypothesis, HypothesisStatus, Study, StudyStatus, Trial, TrialStatus
 
 log = logging.getLogger(__name__)
@@ -46,6 +53,8 @@ class StudyState(TypedDict, total=False):
     follow_ups: list[dict]
     llm_tokens: int
     approved_rounds: list[int]
+    design_note: str  # what fitting the design to the trial budget cut
+    planner: str
     stop_reason: str
     route: str
     report_path: str
@@ -84,6 +93,18 @@ def _planner(ctx: StudyContext, state: StudyState) -> Any:
     return p
 
 
+def _cannot_plan(p: Any, e: Exception) -> str:
+    """The stop reason when the planner cannot go on (one line in the report)."""
+    what = " ".join(str(e).split())
+    if isinstance(e, StructuredOutputError):
+        return (f"the {p.name} planner gave no valid answer: {what} (hint: a stronger model via "
+                f"ROOST_LLM_MODEL, or --planner rules)")
+    return f"the {p.name} planner cannot plan this: {what}"
+
+
+PLANNING_STOPS = (StructuredOutputError, UnsupportedTopic)
+
+
 # ---------------------------------------------------------------- nodes
 
 
@@ -94,9 +115,12 @@ def frame(ctx: StudyContext, state: StudyState) -> dict:
     try:
         f = p.frame(state["topic"], ctx.cfg.defaults)
     except BudgetExceeded as e:
-        return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used}
+        return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used, "planner": p.name}
+    except PLANNING_STOPS as e:
+        return {"route": "report", "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used,
+                "planner": p.name}
     return {"frame": f.model_dump(mode="json"), "round": 0, "history": [], "follow_ups": [],
-            "llm_tokens": p.tokens_used, "route": "hypothesize"}
+            "llm_tokens": p.tokens_used, "route": "hypothesize", "planner": p.name}
 
 
 def _hypothesis_row(s: Session, study_id: int, rnd: int) -> Hypothesis | None:
@@ -124,6 +148,8 @@ def hypothesize(ctx: StudyContext, state: StudyState) -> dict:
             got = p.hypothesize(state["topic"], Frame.model_validate(state["frame"]), state.get("history", []))
         except BudgetExceeded as e:
             return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used}
+        except PLANNING_STOPS as e:
+            return {"route": "report", "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used}
         if got is None:
             return {"route": "report", "llm_tokens": p.tokens_used}
         spec = got
@@ -145,17 +171,21 @@ def design(ctx: StudyContext, state: StudyState) -> dict:
         assert row is not None
         if "design" in (row.conclusion or {}):  # trials already created for this round
             ids = [t.id for t in s.exec(select(Trial).where(Trial.hypothesis_id == row.id).order_by(Trial.id)).all()]
-            return {"design": row.conclusion["design"], "trial_ids": ids, "route": "approve"}
+            return {"design": row.conclusion["design"], "trial_ids": ids, "route": "approve",
+                    "design_note": row.conclusion.get("design_note", "")}
     p = _planner(ctx, state)
     spec = HypothesisSpec.model_validate({k: v for k, v in hyp.items() if k != "id"})
     try:
         d: Design = p.design(Frame.model_validate(state["frame"]), spec, ctx.cfg.defaults)
         if ctx.cfg.uses_swarm_train:
-            from researcher.experiment import swarm_train_flags
-
             d.check_program(swarm_train_flags())
+        d, note = fit_to_budget(d, ctx.trials_left())
     except BudgetExceeded as e:
         return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used}
+    except BudgetTooSmall as e:
+        return {"route": "report", "stop_reason": f"refused: {e}", "llm_tokens": p.tokens_used}
+    except PLANNING_STOPS as e:
+        return {"route": "report", "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used}
     except ValueError as e:
         return {"route": "report", "stop_reason": f"no valid design: {e}", "llm_tokens": p.tokens_used}
     with Session(ctx.engine, expire_on_commit=False) as s:  # trials and marker in one transaction
@@ -165,12 +195,14 @@ def design(ctx: StudyContext, state: StudyState) -> dict:
                         config={"experiment": c.model_dump(mode="json"), "round": rnd})
                   for c in d.trial_configs()]
         s.add_all(trials)
-        row.conclusion = {**row.conclusion, "design": d.model_dump(mode="json")}
+        row.conclusion = {**row.conclusion, "design": d.model_dump(mode="json"), "design_note": note}
         s.add(row)
         s.commit()
         ids = [t.id for t in trials]
+    if note:
+        log.warning("study %s: %s", ctx.study_id, note)
     return {"design": d.model_dump(mode="json"), "trial_ids": ids, "llm_tokens": p.tokens_used,
-            "route": "approve"}
+            "route": "approve", "design_note": note}
 
 
 def approve(ctx: StudyContext, state: StudyState) -> dict:
@@ -180,7 +212,8 @@ def approve(ctx: StudyContext, state: StudyState) -> dict:
         return {"route": "launch"}
     ctx.set_study_status(StudyStatus.PAUSED)
     answer = interrupt({"kind": "approval", "round": rnd, "design": state["design"],
-                        "hypothesis": state["hypothesis"]["statement"]})
+                        "hypothesis": state["hypothesis"]["statement"], "planner": ctx.planner.name,
+                        "note": state.get("design_note", "")})
     ctx.set_study_status(StudyStatus.ACTIVE)
     if isinstance(answer, dict) and answer.get("approved"):
         return {"approved_rounds": [*done, rnd], "route": "launch"}
@@ -246,6 +279,7 @@ def analyze(ctx: StudyContext, state: StudyState) -> dict:
     result = stats.analyze(metrics, baseline=d["baseline"], direction=state["hypothesis"]["direction"])
     result["metric"] = f.metric
     result["metric_description"] = f.metric_description()
+    result["metric_window"] = f.metric_window
     result["plots"] = ctx.round_plots(state.get("round", 0), state.get("trial_ids", []), result, f)
     return {"analysis": result}
 
@@ -267,7 +301,8 @@ def decide(ctx: StudyContext, state: StudyState) -> dict:
     history = [h for h in state.get("history", []) if h.get("round") != rnd]
     history.append({"round": rnd, "statement": hyp["statement"], "verdict": verdict,
                     "hypothesis_id": hyp["id"], "design": state["design"], "analysis": result,
-                    "trial_ids": state.get("trial_ids", [])})
+                    "trial_ids": state.get("trial_ids", []), "planner": ctx.planner.name,
+                    "design_note": state.get("design_note", "")})
     p = _planner(ctx, state)
     can_continue = not state.get("stop_reason") and not ctx.over_budget(state, launching=True)
     updates: dict[str, Any] = {"history": history, "round": rnd + 1}
@@ -277,6 +312,8 @@ def decide(ctx: StudyContext, state: StudyState) -> dict:
                             result, history[:-1], can_continue)
     except BudgetExceeded as e:
         return {**updates, "stop_reason": str(e), "llm_tokens": p.tokens_used, "route": "report"}
+    except PLANNING_STOPS as e:
+        return {**updates, "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used, "route": "report"}
     history[-1]["notes"] = decision.notes
     updates["llm_tokens"] = p.tokens_used
     if decision.stop or not can_continue:
@@ -286,7 +323,5 @@ def decide(ctx: StudyContext, state: StudyState) -> dict:
 
 
 def report(ctx: StudyContext, state: StudyState) -> dict:
-    from researcher.report import write_report
-
     path = write_report(ctx, dict(state))
     return {"report_path": str(path)}

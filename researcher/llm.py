@@ -53,6 +53,10 @@ class StructuredOutputError(RuntimeError):
     """The model gave no valid output after every retry."""
 
 
+class LLMUnreachable(RuntimeError):
+    """The chat endpoint could not be reached or refused the request (the study can resume later)."""
+
+
 def requests_allowed() -> bool:
     return ALLOW_MODEL_REQUESTS and os.environ.get(ENV_ALLOW, "1").lower() not in ("0", "false", "no")
 
@@ -123,12 +127,18 @@ class OpenAIChatModel(BaseChatModel):
         if not requests_allowed():
             raise ModelRequestsForbidden("real model requests are switched off (tests); "
                                          "use ScriptedChatModel or override_model()")
-        from openai import OpenAI
+        import openai  # lazy: the client library is only needed when a real model is asked
 
-        client = OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s)
-        resp = client.chat.completions.create(
-            model=self.model, temperature=self.temperature, stop=stop,
-            messages=[{"role": _role(m), "content": str(m.content)} for m in messages])
+        client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s)
+        try:
+            resp = client.chat.completions.create(
+                model=self.model, temperature=self.temperature, stop=stop,
+                messages=[{"role": _role(m), "content": str(m.content)} for m in messages])
+        except openai.APIConnectionError as e:  # includes timeouts
+            raise LLMUnreachable(f"cannot reach the LLM endpoint {self.base_url} ({e})") from e
+        except openai.APIStatusError as e:
+            raise LLMUnreachable(f"the LLM endpoint {self.base_url} refused the request for model "
+                                 f"{self.model!r}: HTTP {e.status_code} {e.message}") from e
         text = resp.choices[0].message.content or ""
         usage = resp.usage
         meta = None

@@ -6,7 +6,8 @@
 An invalid answer (bad JSON, unknown knob, out-of-range value, fewer than 3 seeds,
 a knob the trial program cannot express) is sent back with the error and asked
 again (`retries` times). Token use is counted per call (`tokens_used`) and the
-budget is checked before every call.
+budget is checked before every call. After the last retry `StructuredOutputError`
+says what was wrong; an unreachable endpoint raises `LLMUnreachable` (llm.py).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class LLMPlanner:
             if not f.knobs:
                 raise ValueError("name at least one knob under study in 'knobs'")
 
-        return self._ask(prompts.render("frame", topic=topic, schema=_schema(Frame)), Frame, check)
+        frame: Frame = self._ask(prompts.render("frame", topic=topic, schema=_schema(Frame)), Frame, check)
+        # the metric window follows the user's trial length, like the design's steps
+        return frame.model_copy(update={"metric_window": defaults.window()})
 
     def hypothesize(self, topic: str, frame: Frame, history: list[dict]) -> HypothesisSpec | None:
         if len(history) >= self.max_rounds:

@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from string import Template
 
+import prompts as prompts_package  # the top-level package: works from a checkout and from an installed wheel
+
 ENV_DIR = "ROOST_PROMPTS_DIR"
 _NAME = re.compile(r"^(?P<name>[a-z_]+)\.v(?P<version>\d+)\.txt$")
 
@@ -22,9 +24,7 @@ def prompts_dir() -> Path:
     env = os.environ.get(ENV_DIR)
     if env:
         return Path(env)
-    import prompts  # the top-level package: works from a checkout and from an installed wheel
-
-    return Path(prompts.__file__).resolve().parent
+    return Path(prompts_package.__file__).resolve().parent
 
 
 def versions(name: str) -> list[int]:

@@ -4,7 +4,9 @@
     <study dir>/report/plots/round0_reward_curves.png, round0_final_reward.png
 
 The same directory is uploaded as artifacts `report/` of the study's MLflow
-parent run, and the markdown is kept in `Study.report`.
+parent run, whose metrics and tags get the study's summary (`summary_metrics`);
+the markdown is kept in `Study.report`. Every report names the planner that made
+each plan and spells out the verdict rule its numbers were judged by.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from researcher import tracking
+from researcher.analysis import TOO_FEW, verdict_rule
+from researcher.config import StudyConfig
 from researcher.context import StudyContext
-from researcher.tracking import experiment_name
+from researcher.tracking import experiment_name, metric_key
 from store.models import StudyStatus
 from store.types import utcnow
 
@@ -43,32 +48,41 @@ def conclusion_sentence(result: dict) -> str:
         if c["diff"] is None:
             lines.append(f"{c['arm']} vs {c['baseline']}: not enough completed trials to compare.")
             continue
+        if c.get("verdict") == TOO_FEW:
+            n_base, n_arm = c.get("n", ["?", "?"])
+            lines.append(f"{c['arm']} vs {c['baseline']}: too few seeds to say ({n_arm} and {n_base} completed "
+                         f"trials; at least {result.get('min_n', 3)} per arm needed).")
+            continue
         worse = c["baseline"] if c["diff"] > 0 else c["arm"]
         better = c["arm"] if c["diff"] > 0 else c["baseline"]
-        sig = c["p"] is not None and c["p"] < result.get("alpha", 0.05)
+        p_adj = c.get("p_holm", c["p"])
+        sig = p_adj is not None and p_adj < result.get("alpha", 0.05)
         overlap = "overlap" if c["ci_overlap"] else "do not overlap"
         if sig:
             lines.append(f"**{worse} is worse than {better}**: {result.get('metric', 'metric')} differs by "
                          f"{_num(abs(c['diff']))} (95 % CI of the difference [{_num(c['diff_ci_low'])}, "
                          f"{_num(c['diff_ci_high'])}], Hedges' g {_num(c['hedges_g'], 2)}, "
-                         f"Welch p {_p(c['p'])}); the arms' 95 % CIs {overlap}.")
+                         f"Welch p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); the arms' 95 % CIs {overlap}.")
         else:
             lines.append(f"No significant difference between {c['arm']} and {c['baseline']} "
-                         f"(diff {_num(c['diff'])}, Welch p {_p(c['p'])}); the arms' 95 % CIs {overlap}.")
+                         f"(diff {_num(c['diff'])}, Welch p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); "
+                         f"the arms' 95 % CIs {overlap}.")
     return "\n".join(f"- {x}" for x in lines)
 
 
-def render_round(h: dict, report_dir: Path) -> str:
+def render_round(h: dict, report_dir: Path, planner: str = "?") -> str:
     result = h["analysis"]
     d = h["design"]
     out = [f"## Round {h['round'] + 1}: {h['statement']}", "",
            f"**Verdict: {h['verdict'].upper()}** (α = {result.get('alpha', 0.05)}, "
            f"expected direction of treatment − baseline: {result.get('direction')})", "",
            conclusion_sentence(result), "",
+           f"Planned by the {h.get('planner') or planner} planner. "
            f"Design: task `{d['task']}`, {d['steps']} steps per trial, seeds {d['seeds']}, "
            f"baseline arm `{d['baseline']}`" + (f", shared knobs `{d['common']}`" if d.get("common") else "") + ".",
+           *([f"**{h['design_note']}**"] if h.get("design_note") else []),
            "", f"### Per arm: {result.get('metric_description', result.get('metric'))}", "",
-           "| arm | knobs | n | mean | 95 % bootstrap CI | SD | per-seed values |",
+           "| arm | knobs | n | mean | 95 % t-interval | SD | per-seed values |",
            "|---|---|---:|---:|---|---:|---|"]
     knobs = {a["name"]: a["knobs"] for a in d["arms"]}
     for name, a in result["arms"].items():
@@ -76,14 +90,15 @@ def render_round(h: dict, report_dir: Path) -> str:
         out.append(f"| {name} | `{knobs.get(name, {})}` | {a['n']} | {_num(a['mean'])} | "
                    f"[{_num(a['ci_low'])}, {_num(a['ci_high'])}] | {_num(a['std'])} | {vals} |")
     out += ["", "### Comparisons with the baseline", "",
-            "| arm | vs | diff | 95 % CI of diff | Hedges' g | Welch t | p | CIs overlap | verdict |",
-            "|---|---|---:|---|---:|---:|---:|---|---|"]
+            "| arm | vs | diff | 95 % Welch CI of diff | Hedges' g | Welch t | p | Holm p | CIs overlap | verdict |",
+            "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     for c in result["comparisons"]:
         overlap = {True: "yes", False: "no", None: "–"}[c["ci_overlap"]]
         out.append(f"| {c['arm']} | {c['baseline']} | {_num(c['diff'])} | [{_num(c['diff_ci_low'])}, "
                    f"{_num(c['diff_ci_high'])}] | {_num(c['hedges_g'], 2)} | {_num(c['t'], 2)} | {_p(c['p'])} | "
-                   f"{overlap} | {c['verdict']} |")
-    out.append("")
+                   f"{_p(c.get('p_holm'))} | {overlap} | {c['verdict']} |")
+    tested = sum(1 for c in result["comparisons"] if c.get("p_holm") is not None)
+    out += ["", f"*Verdict rule.* {result.get('rule') or verdict_rule(tested, result.get('alpha', 0.05))}", ""]
     for p in result.get("plots", []):
         rel = os.path.relpath(p, report_dir)
         out += [f"![{Path(p).stem}]({rel})", ""]
@@ -104,7 +119,7 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
              f"- Question: {frame.get('question', study.question)}",
              f"- Task: `{frame.get('task', '?')}`; metric: {frame.get('metric', '?')} "
              f"(window {frame.get('metric_window', '?')})",
-             f"- Planner: {ctx.cfg.planner}; backend: {ctx.cfg.backend}; "
+             f"- Planner: {planner_description(ctx.cfg)}; backend: {ctx.cfg.backend}; "
              f"parallel trials: {ctx.cfg.parallel}",
              f"- Trials: {len(trials)} ({', '.join(f'{k.lower()} {v}' for k, v in sorted(by_status.items()))}); "
              f"CPU-hours {usage['cpu_hours']:.3f}; LLM tokens {state.get('llm_tokens', 0)}",
@@ -122,7 +137,7 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
     else:
         lines += ["No round was analysed.", ""]
     for h in history:
-        lines.append(render_round(h, report_dir))
+        lines.append(render_round(h, report_dir, ctx.cfg.planner))
     lines += ["## Trials", "", "| trial | arm | seed | status | MLflow run | note |", "|---:|---|---:|---|---|---|"]
     for t in trials:
         lines.append(f"| {t.id} | {t.arm} | {t.seed} | {t.status} | {t.mlflow_run_id or '–'} | "
@@ -130,10 +145,45 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(ctx: StudyContext, state: dict) -> Path:
-    """Write the markdown, upload it with its plots, close the study (idempotent)."""
-    from researcher import tracking
+def planner_description(cfg: StudyConfig) -> str:
+    """Which planner made the plans: `rules`, or `llm` with its model and prompt versions."""
+    if cfg.planner != "llm":
+        return cfg.planner
+    prompts = ", ".join(f"{k} v{v}" for k, v in sorted(cfg.prompt_versions.items()))
+    return f"llm (model `{cfg.llm_model}` at {cfg.llm_base_url}" + (f"; prompts {prompts})" if prompts else ")")
 
+
+_VERDICT_CODE = {"supported": 1.0, "refuted": -1.0, "inconclusive": 0.0}
+
+
+def summary_metrics(ctx: StudyContext, state: dict) -> tuple[dict[str, float | None], dict[str, str]]:
+    """What the study's parent run carries: trial counts, cost, and per round the arms'
+    means and intervals, each comparison's difference and p-values; verdicts as tags
+    (and as metrics: 1 supported, 0 inconclusive, -1 refuted)."""
+    trials = ctx.trials()
+    usage = ctx.launcher.usage([t.id for t in trials if t.id is not None])
+    metrics: dict[str, float | None] = {
+        "trials": float(len(trials)), "cpu_hours": usage["cpu_hours"], "gpu_hours": usage.get("gpu_hours"),
+        "llm_tokens": float(state.get("llm_tokens", 0)), "rounds": float(len(state.get("history", [])))}
+    for st in ("COMPLETED", "FAILED", "CANCELLED"):
+        metrics[f"trials_{st.lower()}"] = float(sum(1 for t in trials if t.status == st))
+    tags = {"roost.planner": ctx.cfg.planner, "roost.stop_reason": state.get("stop_reason", "")[:5000]}
+    for h in state.get("history", []):
+        r = f"round{h['round'] + 1}"
+        res = h["analysis"]
+        tags[f"roost.verdict.{r}"] = h["verdict"]
+        metrics[metric_key(r, "verdict")] = _VERDICT_CODE.get(h["verdict"])
+        for arm, a in res.get("arms", {}).items():
+            for k in ("mean", "ci_low", "ci_high", "n"):
+                metrics[metric_key(r, arm, k)] = a.get(k)
+        for c in res.get("comparisons", []):
+            for k in ("diff", "diff_ci_low", "diff_ci_high", "p", "p_holm"):
+                metrics[metric_key(r, f"{c['arm']} vs {c['baseline']}", k)] = c.get(k)
+    return metrics, tags
+
+
+def write_report(ctx: StudyContext, state: dict) -> Path:
+    """Write the markdown, upload it with its plots and summary, close the study (idempotent)."""
     report_dir = Path(ctx.cfg.study_dir) / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
     ctx.ingest([t.id for t in ctx.trials() if t.id is not None])
@@ -143,6 +193,7 @@ def write_report(ctx: StudyContext, state: dict) -> Path:
     study = ctx.study()
     if study.mlflow_run_id:
         tracking.log_report(study.mlflow_run_id, report_dir)
+        tracking.log_summary(study.mlflow_run_id, *summary_metrics(ctx, state))
         tracking.finish_study_run(study.mlflow_run_id, "FINISHED")
     status = StudyStatus.CANCELLED if study.status == StudyStatus.CANCELLED.value else StudyStatus.COMPLETED
     ctx.set_study_status(status, report=text, finished_at=utcnow())

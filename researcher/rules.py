@@ -11,6 +11,10 @@ it the default without an LLM and the reference the LLM planner is tested agains
 Values named in the topic become arms; the first value named (or the knob's
 natural control: lr 0, merging on, KL 0) is the baseline. Without values, a
 knob gets default arms (`DEFAULT_ARMS`). One round; no follow-ups.
+
+A topic it cannot express (no knob named, or something outside its knobs such as
+an optimizer or an architecture) raises `UnsupportedTopic` listing what it can
+study, instead of quietly studying the learning rate.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import re
 from typing import Any
 
 from researcher.experiment import KNOBS, Design, Frame, HypothesisSpec, arm_name, known_tasks
-from researcher.planning import Decision, PlanDefaults, choose_direction, default_design
+from researcher.planning import (Decision, PlanDefaults, UnsupportedTopic, choose_direction, default_design,
+                                 knob_list)
+from swarm.algorithms.choices import Advantage, LossAgg
 
 # keyword patterns per knob, most specific first
 KNOB_PATTERNS: list[tuple[str, str]] = [
@@ -35,6 +41,15 @@ KNOB_PATTERNS: list[tuple[str, str]] = [
     ("model", r"\bmodels?\b"),
 ]
 
+# things people ask about that no knob expresses: refused by name, never mapped onto a knob
+OUT_OF_SCOPE: list[tuple[str, str]] = [
+    ("the optimizer", r"\boptimi[sz]er\w*|\badam\w*|\bsgd\b|\bmomentum\b|\brmsprop\b|\blion\b"),
+    ("a learning-rate schedule", r"\bschedul\w*|warm[- ]?up|cosine|(?<!weight.)\bdecay\b"),
+    ("the architecture", r"architecture|\blayers?\b|\bheads?\b|hidden size|\bwidth\b|\bdepth\b|dropout"),
+    ("precision or adapters", r"\bbf16\b|\bfp16\b|precision|\blora\b|quantiz\w*"),
+    ("the dataset", r"\bdataset\w*|training data"),
+]
+
 TASK_WORDS = {"arith": r"arith\w*|addition|sums?\b", "guess": r"guess\w*|number game"}
 
 DEFAULT_ARMS: dict[str, list[Any]] = {
@@ -44,9 +59,9 @@ DEFAULT_ARMS: dict[str, list[Any]] = {
     "kl_coef": [0.0, 0.1],
     "temperature": [1.0, 0.7],
     "timeline_merge": [True, False],
-    "advantage": ["grpo", "rloo"],
+    "advantage": [Advantage.grpo.value, Advantage.rloo.value],
     "task": ["arith", "arith+guess"],
-    "loss_agg": ["token-mean", "seq-mean-token-mean"],
+    "loss_agg": [LossAgg.token_mean.value, LossAgg.seq_mean_token_mean.value],
     "model": ["embedded"],
 }
 
@@ -85,7 +100,7 @@ def detect_values(topic: str, knob: str) -> list[Any]:
                 vals.append(v)
         return vals
     if knob == "advantage":
-        return [c for c in ("grpo", "rloo", "reinforce_pp") if c.replace("_pp", "++") in t or c in t]
+        return [c.value for c in Advantage if c.value.replace("_pp", "++") in t or c.value in t]
     if knob == "model":
         return [m.group(1) for m in PATH.finditer(topic)]
     if knob in ("task", "loss_agg"):
@@ -101,10 +116,30 @@ def detect_values(topic: str, knob: str) -> list[Any]:
     return values
 
 
+def studied_knobs() -> list[str]:
+    """The knobs this planner recognises in words (an LLM planner can use every knob)."""
+    return [name for name, _ in KNOB_PATTERNS if name in KNOBS]
+
+
+def check_scope(topic: str) -> list[str]:
+    """The knobs the topic names; UnsupportedTopic when none, or when it asks about something else."""
+    t = topic.lower()
+    can = f"It can vary:\n{knob_list(studied_knobs())}"
+    for what, pattern in OUT_OF_SCOPE:
+        m = re.search(pattern, t)
+        if m:
+            raise UnsupportedTopic(f"the rules planner cannot study {what} (the topic says {m.group(0)!r}). {can}")
+    knobs = [k for k in detect_knobs(topic) if k in KNOBS]
+    if not knobs:
+        raise UnsupportedTopic(f"the rules planner found no knob it can vary in the topic. {can}")
+    return knobs
+
+
 def natural_baseline(knob: str, values: list[Any]) -> Any:
     """The control arm: lr/KL 0, merging on, the embedded model; else the first value named."""
     for control in {"lr": [0.0], "kl_coef": [0.0], "timeline_merge": [True], "model": ["embedded"],
-                    "advantage": ["grpo"], "task": ["arith"], "loss_agg": ["token-mean"]}.get(knob, []):
+                    "advantage": [Advantage.grpo.value], "task": ["arith"],
+                    "loss_agg": [LossAgg.token_mean.value]}.get(knob, []):
         if control in values:
             return control
     return values[0]
@@ -117,7 +152,7 @@ class RulesPlanner:
     tokens_used = 0
 
     def frame(self, topic: str, defaults: PlanDefaults) -> Frame:
-        knobs = detect_knobs(topic) or ["lr"]
+        knobs = check_scope(topic)
         t = topic.lower()
         metric = "final_reward"
         if re.search(r"\b(gain|improve\w*|learning progress)\b", t) and "final" not in t:
@@ -125,7 +160,7 @@ class RulesPlanner:
         elif re.search(r"\b(average|mean) reward\b", t):
             metric = "mean_reward"
         return Frame(question=topic.strip(), task=detect_task(topic), metric=metric,
-                     metric_window=defaults.metric_window, knobs=knobs[:1])
+                     metric_window=defaults.window(), knobs=knobs[:1])
 
     def hypothesize(self, topic: str, frame: Frame, history: list[dict]) -> HypothesisSpec | None:
         if history:  # one round: the rules planner has nothing further to ask
@@ -137,7 +172,8 @@ class RulesPlanner:
         if len(values) < 2:
             values = [*values, *[v for v in DEFAULT_ARMS[knob] if v not in values]]
         if len(values) < 2:
-            raise ValueError(f"name at least two values of {knob} to compare in the topic")
+            hint = " (model directories, e.g. /models/a)" if knob == "model" else ""
+            raise UnsupportedTopic(f"name at least two values of {knob} to compare in the topic{hint}")
         base = natural_baseline(knob, values)
         treatments = [v for v in values if v != base]
         direction = choose_direction(knob, base, treatments)

@@ -23,28 +23,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.types import Command
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from researcher import tracking
 from researcher.config import StudyConfig
 from researcher.context import StudyContext
+from researcher.graph import build_graph
+from researcher.llm import make_chat_model
+from researcher.llm_planner import LLMPlanner
+from researcher.report import write_report
+from researcher.rules import RulesPlanner
 from researcher.trials import TrialLauncher
-from store.models import Study, StudyStatus
+from scheduler.manager import JobManager
+from scheduler.records import StoreSink
+from store.models import Study, StudyStatus, TrialStatus
+from store.paths import data_dir
+from store.schema import init_db
 
 log = logging.getLogger(__name__)
 
 RECURSION_LIMIT = 500
 
 
-def data_dir() -> Path:
-    from swarm.paths import data_dir as dd
-
-    return dd()
-
-
-def store_engine(url: str | None = None) -> Any:
-    from store.db import init_db
-
+def store_engine(url: str | None = None) -> Engine:
     return init_db(url)
 
 
@@ -55,9 +59,9 @@ def store_engine(url: str | None = None) -> Any:
 def checkpointer(engine: Any) -> Iterator[Any]:
     """SqliteSaver beside a SQLite store; PostgresSaver in the store's PostgreSQL database."""
     if engine.dialect.name == "postgresql":
-        import psycopg
-        from langgraph.checkpoint.postgres import PostgresSaver
-        from psycopg.rows import dict_row
+        import psycopg  # lazy: the PostgreSQL driver and saver are optional, needed only here
+        from langgraph.checkpoint.postgres import PostgresSaver  # lazy: as above
+        from psycopg.rows import dict_row  # lazy: as above
 
         url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
         with psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
@@ -65,8 +69,6 @@ def checkpointer(engine: Any) -> Iterator[Any]:
             saver.setup()
             yield saver
         return
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
     db = engine.url.database
     base = Path(db).parent if db and db != ":memory:" else data_dir()
     path = base / "researcher-checkpoints.sqlite"
@@ -88,8 +90,6 @@ def _slug(text: str) -> str:
 
 def create_study(cfg: StudyConfig, engine: Any = None) -> int:
     """The Study row (config stored), its directory and its MLflow parent run."""
-    from researcher import tracking
-
     engine = engine or store_engine()
     with Session(engine, expire_on_commit=False) as s:
         row = Study(name=f"{_slug(cfg.topic)}-{os.urandom(3).hex()}", question=cfg.topic,
@@ -111,7 +111,7 @@ def create_study(cfg: StudyConfig, engine: Any = None) -> int:
         row = s.get(Study, sid)
         assert row is not None
         row.mlflow_run_id = run_id
-        from store.tracking import get_client
+        from store.tracking import get_client  # lazy: importing MLflow takes seconds
 
         row.mlflow_experiment_id = str(get_client().get_run(run_id).info.experiment_id)
         s.add(row)
@@ -129,20 +129,13 @@ def load_config(engine: Any, study_id: int) -> StudyConfig:
 
 def make_planner(cfg: StudyConfig) -> Any:
     if cfg.planner == "rules":
-        from researcher.rules import RulesPlanner
-
         return RulesPlanner()
-    from researcher.llm import make_chat_model
-    from researcher.llm_planner import LLMPlanner
-
     model = make_chat_model({"llm_base_url": cfg.llm_base_url, "llm_model": cfg.llm_model})
     return LLMPlanner(model, token_budget=cfg.budget.llm_tokens, check_program=cfg.uses_swarm_train)
 
 
-def make_context(study_id: int, engine: Any = None, manager: Any = None, planner: Any = None) -> StudyContext:
-    from scheduler.manager import JobManager
-    from scheduler.records import StoreSink
-
+def make_context(study_id: int, engine: Engine | None = None, manager: JobManager | None = None,
+                 planner: Any = None) -> StudyContext:
     engine = engine or store_engine()
     cfg = load_config(engine, study_id)
     manager = manager or JobManager(StoreSink(engine=engine))
@@ -192,8 +185,6 @@ def _classify(snapshot: Any) -> Step:
 
 def advance(study_id: int, *, ctx: StudyContext | None = None, resume: Any = None) -> Step:
     """Run the study's graph until it next waits (trials running, approval) or ends."""
-    from researcher.graph import build_graph
-
     with study_lock(study_id) as got:
         if not got:
             return Step("busy", {})
@@ -224,8 +215,6 @@ def advance(study_id: int, *, ctx: StudyContext | None = None, resume: Any = Non
 
 def _still_waiting(ctx: StudyContext, values: dict) -> bool:
     """Cheap check before resuming a waiting study: trials still running, no slot to fill."""
-    from store.models import TrialStatus
-
     statuses = ctx.launcher.refresh(list(values.get("trial_ids", [])))
     running = sum(1 for v in statuses.values() if v == TrialStatus.RUNNING.value)
     pending = sum(1 for v in statuses.values() if v == TrialStatus.PENDING.value)
@@ -251,8 +240,6 @@ def drive(study_id: int, *, ctx: StudyContext | None = None, poll_s: float | Non
 
 def stop_study(study_id: int, engine: Any = None, reason: str = "stopped by the user") -> Path | None:
     """Cancel the study's unfinished trials, mark it CANCELLED and write what it has."""
-    from researcher.report import write_report
-
     ctx = make_context(study_id, engine=engine)
     with study_lock(study_id, blocking=True):
         ids = [t.id for t in ctx.trials() if t.id is not None]
@@ -260,8 +247,6 @@ def stop_study(study_id: int, engine: Any = None, reason: str = "stopped by the 
         ctx.set_study_status(StudyStatus.CANCELLED)
         state: dict = {}
         with checkpointer(ctx.engine) as saver:
-            from researcher.graph import build_graph
-
             graph = build_graph(ctx).compile(checkpointer=saver)
             snap = graph.get_state({"configurable": {"thread_id": str(study_id)}})
             state = dict(snap.values or {})

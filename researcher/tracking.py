@@ -3,17 +3,35 @@
 Every call is idempotent, because a resumed study repeats whatever its crash cut
 short: a trial's child run is looked up by its `roost.trial_id` tag before one is
 created, and logging a trial whose run is already FINISHED does nothing.
+
+Names say what a run is: a trial's run is `<arm> seed=<seed>` (also when the trial
+program's own run is adopted, which `swarm train` names after its output folder),
+and the study's parent run carries the study's summary metrics (`log_summary`).
+store.tracking is imported inside the functions: it imports MLflow, which takes
+seconds, and the CLI's light paths never log anything.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 STUDY_TAG = "roost.study_id"
 TRIAL_TAG = "roost.trial_id"
+RUN_NAME_TAG = "mlflow.runName"
+
+
+def trial_run_name(arm: str, seed: int) -> str:
+    return f"{arm} seed={seed}"
+
+
+def metric_key(*parts: object) -> str:
+    """An MLflow metric name from parts such as an arm name (`lr=3e-4` → `lr_3e-4`)."""
+    return "/".join(re.sub(r"[^\w\-. ]", "_", str(p)) for p in parts)
 
 
 def experiment_name(study_id: int, name: str) -> str:
@@ -24,7 +42,7 @@ def experiment_name(study_id: int, name: str) -> str:
 
 def start_study_run(study_id: int, name: str, params: dict[str, Any]) -> str:
     """Create the study's parent run; returns its id."""
-    from store.tracking import RunLogger
+    from store.tracking import RunLogger  # lazy: MLflow (see the module docstring)
 
     run = RunLogger.start(experiment_name(study_id, name), run_name=name, tags={STUDY_TAG: study_id},
                           flush_interval_s=0)
@@ -33,7 +51,7 @@ def start_study_run(study_id: int, name: str, params: dict[str, Any]) -> str:
 
 
 def _parent(run_id: str) -> Any:
-    from store.tracking import RunLogger, get_client
+    from store.tracking import RunLogger, get_client  # lazy: MLflow
 
     return RunLogger(get_client(), run_id, flush_interval_s=0)
 
@@ -47,23 +65,25 @@ def log_trial(study_run_id: str, trial_id: int, arm: str, seed: int, params: dic
     makes the server's run a child of the study run, live while it trains); it is
     adopted (tagged, summarised) instead of copying its metrics into a second run.
     """
-    from store.tracking import RunLogger
+    from store.tracking import RunLogger  # lazy: MLflow
 
     parent = _parent(study_run_id)
     client = parent.client
     found = client.search_runs([parent.experiment_id],
                                filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'", max_results=1)
-    tags = {TRIAL_TAG: trial_id, STUDY_TAG: params.get("study_id", ""), "roost.arm": arm, "roost.seed": seed}
+    tags = {TRIAL_TAG: trial_id, STUDY_TAG: params.get("study_id", ""), "roost.arm": arm, "roost.seed": seed,
+            RUN_NAME_TAG: trial_run_name(arm, seed)}
     if found and found[0].data.tags.get("roost.partial") == "0":
         return str(found[0].info.run_id)  # logged completely before
     if found:
         run_id, copy_steps = str(found[0].info.run_id), found[0].data.tags.get("roost.source") != "trial"
         child = RunLogger(client, run_id, flush_interval_s=0)  # half-logged (crash): finish it
+        child.set_tags({RUN_NAME_TAG: tags[RUN_NAME_TAG]})
     elif own_run_id:
         child, copy_steps = RunLogger(client, own_run_id, flush_interval_s=0), False
         child.set_tags({**tags, "roost.partial": "1", "roost.source": "trial"})
     else:
-        child = parent.child(f"{arm} seed={seed}", tags={**tags, "roost.partial": "1",
+        child = parent.child(trial_run_name(arm, seed), tags={**tags, "roost.partial": "1",
                                                          "roost.source": "researcher"})
         child.log_params({**params, "arm": arm, "seed": seed})
         copy_steps = True
@@ -94,8 +114,17 @@ def log_report(study_run_id: str, report_dir: Path, analysis: dict[str, Any] | N
         parent.log_json(analysis, "report/analysis.json")
 
 
+def log_summary(study_run_id: str, metrics: Mapping[str, float | None], tags: Mapping[str, Any]) -> None:
+    """The study's summary on its parent run: metrics (step 0) and tags such as the verdicts."""
+    parent = _parent(study_run_id)
+    parent.log_metrics(0, {k: float(v) for k, v in metrics.items()
+                           if v is not None and math.isfinite(float(v))})
+    parent.set_tags(dict(tags))
+    parent.flush()
+
+
 def finish_study_run(study_run_id: str, status: str = "FINISHED") -> None:
-    from store.tracking import get_client
+    from store.tracking import get_client  # lazy: MLflow
 
     get_client().set_terminated(study_run_id, status=status)
 

@@ -6,15 +6,16 @@
     mgr.wait([job.id], timeout_s=30)
 
 Modules, one concept each: `spec` (JobSpec), `base` (Backend interface, handles,
-statuses), `local`, `slurm` (+ `fake`, a scripted Slurm for tests), `records` (where
-states are kept), `manager` (submit / reconcile / cancel), `jobs` (swarm server and
-client-fleet specs, trials), `register` (in-job supervisors), `daemon`, `cli`.
+statuses), `local` (+ `_wrap`, the supervisor of every local job), `slurm` (+
+`_slurm_parse`, and `fake`, a scripted Slurm for tests), `records` (where states are
+kept), `manager` (submit, also exactly once; reconcile; cancel), `trial` (a trial's
+jobs under one key, submitted exactly once, with one state), `daemon`, `cli`.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from store.lazy import lazy_attributes
 
 # Public name -> module. Imported lazily (PEP 562): `python -m scheduler._wrap`, which
 # supervises every local job, must start in milliseconds without pydantic, SQLAlchemy
@@ -34,24 +35,20 @@ _EXPORTS = {
     "MemorySink": "scheduler.records",
     "SlurmBackend": "scheduler.slurm",
     "StoreSink": "scheduler.records",
-    "Trial": "scheduler.jobs",
-    "client_fleet_job": "scheduler.jobs",
-    "make_trial": "scheduler.jobs",
+    "TrialLaunch": "scheduler.trial",
+    "TrialShape": "scheduler.trial",
+    "TrialState": "scheduler.trial",
+    "poll_trials": "scheduler.trial",
     "register_tick": "scheduler.daemon",
     "render_script": "scheduler.slurm",
-    "submit_trial": "scheduler.jobs",
-    "swarm_server_job": "scheduler.jobs",
+    "submit_trial": "scheduler.trial",
+    "trial_jobs": "scheduler.trial",
+    "trial_state": "scheduler.trial",
     "unregister_tick": "scheduler.daemon",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'scheduler' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:
@@ -73,12 +70,14 @@ __all__ = [
     "MemorySink",
     "SlurmBackend",
     "StoreSink",
-    "Trial",
-    "client_fleet_job",
-    "make_trial",
+    "TrialLaunch",
+    "TrialShape",
+    "TrialState",
+    "poll_trials",
     "register_tick",
     "render_script",
     "submit_trial",
-    "swarm_server_job",
+    "trial_jobs",
+    "trial_state",
     "unregister_tick",
 ]

@@ -5,6 +5,9 @@
 It runs detached from the scheduler (its own session), so jobs outlive a scheduler
 crash, and it records everything the scheduler needs to learn what happened later:
 
+0. Record: writes JOBDIR/wrapper.json {pid, start_ticks} before anything else, so a
+   submitter that died before recording the job's handle can still find it
+   (`LocalBackend.find`).
 1. Queue: waits until it holds one of N slot locks (`flock` on SLOTDIR/slot-I.lock;
    the kernel drops a dead holder's lock, so slots never leak). Until then the job is
    PENDING. First come, first served: each waiter holds a ticket file in
@@ -35,6 +38,23 @@ from pathlib import Path
 from typing import Any
 
 SLOT_POLL_S = 0.2
+WRAPPER_RECORD = "wrapper.json"
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot; None if it is gone or a zombie.
+
+    Field 22 of /proc/PID/stat: with the pid it names one process for the machine's
+    uptime (a recycled pid gets another start time).
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name may contain spaces
+    if fields[0] in ("Z", "X"):  # exited, not yet reaped: as good as gone
+        return None
+    return int(fields[19])
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -152,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    write_json(job_dir / WRAPPER_RECORD, {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid())})
 
     slot_fd = acquire_slot(args.slots, max(1, args.max), args.ticket)
     if slot_fd is None:  # cancelled while queued

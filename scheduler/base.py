@@ -1,9 +1,11 @@
-"""The backend interface: submit, status (batched), cancel, logs, reattach.
+"""The backend interface: submit, status (batched), cancel, logs, reattach, find.
 
 Every backend (local processes, Slurm) implements `Backend`. A backend keeps no state
 that matters across restarts: everything needed to find a job again is in its
 `JobHandle` (stored in the `jobs` table), so a restarted scheduler calls
-`reattach(handle)` / `status(handles)` and carries on.
+`reattach(handle)` / `status(handles)` and carries on. A submitter that died between
+starting a job and recording its handle asks `find(spec)`: each backend looks in its
+own records, so no caller needs to know how jobs are kept.
 
 States are the store's `JobState` (Slurm's vocabulary). Backend-specific detail that
 the state alone loses (OUT_OF_MEMORY, NODE_FAIL, "killed by the runaway guard") goes
@@ -98,6 +100,17 @@ class Backend(Protocol):
 
     def reattach(self, handle: JobHandle) -> JobStatus:
         """Take a job submitted by an earlier process back under management."""
+        ...
+
+    def find(self, spec: JobSpec) -> JobHandle | None:
+        """The job an earlier `submit(spec)` started, when its handle was never recorded.
+
+        The backend's own records answer (the local wrapper's job directory, Slurm's
+        queue and the batch scripts): same name and log directory, and the same
+        `ROOST_JOB_ID` when the spec carries one. None when nothing of it was started.
+        Raises `BackendUnavailable` when it cannot tell (then submitting again could
+        run the job twice).
+        """
         ...
 
 

@@ -17,17 +17,23 @@ import logging
 import sys
 import time
 
+import click
 import typer
+from typer.core import TyperCommand
+from rich.console import Console
+from rich.table import Table
 
-app = typer.Typer(help="Jobs on local processes or Slurm, and the scheduler daemon.",
+from scheduler.spec import JobSpec
+
+app = typer.Typer(help="Jobs on local processes or Slurm: submit, status, cancel, logs, daemon.",
                   no_args_is_help=True, add_completion=False)
 
 DbOption = typer.Option(None, "--db", help="database URL [default: ROOST_DATABASE_URL or the data dir]")
 
 
 def _manager(db: str | None):  # noqa: ANN202 - typer-facing helper
-    from scheduler.manager import JobManager
-    from scheduler.records import StoreSink
+    from scheduler.manager import JobManager  # lazy: the store's SQLAlchemy (~1.5 s) only for commands, not --help
+    from scheduler.records import StoreSink  # lazy: as above
 
     return JobManager(StoreSink(db))
 
@@ -47,7 +53,7 @@ def daemon(
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning"),
 ) -> None:
     """Run the scheduler daemon in the foreground (reconcile jobs, run registered ticks)."""
-    from scheduler.daemon import DaemonAlreadyRunning, run_daemon
+    from scheduler.daemon import DaemonAlreadyRunning, run_daemon  # lazy: APScheduler + SQLAlchemy, not for --help
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -60,10 +66,21 @@ def daemon(
         raise typer.Exit(1) from None
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+class _CommandAfterDashes(TyperCommand):
+    """`submit NAME [OPTIONS] -- COMMAND...`: with `--`, options go anywhere before it and everything after
+    it is the command; without `--`, the command starts at the first word after NAME (so its own
+    options, like `bash -c`, stay its own)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.allow_interspersed_args = "--" in args
+        return super().parse_args(ctx, args)
+
+
+@app.command(cls=_CommandAfterDashes)
 def submit(
     name: str = typer.Argument(..., help="job name (letters, digits, _ . -)"),
-    command: list[str] = typer.Argument(..., help="the command to run"),
+    command: list[str] = typer.Argument(..., help="the command to run: everything after `--` (then options "
+                                        "may go anywhere before it), else everything after NAME"),
     backend: str = typer.Option("local", "--backend", "-b", help="local | slurm"),
     time_limit: int = typer.Option(3600, "--time-limit", "-t", min=1, help="seconds"),
     cpus: int = typer.Option(1, "--cpus", min=1),
@@ -79,8 +96,6 @@ def submit(
     db: str = DbOption,
 ) -> None:
     """Submit a command as a job; prints its id."""
-    from scheduler.spec import JobSpec
-
     pairs = {}
     for item in env:
         key, sep, value = item.partition("=")
@@ -116,9 +131,6 @@ def status(
         for r in recs:
             typer.echo(json.dumps(_row(r)))
         return
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table("id", "name", "backend", "ext id", "state", "exit", "group", "reason")
     colours = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow", "FAILED": "red",
                "TIMEOUT": "red", "CANCELLED": "magenta"}
@@ -179,7 +191,7 @@ def logs(
 @app.command()
 def ticks(db: str = DbOption) -> None:
     """List the periodic ticks registered with the daemon."""
-    from scheduler.daemon import list_ticks
+    from scheduler.daemon import list_ticks  # lazy: APScheduler + SQLAlchemy, not for --help
 
     for t in list_ticks(db_url=db):
         typer.echo(f"{t['name']}\t{t['func']}\tevery {t['interval_s']:g} s\tnext {t['next_run_time']}")

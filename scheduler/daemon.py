@@ -42,6 +42,9 @@ from apscheduler.util import ref_to_obj
 
 from scheduler.manager import JobManager
 from scheduler.records import StoreSink
+from store.db import database_url, get_engine, redact
+from store.paths import data_dir
+from store.schema import init_db
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +96,6 @@ def reconcile_tick() -> None:
 
 def make_scheduler(db_url: str | None = None) -> BackgroundScheduler:
     """A BackgroundScheduler whose job store is the project database (not started)."""
-    from store.db import database_url, get_engine
-
     engine = get_engine(database_url(db_url))
     store = SQLAlchemyJobStore(engine=engine, tablename=JOBSTORE_TABLE)
     return BackgroundScheduler(jobstores={"default": store}, job_defaults=dict(JOB_DEFAULTS),
@@ -171,8 +172,6 @@ class Daemon:
 
     def __init__(self, db_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,
                  manager: JobManager | None = None) -> None:
-        from store.db import database_url
-
         self.db_url = database_url(db_url)
         self.interval_s = interval_s
         self.manager = manager
@@ -180,8 +179,6 @@ class Daemon:
         self._lock_fd: int | None = None
 
     def _take_lock(self) -> None:
-        from swarm.paths import data_dir
-
         key = hashlib.sha1(self.db_url.encode()).hexdigest()[:12]
         path = Path(data_dir()) / "scheduler" / f"daemon-{key}.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,15 +196,13 @@ class Daemon:
 
     def start(self) -> None:
         global _runtime
-        from store.db import init_db
-
         self._take_lock()
         engine = init_db(self.db_url)
         if self.manager is None:
             self.manager = JobManager(StoreSink(engine=engine))
         _runtime = _Runtime(self.manager, self.db_url)
         changed = self.manager.reconcile()  # reattach: before the first interval passes
-        log.info("daemon started (db %s); reattached %d change(s)", _redact(self.db_url), len(changed))
+        log.info("daemon started (db %s); reattached %d change(s)", redact(self.db_url), len(changed))
         self.scheduler = make_scheduler(self.db_url)
         self.scheduler.add_job("scheduler.daemon:reconcile_tick", "interval", seconds=self.interval_s,
                                id=RECONCILE_JOB_ID, name="reconcile", replace_existing=True)
@@ -222,12 +217,6 @@ class Daemon:
             os.close(self._lock_fd)
             self._lock_fd = None
         log.info("daemon stopped")
-
-
-def _redact(url: str) -> str:
-    from store.db import redact
-
-    return redact(url)
 
 
 def run_daemon(db_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,

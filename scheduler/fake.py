@@ -8,8 +8,8 @@
     fake.forget(h.external_id, squeue=True)  # gone from squeue; scontrol still knows it
 
 It answers `sbatch --parsable`, `squeue --json` (Slurm 22.05's shape, or 23.02+'s with
-`json_version="0.0.40"`), `scontrol show job -o ID`, `scontrol show config`,
-`sacct --json -j ID` (only with `accounting=True`) and `scancel`. Every call is kept in
+`json_version="0.0.40"`), `squeue -h -t all --name N -o "%i %o"`, `scontrol show job -o
+ID`, `scontrol show config`, `sacct --json -j ID` (only with `accounting=True`) and `scancel`. Every call is kept in
 `calls` so tests can assert what was run (e.g. one squeue per poll).
 """
 
@@ -38,6 +38,7 @@ class FakeJob:
     reason: str = "None"
     in_squeue: bool = True
     in_scontrol: bool = True
+    path: str = ""  # the batch script's path, what `squeue -o %o` prints
 
     def sbatch_option(self, key: str) -> str | None:
         """The value of an #SBATCH option (or a command-line one, which wins)."""
@@ -106,7 +107,8 @@ class FakeSlurm:
         job_id = self.next_id
         self.next_id += 1
         name = re.search(r"--job-name=(\S+)", script)
-        self.jobs[job_id] = FakeJob(job_id, name.group(1) if name else "job", script, args[:-1])
+        self.jobs[job_id] = FakeJob(job_id, name.group(1) if name else "job", script, args[:-1],
+                                    path=script_path)
         if "--hold" in args:
             self.jobs[job_id].reason = "JobHeldUser"
         return CommandResult(0, f"{job_id}\n" if "--parsable" in args else
@@ -124,6 +126,8 @@ class FakeSlurm:
         return t if self.json_version == "0.0.38" else {"set": bool(t), "infinite": False, "number": t}
 
     def _squeue(self, args: list[str]) -> CommandResult:
+        if "--json" not in args:
+            return self._squeue_lines(args)
         jobs = []
         for job in self.jobs.values():
             if not job.in_squeue:
@@ -137,6 +141,16 @@ class FakeSlurm:
             })
         return CommandResult(0, json.dumps({"meta": {"plugin": {"name": f"Slurm OpenAPI v{self.json_version}"}},
                                             "errors": [], "jobs": jobs}), "")
+
+    def _squeue_lines(self, args: list[str]) -> CommandResult:
+        """`squeue -h [-t all] [--name N] -o "%i %o"`: id and script path per line."""
+        if args[args.index("-o") + 1] != "%i %o":
+            return CommandResult(1, "", f"squeue: fake supports only -o '%i %o', got {args}")
+        name = args[args.index("--name") + 1] if "--name" in args else None
+        every = "-t" in args and args[args.index("-t") + 1] == "all"
+        lines = [f"{j.job_id} {j.path}" for j in self.jobs.values()
+                 if (name is None or j.name == name) and (j.in_squeue or every and j.in_scontrol)]
+        return CommandResult(0, "".join(f"{line}\n" for line in lines), "")
 
     def _scontrol(self, args: list[str]) -> CommandResult:
         if args[:2] == ["show", "config"]:

@@ -11,7 +11,8 @@ code to a file. Everything lives in one directory per job:
         started            JSON: when the job got a slot and started
         child              JSON: pid/pgid of the job's process group
         spec.json          the submitted spec (mode 600: env may hold tokens)
-        handle.json        the JobHandle, for a submitter that crashed before recording it
+        wrapper.json       the wrapper's pid and start time, written first thing by the wrapper
+        handle.json        the JobHandle, written by `submit` once the wrapper started
         exit.json          JSON: state, exit code, reason, times (written last)
         cancel             marker: a cancel was requested
 
@@ -19,13 +20,16 @@ The handle's `external_id` is "PID:START_TICKS" of the wrapper: the start time (
 22 of /proc/PID/stat) tells a live wrapper from an unrelated process that was given
 the same pid after a reboot or pid wrap-around. So a scheduler restarted after a crash
 needs only the handle to tell RUNNING (wrapper alive), PENDING (alive, no slot yet) and
-finished (exit.json, also when the job ended while no scheduler was running).
+finished (exit.json, also when the job ended while no scheduler was running). A
+submitter that died before recording the handle gets it back from `find(spec)`, which
+reads handle.json, or wrapper.json if it died even before writing that.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -36,23 +40,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scheduler._wrap import WRAPPER_RECORD, proc_start_ticks
 from scheduler.base import BackendError, JobHandle, JobStatus, Stream, read_log
-from scheduler.spec import JobSpec
+from scheduler.spec import ENV_JOB_ID, JobSpec
 from store.models import JobState
+from store.paths import data_dir
 
 ENV_MAX_JOBS = "ROOST_LOCAL_MAX_JOBS"
-
-
-def proc_start_ticks(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot; None if it is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the command name may contain spaces
-    if fields[0] in ("Z", "X"):  # exited, not yet reaped: as good as gone
-        return None
-    return int(fields[19])
+# A job directory with neither handle.json nor the wrapper's record is younger than this:
+# its wrapper may still be starting, so `find` waits for it before saying "never started".
+WRAPPER_START_GRACE_S = 10.0
 
 
 def _ts(value: float | None) -> datetime | None:
@@ -66,6 +63,12 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _submitted_env(job_dir: Path) -> dict[str, str]:
+    spec = _read_json(job_dir / "spec.json") or {}
+    env = spec.get("env")
+    return env if isinstance(env, dict) else {}
+
+
 class LocalBackend:
     """Run jobs as local processes, at most `max_concurrent` at once (the rest PENDING)."""
 
@@ -77,8 +80,6 @@ class LocalBackend:
             max_concurrent = int(os.environ.get(ENV_MAX_JOBS) or os.cpu_count() or 1)
         self.max_concurrent = max(1, max_concurrent)
         if state_dir is None:
-            from swarm.paths import data_dir
-
             state_dir = data_dir() / "scheduler" / "local"
         self.slots_dir = Path(state_dir) / "slots"
         self.kill_wait_s = kill_wait_s
@@ -116,6 +117,34 @@ class LocalBackend:
         # Lets a submitter that crashed before recording the handle find it again.
         (job_dir / "handle.json").write_text(handle.model_dump_json())
         return handle
+
+    # ---------------------------------------------------------------- find
+    def find(self, spec: JobSpec) -> JobHandle | None:
+        """The newest job directory of this spec that a wrapper was started for."""
+        key = spec.env.get(ENV_JOB_ID)
+        mine = re.compile(re.escape(spec.name) + r"-\d{8}-\d{6}-[0-9a-f]{6}")  # as `submit` names them
+        dirs = sorted((d for d in spec.resolved_log_dir().glob(f"{spec.name}-*")
+                       if d.is_dir() and mine.fullmatch(d.name)), reverse=True)
+        for job_dir in dirs:
+            if key is not None and _submitted_env(job_dir).get(ENV_JOB_ID) != key:
+                continue
+            return self._handle_in(job_dir, spec.name)
+        return None
+
+    def _handle_in(self, job_dir: Path, name: str) -> JobHandle | None:
+        deadline = time.monotonic() + WRAPPER_START_GRACE_S - (time.time() - job_dir.stat().st_mtime)
+        while True:
+            saved = _read_json(job_dir / "handle.json")
+            if saved is not None:
+                return JobHandle.model_validate(saved)
+            wrapper = _read_json(job_dir / WRAPPER_RECORD)
+            if wrapper is not None:
+                return JobHandle(backend=self.name, external_id=f"{wrapper['pid']}:{wrapper['start_ticks']}",
+                                 name=name, stdout_path=str(job_dir / "stdout"),
+                                 stderr_path=str(job_dir / "stderr"))
+            if time.monotonic() >= deadline:
+                return None  # the submitter died before the wrapper was started
+            time.sleep(0.05)
 
     # ---------------------------------------------------------------- status
     def status(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:

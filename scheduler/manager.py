@@ -1,14 +1,17 @@
-"""The job manager: backends + a record sink = submit, reconcile, cancel (also by group), logs.
+"""The job manager: backends + a record sink = submit (also exactly once), reconcile, cancel, logs.
 
     mgr = JobManager(StoreSink())                       # default backends: local, slurm
     job = mgr.submit(spec, backend="slurm", group_key="trial-7")
+    job, how = mgr.submit_once(spec, backend="slurm", group_key="trial-7")   # again: the same job
     mgr.reconcile()                                     # poll every active job, record changes
-    mgr.cancel_group("trial-7")                         # server + fleets of one trial
+    mgr.cancel_group("trial-7")                         # every job of one trial
 
 The record is written *before* the backend is asked (state PENDING, no external id),
 then completed with the handle: a crash in between leaves a row the reconciler marks
 FAILED after `submit_grace_s` instead of a job nobody knows about. Every job gets
-`ROOST_JOB_ID` in its environment so it can find its own row (e.g. to register a URL).
+`ROOST_JOB_ID` in its environment so it can find its own row, and so the backend can
+tell its submission apart from others of the same name: `submit_once` adopts such a
+half-recorded job through `Backend.find` instead of submitting it a second time.
 
 `reconcile()` is also the restart path: local jobs are found again by pid + start
 time, Slurm jobs by id, and jobs that finished while nothing was watching are
@@ -25,24 +28,25 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from scheduler.base import Backend, BackendUnavailable, JobStatus, Stream
+from scheduler.local import LocalBackend
 from scheduler.records import JobRecord, JobSink
-from scheduler.spec import JobSpec
+from scheduler.slurm import SlurmBackend
+from scheduler.spec import ENV_JOB_ID, JobSpec
 from store.models import JobState
 from store.types import utcnow
 
 log = logging.getLogger(__name__)
 
-ENV_JOB_ID = "ROOST_JOB_ID"
+Submitted = Literal["submitted", "adopted", "existing"]
 
 
 def default_backends() -> dict[str, Callable[[], Backend]]:
     """Backend factories by name (created on first use)."""
-    from scheduler.local import LocalBackend
-    from scheduler.slurm import SlurmBackend
-
     return {"local": LocalBackend, "slurm": SlurmBackend}
 
 
@@ -84,6 +88,48 @@ class JobManager:
             raise
         return self.sink.update(rec.id, spec=spec.model_dump(), external_id=handle.external_id,
                                 stdout_path=handle.stdout_path, stderr_path=handle.stderr_path)
+
+    def submit_once(self, spec: JobSpec, backend: str = "local", *, group_key: str,
+                    trial_id: int | None = None) -> tuple[JobRecord, Submitted]:
+        """Submit the job named `spec.name` in group `group_key`, unless an earlier call did.
+
+        The key is (group_key, spec.name). Returns the record and how it came to be:
+        "existing" (an earlier submit recorded its handle), "adopted" (an earlier submit
+        reached the backend but died before recording the handle; the backend's `find`
+        named the job), or "submitted" (now). Callers serialise calls per key (the
+        researcher holds its study's lock). `BackendUnavailable` when the backend
+        cannot say whether an earlier submit reached it.
+        """
+        earlier = [r for r in self.sink.group(group_key) if r.name == spec.name]
+        for rec in reversed(earlier):
+            if rec.handle() is not None:
+                return rec, "existing"
+        for rec in reversed(earlier):
+            adopted = self._adopt(rec)
+            if adopted is not None:
+                return adopted, "adopted"
+        for rec in earlier:  # nothing reached the backend: close the dangling rows
+            if not rec.terminal:
+                self.sink.update(rec.id, state=JobState.CANCELLED, finished_at=utcnow(),
+                                 reason="submission interrupted before the backend got it")
+        return self.submit(spec, backend=backend, trial_id=trial_id, group_key=group_key), "submitted"
+
+    def _adopt(self, rec: JobRecord) -> JobRecord | None:
+        """Ask the record's backend for the job its interrupted submit may have started."""
+        try:
+            spec = JobSpec.model_validate(rec.spec)
+        except ValidationError:  # not a spec this manager wrote: no backend was given it
+            return None
+        spec = spec.model_copy(update={"env": {**spec.env, ENV_JOB_ID: str(rec.id)}})
+        with self._lock:
+            handle = self.backend(rec.backend).find(spec)
+        if handle is None:
+            return None
+        log.warning("job %s (%s): adopted %s left by an interrupted submit", rec.id, rec.name, handle.external_id)
+        return self.sink.update(rec.id, spec=spec.model_dump(), external_id=handle.external_id,
+                                stdout_path=handle.stdout_path, stderr_path=handle.stderr_path,
+                                state=JobState.PENDING, finished_at=None,
+                                reason="adopted after an interrupted submit")
 
     # ---------------------------------------------------------------- reconcile
     def reconcile(self, job_ids: Iterable[int] | None = None) -> list[JobRecord]:
@@ -178,7 +224,7 @@ class JobManager:
         return self._record(rec, st, utcnow()) or rec
 
     def cancel_group(self, group_key: str, force: bool = False) -> list[JobRecord]:
-        """Cancel every unfinished job of a group (a trial's server and client fleets)."""
+        """Cancel every unfinished job of a group (e.g. every job of one trial)."""
         return [self.cancel(r.id, force=force) for r in self.sink.group(group_key) if not r.terminal]
 
     def logs(self, job_id: int, stream: Stream = "stdout", tail_bytes: int | None = None) -> str:

@@ -14,8 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from sqlalchemy.engine import Engine
+from sqlmodel import select
+
 from scheduler.base import TERMINAL_STATES, JobHandle
-from store.models import JobState
+from store.db import session_scope
+from store.models import Job, JobState
+from store.schema import init_db
 from store.types import utcnow
 
 _ACTIVE = [JobState.PENDING.value, JobState.RUNNING.value, JobState.UNKNOWN.value]
@@ -124,9 +129,7 @@ class MemorySink:
 class StoreSink:
     """Job records in the store's `jobs` table (SQLite or PostgreSQL)."""
 
-    def __init__(self, url: str | None = None, engine: Any = None) -> None:
-        from store.db import init_db
-
+    def __init__(self, url: str | None = None, engine: Engine | None = None) -> None:
         self.engine = engine if engine is not None else init_db(url)
 
     @staticmethod
@@ -137,11 +140,6 @@ class StoreSink:
         return JobRecord(**data)
 
     def _select(self, where: Sequence[Any], order_desc: bool = False, limit: int | None = None) -> list[JobRecord]:
-        from sqlmodel import select
-
-        from store.db import session_scope
-        from store.models import Job
-
         stmt = select(Job).where(*where)
         stmt = stmt.order_by(Job.id.desc() if order_desc else Job.id)  # type: ignore[union-attr]
         if limit is not None:
@@ -151,9 +149,6 @@ class StoreSink:
 
     def create(self, *, name: str, backend: str, spec: dict[str, Any], time_limit_s: int | None,
                trial_id: int | None = None, group_key: str | None = None) -> JobRecord:
-        from store.db import session_scope
-        from store.models import Job
-
         with session_scope(self.engine) as s:
             row = Job(name=name, backend=backend, state=JobState.PENDING.value, spec=spec,
                       time_limit_s=time_limit_s, trial_id=trial_id, group_key=group_key)
@@ -163,9 +158,6 @@ class StoreSink:
             return self._record(row)
 
     def update(self, job_id: int, **fields: Any) -> JobRecord:
-        from store.db import session_scope
-        from store.models import Job
-
         fields = _normalise(fields)
         with session_scope(self.engine) as s:
             row = s.get(Job, job_id)
@@ -180,21 +172,14 @@ class StoreSink:
             return self._record(row)
 
     def get(self, job_id: int) -> JobRecord | None:
-        from store.db import session_scope
-        from store.models import Job
-
         with session_scope(self.engine) as s:
             row = s.get(Job, job_id)
             return None if row is None else self._record(row)
 
     def active(self) -> list[JobRecord]:
-        from store.models import Job
-
         return self._select([Job.state.in_(_ACTIVE)])  # type: ignore[attr-defined]
 
     def group(self, group_key: str) -> list[JobRecord]:
-        from store.models import Job
-
         return self._select([Job.group_key == group_key])
 
     def recent(self, limit: int = 50) -> list[JobRecord]:

@@ -1,4 +1,4 @@
-"""Slurm backend: batch scripts, `sbatch --parsable`, batched polling, `scancel`.
+"""Slurm backend: batch scripts, `sbatch --parsable`, batched polling, `scancel`, `find`.
 
     backend = SlurmBackend()                       # or SlurmBackend(runner=FakeSlurm()) in tests
     h = backend.submit(JobSpec(name="x", command=["python", "train.py"], time_limit_s=600))
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import secrets
 import shlex
 import subprocess
@@ -30,13 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler._slurm_parse import (
+    map_state,
     parse_sacct_json,
     parse_scontrol_line,
     parse_squeue_json,
     status_from_exit_file,
+    ts,
 )
 from scheduler.base import BackendError, BackendUnavailable, JobHandle, JobStatus, Stream, read_log
-from scheduler.spec import JobSpec
+from scheduler.spec import ENV_JOB_ID, JobSpec
 from store.models import JobState
 
 log = logging.getLogger(__name__)
@@ -152,8 +155,49 @@ class SlurmBackend:
         job_id = res.stdout.strip().splitlines()[-1].split(";")[0].strip()
         if not job_id.isdigit():
             raise BackendError(f"sbatch printed no job id: {res.stdout!r}")
-        out, err, _ = log_paths(spec, job_id)
         self._next_poll = 0.0
+        return self._handle(spec, job_id)
+
+    # ---------------------------------------------------------------- find
+    def find(self, spec: JobSpec) -> JobHandle | None:
+        """The Slurm job an earlier `submit(spec)` got accepted, from its batch script.
+
+        Our scripts for this spec (same name and log directory, exporting the same
+        ROOST_JOB_ID) are looked up in Slurm's queue by job name, the job's command
+        being the script's path (`squeue -t all` also lists jobs that ended less than
+        MinJobAge ago). A job Slurm has forgotten is known by its exit-code file,
+        written after its script. No script, or a script Slurm never had: None.
+        """
+        scripts = self._scripts(spec)
+        if not scripts:
+            return None
+        res = self._check(["squeue", "-h", "-t", "all", "--name", spec.name, "-o", "%i %o"])
+        if res.returncode != 0:
+            raise BackendUnavailable(f"squeue failed: {res.stderr.strip()}")
+        for line in res.stdout.splitlines():
+            job_id, _, command = line.strip().partition(" ")
+            if job_id.isdigit() and command.strip() in scripts:
+                return self._handle(spec, job_id)
+        written = min(scripts.values())
+        exit_re = re.compile(re.escape(spec.name) + r"-(\d+)\.exit")
+        ended = sorted((p.stat().st_mtime, m.group(1))
+                       for p in spec.resolved_log_dir().glob(f"{spec.name}-*.exit")
+                       if (m := exit_re.fullmatch(p.name)) and p.stat().st_mtime >= written)
+        return self._handle(spec, ended[0][1]) if ended else None
+
+    def _scripts(self, spec: JobSpec) -> dict[str, float]:
+        """{path: mtime} of the batch scripts `submit` wrote for this spec."""
+        mine = re.compile(re.escape(spec.name) + r"-\d{8}-\d{6}-[0-9a-f]{6}\.sbatch")
+        key = spec.env.get(ENV_JOB_ID)
+        marker = f"export {ENV_JOB_ID}={shlex.quote(key)}\n" if key is not None else ""
+        found = {}
+        for path in spec.resolved_log_dir().glob(f"{spec.name}-*.sbatch"):
+            if mine.fullmatch(path.name) and marker in path.read_text(errors="replace"):
+                found[str(path)] = path.stat().st_mtime
+        return found
+
+    def _handle(self, spec: JobSpec, job_id: str) -> JobHandle:
+        out, err, _ = log_paths(spec, job_id)
         return JobHandle(backend=self.name, external_id=job_id, name=spec.name,
                          stdout_path=str(out), stderr_path=str(err))
 
@@ -245,7 +289,7 @@ class SlurmBackend:
 def _pyslurm_module() -> object | None:
     """pyslurm, if importable and built for this cluster's Slurm major.minor."""
     try:
-        import pyslurm  # type: ignore[import-not-found]
+        import pyslurm  # type: ignore[import-not-found]  # lazy: optional, and only usable when built for this cluster
     except ImportError:
         return None
     res = subprocess_runner(["sinfo", "--version"], timeout=10)  # pragma: no cover
@@ -259,8 +303,6 @@ def _pyslurm_module() -> object | None:
 
 def _query_pyslurm(pyslurm: object) -> dict[str, JobStatus]:  # pragma: no cover
     """pyslurm ≥ 23 API: `pyslurm.Jobs.load()` → {id: Job(state, exit_code, start_time, ...)}."""
-    from scheduler._slurm_parse import map_state, ts
-
     jobs = pyslurm.Jobs.load()  # type: ignore[attr-defined]
     out: dict[str, JobStatus] = {}
     for job_id, job in jobs.items():

@@ -9,6 +9,9 @@ job can be audited or re-submitted without the code that made it):
 `time_limit_s` is always set (default one hour): a job without a limit is how a
 cluster allocation quietly burns for a week. Slurm counts limits in whole minutes, so
 the Slurm backend rounds up; the local backend enforces the exact number of seconds.
+
+A submission is found again after a crash by what the spec already holds: its
+`name`, its log directory, and the `ROOST_JOB_ID` the manager puts in its `env`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from store.paths import data_dir
+
 DEFAULT_TIME_LIMIT_S = 3600
+
+# The job manager puts the job's row id into every job's environment under this name:
+# a job can find its own record, and a backend can tell two submissions of the same
+# name apart when it looks for a lost one (`Backend.find`).
+ENV_JOB_ID = "ROOST_JOB_ID"
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
@@ -61,6 +71,4 @@ class JobSpec(BaseModel):
         """The absolute log directory (created by the backend at submit time)."""
         if self.log_dir:
             return Path(self.log_dir).expanduser().absolute()
-        from swarm.paths import data_dir
-
         return data_dir() / "jobs"

@@ -10,72 +10,86 @@
         run.log_params({"lr": 1e-5})
         run.log_metrics(step, {"reward": 0.4})   # buffered; flushed with log_batch
 
-Modules: `models` (tables), `types` (UTC timestamps, JSON), `db` (URL resolution,
-engines, sessions, schema checks), `migrate` (Alembic), `tracking` (MLflow),
-`query` (metric histories), `plots`, `cli` (`swarm db ...`, `python -m store`).
-The MLflow-backed names (`RunLogger`, `metric_histories`, `reward_curves`, ...) are
-imported on first use: importing MLflow takes seconds, and the scheduler, which
-only needs tables, should not pay for it.
+Modules: `paths` (the data directory; stdlib only), `models` (tables), `types` (UTC
+timestamps, JSON), `db` (URL resolution, engines, sessions), `migrate` (Alembic),
+`schema` (`init_db`, `require_current`), `tracking` (MLflow), `query` (metric
+histories), `plots`, `testing` (a throwaway PostgreSQL), `cli` (`python -m store`).
+Every public name is imported on first use: `import store.paths` stays stdlib-only,
+and only callers of the MLflow-backed names (`RunLogger`, `metric_histories`,
+`reward_curves`, ...) pay the seconds importing MLflow takes.
 """
 
 from __future__ import annotations
 
-import importlib as _importlib
 import typing as _typing
 
-from store.db import (
-    StoreError,
-    StoreNotMigrated,
-    StoreTooNew,
-    database_url,
-    dispose_engines,
-    get_engine,
-    get_session,
-    init_db,
-    make_engine,
-    require_current,
-    session_scope,
-)
-from store.models import (
-    Hypothesis,
-    HypothesisStatus,
-    Job,
-    JobBackend,
-    JobState,
-    RunSummary,
-    ServerStatus,
-    Study,
-    StudyStatus,
-    SwarmServer,
-    Trial,
-    TrialStatus,
-    metadata,
-)
-from store.types import JSONType, UTCDateTime, utcnow
+from store.lazy import lazy_attributes
 
+# Public name -> module, imported on first use (PEP 562): `import store.paths` (which
+# the client and the scheduler's job wrapper do) must not pull in SQLAlchemy, and
+# nothing but `RunLogger` & co. should pay the seconds MLflow takes to import.
 _LAZY = {
+    "Hypothesis": "store.models",
+    "HypothesisStatus": "store.models",
+    "JSONType": "store.types",
+    "Job": "store.models",
+    "JobBackend": "store.models",
+    "JobState": "store.models",
     "RunLogger": "store.tracking",
-    "tracking_uri": "store.tracking",
+    "RunSummary": "store.models",
+    "ServerStatus": "store.models",
+    "StoreError": "store.schema",
+    "StoreNotMigrated": "store.schema",
+    "StoreTooNew": "store.schema",
+    "Study": "store.models",
+    "StudyStatus": "store.models",
+    "SwarmServer": "store.models",
+    "Trial": "store.models",
+    "TrialStatus": "store.models",
+    "UTCDateTime": "store.types",
     "artifact_location": "store.tracking",
+    "database_url": "store.db",
+    "dispose_engines": "store.db",
     "get_client": "store.tracking",
-    "metric_histories": "store.query",
+    "get_engine": "store.db",
+    "get_session": "store.db",
     "histories_frame": "store.query",
+    "init_db": "store.schema",
+    "make_engine": "store.db",
+    "metadata": "store.models",
+    "metric_histories": "store.query",
+    "require_current": "store.schema",
     "reward_curves": "store.plots",
+    "session_scope": "store.db",
+    "tracking_uri": "store.tracking",
+    "utcnow": "store.types",
 }
 
 if _typing.TYPE_CHECKING:
+    from store.db import database_url, dispose_engines, get_engine, get_session, make_engine, session_scope
+    from store.models import (
+        Hypothesis,
+        HypothesisStatus,
+        Job,
+        JobBackend,
+        JobState,
+        RunSummary,
+        ServerStatus,
+        Study,
+        StudyStatus,
+        SwarmServer,
+        Trial,
+        TrialStatus,
+        metadata,
+    )
     from store.plots import reward_curves
     from store.query import histories_frame, metric_histories
+    from store.schema import StoreError, StoreNotMigrated, StoreTooNew, init_db, require_current
     from store.tracking import RunLogger, artifact_location, get_client, tracking_uri
+    from store.types import JSONType, UTCDateTime, utcnow
 
 
-def __getattr__(name: str) -> _typing.Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'store' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

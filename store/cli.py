@@ -15,9 +15,10 @@ import logging
 
 import typer
 
-from store import db, migrate
+from store import db, migrate, schema
 
-app = typer.Typer(help="Migrate and inspect the Roost database.", no_args_is_help=True)
+app = typer.Typer(help="The project database: migrations (upgrade, downgrade, current, check).",
+                 no_args_is_help=True)
 
 _state: dict[str, str | None] = {"url": None}
 
@@ -70,9 +71,9 @@ def current() -> None:
     if rev == head:
         note = "(head, up to date)"
     elif rev is None:
-        note = f"(empty; run `{db.UPGRADE_COMMAND}`)"
+        note = f"(empty; run `{schema.UPGRADE_COMMAND}`)"
     elif migrate.is_known(rev):
-        note = f"(behind head {head}; run `{db.UPGRADE_COMMAND}`)"
+        note = f"(behind head {head}; run `{schema.UPGRADE_COMMAND}`)"
     else:
         note = f"(unknown to this code, newest known {head}: migrated by a newer Roost)"
     typer.echo(f"{db.redact(url)}: {rev or 'none'} {note}")
@@ -83,8 +84,8 @@ def check() -> None:
     """Exit 1 unless the database is at head and matches the models (no drift)."""
     url = _target()
     try:
-        db.require_current(db.get_engine(url))
-    except db.StoreError as err:
+        schema.require_current(db.get_engine(url))
+    except schema.StoreError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(1) from None
     diffs = migrate.check(url)

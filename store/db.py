@@ -1,26 +1,20 @@
-"""Engines, sessions, and which database Roost talks to.
+"""Which database Roost talks to, its engines and sessions.
 
 Resolution order for the database URL: an explicit `url` argument (what a config
-file passes) > env `ROOST_DATABASE_URL` > SQLite at `swarm.paths.data_dir()/roost.db`.
+file passes) > env `ROOST_DATABASE_URL` > SQLite at `store.paths.data_dir()/roost.db`.
 Any SQLAlchemy URL works; PostgreSQL is `postgresql+psycopg://user@host:port/db`.
 
 SQLite connections get WAL (readers never block the writer), foreign keys on (off by
 default in SQLite!) and a busy timeout (a second process waits for a lock instead of
 failing at once) on every connect.
 
-The application never runs on a schema it does not know: `require_current(engine)`
-raises `StoreNotMigrated` / `StoreTooNew` naming the command to run.
-`init_db()` is the one-call entry point for programs:
-
-    from store import init_db, session_scope, Job
-    engine = init_db()                      # default SQLite: created/upgraded (logged)
-    with session_scope(engine) as s:
-        s.add(Job(name="train", spec={"argv": ["swarm", "train"]}))
+Whether the schema is the one this code knows is `store.schema`'s concern
+(`init_db`, `require_current`); this module knows nothing of migrations, so
+`store.migrate` can build on it.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -33,24 +27,11 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.engine.url import URL
 from sqlmodel import Session, create_engine
 
-log = logging.getLogger(__name__)
+from store.paths import data_dir
 
 ENV_URL = "ROOST_DATABASE_URL"
 DB_FILENAME = "roost.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-UPGRADE_COMMAND = "swarm db upgrade"
-
-
-class StoreError(RuntimeError):
-    """Base of the store's schema-state errors."""
-
-
-class StoreNotMigrated(StoreError):
-    """The database has no schema yet, or an older one than this code needs."""
-
-
-class StoreTooNew(StoreError):
-    """The database was migrated by a newer Roost than the one running."""
 
 
 # ---------------------------------------------------------------- URLs
@@ -58,8 +39,6 @@ class StoreTooNew(StoreError):
 
 def default_url() -> str:
     """SQLite in the project's data directory (absolute path)."""
-    from swarm.paths import data_dir
-
     return f"sqlite:///{data_dir() / DB_FILENAME}"
 
 
@@ -168,59 +147,3 @@ def session_scope(engine: Engine | None = None) -> Iterator[Session]:
         raise
     finally:
         session.close()
-
-
-# ---------------------------------------------------------------- schema state
-
-
-def require_current(engine: Engine) -> str:
-    """Refuse to go on unless the database is at this code's head revision.
-
-    Returns the revision. Raises `StoreNotMigrated` (empty or behind: run
-    `swarm db upgrade`) or `StoreTooNew` (migrated by newer code: upgrade Roost).
-    """
-    from store import migrate
-
-    where = redact(engine.url)
-    current = migrate.current(engine)
-    head = migrate.head()
-    if current == head:
-        return head
-    if current is None:
-        raise StoreNotMigrated(
-            f"the Roost database at {where} has no schema yet; run `{UPGRADE_COMMAND}` "
-            f"(or `python -m store upgrade`) to create it"
-        )
-    if not migrate.is_known(current):
-        raise StoreTooNew(
-            f"the Roost database at {where} is at revision {current}, which this version of "
-            f"Roost does not know (its newest is {head}): it was migrated by a newer Roost. "
-            f"Upgrade Roost, or run `swarm db downgrade {head}` with the newer version"
-        )
-    raise StoreNotMigrated(
-        f"the Roost database at {where} is at revision {current} but this code needs {head}; "
-        f"run `{UPGRADE_COMMAND}`"
-    )
-
-
-def init_db(url: str | URL | None = None, upgrade: bool | None = None) -> Engine:
-    """The engine for `url`, with the schema checked (and maybe migrated) first.
-
-    `upgrade=None` (default): a SQLite database is created/upgraded automatically
-    (it is local and private to this user; logged at INFO), any other database is
-    only checked, because a shared server database is migrated deliberately with
-    `swarm db upgrade`. `upgrade=True`: migrate whatever it is. `upgrade=False`:
-    only check. A database newer than the code always raises `StoreTooNew`.
-    """
-    from store import migrate
-
-    engine = get_engine(url)
-    auto = engine.dialect.name == "sqlite" if upgrade is None else upgrade
-    if auto:
-        current = migrate.current(engine)
-        if current != migrate.head() and (current is None or migrate.is_known(current)):
-            log.info("migrating Roost database at %s from %s to %s",
-                     redact(engine.url), current or "empty", migrate.head())
-            migrate.upgrade(engine)
-    require_current(engine)
-    return engine

@@ -1,4 +1,4 @@
-"""Alembic migrations, driven from Python (the `swarm db` CLI and `init_db` use this).
+"""Alembic migrations, driven from Python (the `swarm db` CLI and `store.schema.init_db` use this).
 
 Layout: the migration scripts ship inside the package, `store/migrations/versions/`,
 so `pip install roost` (wheel or editable) carries them and `swarm db upgrade` works
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from alembic import command
+from alembic import command, context
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
@@ -167,8 +167,6 @@ def _context_opts() -> dict[str, Any]:
 
 def run_env() -> None:
     """Body of both env.py files (packaged and top-level): run migrations in context."""
-    from alembic import context
-
     config = context.config
     if context.is_offline_mode():
         context.configure(
@@ -182,19 +180,19 @@ def run_env() -> None:
 
     conn = config.attributes.get("connection")
     if conn is not None:
-        _run_online(context, conn)
+        _run_online(conn)
         return
     url = config.get_main_option("sqlalchemy.url") or db.database_url()
     engine = db.make_engine(url)
     try:
         with _migration_lock(engine), engine.connect() as conn:
-            _run_online(context, conn)
+            _run_online(conn)
             conn.commit()
     finally:
         engine.dispose()
 
 
-def _run_online(context: Any, conn: Connection) -> None:
+def _run_online(conn: Connection) -> None:
     sqlite = conn.dialect.name == "sqlite"
     if sqlite:
         # Must happen outside a transaction to take effect; pysqlite has not begun one yet.

@@ -74,7 +74,7 @@ class JobBackend(StrEnum):
 
 
 class ServerStatus(StrEnum):
-    """A swarm server as the store sees it (written by the server and the scheduler)."""
+    """A registered swarm server's status (see `SwarmServer`)."""
 
     STARTING = "STARTING"
     UP = "UP"
@@ -141,7 +141,8 @@ class Job(StoreModel, table=True):
 
     `spec` is the full launch request (command, env, resources) so a job can be
     re-submitted or audited without the code that made it. `group_key` ties the
-    jobs of one trial (server + client fleet) so they are cancelled together.
+    jobs of one trial together (the trial's key): they are submitted once each by
+    name within it, polled as one state and cancelled together.
     """
 
     __tablename__ = "jobs"
@@ -169,10 +170,12 @@ class Job(StoreModel, table=True):
 
 
 class SwarmServer(StoreModel, table=True):
-    """A running (or once running) swarm server: where clients find a model by URL.
+    """A swarm server registered by name: its URL, model, status and last heartbeat.
 
-    The server (or the job wrapping it) writes its URL once it answers, then keeps
-    `last_heartbeat` fresh; a stale heartbeat means the server is gone.
+    Meant for a server and its client fleets running as separate jobs (clients look
+    the URL up by name; a stale heartbeat means the server is gone). No part of Roost
+    writes it today: trials run `swarm train`, which keeps server and clients in one
+    job on loopback. The table stays so existing databases need no migration.
     """
 
     __tablename__ = "swarm_servers"

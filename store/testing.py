@@ -12,6 +12,7 @@ server's whole process group), even when the test fails.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -44,8 +45,6 @@ def postgres_available() -> str | None:
         if shutil.which("runuser") is None:
             return "running as root but `runuser` is missing (initdb refuses to run as root)"
         try:
-            import pwd
-
             pwd.getpwnam("postgres")
         except KeyError:
             return "running as root but there is no `postgres` user to run initdb as"
@@ -73,7 +72,7 @@ class PostgresServer:
         return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{database}"
 
     def _admin(self):  # type: ignore[no-untyped-def]
-        import psycopg
+        import psycopg  # lazy: an optional driver, only for PostgreSQL tests
 
         return psycopg.connect(
             host=self.host, port=self.port, user=self.user, dbname="postgres", autocommit=True

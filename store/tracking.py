@@ -46,6 +46,8 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
+from store.paths import data_dir
+
 log = logging.getLogger(__name__)
 
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
@@ -55,12 +57,6 @@ MAX_PARAM_LENGTH = 6000
 MAX_BUFFER = 200_000  # metrics kept while the tracking store is unreachable
 
 
-def _data_dir() -> Path:
-    from swarm.paths import data_dir
-
-    return data_dir()
-
-
 def tracking_uri(uri: str | None = None) -> str:
     """The tracking URI to use (absolute SQLite file in the data dir by default)."""
     if uri:
@@ -68,7 +64,7 @@ def tracking_uri(uri: str | None = None) -> str:
     env = os.environ.get(ENV_TRACKING_URI)
     if env:
         return env
-    path = _data_dir() / "mlflow.db"
+    path = data_dir() / "mlflow.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
 
@@ -82,7 +78,7 @@ def artifact_location(uri: str | None = None) -> str | None:
     """Absolute artifact root for new experiments in a local store; None for a server."""
     if not is_local(tracking_uri(uri)):
         return None
-    root = _data_dir() / "mlartifacts"
+    root = data_dir() / "mlartifacts"
     root.mkdir(parents=True, exist_ok=True)
     return root.as_uri()
 

@@ -4,38 +4,51 @@
     swarm train --task arith         # server + client fleet on loopback; writes summary.json
     swarm serve --port 8000          # a swarm server for one trainable model
     swarm client --url URL --task arith   # a client fleet against a server
+    swarm ctl set --lr 1e-4          # operate a running server
 
-Heavy modules (torch, transformers) are imported inside the commands, so
-`swarm client` starts without them.
+`serve`, `client` and `train` take their options from the config models
+(`ServerConfig`, `FleetConfig`, `RunConfig`; see swarm/options.py). Other packages
+add sub-commands through the `roost.cli` entry points (`swarm sched`, `swarm db`:
+swarm/plugins.py), so this module imports none of them. torch and transformers
+are imported inside the commands that need them, so `swarm client` starts
+without them.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-import scheduler.cli as _sched_cli
-import store.cli as _store_cli
 import swarm.ctl as _ctl
-from swarm.client.cli import client_command
-from swarm.server.cli import Advantage, LossAgg, serve_command
+from store.paths import default_model_dir
+from swarm.client.cli import client_command, load_object
+from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
+from swarm.options import build_config, config_options, load_config_file
+from swarm.plugins import mount_plugins
+from swarm.server.cli import serve_command
+from swarm.tasks import list_tasks
+from swarm.train import RUN_FILE, clear_run, previous_run, run
+from swarm.train_config import ORCHESTRATED, RunConfig
 
 app = typer.Typer(help="Swarm RL training: serve a trainable model, run agent fleets, train.",
                   no_args_is_help=True, add_completion=False)
 model_app = typer.Typer(help="The embedded model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.command("serve", help="Run a swarm server: OpenAI-compatible endpoint + episode API + trainer.")(serve_command)
-app.add_typer(_store_cli.app, name="db", help="The project database: migrations (upgrade, downgrade, current, check).")
-app.add_typer(_sched_cli.app, name="sched", help="Jobs on local processes or Slurm: submit, status, cancel, logs, daemon.")
 app.command("client", help="Run a client fleet: play a workflow over a dataset through a server.")(client_command)
-app.add_typer(_ctl.app, name="ctl", help="Operate a running server: live config (lr, temperature, quotas...), pause, resume, checkpoint, stop.")
+app.add_typer(_ctl.app, name="ctl", help="Operate a running server: live config (lr, temperature, quotas...), "
+                                         "pause, resume, checkpoint, stop.")
 
 
 @model_app.command("init")
 def model_init(
-    out: Path = typer.Option(None, "--out", help="model directory [default: ROOST_HOME/models/tiny-qwen2]"),
+    out: Path = typer.Option(None, "--out", help="model directory", show_default="ROOST_HOME/models/tiny-qwen2"),
     seed: int = typer.Option(0, "--seed", help="seed for tokenizer, weights and warm start"),
     force: bool = typer.Option(False, "--force", help="rebuild even if a complete model exists"),
 ) -> None:
@@ -43,7 +56,7 @@ def model_init(
 
     Deterministic from the seed and idempotent: a complete model is reused.
     """
-    from swarm.model.build import init_model, rich_progress
+    from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
 
     with rich_progress() as progress:
         path = init_model(out, seed=seed, force=force, progress=progress)
@@ -51,75 +64,120 @@ def model_init(
 
 
 @app.command("train")
+@config_options(RunConfig, RunConfig(), exclude=ORCHESTRATED)
 def train_command(
-    task: str = typer.Option("arith", "--task", help="built-in task (arith | guess), or a mix: arith+guess "
-                             "(equal shares of each batch) or arith=0.75+guess=0.25"),
-    model: Path = typer.Option(None, "--model", help="HF causal-LM dir [default: the embedded model, built if missing]"),
-    out: Path = typer.Option(Path("runs/train"), "--out", help="output directory (summary.json, metrics, logs)"),
-    steps: int = typer.Option(100, "--steps", min=1, help="optimisation steps to run"),
-    group_size: int = typer.Option(8, "--group-size", "-n", min=2, help="episodes per task (GRPO group)"),
-    batch_groups: int = typer.Option(16, "--batch-groups", "-B", min=1, help="groups per step"),
-    lr: float = typer.Option(3e-4, "--lr", min=0.0, help="learning rate"),
-    advantage: Advantage = typer.Option(Advantage.grpo, "--advantage", help="group advantage estimator"),
-    loss_agg: LossAgg = typer.Option(LossAgg.token_mean, "--loss-agg", help="seq-mean-token-mean: each sample "
-                                     "weighs the same (task mixes of short and long episodes)"),
-    kl_coef: float = typer.Option(0.0, "--kl-coef", min=0.0, help="KL penalty to the initial model"),
-    clients: int = typer.Option(1, "--clients", min=1, help="client fleet processes"),
-    concurrency: int = typer.Option(128, "--concurrency", min=1, help="episodes in flight, over all clients"),
-    seed: int = typer.Option(0, "--seed", help="seed (engine, dataset order)"),
-    checkpoint_every: int = typer.Option(0, "--checkpoint-every", min=0, help="checkpoint every k steps (0: end only)"),
-    timeout_s: float = typer.Option(3600.0, "--timeout", help="give up after this many seconds"),
-    temperature: float = typer.Option(None, "--temperature", min=0.0, max=2.0,
-                                      help="force this sampling temperature on every call [default: the workflow's]"),
-    merge: bool = typer.Option(True, "--merge/--no-merge", help="timeline merging of multi-turn calls"),
-    per_episode_norm: bool = typer.Option(False, "--per-episode-norm", help="each episode weighs 1 in the loss"),
-    mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="log the run to MLflow (see README)"),
-    mlflow_experiment: str = typer.Option("swarm-train", "--mlflow-experiment", help="MLflow experiment"),
-    mlflow_parent: str = typer.Option(None, "--mlflow-parent", help="nest the run under this MLflow run id"),
+    overrides: dict[str, Any],
+    config_file: Path = typer.Option(None, "--config", help="YAML/JSON file of RunConfig fields (a run's "
+                                     "run.yaml repeats it); flags given on the command line override it"),
+    resume: bool = typer.Option(False, "--resume", help="continue the run in --out (its run.yaml, flags on top) "
+                                "up to --steps steps in all"),
+    fresh: bool = typer.Option(False, "--fresh", help="delete the earlier run in --out first and start over"),
 ) -> None:
-    """Train a model on a built-in task: one server and a client fleet over loopback."""
-    from swarm.paths import default_model_dir
-    from swarm.train import TrainSpec, parse_mix, run
-
-    try:
-        parse_mix(task)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--task") from None
-    if model is None:
-        from swarm.model.build import init_model, rich_progress
+    """Train a model on a built-in task or your own workflow: one server and client fleets over loopback."""
+    if resume and fresh:
+        raise typer.BadParameter("give --resume or --fresh, not both")
+    out = Path(overrides.get("out") or (config_file and load_config_file(config_file).get("out"))
+               or RunConfig().out)
+    earlier = previous_run(out)
+    if earlier and not (resume or fresh):
+        raise typer.BadParameter(f"{out} holds an earlier run ({', '.join(earlier)}): pass --resume to continue "
+                                 "it, --fresh to replace it, or choose another --out", param_hint="--out")
+    if resume and not earlier:
+        raise typer.BadParameter(f"nothing to resume in {out}", param_hint="--resume")
+    if fresh:
+        clear_run(out)
+    if resume and config_file is None and (out / RUN_FILE).exists():
+        config_file = out / RUN_FILE  # the run's own settings; flags given now go on top
+    spec: RunConfig = build_config(RunConfig, overrides, config_file, defaults=RunConfig())
+    model = Path(spec.server.model_dir)
+    if model == default_model_dir() and not (model / "config.json").exists():
+        from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
 
         with rich_progress("building the embedded model") as progress:
-            model = init_model(default_model_dir(), progress=progress)
+            init_model(model, progress=progress)
     elif not (model / "config.json").exists():
-        raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)", param_hint="--model")
-    spec = TrainSpec(task=task, model=model, out=out, steps=steps, group_size=group_size, batch_groups=batch_groups,
-                     lr=lr, advantage=advantage.value, loss_agg=loss_agg.value, kl_coef=kl_coef, clients=clients,
-                     concurrency=concurrency,
-                     seed=seed, checkpoint_every=checkpoint_every, timeout_s=timeout_s, mlflow=mlflow,
-                     temperature=temperature, merge=merge, per_episode_norm=per_episode_norm,
-                     mlflow_experiment=mlflow_experiment, mlflow_parent=mlflow_parent)
-    summary = run(spec)
+        raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)",
+                                 param_hint="--model")
+    for spec_text in filter(None, (spec.workflow, spec.dataset)):
+        load_object(spec_text)  # fail here, with the import error, not in every client's log
+    try:
+        summary = run(spec, resume=resume)
+    except (RuntimeError, TimeoutError) as exc:
+        typer.echo(f"swarm train: {exc}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(json.dumps({k: summary[k] for k in ("reward_first", "reward_last", "wall_s")}))
-    typer.echo(f"summary: {out.resolve() / 'summary.json'}")
+    typer.echo(f"summary: {spec.out.resolve() / 'summary.json'}")
+
+
+@app.command("eval")
+def eval_command(
+    model: Path = typer.Option(None, "--model", help="Hugging Face causal-LM directory (a checkpoint too)",
+                               show_default="the embedded model"),
+    task: list[str] = typer.Option(None, "--task", help="built-in task, repeatable", show_default="every task"),
+    n: int = typer.Option(200, "--n", min=1, help="episodes per task and temperature"),
+    temperature: list[float] = typer.Option(None, "--temperature", "-t", min=0.0, max=2.0,
+                                            help="repeatable; 0 is greedy", show_default="0 and 1"),
+    seed: int = typer.Option(12345, "--seed", help="dataset and sampling seed (held out from training's)"),
+    json_out: Path = typer.Option(None, "--json", help="also write the results here"),
+) -> None:
+    """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled."""
+    from swarm.model.evaluate import evaluate  # lazy: torch + transformers take seconds
+
+    model = model or default_model_dir()
+    if not (model / "config.json").exists():
+        raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)",
+                                 param_hint="--model")
+    names = task or list_tasks()
+    unknown = [t for t in names if t not in list_tasks()]
+    if unknown:
+        raise typer.BadParameter(f"unknown task {unknown[0]!r}; built-in tasks: {', '.join(list_tasks())}",
+                                 param_hint="--task")
+    runs = [(name, t) for name in names for t in (temperature or [0.0, 1.0])]
+    results = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=Console(stderr=True)) as progress:
+        bar = progress.add_task("evaluating", total=len(runs))
+        for name, t in runs:
+            progress.update(bar, description=f"{name} at temperature {t:g}")
+            results.append(evaluate(model, name, n, t, seed=seed))
+            progress.advance(bar)
+    table = Table(title=f"evaluation of {model}")
+    for column in ("task", "temperature", "n", "mean_reward", "solved", "calls_per_episode", "seconds"):
+        table.add_column(column, justify="right" if column != "task" else "left")
+    for r in results:
+        table.add_row(*(str(r[c]) for c in ("task", "temperature", "n", "mean_reward", "solved",
+                                            "calls_per_episode", "seconds")))
+    Console().print(table)
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2))
 
 
 @app.command("inspect")
 def inspect_command(
     run_dir: Path = typer.Argument(..., help="a server output dir (holds rollouts.jsonl) or the file itself"),
-    episode: str = typer.Option(None, "--episode", "-e", help="episode id [default: the last recorded]"),
-    model: Path = typer.Option(None, "--model", help="tokenizer dir [default: the run's model, else the embedded one]"),
+    episode: str = typer.Option(None, "--episode", "-e", help="episode id",
+                                show_default="the last recorded (that passes the filters)"),
+    list_: bool = typer.Option(False, "--list", "-l", help="list the episodes (that pass the filters) instead"),
+    filters: list[str] = typer.Option(None, "--filter", "-f", help="FIELD OP VALUE, repeatable (all must hold): "
+                                      "fields episode_id task_id task_family group_id reward status policy_version "
+                                      "calls; ops = != > >= < <= ~ (contains); e.g. 'reward>0' task_family=arith"),
+    limit: int = typer.Option(50, "--limit", min=1, help="rows of --list (the most recent)"),
+    model: Path = typer.Option(None, "--model", help="tokenizer dir",
+                               show_default="the run's model, else the embedded one"),
     html_out: Path = typer.Option(None, "--html", help="also write a standalone HTML page here"),
 ) -> None:
-    """Show a recorded episode token by token: text, id, loss mask, logprob, agent."""
-    from transformers import AutoTokenizer
-
-    from swarm.inspect import find_episode, render_html, render_terminal
-    from swarm.paths import default_model_dir
-
+    """Show a recorded episode token by token (text, id, loss mask, logprob, agent), or list episodes."""
     try:
-        ep = find_episode(run_dir, episode)
+        if list_:
+            render_list(select_episodes(run_dir, filters), limit)
+            return
+        ep = find_episode(run_dir, episode, filters)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--filter") from None
     except (FileNotFoundError, KeyError) as exc:
         raise typer.BadParameter(str(exc).strip('"'), param_hint="RUN_DIR / --episode") from None
+    from transformers import AutoTokenizer  # lazy: transformers takes seconds to import
+
     tok_dir = model or (Path(ep["model_dir"]) if ep.get("model_dir") else default_model_dir())
     tok = AutoTokenizer.from_pretrained(tok_dir)
     decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
@@ -127,6 +185,9 @@ def inspect_command(
     if html_out:
         html_out.write_text(render_html(ep, decode))
         typer.echo(f"wrote {html_out}")
+
+
+mount_plugins(app)
 
 
 def main() -> None:

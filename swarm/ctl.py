@@ -19,6 +19,9 @@ import json
 from typing import Any
 
 import typer
+from rich.markup import escape
+
+from swarm.server.admin_schema import LiveConfigUpdate
 
 app = typer.Typer(help="Operate a running swarm server: live config, pause/resume, checkpoint, stop.",
                   no_args_is_help=True, add_completion=False)
@@ -27,13 +30,16 @@ ALIASES = {"kl": "kl_coef", "temp": "temperature", "B": "batch_groups", "batch-g
 
 
 class _Ctx:
-    def __init__(self, url: str, token: str, timeout: float) -> None:
+    def __init__(self, url: str, token: str | None, timeout: float) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
 
     def call(self, method: str, path: str, body: Any = None) -> dict:
-        import httpx
+        if not self.token:  # checked here, not in the callback, so `--help` of every command works without one
+            raise typer.BadParameter("an admin token is required (--admin-token or ROOST_ADMIN_TOKEN)",
+                                     param_hint="--admin-token")
+        import httpx  # lazy: `swarm --help` mounts this CLI and should not pay for an HTTP stack
 
         try:
             r = httpx.request(method, f"{self.url}/swarm/v1{path}", json=body, timeout=self.timeout,
@@ -87,9 +93,6 @@ def main(ctx: typer.Context,
          admin_token: str = typer.Option(None, "--admin-token", envvar="ROOST_ADMIN_TOKEN",
                                          help="the server's admin token"),
          timeout: float = typer.Option(30.0, "--timeout", help="seconds per request")) -> None:
-    if not admin_token:
-        raise typer.BadParameter("an admin token is required (--admin-token or ROOST_ADMIN_TOKEN)",
-                                 param_hint="--admin-token")
     ctx.obj = _Ctx(url, admin_token, timeout)
 
 
@@ -99,10 +102,18 @@ def get(ctx: typer.Context) -> None:
     _echo(ctx.obj.call("GET", "/admin/config"))
 
 
-@app.command("set")
+def _settings_help() -> str:
+    """Every live setting, from the server's own request model (so a new one is listed without an edit here)."""
+    lines = ["Change live settings (KEY=VALUE ...). The settings:", ""]
+    for name, info in LiveConfigUpdate.model_fields.items():
+        lines.append(f"{name}: {info.description or ''}")
+        lines.append("")
+    aliases = ", ".join(f"{a}={n}" for a, n in ALIASES.items())
+    return "\n".join(lines + [f"Aliases: {aliases}; quota.FAMILY=SHARE sets one family's share."])
+
+
+@app.command("set", help=escape(_settings_help()))
 def set_(ctx: typer.Context, settings: list[str] = typer.Argument(..., help="KEY=VALUE ...")) -> None:
-    """Change settings: lr, kl_coef, entropy_coef, clip_eps, max_grad_norm, advantage (next step);
-    temperature, default_temperature, batch_groups, quotas, quota_schedule (next window)."""
     data = ctx.obj.call("POST", "/admin/config", parse_settings(settings))
     _echo({"changed": data.get("changed"), "live": data.get("live"), "pending": data.get("pending")})
 

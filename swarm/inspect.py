@@ -1,7 +1,9 @@
 """`swarm inspect`: look at a recorded episode token by token, after the fact.
 
-    swarm inspect runs/train/server --episode EP_ID            # terminal
-    swarm inspect runs/train/server --last --html episode.html  # standalone HTML
+    swarm inspect runs/train/server                             # the last episode, in the terminal
+    swarm inspect runs/train/server --episode EP_ID --html episode.html   # one episode, also as HTML
+    swarm inspect runs/train/server --list --filter 'reward>0' --filter task_family=arith
+    swarm inspect runs/train/server --filter 'calls>=3'         # the last episode with 3+ calls
 
 Reads the server's rollout log (`OUT/rollouts.jsonl`: one finished episode per
 line with its calls as token ids), merges it exactly as training did, and shows
@@ -40,16 +42,76 @@ def iter_episodes(run_dir: Path) -> Iterator[dict]:
                     continue  # a torn last line after a crash
 
 
-def find_episode(run_dir: Path, episode_id: str | None) -> dict:
+_OPS: dict[str, Callable[[object, str], bool]] = {
+    ">=": lambda a, b: _num(a) >= float(b), "<=": lambda a, b: _num(a) <= float(b),
+    "!=": lambda a, b: str(a) != b, ">": lambda a, b: _num(a) > float(b), "<": lambda a, b: _num(a) < float(b),
+    "~": lambda a, b: b in str(a), "=": lambda a, b: str(a) == b,
+}
+FIELDS = ("episode_id", "task_id", "task_family", "group_id", "reward", "status", "policy_version", "calls")
+
+
+def _num(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def _field(ep: dict, key: str) -> object:
+    return len(ep.get("calls", ())) if key == "calls" else ep.get(key)
+
+
+def parse_filter(text: str) -> Callable[[dict], bool]:
+    """`reward>0.5`, `task_family=arith`, `status!=failed`, `calls>=3`, `task_id~q-1`: one predicate.
+
+    ValueError naming the problem for an unknown field, a missing operator or a non-numeric bound.
+    """
+    for op in _OPS:  # two-character operators first (dict order)
+        key, sep, value = text.partition(op)
+        if sep:
+            key, value = key.strip(), value.strip()
+            if key not in FIELDS:
+                raise ValueError(f"unknown field {key!r} in {text!r}; fields: {', '.join(FIELDS)}")
+            if op in (">=", "<=", ">", "<"):
+                try:
+                    float(value)
+                except ValueError:
+                    raise ValueError(f"{op} needs a number, got {value!r} in {text!r}") from None
+            check = _OPS[op]
+            return lambda ep: check(_field(ep, key), value)
+    raise ValueError(f"expected FIELD OP VALUE (ops: {' '.join(_OPS)}), got {text!r}")
+
+
+def select_episodes(run_dir: Path, filters: list[str] | None = None) -> list[dict]:
+    """The recorded episodes that pass every filter, in the order they finished."""
+    checks = [parse_filter(f) for f in filters or ()]
+    return [ep for ep in iter_episodes(run_dir) if all(check(ep) for check in checks)]
+
+
+def find_episode(run_dir: Path, episode_id: str | None, filters: list[str] | None = None) -> dict:
+    """That episode, or the last one that passes the filters."""
     last = None
+    checks = [parse_filter(f) for f in filters or ()]
     for ep in iter_episodes(run_dir):
-        if episode_id is None or ep.get("episode_id") == episode_id:
+        if (episode_id is None or ep.get("episode_id") == episode_id) and all(c(ep) for c in checks):
             last = ep
             if episode_id is not None:
                 return ep
     if last is None:
-        raise KeyError(f"episode {episode_id!r} not found in {run_dir}" if episode_id else f"no episodes in {run_dir}")
+        what = f"episode {episode_id!r}" if episode_id else "no episode" + (" matches the filters" if checks else "")
+        raise KeyError(f"{what} not found in {run_dir}" if episode_id else f"{what} in {run_dir}")
     return last
+
+
+def render_list(episodes: list[dict], limit: int, console: Console | None = None) -> None:
+    """One row per episode (the last `limit`): id, task, family, reward, status, calls, policy version."""
+    console = console or Console()
+    table = Table(title=f"{len(episodes)} episode(s)" + (f", the last {limit} shown" if len(episodes) > limit else ""))
+    for column in ("episode_id", "task_id", "task_family", "reward", "status", "calls", "policy_version"):
+        table.add_column(column, justify="right" if column in ("reward", "calls", "policy_version") else "left")
+    for ep in episodes[-limit:]:
+        reward = ep.get("reward")
+        table.add_row(str(ep.get("episode_id")), str(ep.get("task_id")), str(ep.get("task_family")),
+                      "-" if reward is None else f"{reward:.3f}", str(ep.get("status") or "finished"),
+                      str(len(ep.get("calls", ()))), str(ep.get("policy_version")))
+    console.print(table)
 
 
 def episode_calls(ep: dict) -> list[Call]:

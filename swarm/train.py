@@ -7,9 +7,11 @@
 The server (`swarm serve`) owns the model and trains it; the fleet
 (`swarm client`, any number of processes) plays the task through the server's
 OpenAI-compatible endpoint. This command only orchestrates: it picks a port and
-a token, starts both, shows progress from the server's status and metrics, stops
+tokens, writes the run's settings (`run.yaml`, from `RunConfig` in
+swarm/train_config.py) and each process's own (`server.yaml`, `fleet-*.yaml`),
+starts them with `--config`, shows progress from the server's metrics, stops
 everything by PID when the target step is reached (or on Ctrl-C), and writes
-`summary.json`.
+`summary.json`. `swarm train --config OUT/run.yaml` repeats a run exactly.
 
 A task mix runs one fleet per task and gives the server a quota per task family,
 so every batch holds the tasks in the given shares however fast each fleet is
@@ -22,83 +24,28 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from swarm.client.config import FleetConfig
+from swarm.options import dump_config, write_config
+from swarm.server.config import ServerConfig
+from swarm.tasks import get_task
+from swarm.train_config import RunConfig, parse_mix
+
 console = Console(stderr=True)
 
 
-@dataclass
-class TrainSpec:
-    task: str = "arith"
-    model: Path | None = None
-    out: Path = Path("runs/train")
-    steps: int = 100
-    group_size: int = 8
-    batch_groups: int = 16
-    lr: float | None = 3e-4
-    advantage: str = "grpo"
-    loss_agg: str = "token-mean"
-    kl_coef: float = 0.0
-    clients: int = 1
-    concurrency: int = 128
-    seed: int = 0
-    dataset_size: int = 100_000
-    checkpoint_every: int = 0
-    temperature: float | None = None
-    merge: bool = True
-    per_episode_norm: bool = False
-    mlflow: bool = True
-    mlflow_experiment: str = "swarm-train"
-    mlflow_parent: str | None = None
-    extra_server_args: list[str] = field(default_factory=list)
-    timeout_s: float = 3600.0
-
-
-def parse_mix(task: str) -> dict[str, float]:
-    """'arith' -> {arith: 1}; 'arith+guess' -> equal shares; 'arith=3+guess=1' -> normalised shares.
-
-    ValueError naming the problem: an unknown task, a task twice, a bad or
-    non-positive share, or shares given for some tasks but not others.
-    """
-    from swarm.tasks import list_tasks
-
-    parts = [p.strip() for p in task.split("+")]
-    if not all(parts):
-        raise ValueError(f"empty task name in {task!r}")
-    named = [p.partition("=") for p in parts]
-    with_share = [sep == "=" for _, sep, _ in named]
-    if any(with_share) and not all(with_share):
-        raise ValueError(f"give a share for every task of the mix or for none: {task!r}")
-    mix: dict[str, float] = {}
-    for name, sep, share in named:
-        if name not in list_tasks():
-            raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(list_tasks())}")
-        if name in mix:
-            raise ValueError(f"task {name!r} appears twice in {task!r}")
-        try:
-            value = float(share) if sep else 1.0
-        except ValueError:
-            raise ValueError(f"share of {name!r} is not a number: {share!r}") from None
-        if not value > 0 or value == float("inf"):
-            raise ValueError(f"share of {name!r} must be a positive number, got {share!r}")
-        mix[name] = value
-    total = sum(mix.values())
-    return {k: v / total for k, v in mix.items()}
-
-
 def _family(task: str) -> str:
-    from swarm.tasks import get_task
-
     return get_task(task).family
 
 
@@ -143,7 +90,7 @@ def _read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5) -> dict:
+def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5) -> dict:
     steps = [{k: v for k, v in r.items() if isinstance(v, (int, float, str)) or v is None} for r in rows]
     def first_last(key: str) -> tuple[float | None, float | None, int]:
         curve = [float(r[key]) for r in rows if r.get(key) is not None]
@@ -155,14 +102,17 @@ def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5)
     for key in sorted({k for r in rows for k in r if k.startswith("reward_mean/")}):
         first, last, seen = first_last(key)
         families[key.partition("/")[2]] = {"reward_first": first, "reward_last": last, "steps_seen": seen}
+    server = spec.server
     return {
-        "task": spec.task,
-        "model": str(spec.model) if spec.model else None,
-        "config": {"steps": spec.steps, "group_size": spec.group_size, "batch_groups": spec.batch_groups,
-                   "lr": spec.lr, "advantage": spec.advantage, "loss_agg": spec.loss_agg,
-                   "kl_coef": spec.kl_coef, "seed": spec.seed,
-                   "clients": spec.clients, "concurrency": spec.concurrency, "temperature": spec.temperature,
-                   "merge": spec.merge, "per_episode_norm": spec.per_episode_norm},
+        "task": spec.task or (None if spec.workflow else "arith"),
+        "workflow": spec.workflow,
+        "model": str(server.model_dir),
+        "config": {"steps": spec.steps, "group_size": server.group_size, "batch_groups": server.batch_groups,
+                   "lr": server.train.lr, "advantage": str(server.train.advantage),
+                   "loss_agg": str(server.train.loss_agg), "kl_coef": server.train.kl_coef, "seed": server.seed,
+                   "clients": spec.clients, "concurrency": spec.concurrency, "temperature": server.temperature,
+                   "merge": server.merge, "per_episode_norm": server.per_episode_norm},
+        "run_config": dump_config(spec),
         "steps": steps,
         "reward_first": reward_first,
         "reward_last": reward_last,
@@ -171,59 +121,87 @@ def summarize(rows: list[dict], wall_s: float, spec: TrainSpec, window: int = 5)
     }
 
 
-def run(spec: TrainSpec) -> dict:
+def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -> ServerConfig:
+    """The run's server settings with what `swarm train` orchestrates filled in."""
+    update: dict = {"host": "127.0.0.1", "port": port, "out_dir": out / "server", "max_steps": spec.steps,
+                    "mlflow_run_name": spec.server.mlflow_run_name or f"{spec.name}-{out.name}", "resume": resume}
+    mix = spec.mix
+    if len(mix) > 1:  # one fleet per task; the server's quotas hold the shares in every batch
+        update.update(quotas={_family(name): share for name, share in mix.items()}, quota_schedule=None)
+    return spec.server.model_copy(update=update)
+
+
+def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
+    """One fleet per task of the mix and client process: (log name, its settings)."""
+    mix: dict[str | None, float] = dict(spec.mix) or {None: 1.0}  # None: the workflow's own dataset
+    out = []
+    for name, share in mix.items():
+        per_client = max(1, round(spec.concurrency * share) // spec.clients)
+        for i in range(spec.clients):
+            log_name = f"client{i}" if len(mix) == 1 else f"client-{name}-{i}"
+            out.append((log_name, FleetConfig(url=url, task=name, workflow=spec.workflow, dataset=spec.dataset,
+                                              n=spec.server.group_size, concurrency=per_client,
+                                              seed=spec.server.seed * 1000 + i, dataset_size=spec.dataset_size)))
+    return out
+
+
+RUN_FILE = "run.yaml"
+#: what a run writes into its folder (and `--fresh` removes; nothing else there is touched)
+RUN_ENTRIES = ("server", "logs", "summary.json", RUN_FILE, "server.yaml")
+
+
+def previous_run(out: Path) -> list[str]:
+    """The traces of an earlier run in `out` (empty when there is none)."""
+    out = Path(out)
+    found = [name for name in RUN_ENTRIES if (out / name).exists()]
+    return found + sorted(p.name for p in out.glob("fleet-*.yaml")) if out.is_dir() else []
+
+
+def clear_run(out: Path) -> None:
+    """Remove an earlier run's files from `out`, and only those."""
+    out = Path(out)
+    for name in RUN_ENTRIES:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    for path in out.glob("fleet-*.yaml"):
+        path.unlink()
+
+
+def run(spec: RunConfig, resume: bool = False) -> dict:
+    """Train until the server has done `spec.steps` steps (counting an earlier run's when resuming)."""
     out = spec.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if not resume and previous_run(out):
+        raise RuntimeError(f"{out} holds an earlier run: resume it or clear it first")
+    done = len(_read_metrics(out / "server" / "metrics.jsonl")) if resume else 0
+    if done >= spec.steps:
+        raise RuntimeError(f"the run in {out} already has {done} steps; ask for more with --steps")
+    write_config(out / RUN_FILE, spec)
     port, token, admin = free_port(), secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     url = f"http://127.0.0.1:{port}"
-    server_args = ["serve", "--port", str(port), "--out", str(out / "server"), "--token", token,
-                   "--admin-token", admin, "--group-size", str(spec.group_size),
-                   "--batch-groups", str(spec.batch_groups), "--max-steps", str(spec.steps),
-                   "--advantage", spec.advantage, "--loss-agg", spec.loss_agg, "--kl-coef", str(spec.kl_coef),
-                   "--seed", str(spec.seed),
-                   "--checkpoint-every", str(spec.checkpoint_every)]
-    if spec.model:
-        server_args += ["--model", str(spec.model)]
-    if spec.temperature is not None:
-        server_args += ["--temperature", str(spec.temperature)]
-    if not spec.merge:
-        server_args += ["--no-merge"]
-    if spec.per_episode_norm:
-        server_args += ["--per-episode-norm"]
-    if spec.mlflow:
-        server_args += ["--mlflow", "--mlflow-experiment", spec.mlflow_experiment, "--mlflow-run-name",
-                        f"{spec.task}-{out.name}"]
-        if spec.mlflow_parent:
-            server_args += ["--mlflow-parent", spec.mlflow_parent]
-    if spec.lr is not None:
-        server_args += ["--lr", str(spec.lr)]
-    mix = parse_mix(spec.task)
-    if len(mix) > 1:
-        for name, share in mix.items():
-            server_args += ["--quota", f"{_family(name)}={share!r}"]
-    server_args += spec.extra_server_args
+    server_file = write_config(out / "server.yaml", server_config(spec, out, port, resume))
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": token}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": token, "ROOST_ADMIN_TOKEN": admin}
     t0 = time.monotonic()
     procs: list[subprocess.Popen] = []
     # SIGTERM (a scheduler's cancel) must still run the cleanup below: stop children by PID
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        server = subprocess.Popen(_swarm(*server_args), stdout=open(logs / "server.log", "w"),
+        server = subprocess.Popen(_swarm("serve", "--config", str(server_file)),
+                                  stdout=open(logs / "server.log", "w"),
                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
         procs.append(server)
         _wait_healthy(url, token, server, logs / "server.log")
-        for name, share in mix.items():  # one fleet per task of the mix
-            per_client = max(1, round(spec.concurrency * share) // spec.clients)
-            for i in range(spec.clients):
-                args = ["client", "--url", url, "--task", name, "--n", str(spec.group_size),
-                        "--concurrency", str(per_client), "--seed", str(spec.seed * 1000 + i),
-                        "--dataset-size", str(spec.dataset_size)]
-                log_name = f"client{i}.log" if len(mix) == 1 else f"client-{name}-{i}.log"
-                procs.append(subprocess.Popen(_swarm(*args), stdout=open(logs / log_name, "w"),
-                                              stderr=subprocess.STDOUT, env=env, start_new_session=True))
-        _follow(spec, url, token, server, out / "server" / "metrics.jsonl", t0, procs[1:])
+        for log_name, fleet in fleet_configs(spec, url):
+            fleet_file = write_config(out / f"fleet-{log_name}.yaml", fleet)
+            procs.append(subprocess.Popen(_swarm("client", "--config", str(fleet_file)),
+                                          stdout=open(logs / f"{log_name}.log", "w"),
+                                          stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        _follow(spec, url, token, server, out / "server" / "metrics.jsonl", t0, procs[1:], done)
     finally:
         for p in reversed(procs):
             _stop(p)
@@ -233,8 +211,37 @@ def run(spec: TrainSpec) -> dict:
     run_file = out / "server" / "mlflow_run.json"
     if run_file.exists():
         summary["mlflow"] = json.loads(run_file.read_text())
+        model_uri = log_final_model(summary["mlflow"], out / "server" / "checkpoints" / "latest", out / RUN_FILE)
+        if model_uri:
+            summary["mlflow"]["model_uri"] = model_uri
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def log_final_model(mlflow_run: dict, checkpoint: Path, run_file: Path) -> str | None:
+    """Log the trained model (transformers flavour) and the run's config into the run's MLflow run.
+
+    Returns the model URI, or None (with a warning) when there is no HF checkpoint
+    (the fake engine) or MLflow refuses: the run itself has succeeded either way.
+    """
+    if not (checkpoint / "config.json").exists():
+        return None
+    try:
+        import mlflow  # lazy: importing MLflow takes seconds
+        import transformers  # lazy: only needed to hand MLflow the model
+
+        mlflow.set_tracking_uri(mlflow_run["tracking_uri"])
+        with mlflow.start_run(run_id=mlflow_run["run_id"]):
+            mlflow.log_artifact(str(run_file))
+            model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+            info = mlflow.transformers.log_model(
+                transformers_model={"model": model, "tokenizer": tokenizer}, name="model", task="text-generation",
+                pip_requirements=["torch", "transformers"], model_config={"max_new_tokens": 64})
+        return str(info.model_uri)
+    except Exception as exc:  # noqa: BLE001 - tracking must never fail a finished run
+        console.print(f"[yellow]warning[/yellow]: could not log the model to MLflow: {exc}")
+        return None
 
 
 def _wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
@@ -261,12 +268,12 @@ def _info(row: dict) -> str:
     return text
 
 
-def _follow(spec: TrainSpec, url: str, token: str, server: subprocess.Popen, metrics: Path, t0: float,
-            clients: list[subprocess.Popen]) -> None:
-    shown = 0
+def _follow(spec: RunConfig, url: str, token: str, server: subprocess.Popen, metrics: Path, t0: float,
+            clients: list[subprocess.Popen], shown: int = 0) -> None:
+    """Print each new metrics row (rows of an earlier part of a resumed run are not shown again)."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
-        bar = progress.add_task(f"training {spec.task}", total=spec.steps, info="")
+        bar = progress.add_task(f"training {spec.name}", total=spec.steps, info="")
         while True:
             rows = _read_metrics(metrics)
             for r in rows[shown:]:

@@ -14,6 +14,8 @@ from typing import Sequence
 
 import torch
 
+from swarm.algorithms.choices import Advantage
+
 EPS = 1e-6
 
 
@@ -58,7 +60,7 @@ def reinforce_pp_baseline(rewards: torch.Tensor, group_ids: Sequence[str]) -> to
     return (centered - centered.mean()) / (centered.std() + EPS)
 
 
-ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
+ESTIMATORS = tuple(a.value for a in Advantage)
 
 
 def compute_advantages(

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from swarm.algorithms.choices import LossAgg
+
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target_t | prefix) for every position; logits [B,T,V], targets [B,T]."""
@@ -34,7 +36,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return log_ratio.exp() - log_ratio - 1.0
 
 
-LOSS_AGG = ("token-mean", "seq-mean-token-mean")
+LOSS_AGG = tuple(m.value for m in LossAgg)
 
 
 def loss_scales(masks: Sequence[Sequence[int]], weights: Sequence[float], mode: str) -> tuple[list[float], float]:

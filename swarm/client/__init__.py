@@ -11,15 +11,9 @@ Never imports torch or transformers: a client machine needs neither.
 """
 
 from swarm.client._async import AsyncEpisode, AsyncSwarmClient
-from swarm.client._client import (
-    Episode,
-    ServerStopping,
-    SwarmAPIError,
-    SwarmClient,
-    SwarmError,
-    SwarmUnavailable,
-)
+from swarm.client._client import Episode, SwarmClient
 from swarm.client._fleet import FleetStats, run_fleet
+from swarm.client._retry import ServerStopping, SwarmAPIError, SwarmError, SwarmUnavailable
 from swarm.client._team import TeamClient, TeamEpisode, TeamError
 
 __all__ = [

@@ -5,7 +5,7 @@
             reply = await ep.async_openai.chat.completions.create(model=ep.model, messages=[...])
             await ep.finish(1.0)
 
-Same retry rules as the sync client (shared `_Policy`); no torch.
+Same retry rules as the sync client (`_retry.Policy`); no torch.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from swarm.client._client import TRANSIENT, EpisodeBase, SwarmAPIError, SwarmError, _Attempts, _Policy
+from swarm.client._client import EpisodeBase
 from swarm.client._heartbeat import AsyncHeartbeats
+from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError
 from swarm.protocol import API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
 
 
@@ -32,7 +33,7 @@ class AsyncSwarmClient:
         self.token = token or os.environ.get("ROOST_TOKEN") or ""
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
-        self.policy = _Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
+        self.policy = Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport)
         self._connected = False
         self._heartbeats = AsyncHeartbeats(self._http, heartbeat_s) if heartbeats else None
@@ -40,7 +41,7 @@ class AsyncSwarmClient:
     async def request(self, method: str, path: str, *, key: str | None = None, json: Any = None,
                       wait_429: bool = False, wait_timeout: float | None = None) -> dict:
         headers = {"Authorization": f"Bearer {key or self.token}"}
-        tries = _Attempts(self, wait_429, wait_timeout)
+        tries = Attempts(self, wait_429, wait_timeout)
         while True:
             try:
                 r = await self._http.request(method, path, json=json, headers=headers)

@@ -9,164 +9,29 @@ Every call is retry-safe: claims and finishes carry idempotency keys, so the
 client retries connection errors and 5xx with backoff; 429 (the server's
 on-policy window is full, or it is training) is waited out honouring
 `Retry-After`. A server that is stopping raises `ServerStopping`. With
-`reconnect_s`, a server reached once is waited for that long (a restart). While
-an episode is open a background thread renews its lease (`_heartbeat.py`); an
-episode the server no longer knows (404/409) is marked `lost`. No torch here.
+`reconnect_s`, a server reached once is waited for that long (a restart). Those
+rules are in `_retry.py`. While an episode is open a background thread renews
+its lease (`_heartbeat.py`); an episode the server no longer knows (404/409) is
+marked `lost`. No torch here.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import threading
 import time
 import uuid
 from contextlib import contextmanager
-from email.utils import parsedate_to_datetime
 from functools import cached_property
 from typing import Any, Iterator
 
 import httpx
 
 from swarm.client._heartbeat import Heartbeats
+from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError
 from swarm.protocol import (
     AGENT_HEADER, API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse,
 )
-
-RETRY_STATUSES = {500, 502, 503, 504}
-TRANSIENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout,
-             httpx.PoolTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
-
-
-class SwarmError(Exception):
-    """Base of the client's errors."""
-
-
-class SwarmAPIError(SwarmError):
-    """The server refused a request (4xx, or 5xx after retries)."""
-
-    def __init__(self, status_code: int, message: str, code: str | None = None, type: str | None = None):
-        super().__init__(f"{status_code} {code or type or ''}: {message}")
-        self.status_code = status_code
-        self.message = message
-        self.code = code
-        self.type = type
-
-
-class ServerStopping(SwarmError):
-    """The server is shutting down (503 "stopping"): stop claiming."""
-
-
-class SwarmUnavailable(SwarmError):
-    """The server could not be reached after all retries."""
-
-
-def error_of(response: httpx.Response) -> SwarmAPIError:
-    try:
-        err = response.json()["error"]
-        return SwarmAPIError(response.status_code, str(err.get("message")), err.get("code"), err.get("type"))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return SwarmAPIError(response.status_code, response.text[:500])
-
-
-def retry_after(response: httpx.Response, default: float) -> float:
-    value = response.headers.get("retry-after")
-    if not value:
-        return default
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        try:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-        except (TypeError, ValueError):
-            return default
-
-
-def backoff(attempt: int, base: float, cap: float) -> float:
-    """Exponential backoff with full jitter (attempt 1 -> up to `base`)."""
-    return random.uniform(0.5, 1.0) * min(cap, base * 2 ** (attempt - 1))
-
-
-def is_stopping(response: httpx.Response) -> bool:
-    return response.status_code == 503 and error_of(response).code == "stopping"
-
-
-class _Policy:
-    """What to do with one response or error; shared by the sync and async clients."""
-
-    def __init__(self, max_retries: int, backoff_s: float, max_backoff_s: float,
-                 reconnect_s: float | None = None) -> None:
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.reconnect_s = reconnect_s
-
-    def may_retry(self, attempt: int, since: float | None) -> bool:
-        """While attempts remain; past them, for a server reached before (`since` is set: the
-        first failure of this request), until `reconnect_s` has passed: a restarting server."""
-        if attempt <= self.max_retries:
-            return True
-        return since is not None and self.reconnect_s is not None and time.monotonic() - since < self.reconnect_s
-
-    def on_error(self, exc: Exception, attempt: int, since: float | None = None) -> float:
-        """Delay before retrying a transport error, or raise."""
-        if not self.may_retry(attempt, since):
-            raise SwarmUnavailable(f"server unreachable after {attempt} attempts: {exc!r}") from exc
-        return backoff(attempt, self.backoff_s, self.max_backoff_s)
-
-    def on_response(self, r: httpx.Response, attempt: int, wait_429: bool,
-                    deadline: float | None, since: float | None = None) -> float | None:
-        """None when `r` is the answer; otherwise the delay before retrying (or raise)."""
-        if r.status_code < 400:
-            return None
-        if is_stopping(r):
-            raise ServerStopping(error_of(r).message)
-        if r.status_code == 429:
-            delay = retry_after(r, self.backoff_s)
-            if not wait_429 or (deadline is not None and time.monotonic() + delay > deadline):
-                raise error_of(r)
-            return delay
-        if r.status_code in RETRY_STATUSES and self.may_retry(attempt, since):
-            return max(retry_after(r, 0.0), backoff(attempt, self.backoff_s, self.max_backoff_s))
-        raise error_of(r)
-
-
-class _Attempts:
-    """The retry state of one request (attempts, first failure) over a client's `_Policy`.
-
-    The sync and async clients' request loops differ only in how they send and
-    sleep; every decision is here. `owner._connected` records that the server was
-    reached once: from then on, connection errors mean a restart to wait out.
-    """
-
-    def __init__(self, owner: Any, wait_429: bool, wait_timeout: float | None) -> None:
-        self.owner = owner
-        self.policy: _Policy = owner.policy
-        self.wait_429 = wait_429
-        self.deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
-        self.attempt = 0
-        self.since: float | None = None  # first failure of this request
-
-    def response(self, r: httpx.Response) -> float | None:
-        """None: `r` is the answer; else the delay before the next try (or raise)."""
-        self.attempt += 1
-        self.owner._connected = self.owner._connected or r.status_code < 500
-        if r.status_code >= 500 and self.since is None:
-            self.since = time.monotonic()
-        delay = self.policy.on_response(r, self.attempt, self.wait_429, self.deadline, self._reconnecting())
-        if delay is not None and r.status_code == 429:
-            self.attempt -= 1  # waiting for the window is not a failure
-        return delay
-
-    def error(self, exc: Exception) -> float:
-        """The delay before retrying a transport error (or raise `SwarmUnavailable`)."""
-        self.attempt += 1
-        self.since = self.since if self.since is not None else time.monotonic()
-        return self.policy.on_error(exc, self.attempt, self._reconnecting())
-
-    def _reconnecting(self) -> float | None:
-        return self.since if self.owner._connected else None
-
 
 class SwarmClient:
     """Synchronous client of one swarm server (thread-safe: share it across a fleet)."""
@@ -182,7 +47,7 @@ class SwarmClient:
         self.token = token or os.environ.get("ROOST_TOKEN") or ""
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
-        self.policy = _Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
+        self.policy = Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
         self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
         self._closed = threading.Event()
         self._connected = False  # reached the server once: connection errors now mean "reconnect"
@@ -194,7 +59,7 @@ class SwarmClient:
                 stop: threading.Event | None = None) -> dict:
         """One API call with retries; returns the JSON body of the successful answer."""
         headers = {"Authorization": f"Bearer {key or self.token}"}
-        tries = _Attempts(self, wait_429, wait_timeout)
+        tries = Attempts(self, wait_429, wait_timeout)
         while True:
             try:
                 r = self._http.request(method, path, json=json, headers=headers)
@@ -325,7 +190,7 @@ class EpisodeBase:
 
         Extra keyword arguments go to `openai.OpenAI` (e.g. `max_retries`). Closed by `close()`.
         """
-        import openai
+        import openai  # lazy: importing openai takes ~0.7 s; only episodes that call the model need it
 
         kw = self._openai_kwargs(agent, kwargs)
         shared = self._shared_http is not None and "http_client" not in kw
@@ -338,7 +203,7 @@ class EpisodeBase:
 
     def async_openai_client(self, agent: str | None = None, **kwargs: Any) -> Any:
         """A new `openai.AsyncOpenAI` for this episode (tagged with `agent` if given)."""
-        import openai
+        import openai  # lazy: importing openai takes ~0.7 s; only episodes that call the model need it
 
         return openai.AsyncOpenAI(**self._openai_kwargs(agent, kwargs))
 

@@ -27,12 +27,13 @@ import threading
 import time
 from pathlib import Path
 
+from store.paths import data_dir
+
 log = logging.getLogger("swarm.client")
 
 
 def default_state_path(url: str, workflow: str, seed: int, dataset: str | None = None) -> Path:
     """`ROOST_HOME/client-state/<hash of url, workflow, dataset, seed>.json`."""
-    from swarm.paths import data_dir
 
     key = json.dumps([url.rstrip("/"), workflow, dataset, seed])
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]

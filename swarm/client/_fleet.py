@@ -22,9 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from swarm.client._client import (
-    Episode, ServerStopping, SwarmAPIError, SwarmClient, SwarmError, SwarmUnavailable,
-)
+from swarm.client._client import Episode, SwarmClient
+from swarm.client._retry import ServerStopping, SwarmAPIError, SwarmError, SwarmUnavailable
 from swarm.client._cursor import JobCursor
 
 log = logging.getLogger("swarm.client")

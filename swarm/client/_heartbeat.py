@@ -9,6 +9,9 @@ A beat answered 401/404/409 means the episode is gone: its lease expired and
 moved on, or the server restarted without it. The episode is marked `lost` (the
 fleet then re-plays the job instead of counting a failure) and no longer beats.
 Transport errors are ignored until the next beat: the lease has slack for that.
+
+Episodes are seen through the `Beating` protocol (what a beat reads and sets),
+so this module needs nothing from `_client.py`, which imports it.
 """
 
 from __future__ import annotations
@@ -17,25 +20,36 @@ import asyncio
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
-if TYPE_CHECKING:
-    from swarm.client._client import EpisodeBase
+from swarm.protocol import ClaimResponse
 
 log = logging.getLogger("swarm.client")
 GONE = (401, 404, 409, 410)
 
 
-def beat_period(ep: EpisodeBase, heartbeat_s: float | None) -> float:
+class Beating(Protocol):
+    """What a heartbeat needs of an episode (`EpisodeBase` is one)."""
+
+    id: str
+    claim: ClaimResponse
+    api_key: str
+    done: bool
+    lost: bool
+
+    def _path(self, action: str) -> str: ...
+
+
+def beat_period(ep: Beating, heartbeat_s: float | None) -> float:
     lease = ep.claim.lease_seconds if getattr(ep.claim, "lease_seconds", None) else \
         ep.claim.lease_expires_at - time.time()  # older servers: infer it (clock skew permitting)
     period = max(0.05, float(lease) / 3)
     return min(period, heartbeat_s) if heartbeat_s else period
 
 
-def _judge(ep: EpisodeBase, status: int) -> bool:
+def _judge(ep: Beating, status: int) -> bool:
     """True when the episode should keep beating."""
     if status in GONE:
         ep.lost = True
@@ -56,7 +70,7 @@ class Heartbeats:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add(self, ep: EpisodeBase) -> None:
+    def add(self, ep: Beating) -> None:
         with self._lock:
             self._due[ep.id] = (ep, time.monotonic() + beat_period(ep, self.heartbeat_s))
             if self._thread is None or not self._thread.is_alive():
@@ -64,7 +78,7 @@ class Heartbeats:
                 self._thread.start()
         self._wake.set()
 
-    def remove(self, ep: EpisodeBase) -> None:
+    def remove(self, ep: Beating) -> None:
         with self._lock:
             self._due.pop(ep.id, None)
 
@@ -84,7 +98,7 @@ class Heartbeats:
                 self._wake.wait(max(0.01, min(1.0, nxt - time.monotonic())))
                 self._wake.clear()
 
-    def _beat(self, ep: EpisodeBase) -> None:
+    def _beat(self, ep: Beating) -> None:
         period = beat_period(ep, self.heartbeat_s)
         keep = True
         try:
@@ -110,7 +124,7 @@ class AsyncHeartbeats:
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
 
-    def add(self, ep: EpisodeBase) -> None:
+    def add(self, ep: Beating) -> None:
         self._due[ep.id] = (ep, time.monotonic() + beat_period(ep, self.heartbeat_s))
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
@@ -118,7 +132,7 @@ class AsyncHeartbeats:
         elif self._wake is not None:
             self._wake.set()
 
-    def remove(self, ep: EpisodeBase) -> None:
+    def remove(self, ep: Beating) -> None:
         self._due.pop(ep.id, None)
 
     def open_episodes(self) -> list[Any]:
@@ -139,7 +153,7 @@ class AsyncHeartbeats:
                     pass
                 self._wake.clear()
 
-    async def _beat(self, ep: EpisodeBase) -> None:
+    async def _beat(self, ep: Beating) -> None:
         period = beat_period(ep, self.heartbeat_s)
         keep = True
         try:

@@ -25,7 +25,8 @@ import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
-from swarm.client._client import Episode, SwarmClient, SwarmError
+from swarm.client._client import Episode, SwarmClient
+from swarm.client._retry import SwarmError
 from swarm.protocol import FinishResponse
 
 

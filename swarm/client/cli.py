@@ -6,13 +6,15 @@
 A built-in `--task` brings its dataset and workflow; `--workflow module:function`
 brings your own (its dataset from `--dataset module:function(seed, size)`, the
 task's dataset if `--task` is also given, or a `dataset` function beside the
-workflow). Registered by `swarm/cli.py` as `app.command("client")(client_command)`.
+workflow). Every option but `--config`, `--fresh` and `--quiet` is a field of
+`FleetConfig` (swarm/client/config.py). Registered by `swarm/cli.py`.
 Never imports torch.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 from contextlib import contextmanager
@@ -20,8 +22,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from swarm.client import FleetStats, run_fleet
+from swarm.client import FleetStats, SwarmClient, SwarmError, run_fleet
+from swarm.client._cursor import JobCursor, default_state_path
+from swarm.client.config import FleetConfig
+from swarm.options import build_config, config_options
+from swarm.tasks import get_task
 
 
 def load_object(spec: str) -> Any:
@@ -29,6 +37,8 @@ def load_object(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise typer.BadParameter(f"expected module:function, got {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:  # importable from here, as `python -m` does
+        sys.path.insert(0, os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -45,8 +55,6 @@ def _resolve(task: str | None, workflow: str | None, dataset: str | None,
              seed: int, size: int) -> tuple[Callable, list[dict], str]:
     builtin = None
     if task:
-        from swarm.tasks import get_task
-
         try:
             builtin = get_task(task)
         except KeyError as exc:
@@ -69,37 +77,21 @@ def _resolve(task: str | None, workflow: str | None, dataset: str | None,
     return flow, list(make(seed, size)), family
 
 
+@config_options(FleetConfig)
 def client_command(
-    url: str = typer.Option("http://127.0.0.1:8000", "--url", envvar="ROOST_URL", help="swarm server URL"),
-    token: str = typer.Option(None, "--token", envvar="ROOST_TOKEN", help="worker token"),
-    workflow: str = typer.Option(None, "--workflow", help="module:function(task, episode) -> reward"),
-    task: str = typer.Option(None, "--task", help="built-in task (arith, guess, ...)"),
-    dataset: str = typer.Option(None, "--dataset", help="module:function(seed, size) -> list of tasks"),
-    n: int = typer.Option(8, "--n", "-n", min=1, help="episodes per task (the server's group size)"),
-    concurrency: int = typer.Option(8, "--concurrency", "-c", min=1, help="episodes in flight"),
-    dataset_size: int = typer.Option(64, "--dataset-size", min=1, help="tasks drawn from the dataset"),
-    seed: int = typer.Option(0, "--seed", help="dataset seed"),
-    max_episodes: int = typer.Option(None, "--max-episodes", min=1, help="stop after this many episodes"),
-    epochs: int = typer.Option(None, "--epochs", min=1,
-                               help="passes over the dataset [default: until stopped]"),
-    max_attempts: int = typer.Option(3, "--max-attempts", min=1, help="tries per job when a workflow fails"),
-    retries: int = typer.Option(6, "--retries", min=0, help="retries of a request on connection errors"),
-    reconnect_s: float = typer.Option(120.0, "--reconnect-s", min=0.0,
-                                      help="once connected, keep reconnecting this long (server restarts)"),
-    state: Path = typer.Option(None, "--state", help="dataset cursor file, so a restart continues where it "
-                               "stopped [default: ROOST_HOME/client-state/<url+workflow+seed>.json]"),
+    overrides: dict[str, Any],
+    config_file: Path = typer.Option(None, "--config", help="YAML/JSON file of FleetConfig fields; flags given "
+                                     "on the command line (or by envvar) override it"),
     fresh: bool = typer.Option(False, "--fresh", help="ignore (and overwrite) the saved cursor: start over"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ) -> None:
     """Run a workflow over a dataset against a swarm server, each task n times."""
-    from rich.console import Console
-
-    from swarm.client import SwarmClient, SwarmError
-    from swarm.client._cursor import JobCursor, default_state_path
-
+    cfg: FleetConfig = build_config(FleetConfig, overrides, config_file)
+    url, token, workflow, task, dataset, n = cfg.url, cfg.token, cfg.workflow, cfg.task, cfg.dataset, cfg.n
+    seed, epochs, max_episodes, state = cfg.seed, cfg.epochs, cfg.max_episodes, cfg.state
     if not token:
         raise typer.BadParameter("a worker token is required (--token or ROOST_TOKEN)", param_hint="--token")
-    flow, items, family = _resolve(task, workflow, dataset, seed, dataset_size)
+    flow, items, family = _resolve(task, workflow, dataset, seed, cfg.dataset_size)
     console = Console(stderr=True)
     state = state or default_state_path(url, workflow or f"task:{task}", seed, dataset or task)
     if fresh:
@@ -108,8 +100,8 @@ def client_command(
     if cursor.next or cursor.replay:
         console.print(f"resuming at job {cursor.next} ({len(cursor.replay)} unfinished job(s) re-played first); "
                       f"cursor {state}")
-    with _terminate_as_interrupt(), SwarmClient(url, token, max_retries=retries, max_backoff_s=5.0,
-                                                reconnect_s=reconnect_s or None) as client:
+    with _terminate_as_interrupt(), SwarmClient(url, token, max_retries=cfg.retries, max_backoff_s=5.0,
+                                                reconnect_s=cfg.reconnect_s or None) as client:
         try:
             status = client.status()  # fail fast on a wrong URL or token
         except SwarmError as exc:
@@ -120,8 +112,8 @@ def client_command(
                           f"this fleet sends each task {n} times")
         total = max_episodes or (len(items) * n * epochs if epochs else None)
         with _progress(console, total, quiet) as progress:
-            stats = run_fleet(client, flow, items, n=n, concurrency=concurrency, epochs=epochs,
-                              progress=progress, max_episodes=max_episodes, max_attempts=max_attempts,
+            stats = run_fleet(client, flow, items, n=n, concurrency=cfg.concurrency, epochs=epochs,
+                              progress=progress, max_episodes=max_episodes, max_attempts=cfg.max_attempts,
                               task_family=family, cursor=cursor)
     console.print(f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "
                   f"{stats.lost} lost and re-played, "
@@ -152,8 +144,6 @@ def _terminate_as_interrupt() -> Iterator[None]:
 @contextmanager
 def _progress(console: Any, total: int | None, quiet: bool) -> Iterator[Callable[[FleetStats], None]]:
     """A rich progress bar, and the `progress` callback that updates it (from fleet threads)."""
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     columns = [SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total}" if total else "{task.completed}"),
                TimeElapsedColumn()]

@@ -50,7 +50,7 @@ class FakeEngine:
         train_delay_s: float = 0.0,
         chunk_tokens: int = 3,
     ) -> None:
-        from transformers import AutoTokenizer  # engines may be heavy; the client never imports this
+        from transformers import AutoTokenizer  # lazy: transformers takes seconds; test fixtures import this module
 
         self.model_dir = Path(model_dir)
         self.seed = seed

@@ -3,8 +3,9 @@
 The embedded default: one process, CPU or one GPU. Generation goes through a
 continuous batcher (many episodes share each forward pass and a KV cache);
 `train_step` takes the same lock, so weights never change under a running
-forward pass. Good for small models and for tests; the vLLM and verl engines
-take over at scale behind the same interface.
+forward pass. Good for small models and for tests; it is the only real engine
+today (vLLM and verl engines for larger models are planned, behind the same
+`Engine` interface).
 
     engine = TorchEngine(Path("~/.cache/roost/models/tiny-qwen2").expanduser())
     completion = asyncio.run(engine.generate(GenerateRequest([1, 2, 3])))

@@ -6,14 +6,15 @@
 
 The model is a ~1M-parameter Qwen2 (hidden 128, 2 heads of 64 — vLLM needs a
 head_dim of at least 64 — 4 layers, tied embeddings), small enough to train on
-a laptop CPU and standard enough that Hugging Face, vLLM and VERL load it as
-any other Qwen2 checkpoint. `init_model` writes into a temporary sibling
+a laptop CPU and standard enough that any Qwen2 loader (Hugging Face today;
+vLLM and verl, the planned engines) reads it as any other Qwen2 checkpoint. `init_model` writes into a temporary sibling
 directory and renames it into place, with a `roost_model.json` marker written
 last: a directory with a matching marker is complete, anything else is rebuilt.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -24,10 +25,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from store.paths import default_model_dir
 from swarm.model.tokenizer import ENDOFTEXT, IM_END, build_tokenizer, render_chat, save_tokenizer
 from swarm.model.warmstart import WarmStartConfig, warm_start
+from swarm.tasks import get_task, list_tasks
 
 __all__ = [
     "BUILD_VERSION",
@@ -55,8 +60,6 @@ Progress = Callable[[str, float], None]
 
 def task_corpus(seed: int = 0, per_task: int = 2000) -> list[str]:
     """Tokenizer training text: built-in task transcripts rendered with the chat template."""
-    from swarm.tasks import get_task, list_tasks
-
     corpus: list[str] = []
     for name in list_tasks():
         for messages in get_task(name).transcripts(seed, per_task, noise=0.3):
@@ -149,8 +152,6 @@ def init_model(out_dir: Path | None = None, seed: int = 0, force: bool = False,
     untouched unless `force`. A non-empty directory that is not a Roost build is
     never overwritten without `force`. Deterministic from `seed`.
     """
-    from swarm.paths import default_model_dir
-
     out_dir = Path(out_dir) if out_dir is not None else default_model_dir()
     config = config or WarmStartConfig()
     report = progress or (lambda message, fraction: None)
@@ -179,8 +180,6 @@ def _matches(out_dir: Path, seed: int, config: WarmStartConfig) -> bool:
 
 @contextmanager
 def _build_lock(out_dir: Path) -> Iterator[None]:
-    import fcntl
-
     with open(out_dir.with_name(f".{out_dir.name}.lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -235,9 +234,6 @@ def rich_progress(description: str = "building model") -> Iterator[Progress]:
         with rich_progress() as progress:
             init_model(progress=progress)
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
-
     columns = [TextColumn("[bold]{task.description}"), BarColumn(),
                TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn()]
     with Bar(*columns, console=Console(stderr=True), transient=False) as bar:

@@ -1,6 +1,6 @@
 """Score a model directory on the built-in tasks, in process, with no server.
 
-    python -m swarm.model.evaluate DIR --task arith --n 200     # greedy and T=1
+    swarm eval --model DIR --task arith --n 200     # greedy and T=1
 
 The tasks' own workflows run unchanged, one thread per episode, against
 `LocalOpenAI`: a stand-in for `openai.OpenAI` (only `chat.completions.create`)
@@ -12,7 +12,6 @@ the warm start and as a quick sanity check of any checkpoint.
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,9 @@ from types import SimpleNamespace
 
 import torch
 from openai.types.chat import ChatCompletion
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from swarm.tasks import get_task, list_tasks
 
 
 class LocalOpenAI:
@@ -135,10 +137,6 @@ def run_workflows(client: LocalOpenAI, workflow, items: list[dict]) -> list[floa
 def evaluate(model_dir: Path | None, task_name: str, n: int = 200, temperature: float = 1.0,
              seed: int = 12345, model=None, tokenizer=None) -> dict:
     """Mean reward of `task_name`'s workflow over `n` items of `dataset(seed, n)`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from swarm.tasks import get_task
-
     model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_dir)
     model.eval()
@@ -152,23 +150,3 @@ def evaluate(model_dir: Path | None, task_name: str, n: int = 200, temperature: 
             "solved": round(sum(r > 0 for r in rewards) / n, 4),
             "calls_per_episode": round(client.calls / n, 2),
             "seconds": round(time.monotonic() - started, 1)}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", type=Path)
-    parser.add_argument("--task", action="append", help="task name (repeatable); default all")
-    parser.add_argument("--n", type=int, default=200)
-    parser.add_argument("--temperature", type=float, action="append",
-                        help="repeatable; default 0 (greedy) and 1")
-    args = parser.parse_args()
-    from swarm.tasks import list_tasks
-
-    torch.set_num_threads(2)
-    for name in args.task or list_tasks():
-        for t in args.temperature or [0.0, 1.0]:
-            print(evaluate(args.model_dir, name, args.n, t))
-
-
-if __name__ == "__main__":
-    main()

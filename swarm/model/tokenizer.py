@@ -10,8 +10,10 @@ The normalizer and pre-tokenizer are exactly Qwen2's, on purpose: transformers
 5 loads any `qwen2` checkpoint with `Qwen2Tokenizer`, which rebuilds the
 pre-tokenizer from its own regex and ignores the one in `tokenizer.json`. Using
 the same one here makes the tokenizer we train, `AutoTokenizer`, vLLM and older
-transformers (which read `tokenizer.json` as is) encode every string alike. The chat template is a standard Hugging Face Jinja template (Qwen's
-ChatML without a default system prompt, to keep prompts short), so
+transformers (which read `tokenizer.json` as is) encode every string alike.
+
+The chat template is a standard Hugging Face Jinja template (Qwen's ChatML
+without a default system prompt, to keep prompts short), so
 `tokenizer.apply_chat_template(messages, add_generation_prompt=True)` works
 unchanged in the server, vLLM and user code.
 """

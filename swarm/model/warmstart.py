@@ -30,6 +30,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from swarm.model.tokenizer import IM_END, IM_START, render_chat
+from swarm.tasks import get_task
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,6 @@ def encode_transcript(encode: Callable[[str], list[int]], messages: list[dict]) 
 def training_data(tokenizer: PreTrainedTokenizerFast, seed: int,
                   config: WarmStartConfig) -> list[list[Encoded]]:
     """Encoded transcripts bucketed by task (similar lengths pad little)."""
-    from swarm.tasks import get_task
-
     encode = _PieceEncoder(tokenizer)
     buckets = []
     for name, size, noise in (("arith", config.arith_examples, config.arith_noise),
@@ -202,8 +201,6 @@ def answer_probabilities(model, tokenizer: PreTrainedTokenizerFast, seed: int,
     Digits are single tokens, so an answer has one tokenization and the probability of
     its ids under temperature-1 sampling is the expected exact-match reward.
     """
-    from swarm.tasks import get_task
-
     encode = _PieceEncoder(tokenizer)
     convs = get_task("arith").transcripts(seed + 2000, n, noise=0.0)
     batch = collate([encode_transcript(encode, c) for c in convs],

@@ -14,9 +14,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from swarm.protocol import API_PREFIX, AdminResponse, ErrorResponse
-from swarm.server.control import LiveConfigResponse, LiveConfigUpdate
+from swarm.server.admin_schema import LiveConfigResponse, LiveConfigUpdate
+from swarm.server.auth import admin
 from swarm.server.state import Swarm
-from swarm.server.swarm_routes import admin
 
 _errors = {code: {"model": ErrorResponse} for code in (400, 401, 403, 413, 503)}
 router = APIRouter(prefix=f"{API_PREFIX}/admin", tags=["admin"], responses=_errors)

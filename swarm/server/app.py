@@ -1,6 +1,6 @@
 """Build the FastAPI app and run it under uvicorn.
 
-    from swarm.server import ServerConfig, create_app, serve
+    from swarm.server.app import ServerConfig, create_app, serve
     app = create_app(ServerConfig(engine="fake", model_dir=d), FakeEngine(d))   # tests, embedding
     serve(ServerConfig(model_dir=d, port=0))                                    # blocks; `swarm serve`
 
@@ -22,8 +22,10 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI
 
 from swarm.engine.base import Engine
+from swarm.engine.fake import FakeEngine
 from swarm.server.access import ServerErrorCounter
 from swarm.server.admin_routes import router as admin_router
+from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
 from swarm.server.config import ServerConfig
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
 from swarm.server.openai_routes import router as openai_router
@@ -34,13 +36,11 @@ log = logging.getLogger("swarm.server")
 
 
 def make_engine(config: ServerConfig) -> Engine:
-    """The engine named by `config.engine` (imported lazily: only torch needs torch)."""
+    """The engine named by `config.engine`."""
     if config.engine == "fake":
-        from swarm.engine.fake import FakeEngine
-
         return FakeEngine(config.model_dir, seed=config.seed)
     if config.engine == "torch":
-        from swarm.engine.torch_engine import TorchEngine
+        from swarm.engine.torch_engine import TorchEngine  # lazy: importing torch takes seconds
 
         return TorchEngine(config.model_dir, seed=config.seed, device=config.device)
     raise ValueError(f"unknown engine {config.engine!r}; known: torch, fake")
@@ -98,9 +98,7 @@ def serve(config: ServerConfig, engine: Engine | None = None,
     Binds the socket itself so `port=0` works: the chosen URL is announced and
     written to `out_dir/server.json` (URL and pid, never the tokens).
     """
-    import uvicorn
-
-    from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
+    import uvicorn  # lazy: only a serving process needs the ASGI server
 
     config, source = ensure_secrets(config)  # env, out_dir/secrets.json, or generated (and saved)
     sock = _bind(config.host, config.port)

@@ -101,60 +101,7 @@ def ensure_secrets(config: ServerConfig, env: dict[str, str] | None = None
     return config.model_copy(update=values), source
 
 
-# -- config file ---------------------------------------------------------------------
-
-def load_config_file(path: Path) -> dict[str, Any]:
-    """A YAML or JSON mapping of ServerConfig fields (validated later, with the flags on top)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from None
-    else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)  # safe_load: plain data only, never objects or code
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path} is not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a mapping of server settings, not {type(data).__name__}")
-    return data
-
-
-#: `swarm serve` parameters whose ServerConfig field has another name.
-PARAM_FIELDS = {"model": "model_dir", "out": "out_dir", "max_tokens": "default_max_tokens",
-                "mlflow_parent": "mlflow_parent_run_id", "quota": "quotas"}
-TRAIN_PARAMS = {"lr", "advantage", "kl_coef"}
-
-
-def merge(file_data: dict[str, Any], flags: ServerConfig, explicit: set[str]) -> ServerConfig:
-    """File settings with the explicitly given flags (`explicit`: parameter names) on top."""
-    data = dict(file_data)
-    train = data.get("train") or {}
-    if not isinstance(train, dict):
-        raise ValueError("`train` in the config file must be a mapping")
-    train = dict(train)
-    for name in explicit:
-        if name in TRAIN_PARAMS:
-            train[name] = getattr(flags.train, name)
-            continue
-        field = PARAM_FIELDS.get(name, name)
-        if field in ServerConfig.model_fields:
-            data[field] = getattr(flags, field)
-            if field == "quotas":
-                data.pop("quota_schedule", None)  # --quota replaces the file's quotas of either kind
-    if train:
-        data["train"] = train
-    return ServerConfig.model_validate(data)
-
+# -- --quota -----------------------------------------------------------------------
 
 def parse_quotas(items: list[str]) -> dict[str, float]:
     """`["math=0.4", "code=0.6"]` -> {"math": 0.4, "code": 0.6} (ValueError on a bad item)."""

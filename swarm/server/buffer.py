@@ -9,8 +9,7 @@ lookup), and recovery wants "every buffered row" without scanning a growing log
 or compacting tombstones. SQLite gives atomic multi-row commits, crash recovery
 of a torn write, and a file any tool (or a test) can read. One commit per
 finish costs a few ms on a laptop disk; it runs on the event loop, which keeps
-finish ordering trivial (group commit from a writer thread is the next step if
-that ever dominates).
+finish ordering trivial.
 
 Row states (`state`):
 
@@ -43,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from swarm.engine.base import TrainSample
+from swarm.samples import TrainSample
 
 FINAL_STATES = ("trained", "failed", "dropped_group", "dropped_stale", "skipped", "discarded")
 COMPACTED = "{}"  # the payload of a compacted row (a stored payload always has "samples")

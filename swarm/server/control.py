@@ -5,7 +5,7 @@
 When a change takes effect, so that every batch stays self-consistent:
 
 * training knobs (`lr`, `kl_coef`, `entropy_coef`, `clip_eps`, `max_grad_norm`,
-  `advantage`): from the next optimisation step that starts (a running step
+  `advantage`, `loss_agg`): from the next optimisation step that starts (a running step
   keeps the config it started with);
 * window knobs (`temperature`, `default_temperature`, `batch_groups`, `quotas`,
   `quota_schedule`): from the next on-policy window, i.e. the next batch. They
@@ -17,6 +17,7 @@ Every metrics.jsonl row carries the values its step ran with (`live/lr`,
 `live/temperature`, ..., `live/slots`) and, on the first row after a change, a
 `config_changed` list of the change events; each event is also appended to
 `out_dir/events.jsonl` (with pause/resume), so the metrics rows stay uniform.
+The request and response bodies are in `admin_schema.py`.
 
 `pause` refuses new claims (429 `paused` with Retry-After) while running
 episodes finish and train normally; `resume` lets claims in again.
@@ -30,93 +31,30 @@ run (`resume=False`) ignores the file.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from collections import Counter
+from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel
 
-from swarm.server.batcher import Group, Rejected
+from swarm.protocol import ClaimRequest
+from swarm.server.admin_schema import TRAIN_KEYS, WINDOW_KEYS, LiveConfigResponse, LiveConfigUpdate
+from swarm.server.batcher import Batcher, Group
 from swarm.server.checkpoint import write_atomic
-from swarm.server.quotas import QuotaBook, QuotaPhase, QuotaRejected, check_quotas, check_schedule
-
-if TYPE_CHECKING:
-    from swarm.protocol import ClaimRequest
-    from swarm.server.state import Swarm
+from swarm.server.config import ServerConfig
+from swarm.server.episodes import EpisodeRegistry
+from swarm.server.events import Topic
+from swarm.server.exceptions import Refused
+from swarm.server.quotas import QuotaBook, QuotaRejected
+from swarm.server.trainer import Trainer
 
 log = logging.getLogger("swarm.server")
 
-TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "advantage", "loss_agg")
-WINDOW_KEYS = ("temperature", "default_temperature", "batch_groups", "quotas", "quota_schedule")
-NULLABLE = {"temperature", "quotas", "quota_schedule"}
 HISTORY_KEPT = 1000
 LIVE_FILE = "live_config.json"
-
-
-class LiveConfigUpdate(BaseModel):
-    """A partial update: only the fields present change. Unknown fields are refused (typos)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    lr: float | None = Field(None, gt=0.0, le=1.0, description="learning rate (next step)")
-    kl_coef: float | None = Field(None, ge=0.0, le=100.0, description="KL coefficient (next step)")
-    entropy_coef: float | None = Field(None, ge=-10.0, le=10.0, description="entropy bonus (next step)")
-    clip_eps: float | None = Field(None, gt=0.0, le=10.0, description="PPO clip epsilon (next step)")
-    max_grad_norm: float | None = Field(None, gt=0.0, le=1e6, description="gradient clip (next step)")
-    advantage: Literal["grpo", "rloo", "reinforce_pp"] | None = Field(None, description="next step")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean"] | None = Field(None, description="next step")
-    temperature: float | None = Field(None, ge=0.0, le=2.0,
-                                      description="force this temperature on every call; null: stop forcing")
-    default_temperature: float | None = Field(None, ge=0.0, le=2.0,
-                                              description="temperature of calls that name none")
-    batch_groups: int | None = Field(None, ge=1, le=100_000, description="B: groups per step")
-    quotas: dict[str, float] | None = Field(None, description="family -> share; null: no quotas")
-    quota_schedule: list[QuotaPhase] | None = Field(None, description="quotas over steps; null: none")
-
-    @model_validator(mode="after")
-    def _check(self) -> LiveConfigUpdate:
-        given = self.model_fields_set
-        if not given:
-            raise ValueError("name at least one setting to change")
-        for key in given - NULLABLE:
-            if getattr(self, key) is None:
-                raise ValueError(f"{key} cannot be null")
-        if self.quotas is not None:
-            check_quotas(self.quotas)
-        if self.quota_schedule is not None:
-            check_schedule(self.quota_schedule)
-        if self.quotas is not None and self.quota_schedule is not None:
-            raise ValueError("give quotas or quota_schedule, not both")
-        return self
-
-    def changes(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self.model_fields_set}
-        if "quotas" in out or "quota_schedule" in out:  # one replaces the other
-            out.setdefault("quotas", None)
-            out.setdefault("quota_schedule", None)
-        return out
-
-
-class LiveConfigResponse(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    live: dict[str, Any] = Field(description="values in force now")
-    pending: dict[str, Any] = Field(description="window settings that apply when the next window opens")
-    paused: bool
-    step: int
-    window: int
-    quotas: dict[str, Any] = Field(description="quotas, active split, slots and used slots of this window")
-    changed: dict[str, Any] | None = Field(None, description="(POST) what this request changed: old, new")
-
-
-class _Refused(Rejected):
-    """A quota refusal in the batcher's shape, carrying the details for the 429 body."""
-
-    def __init__(self, code: str, message: str, details: dict[str, Any]) -> None:
-        super().__init__(code, message)
-        self.details = details
 
 
 def _plain(value: Any) -> Any:
@@ -127,48 +65,38 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class _LiveMetrics:
-    """Wraps the trainer's metrics sink: each row gets the live values of its step."""
-
-    def __init__(self, inner: Any, control: LiveControl) -> None:
-        self.inner = inner
-        self.control = control
-        self.path = getattr(inner, "path", None)
-
-    def __getattr__(self, name: str) -> Any:  # anything else the sink offers (flush, close, ...)
-        return getattr(self.inner, name)
-
-    def write(self, record: dict) -> None:
-        try:
-            record.update(self.control.row_fields(int(record.get("step", 0))))
-        except Exception:  # never lose a metrics row over its decoration
-            log.exception("could not add live config to a metrics row")
-        self.inner.write(record)
-
-
 class LiveControl:
-    def __init__(self, swarm: Swarm) -> None:
-        self.swarm = swarm
-        self.book = QuotaBook(swarm.config.quotas, swarm.config.quota_schedule)
+    """The settings in force (`config`), what changes them, and the admission rules they imply.
+
+    `config` is the server's `ServerConfig` as changed live so far (`Swarm.config`
+    reads it). `admission_changed` is published when claims that were refused may
+    now get in (pending settings applied, resumed).
+    """
+
+    def __init__(self, config: ServerConfig, trainer: Trainer, batcher: Batcher, registry: EpisodeRegistry,
+                 counters: Counter[str], out_dir: Path) -> None:
+        self.config = config
+        self.trainer = trainer
+        self.batcher = batcher
+        self.registry = registry
+        self.counters = counters
+        self.admission_changed: Topic[[]] = Topic("admission changed")
+        self.book = QuotaBook(config.quotas, config.quota_schedule)
         self.paused = False
-        self.pending: dict[str, Any] = {}
+        self.pending: dict[str, Any] = {}  # window settings that apply when the next window opens
         self._unreported: list[dict[str, Any]] = []
         self._history: list[tuple[int, dict[str, Any]]] = [(0, self.values())]
-        self.events_path = swarm.out_dir / "events.jsonl"
-        self.live_path = swarm.out_dir / LIVE_FILE
+        self.events_path = out_dir / "events.jsonl"
+        self.live_path = out_dir / LIVE_FILE
         self.overrides: dict[str, Any] = {}  # every setting changed live so far (persisted)
-        # pending window settings apply when the trainer opens the next window
-        self._after_reopen = swarm.trainer.on_reopen
-        swarm.trainer.on_reopen = self._on_reopen
-        swarm.trainer.metrics = _LiveMetrics(swarm.trainer.metrics, self)
 
     # -- values ---------------------------------------------------------------
     def values(self) -> dict[str, Any]:
-        train = self.swarm.trainer.config
-        cfg = self.swarm.config
+        train = self.trainer.config
+        cfg = self.config
         return {**{k: getattr(train, k) for k in TRAIN_KEYS},
                 "temperature": cfg.temperature, "default_temperature": cfg.default_temperature,
-                "batch_groups": self.swarm.batcher.batch_groups,
+                "batch_groups": self.batcher.batch_groups,
                 "quotas": self.book.quotas, "quota_schedule": _plain(self.book.schedule)}
 
     def values_for(self, step: int) -> dict[str, Any]:
@@ -184,23 +112,30 @@ class LiveControl:
 
     def row_fields(self, step: int) -> dict[str, Any]:
         out: dict[str, Any] = {f"live/{k}": v for k, v in self.values_for(step).items()}
-        out["live/slots"] = dict(self.book._slots)
+        out["live/slots"] = dict(self.book.slots)
         out["live/paused"] = self.paused
         if self._unreported:
             out["config_changed"], self._unreported = self._unreported, []
         return out
 
+    def annotate_row(self, step: int, row: dict[str, Any]) -> None:
+        """A step's metrics row gets the values that step ran with (and the changes since the last row)."""
+        try:
+            row.update(self.row_fields(step))
+        except Exception:  # never lose a metrics row over its decoration
+            log.exception("could not add live config to a metrics row")
+
     def _refresh_slots(self) -> None:
-        b = self.swarm.batcher
+        b = self.batcher
         if self.book.enabled and not b.training:
-            self.book.window_slots(b.window, self.swarm.trainer.step, b.batch_groups)
+            self.book.window_slots(b.window, self.trainer.step, b.batch_groups)
 
     def describe(self, changed: dict[str, Any] | None = None) -> LiveConfigResponse:
-        groups = list(self.swarm.batcher.groups)
+        groups = list(self.batcher.groups)
         self._refresh_slots()
         return LiveConfigResponse(
             live=self.values(), pending={k: _plain(v) for k, v in self.pending.items()},
-            paused=self.paused, step=self.swarm.trainer.step, window=self.swarm.batcher.window,
+            paused=self.paused, step=self.trainer.step, window=self.batcher.window,
             quotas=self.book.describe(groups), changed=changed)
 
     # -- changes --------------------------------------------------------------
@@ -211,9 +146,9 @@ class LiveControl:
         train = {k: v for k, v in changes.items() if k in TRAIN_KEYS}
         window = {k: v for k, v in changes.items() if k in WINDOW_KEYS}
         if train:
-            trainer = self.swarm.trainer
-            trainer.config = dataclasses.replace(trainer.config, **train)
-            self.swarm.config = self.swarm.config.model_copy(update={"train": trainer.config})
+            trainer = self.trainer
+            trainer.config = trainer.config.model_copy(update=train)
+            self.config = self.config.model_copy(update={"train": trainer.config})
             effective = trainer.step + (2 if trainer.running else 1)
             for k in train:
                 changed[k]["effective_step"] = effective
@@ -221,7 +156,7 @@ class LiveControl:
         if window:
             self.pending.update(window)
             if self._window_idle():
-                self._apply_pending()
+                self.apply_pending()
                 for k in window:
                     changed[k]["effective"] = "now"
             else:
@@ -263,7 +198,7 @@ class LiveControl:
             return None
         if update is not None:
             self.update(update)
-            self._apply_pending()  # nothing is admitted yet: window settings apply now
+            self.apply_pending()  # nothing is admitted yet: window settings apply now
         if paused:
             self.pause()
         log.warning("restored live settings from %s: %s%s", self.live_path, json.dumps(overrides, default=str),
@@ -272,10 +207,11 @@ class LiveControl:
         return {"overrides": overrides, "paused": paused}
 
     def _window_idle(self) -> bool:
-        b = self.swarm.batcher
-        return not b.training and not b.groups and not self.swarm.trainer.running
+        b = self.batcher
+        return not b.training and not b.groups and not self.trainer.running
 
-    def _apply_pending(self) -> None:
+    def apply_pending(self) -> None:
+        """Window settings held for the next window take effect (called when a window opens)."""
         if not self.pending:
             return
         changes, self.pending = self.pending, {}
@@ -284,24 +220,16 @@ class LiveControl:
             if k in changes:
                 update[k] = changes[k]
         if "batch_groups" in changes:
-            self.swarm.batcher.batch_groups = update["batch_groups"] = int(changes["batch_groups"])
+            self.batcher.batch_groups = update["batch_groups"] = int(changes["batch_groups"])
         if "quotas" in changes or "quota_schedule" in changes:
             q, s = changes.get("quotas"), changes.get("quota_schedule")
             self.book.set(q, s)
             update["quotas"], update["quota_schedule"] = q, s
-        self.swarm.config = self.swarm.config.model_copy(update=update)
-        self._remember(self.swarm.trainer.step + 1)
+        self.config = self.config.model_copy(update=update)
+        self._remember(self.trainer.step + 1)
         self._event("config_applied", applied={k: _plain(v) for k, v in changes.items()},
-                    effective_step=self.swarm.trainer.step + 1)
-        self.swarm.wake_claims()
-
-    def _on_reopen(self) -> None:
-        try:
-            self._apply_pending()
-        except Exception:
-            log.exception("could not apply pending live settings")
-        if self._after_reopen is not None:
-            self._after_reopen()
+                    effective_step=self.trainer.step + 1)
+        self.admission_changed.publish()
 
     # -- pause ----------------------------------------------------------------
     def pause(self) -> None:
@@ -315,43 +243,43 @@ class LiveControl:
             self.paused = False
             self._save()
             self._event("resumed")
-            self.swarm.wake_claims()
+            self.admission_changed.publish()
 
     # -- admission --------------------------------------------------------------
     def before_admit(self, req: ClaimRequest) -> None:
         """Refuse a claim when paused, or when it would open a group over its family's quota."""
         if self.paused:
-            raise Rejected("paused", "the server is paused by its operator; claims resume after `resume`")
+            raise Refused("paused", "the server is paused by its operator; claims resume after `resume`")
         if not self.book.enabled:
             return
-        b = self.swarm.batcher
+        b = self.batcher
         if b.training:
             return  # the batcher refuses it anyway
         if any(g.task_id == req.task_id and g.free > 0 for g in b.groups.values()):
             return  # joining an open group takes no new slot
-        self.book.window_slots(b.window, self.swarm.trainer.step, b.batch_groups)
+        self.book.window_slots(b.window, self.trainer.step, b.batch_groups)
         self._learn_families()
         try:
             self.book.check(req.task_family, b.groups.keys())
         except QuotaRejected as exc:
-            borrow_s = self.swarm.config.quota_borrow_s
+            borrow_s = self.config.quota_borrow_s
             if borrow_s is not None and len(b.groups) < b.batch_groups:
-                age = self.swarm.trainer.window_age_s
+                age = self.trainer.window_age_s
                 if age >= borrow_s:  # a slot its own family left idle this long: lend it
-                    self.swarm.counters["quota_borrowed"] += 1
+                    self.counters["quota_borrowed"] += 1
                     log.info("window %d is %.0fs old: %s borrows an idle slot", b.window, age, req.task_family)
                     return
                 exc.message += (f"; or, if that slot is still unclaimed when this window is {borrow_s:g}s old "
                                 f"(now {age:.0f}s), it may borrow one")
                 exc.details["borrow_in_s"] = round(borrow_s - age, 3)
-            raise _Refused(exc.code, exc.message, exc.details) from None
+            raise
 
     def _learn_families(self) -> None:
         """Families of groups not opened through a claim here (restored after a restart)."""
-        missing = {gid for gid in self.swarm.batcher.groups if gid not in self.book.families}
+        missing = {gid for gid in self.batcher.groups if gid not in self.book.families}
         if not missing:
             return
-        reg = self.swarm.registry
+        reg = self.registry
         for ep in [*reg.open.values(), *reversed(reg.closed.values())]:
             if ep.group_id in missing:
                 self.book.opened(ep.group_id, ep.task_family)
@@ -368,13 +296,13 @@ class LiveControl:
         out: dict[str, Any] = {"paused": self.paused}
         if self.book.enabled:
             self._refresh_slots()
-            out["quotas"] = self.book.describe(list(self.swarm.batcher.groups))
+            out["quotas"] = self.book.describe(list(self.batcher.groups))
         return out
 
     # -- events ---------------------------------------------------------------
     def _event(self, kind: str, **fields: Any) -> None:
-        record = {"event": kind, "time": time.time(), "step": self.swarm.trainer.step,
-                  "window": self.swarm.batcher.window, **fields}
+        record = {"event": kind, "time": time.time(), "step": self.trainer.step,
+                  "window": self.batcher.window, **fields}
         if kind.startswith("config_"):
             self._unreported.append(record)
         log.info("%s: %s", kind, json.dumps(fields, default=str)[:500])

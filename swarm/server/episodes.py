@@ -1,14 +1,15 @@
-"""The episode registry: claims, signed episode keys, recorded calls, finish and abort.
+"""The episode registry: open and recently closed episodes, and their signed keys.
 
 Pure bookkeeping (no I/O, no engine): the routes call it from the event loop, so
 it needs no locks. An episode key is `rk.<episode id>.<epoch>.<hmac>`; the HMAC
 of id and epoch under the server secret makes a forged key fail before any
 lookup, and the epoch fences leases (leases.py): when a lease expires the epoch
 moves on and the episode is handed to the next claim of its task; the old
-holder's key gets 409.
+holder's key raises `StaleLease`.
 
-Finishing is idempotent by key: a retried finish with the same
-`idempotency_key` returns the stored answer and is never counted twice.
+A closed episode stays findable (the newest `closed_kept` in memory, older ones
+through `fallback`, the durable buffer) so that a retried finish gets the answer
+stored with it (`Swarm.finish`) instead of an error.
 """
 
 from __future__ import annotations
@@ -21,20 +22,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from swarm.server.errors import ApiError
+from swarm.samples import Call
+from swarm.server.exceptions import EpisodeClosed, EpisodeNotFound, InvalidKey, StaleLease, WrongEpisode
 
 State = Literal["open", "finished", "aborted", "expired"]  # expired: lease lapsed (leases.py)
-
-
-@dataclass
-class RecordedCall:
-    """One LLM call of an episode, as the engine saw it."""
-
-    agent: str
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    policy_version: int
 
 
 @dataclass
@@ -49,7 +40,7 @@ class Episode:
     lease_expires_at: float
     epoch: int = 1
     state: State = "open"
-    calls: list[RecordedCall] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)  # its LLM calls so far, recorded by the OpenAI routes
     claim_key: str | None = None
     finish_key: str | None = None
     finish_response: dict | None = None
@@ -80,20 +71,21 @@ class KeySigner:
         return f"{self.PREFIX}.{episode_id}.{epoch}.{self._sig(episode_id, epoch)}"
 
     def verify(self, key: str) -> tuple[str, int]:
-        """(episode id, epoch) of a genuine key; 401 for anything else."""
+        """(episode id, epoch) of a genuine key; `InvalidKey` for anything else."""
         parts = key.split(".")
         if len(parts) != 4 or parts[0] != self.PREFIX or not (parts[2].isascii() and parts[2].isdigit()):
-            raise ApiError(401, "invalid episode key", "invalid_api_key")
+            raise InvalidKey()
         episode_id, epoch = parts[1], int(parts[2])
         if not same_secret(parts[3], self._sig(episode_id, epoch)):
-            raise ApiError(401, "invalid episode key", "invalid_api_key")
+            raise InvalidKey()
         return episode_id, epoch
 
 
 class EpisodeRegistry:
     """Open episodes by id, plus recently closed ones (for idempotent retries)."""
 
-    def __init__(self, signer: KeySigner, lease_seconds: float, closed_kept: int = 100_000) -> None:
+    def __init__(self, signer: KeySigner, lease_seconds: float, closed_kept: int = 100_000,
+                 fallback: Callable[[str], Episode | None] | None = None) -> None:
         self.signer = signer
         self.lease_seconds = lease_seconds
         self.closed_kept = closed_kept
@@ -101,7 +93,7 @@ class EpisodeRegistry:
         self.closed: OrderedDict[str, Episode] = OrderedDict()
         self._by_claim_key: dict[str, str] = {}
         # episodes closed before a restart, looked up in the durable buffer (recovery.py)
-        self.fallback: Callable[[str], Episode | None] | None = None
+        self.fallback = fallback
 
     @staticmethod
     def new_id() -> str:
@@ -139,23 +131,23 @@ class EpisodeRegistry:
             if ep is not None:
                 self.closed[ep.id] = ep
         if ep is None:
-            raise ApiError(404, f"unknown episode {episode_id}", "episode_not_found")
+            raise EpisodeNotFound(episode_id)
         return ep
 
     def authorize(self, key: str, episode_id: str | None = None) -> Episode:
         """The episode a key names; checks signature, path id, existence and epoch."""
         key_id, epoch = self.signer.verify(key)
         if episode_id is not None and key_id != episode_id:
-            raise ApiError(403, "this key belongs to another episode", "wrong_episode")
+            raise WrongEpisode()
         ep = self.get(key_id)
         if epoch != ep.epoch:
-            raise ApiError(409, "stale episode key: the lease moved on", "stale_epoch")
+            raise StaleLease()
         return ep
 
     @staticmethod
     def require_open(ep: Episode) -> None:
         if ep.state != "open":
-            raise ApiError(409, f"episode {ep.id} is {ep.state}", f"episode_{ep.state}")
+            raise EpisodeClosed(ep.id, ep.state)
 
     def heartbeat(self, ep: Episode) -> float:
         self.require_open(ep)

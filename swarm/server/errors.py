@@ -1,7 +1,9 @@
-"""Errors on the wire: one JSON shape for every failure, and the body-size guard.
+"""Errors on the wire: the one place where failures become status codes and JSON bodies.
 
-Every 4xx/5xx is `{"error": {"message", "type", "code"}}` (OpenAI's shape, so the
-`openai` package surfaces the message). Validation failures, including malformed
+Domain errors (`exceptions.py`) get their status here (`status_of`); validation
+errors, unknown routes and bugs get the same shape. Every 4xx/5xx is
+`{"error": {"message", "type", "code"}}` (OpenAI's shape, so the `openai` package
+surfaces the message). Validation failures, including malformed
 JSON, are 400 (never 422): one status for "your request is wrong". Nothing a
 client sends may produce a 500; a 500 always means a server bug.
 """
@@ -17,32 +19,47 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from swarm.server.exceptions import (
+    Conflict, EpisodeNotFound, Forbidden, GenerateTimeout, InvalidRequest, Refused, SwarmError, Unauthorized,
+    Unavailable,
+)
+
 log = logging.getLogger("swarm.server")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
           413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error"}
 
-
-class ApiError(Exception):
-    """Raised anywhere in a request; rendered as the JSON error shape."""
-
-    def __init__(self, status: int, message: str, code: str | None = None,
-                 headers: dict[str, str] | None = None, type: str | None = None,
-                 details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.headers = headers or {}
-        self.details = details  # extra machine-readable fields of the error (e.g. quota numbers)
-        self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+_STATUS: tuple[tuple[type[SwarmError], int], ...] = (
+    (InvalidRequest, 400), (Unauthorized, 401), (Forbidden, 403), (EpisodeNotFound, 404), (Conflict, 409),
+    (Refused, 429), (Unavailable, 503), (GenerateTimeout, 504))
 
 
-def error_body(status: int, message: str, code: str | None = None, type: str | None = None,
+def status_of(exc: SwarmError) -> int:
+    """The HTTP status of a domain error (500 for one this table does not know: a bug)."""
+    for kind, status in _STATUS:
+        if isinstance(exc, kind):
+            return status
+    return 500
+
+
+def _domain_headers(exc: SwarmError) -> dict[str, str]:
+    retry_after = getattr(exc, "retry_after", None)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+    if isinstance(exc, GenerateTimeout):  # retrying a hung generation would hang again
+        headers["x-should-retry"] = "false"
+    return headers
+
+
+def error_body(status: int, message: str, code: str | None = None,
                details: dict[str, Any] | None = None) -> dict:
-    kind = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {**(details or {}), "message": message, "type": kind, "code": code}}
+
+
+def domain_error_body(exc: SwarmError) -> dict:
+    """The JSON body of a domain error (also sent in-band when a stream fails after its headers)."""
+    return error_body(status_of(exc), exc.message, exc.code, exc.details)
 
 
 def _headers(status: int, headers: dict[str, str] | None) -> dict[str, str]:
@@ -68,10 +85,11 @@ def _describe(errors: list[dict[str, Any]]) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.status, exc.message, exc.code, exc.type, exc.details),
-                            status_code=exc.status, headers=_headers(exc.status, exc.headers))
+    @app.exception_handler(SwarmError)
+    async def _domain(request: Request, exc: SwarmError) -> JSONResponse:
+        status = status_of(exc)
+        return JSONResponse(domain_error_body(exc), status_code=status,
+                            headers=_headers(status, _domain_headers(exc)))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

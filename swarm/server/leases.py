@@ -7,11 +7,13 @@
     next claim of the same task -> the expired episode is handed over: same id, epoch e+1
 
 The old holder's key still names epoch e, so its late calls, heartbeats and
-finish get 409 `stale_epoch` (a zombie never writes into anyone's data), and a
-call it had in flight lands on the old `Episode` object, already closed, and is
-dropped. The sweeper is one asyncio task; it also unsticks a window whose group
-waits for copies of a task nobody claims any more (`group_stall_s`): those free
-slots are dropped and the group completes smaller.
+finish raise `StaleLease` (409 `stale_epoch`: a zombie never writes into anyone's
+data), and a call it had in flight lands on the old `Episode` object, already
+closed, and is dropped. The sweeper is one asyncio task; it also unsticks a
+window whose group waits for copies of a task nobody claims any more
+(`group_stall_s`): those free slots are dropped and the group completes smaller.
+A sweep that freed anything publishes `slots_freed` (claims waiting for room
+retry, a group that just completed may train).
 """
 
 from __future__ import annotations
@@ -19,22 +21,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections import Counter
 
-from swarm.server.episodes import Episode
-
-if TYPE_CHECKING:
-    from swarm.server.state import Swarm
+from swarm.server.batcher import Batcher
+from swarm.server.config import ServerConfig
+from swarm.server.episodes import Episode, EpisodeRegistry
+from swarm.server.events import Topic
 
 log = logging.getLogger("swarm.server")
 
 
 class LeaseKeeper:
-    def __init__(self, swarm: Swarm) -> None:
-        self.swarm = swarm
-        self.lease_seconds = swarm.config.lease_seconds
+    """Renews, expires and hands over episodes; reads `lease_seconds` and `group_stall_s` of `config`."""
+
+    def __init__(self, registry: EpisodeRegistry, batcher: Batcher, config: ServerConfig,
+                 counters: Counter[str]) -> None:
+        self.registry = registry
+        self.batcher = batcher
+        self.counters = counters
+        self.lease_seconds = config.lease_seconds
         self.sweep_s = max(0.05, min(1.0, self.lease_seconds / 4))
-        self.stall_s = swarm.config.group_stall_s
+        self.stall_s = config.group_stall_s
+        self.slots_freed: Topic[[]] = Topic("slots freed")
         self.reclaimable: dict[str, list[str]] = {}  # task_id -> expired episode ids, oldest first
         self._groups: dict[str, tuple[tuple, float]] = {}  # group_id -> (last seen shape, since)
         self._task: asyncio.Task | None = None
@@ -50,7 +58,7 @@ class LeaseKeeper:
         """An expired episode of `task_id` to hand to a new claim (its epoch already moved on)."""
         ids = self.reclaimable.get(task_id)
         while ids:
-            ep = self.swarm.registry.closed.get(ids.pop(0))
+            ep = self.registry.closed.get(ids.pop(0))
             if ep is not None and ep.state == "expired":
                 if not ids:
                     self.reclaimable.pop(task_id, None)
@@ -65,44 +73,41 @@ class LeaseKeeper:
 
     # -- expiry -------------------------------------------------------------------------------
     def expire(self, ep: Episode) -> None:
-        s = self.swarm
         ep.epoch += 1  # from now on the holder's key is stale: 409 on everything it sends
-        s.registry.close(ep, "expired")
-        s.batcher.release(ep.group_id, ep.id)  # the slot reopens for another claim of this task
+        self.registry.close(ep, "expired")
+        self.batcher.release(ep.group_id, ep.id)  # the slot reopens for another claim of this task
         ids = self.reclaimable.setdefault(ep.task_id, [])
         ids.append(ep.id)
-        del ids[:-max(1, s.config.group_size * s.config.batch_groups)]  # bounded
-        s.counters["expired"] += 1
+        del ids[:-max(1, self.batcher.group_size * self.batcher.batch_groups)]  # bounded
+        self.counters["expired"] += 1
         log.info("episode %s (task %s) expired: lease not renewed; slot reopened", ep.id, ep.task_id)
 
     def sweep(self, now: float | None = None) -> int:
         """Expire every open episode whose lease has passed; unstick stalled groups. Returns expiries."""
-        s = self.swarm
         now = time.time() if now is None else now
-        expired = [ep for ep in s.registry.open.values() if ep.lease_expires_at < now]
+        expired = [ep for ep in self.registry.open.values() if ep.lease_expires_at < now]
         for ep in expired:
             self.expire(ep)
         stalled = self._stalls(time.monotonic())
         if expired or stalled:
-            s.wake_claims()
-            s.trainer.kick()
+            self.slots_freed.publish()
         return len(expired)
 
     def _stalls(self, mono: float) -> int:
         """Drop the free slots of groups unchanged for `group_stall_s` with nobody playing them."""
-        s = self.swarm
+        b = self.batcher
         seen: dict[str, tuple[tuple, float]] = {}
         dropped = 0
-        for g in list(s.batcher.groups.values()):
-            shape = (s.batcher.window, len(g.claimed), len(g.finished), g.dropped)
+        for g in list(b.groups.values()):
+            shape = (b.window, len(g.claimed), len(g.finished), g.dropped)
             old = self._groups.get(g.group_id)
             since = old[1] if old is not None and old[0] == shape else mono
             seen[g.group_id] = (shape, since)
-            if (self.stall_s is not None and not s.batcher.training and not g.claimed and g.free > 0
+            if (self.stall_s is not None and not b.training and not g.claimed and g.free > 0
                     and (g.finished or g.dropped) and mono - since >= self.stall_s):
                 log.warning("group %s waited %.0fs for %d more episode(s) of %s; completing it smaller",
                             g.group_id, mono - since, g.free, g.task_id)
-                s.counters["slots_abandoned"] += g.free
+                self.counters["slots_abandoned"] += g.free
                 g.dropped += g.free
                 dropped += 1
         self._groups = seen

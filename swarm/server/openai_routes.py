@@ -24,8 +24,11 @@ from fastapi.responses import StreamingResponse
 
 from swarm.engine.base import GenerateRequest, SamplingParams
 from swarm.protocol import AGENT_HEADER
-from swarm.server.episodes import Episode, RecordedCall
-from swarm.server.errors import ApiError, error_body
+from swarm.samples import Call
+from swarm.server.auth import any_caller, current_swarm, open_episode
+from swarm.server.episodes import Episode
+from swarm.server.errors import domain_error_body, error_body
+from swarm.server.exceptions import GenerateTimeout, InvalidRequest, SwarmError
 from swarm.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
 from swarm.server.render import OutputText
 from swarm.server.state import Swarm
@@ -35,40 +38,23 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 T = TypeVar("T")
 
 
-def bearer(authorization: str | None) -> str:
-    if not authorization or not authorization.startswith("Bearer ") or not authorization[7:].strip():
-        raise ApiError(401, "missing Bearer token (the episode's api_key)", "missing_api_key")
-    return authorization[7:].strip()
-
-
 def _agent(value: str | None) -> str:
     agent = (value or "main").strip() or "main"
     if len(agent) > 64 or not agent.isprintable():
-        raise ApiError(400, f"{AGENT_HEADER} must be printable and at most 64 characters", "invalid_agent")
+        raise InvalidRequest("invalid_agent", f"{AGENT_HEADER} must be printable and at most 64 characters")
     return agent
-
-
-def open_episode(request: Request, authorization: str | None = Header(None)) -> Episode:
-    """Dependency: the open episode named by the Bearer key (auth runs before body validation)."""
-    swarm: Swarm = request.app.state.swarm
-    ep = swarm.episode_for(bearer(authorization))
-    swarm.registry.require_open(ep)
-    if swarm.stopping:
-        raise ApiError(503, "the server is stopping", "stopping")
-    swarm.leases.touch(ep)  # an episode's own call renews its lease
-    return ep
 
 
 def _params(swarm: Swarm, body: _Sampling, prompt_len: int, wanted: int | None) -> SamplingParams:
     if prompt_len == 0:
-        raise ApiError(400, "prompt must not be empty", "invalid_prompt")
+        raise InvalidRequest("invalid_prompt", "prompt must not be empty")
     cfg = swarm.config
     max_new = min(wanted or cfg.default_max_tokens, cfg.max_tokens_limit)
     if swarm.context_length is not None:
         room = swarm.context_length - prompt_len
         if room < 1:
-            raise ApiError(400, f"prompt of {prompt_len} tokens leaves no room in the model's "
-                                f"{swarm.context_length}-token context", "context_length_exceeded")
+            raise InvalidRequest("context_length_exceeded", f"prompt of {prompt_len} tokens leaves no room in "
+                                                            f"the model's {swarm.context_length}-token context")
         max_new = min(max_new, room)
     temperature = cfg.default_temperature if body.temperature is None else body.temperature
     return SamplingParams(
@@ -82,7 +68,7 @@ def _params(swarm: Swarm, body: _Sampling, prompt_len: int, wanted: int | None) 
 
 
 @dataclass
-class Call:
+class Generation:
     """One request in flight: what to generate and how to record it."""
 
     swarm: Swarm
@@ -95,8 +81,8 @@ class Call:
     want_ids: bool = False
 
     def record(self, out: OutputText, version: int) -> None:
-        self.swarm.record(self.episode, RecordedCall(self.agent, self.prompt_ids, list(out.ids),
-                                                     list(out.logprobs), version))
+        self.swarm.record(self.episode, Call(self.agent, self.prompt_ids, list(out.ids),
+                                             list(out.logprobs), version))
 
     def usage(self, out: OutputText) -> dict[str, int]:
         n, m = len(self.prompt_ids), len(out.ids)
@@ -109,8 +95,8 @@ def _deadline(swarm: Swarm) -> float | None:
 
 
 async def _timed(swarm: Swarm, aw: Awaitable[T], deadline: float | None) -> T:
-    """`aw`, or a 504 JSON error once `generate_timeout_s` has passed: a hung engine call is
-    cancelled and answered, never left holding the request (or the gate) forever."""
+    """`aw`, or `GenerateTimeout` (504) once `generate_timeout_s` has passed: a hung engine call
+    is cancelled and answered, never left holding the request (or the gate) forever."""
     if deadline is None:
         return await aw
     try:
@@ -118,11 +104,10 @@ async def _timed(swarm: Swarm, aw: Awaitable[T], deadline: float | None) -> T:
     except TimeoutError:
         swarm.counters["generate_timeouts"] += 1
         log.warning("generation exceeded generate_timeout_s=%s; cancelled", swarm.config.generate_timeout_s)
-        raise ApiError(504, f"generation took longer than {swarm.config.generate_timeout_s}s and was cancelled",
-                       "generate_timeout", headers={"x-should-retry": "false"}) from None
+        raise GenerateTimeout(swarm.config.generate_timeout_s) from None
 
 
-async def _generate(call: Call) -> tuple[OutputText, str, int]:
+async def _generate(call: Generation) -> tuple[OutputText, str, int]:
     out = OutputText(call.swarm.renderer, call.params.stop)
     async with call.swarm.gate.generating():
         completion = await _timed(call.swarm, call.swarm.engine.generate(
@@ -138,7 +123,7 @@ def _sse(payload: Any) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-async def _stream(call: Call, chunk: Callable[[str, list[int], list[float], str | None], dict],
+async def _stream(call: Generation, chunk: Callable[[str, list[int], list[float], str | None], dict],
                   first: dict | None, include_usage: bool, obj: str) -> AsyncIterator[str]:
     """SSE events for one streamed call; the call is recorded once generation completed."""
     out = OutputText(call.swarm.renderer, call.params.stop)
@@ -166,8 +151,8 @@ async def _stream(call: Call, chunk: Callable[[str, list[int], list[float], str 
                 aclose = getattr(agen, "aclose", None)
                 if aclose is not None:
                     await aclose()
-    except ApiError as exc:  # a generation timeout after the headers went out: in-band too
-        yield _sse(error_body(exc.status, exc.message, exc.code))
+    except SwarmError as exc:  # a generation timeout after the headers went out: in-band too
+        yield _sse(domain_error_body(exc))
         yield _sse("[DONE]")
         return
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
@@ -205,7 +190,7 @@ def _fingerprint(version: int) -> str:
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            ep: Episode = Depends(open_episode),
                            x_roost_agent: str | None = Header(None)) -> Any:
-    swarm: Swarm = request.app.state.swarm
+    swarm = current_swarm(request)
     agent = _agent(x_roost_agent)
     body.check_n()
     text = swarm.renderer.render(body.message_dicts(), body.tools)
@@ -213,7 +198,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     swarm.counters["prompt_continued"] += prompt.continued
     swarm.counters["prompt_drift"] += prompt.drift
     ep.drift += int(prompt.drift)
-    call = Call(swarm, ep, agent, prompt.ids, _params(swarm, body, len(prompt.ids), body.wants_max_tokens()),
+    call = Generation(swarm, ep, agent, prompt.ids, _params(swarm, body, len(prompt.ids), body.wants_max_tokens()),
                 "chatcmpl-" + uuid.uuid4().hex, int(time.time()))
     want = call.want_ids = bool(body.return_token_ids or body.logprobs)
     head = {"id": call.rid, "object": "chat.completion.chunk", "created": call.created,
@@ -262,12 +247,12 @@ def _completion_logprobs(swarm: Swarm, ids: list[int], lps: list[float], offset:
 async def completions(body: CompletionRequest, request: Request,
                       ep: Episode = Depends(open_episode),
                       x_roost_agent: str | None = Header(None)) -> Any:
-    swarm: Swarm = request.app.state.swarm
+    swarm = current_swarm(request)
     agent = _agent(x_roost_agent)
     body.check_unsupported()
     prompt = body.prompt_one()
     ids = swarm.renderer.encode(prompt) if isinstance(prompt, str) else swarm.renderer.check_ids(prompt)
-    call = Call(swarm, ep, agent, ids, _params(swarm, body, len(ids), body.max_tokens),
+    call = Generation(swarm, ep, agent, ids, _params(swarm, body, len(ids), body.max_tokens),
                 "cmpl-" + uuid.uuid4().hex, int(time.time()))
     want_lp = body.logprobs is not None and body.logprobs is not False
     want_ids = call.want_ids = bool(body.return_token_ids or want_lp)
@@ -307,8 +292,6 @@ async def completions(body: CompletionRequest, request: Request,
 
 
 @router.get("/models")
-async def models(request: Request, authorization: str | None = Header(None)) -> Any:
-    swarm: Swarm = request.app.state.swarm
-    swarm.check_any(bearer(authorization))
+async def models(swarm: Swarm = Depends(any_caller)) -> Any:
     return {"object": "list", "data": [{"id": swarm.model_name, "object": "model", "created": 0,
                                         "owned_by": "roost", "policy_version": swarm.engine.policy_version}]}

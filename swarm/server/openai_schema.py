@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm.server.errors import ApiError
+from swarm.server.exceptions import InvalidRequest
 
 MAX_STOP = 16
 SEED_MOD = 1 << 63
@@ -43,12 +43,12 @@ class _Sampling(_Body):
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stops) > MAX_STOP:
-            raise ApiError(400, f"at most {MAX_STOP} stop strings", "invalid_stop")
+            raise InvalidRequest("invalid_stop", f"at most {MAX_STOP} stop strings")
         return tuple(s for s in stops if s)
 
     def check_n(self) -> None:
         if self.n not in (None, 1):
-            raise ApiError(400, "n > 1 is not supported: claim one episode per sample", "unsupported_n")
+            raise InvalidRequest("unsupported_n", "n > 1 is not supported: claim one episode per sample")
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -77,7 +77,7 @@ class ChatCompletionRequest(_Sampling):
                 texts = []
                 for part in content:
                     if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        raise ApiError(400, "only text content parts are supported", "unsupported_content")
+                        raise InvalidRequest("unsupported_content", "only text content parts are supported")
                     texts.append(part["text"])
                 content = "".join(texts)
             d["content"] = content or ""
@@ -97,17 +97,17 @@ class CompletionRequest(_Sampling):
         if isinstance(p, str):
             return p
         if not p:
-            raise ApiError(400, "prompt must not be empty", "invalid_prompt")
+            raise InvalidRequest("invalid_prompt", "prompt must not be empty")
         if all(isinstance(x, int) for x in p):
             return list(p)  # type: ignore[arg-type]
         if len(p) != 1:
-            raise ApiError(400, "batched prompts are not supported: send one prompt per request",
-                           "unsupported_batch")
+            raise InvalidRequest("unsupported_batch",
+                                 "batched prompts are not supported: send one prompt per request")
         return p[0]  # type: ignore[return-value]
 
     def check_unsupported(self) -> None:
         self.check_n()
         if self.echo:
-            raise ApiError(400, "echo is not supported", "unsupported_echo")
+            raise InvalidRequest("unsupported_echo", "echo is not supported")
         if self.suffix:
-            raise ApiError(400, "suffix is not supported", "unsupported_suffix")
+            raise InvalidRequest("unsupported_suffix", "suffix is not supported")

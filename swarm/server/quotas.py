@@ -39,6 +39,8 @@ from typing import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from swarm.server.exceptions import Refused
+
 OTHER = "other"
 _EPS = 1e-6
 
@@ -122,15 +124,12 @@ def bucket_of(family: str, quotas: dict[str, float]) -> str:
     return family if family in quotas else OTHER
 
 
-class QuotaRejected(Exception):
-    """A claim over its family's quota; `details` go into the 429 body."""
-
-    code = "quota_exceeded"
+class QuotaRejected(Refused):
+    """A claim over its family's quota; `details` (family, bucket, slots, used) go into the error body."""
 
     def __init__(self, message: str, details: dict) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details = details
+        super().__init__("quota_exceeded", message, details=details)
+        self.details: dict = details
 
 
 class QuotaBook:
@@ -159,6 +158,11 @@ class QuotaBook:
         self._dealt: dict[str, int] = {}  # slots per bucket over the windows under the current quotas
         self._dealt_key: tuple | None = None
         self.families: dict[str, str | None] = {}  # group id -> family (None: unknown)
+
+    @property
+    def slots(self) -> dict[str, int]:
+        """Group slots per bucket of the window last allocated."""
+        return self._slots
 
     @property
     def enabled(self) -> bool:

@@ -11,35 +11,38 @@
 A restored partial group keeps its id and its free slots; the clients' re-played
 jobs for that task fill it. Staleness is the distance |restored version - the
 episode's policy version|: an episode from a step the restart rolled back is as
-off-policy as one from the step before.
+off-policy as one from the step before. When replayed groups complete a window,
+`groups_ready` is published (the trainer may start a step).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from swarm.protocol import FinishRequest, FinishResponse
-from swarm.server.batcher import Batch, FinishedEpisode, Group
+from swarm.server.batcher import Batch, Batcher, FinishedEpisode, Group
 from swarm.server.buffer import BufferedRow, BufferError, DurableBuffer, encode_samples
+from swarm.server.config import ServerConfig
 from swarm.server.episodes import Episode
-from swarm.server.errors import ApiError
-
-if TYPE_CHECKING:
-    from swarm.server.state import Swarm
+from swarm.server.events import Topic
+from swarm.server.exceptions import Unavailable
 
 log = logging.getLogger("swarm.server")
 BUFFER_FILE = "buffer.sqlite"
 
 
 class Durability:
-    def __init__(self, swarm: Swarm) -> None:
-        self.swarm = swarm
-        cfg = swarm.config
-        self.buffer = DurableBuffer(Path(cfg.out_dir) / BUFFER_FILE) if cfg.durable_buffer else None
+    """The durable buffer and what to do with its rows; reads the settings of `config` it names
+    (`durable_buffer`, `out_dir`, `failed_group_policy`, `compact_buffer`, `group_size`, `max_staleness`)."""
+
+    def __init__(self, config: ServerConfig, batcher: Batcher, counters: Counter[str]) -> None:
+        self.config = config
+        self.batcher = batcher
+        self.counters = counters
+        self.buffer = DurableBuffer(Path(config.out_dir) / BUFFER_FILE) if config.durable_buffer else None
+        self.groups_ready: Topic[[]] = Topic("replayed groups ready")
         self.failed: Counter[str] = Counter()  # failed finishes per group id still in the batcher
         self.backlog: list[Group] = []  # restored groups waiting for room in a window
         self._versions: dict[str, int] = {}  # restored episode id -> its policy version
@@ -48,7 +51,7 @@ class Durability:
     # -- finish ---------------------------------------------------------------------------------
     def persist(self, ep: Episode, req: FinishRequest, finished: FinishedEpisode,
                 response: FinishResponse) -> None:
-        """Write the finished episode durably; 503 (retryable, not acknowledged) if that fails."""
+        """Write the finished episode durably; `Unavailable` (retryable, not acknowledged) if that fails."""
         if self.buffer is None:
             return
         payload = {"samples": encode_samples(finished.samples), "metrics": finished.metrics,
@@ -63,9 +66,13 @@ class Durability:
                             payload=payload)
         except BufferError as exc:
             log.error("could not persist episode %s: %s", ep.id, exc)
-            self.swarm.counters["buffer_errors"] += 1
-            raise ApiError(503, "the episode buffer could not persist this finish; retry",
-                           "buffer_unavailable", headers={"Retry-After": "1"}) from None
+            self.counters["buffer_errors"] += 1
+            raise Unavailable("buffer_unavailable", "the episode buffer could not persist this finish; retry",
+                              retry_after=1) from None
+
+    def failed_finish(self, group_id: str) -> None:
+        """An episode of `group_id` finished "failed": `failed_group_policy` judges its group when taken."""
+        self.failed[group_id] += 1
 
     def closed_episode(self, episode_id: str) -> Episode | None:
         """A finished episode known only to the buffer (finished before a restart): for idempotent retries."""
@@ -78,28 +85,27 @@ class Durability:
                        finish_response=row.response, reward=row.reward)
 
     # -- batches ----------------------------------------------------------------------------------
-    def on_batch(self, batch: Batch) -> Batch:
-        """The failed-group policy, applied to a batch the trainer just took."""
-        keep = self.swarm.config.failed_group_policy == "keep"
+    def apply_failed_policy(self, batch: Batch) -> None:
+        """The failed-group policy, applied to a batch the trainer just took (before it trains)."""
+        keep = self.config.failed_group_policy == "keep"
         for g in batch.groups:
             failed = self.failed.pop(g.group_id, 0)
             if failed and g.finished and not (keep and len(g.finished) >= 2):
                 self._mark([e.episode_id for e in g.finished], "dropped_group")
-                self.swarm.counters["groups_dropped_failed"] += 1
-                self.swarm.counters["episodes_dropped_failed_group"] += len(g.finished)
+                self.counters["groups_dropped_failed"] += 1
+                self.counters["episodes_dropped_failed_group"] += len(g.finished)
                 g.dropped += len(g.finished)
                 g.finished = []
-        return batch
 
-    def on_outcome(self, batch: Batch, step: int | None) -> None:
+    def resolved(self, batch: Batch, step: int | None) -> None:
         """Step `step` trained `batch` (None: it was skipped or the step failed)."""
         ids = [e.episode_id for e in batch.episodes]
         if step is not None:
             self._mark(ids, "trained", step)
-            self.swarm.counters["episodes_trained"] += len(ids)
+            self.counters["episodes_trained"] += len(ids)
         else:
             self._mark(ids, "skipped")
-            self.swarm.counters["episodes_skipped"] += len(ids)
+            self.counters["episodes_skipped"] += len(ids)
 
     def _mark(self, ids: list[str], state: str, step: int | None = None) -> None:
         if self.buffer is None or not ids:
@@ -108,36 +114,36 @@ class Durability:
             self.buffer.mark(ids, state, step)
         except Exception:  # the in-memory truth stands; a restart may replay these rows once more
             log.exception("could not mark %d buffered episode(s) %s", len(ids), state)
-            self.swarm.counters["buffer_errors"] += 1
+            self.counters["buffer_errors"] += 1
 
     def compact(self, checkpointed_step: int) -> None:
         """After a checkpoint: drop the samples of rows no restart can replay (blocking: run in a thread)."""
-        if self.buffer is None or not self.swarm.config.compact_buffer:
+        if self.buffer is None or not self.config.compact_buffer:
             return
         try:
             n = self.buffer.compact(checkpointed_step)
         except Exception:  # compaction only saves space: never fail a checkpoint over it
             log.exception("could not compact the episode buffer")
             return
-        self.swarm.counters["buffer_compacted"] += n
+        self.counters["buffer_compacted"] += n
 
     # -- restart ------------------------------------------------------------------------------------
-    def recover(self, resumed: bool) -> None:
-        """After `Swarm.resume`: put acknowledged-but-untrained episodes back into the batcher."""
+    def recover(self, resumed: bool, step: int, policy_version: int) -> None:
+        """After `Swarm.resume` restored `step` and `policy_version` (or started afresh):
+        put acknowledged-but-untrained episodes back into the batcher."""
         if self.buffer is None:
             return
-        s = self.swarm
         if not resumed:
             n = self.buffer.discard_unfinished()
             if n:
                 log.warning("not resuming: %d buffered episode(s) of an earlier run discarded", n)
             return
-        rolled = self.buffer.rollback_to(s.trainer.step)
+        rolled = self.buffer.rollback_to(step)
         rows = self.buffer.buffered()
-        s.counters["episodes_rolled_back"] += rolled
+        self.counters["episodes_rolled_back"] += rolled
         groups: dict[str, Group] = {}
         for r in rows:
-            g = groups.setdefault(r.group_id, Group(r.group_id, r.task_id, s.config.group_size))
+            g = groups.setdefault(r.group_id, Group(r.group_id, r.task_id, self.config.group_size))
             g.finished.append(_finished(r))
             g.size = max(g.size, len(g.finished))
             self._versions[r.id] = r.policy_version
@@ -146,32 +152,30 @@ class Durability:
             g.dropped = min(n, g.size - len(g.finished))
             self.failed[gid] = n
         # complete groups first (training resumes at once), then the nearest to the restored policy
-        version = s.engine.policy_version
         self.backlog = sorted(groups.values(), key=lambda g: (
-            not g.complete, min(abs(version - self._versions[e.episode_id]) for e in g.finished)))
+            not g.complete, min(abs(policy_version - self._versions[e.episode_id]) for e in g.finished)))
         self._future_window = self.buffer.max_window()
-        replayed = self._inject()
+        replayed = self._inject(policy_version)
         log.info("buffer: %d episode(s) replayed, %d rolled back from lost steps, %d waiting, %d stale",
-                 replayed, rolled, sum(len(g.finished) for g in self.backlog), s.counters["dropped_stale"])
+                 replayed, rolled, sum(len(g.finished) for g in self.backlog), self.counters["dropped_stale"])
 
-    def refill(self) -> None:
-        """A new window opened: restored groups that waited for room go in (staleness re-checked)."""
+    def refill(self, policy_version: int) -> None:
+        """A new window (generated by `policy_version`) opened: restored groups that waited for
+        room go in (staleness re-checked)."""
         if self.backlog or self._future_window is not None:
-            self._inject()
-        live = self.swarm.batcher.groups
+            self._inject(policy_version)
+        live = self.batcher.groups
         self.failed = Counter({k: v for k, v in self.failed.items() if k in live})
 
-    def _inject(self) -> int:
-        s = self.swarm
-        b = s.batcher
-        version = s.engine.policy_version
+    def _inject(self, version: int) -> int:
+        b = self.batcher
         waiting: list[Group] = []
         replayed = 0
         for g in self.backlog:
-            stale = [e for e in g.finished if abs(version - self._versions[e.episode_id]) > s.config.max_staleness]
+            stale = [e for e in g.finished if abs(version - self._versions[e.episode_id]) > self.config.max_staleness]
             if stale:
                 self._mark([e.episode_id for e in stale], "dropped_stale")
-                s.counters["dropped_stale"] += len(stale)
+                self.counters["dropped_stale"] += len(stale)
                 g.finished = [e for e in g.finished if e not in stale]
             if not g.finished:
                 self.failed.pop(g.group_id, None)
@@ -182,18 +186,15 @@ class Durability:
             else:
                 waiting.append(g)
         self.backlog = waiting
-        s.counters["episodes_replayed"] += replayed
+        self.counters["episodes_replayed"] += replayed
         if self._future_window is not None:
             if b.window <= self._future_window and self.buffer is not None:
                 # group ids must stay unique: this window may have been played before a rollback
-                b._opened = max(b._opened, self.buffer.next_group_index(b.window))
+                b.number_groups_from(self.buffer.next_group_index(b.window))
             else:
                 self._future_window = None
         if replayed and b.ready():
-            try:
-                asyncio.get_running_loop().call_soon(s.trainer.kick)
-            except RuntimeError:
-                pass  # at boot: the app's startup kicks the trainer
+            self.groups_ready.publish()
         return replayed
 
     def counts(self) -> dict[str, int]:

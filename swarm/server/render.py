@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from swarm.server.episodes import RecordedCall
-from swarm.server.errors import ApiError
+from swarm.samples import Call
+from swarm.server.exceptions import InvalidRequest
+from swarm.timeline import continue_prompt
 
 REPLACEMENT = "\ufffd"  # an incomplete UTF-8 sequence decodes to this; wait for more bytes
 
@@ -51,27 +52,25 @@ class ChatRenderer:
         try:
             text = self.tok.apply_chat_template(messages, **kwargs)
         except Exception as exc:  # template errors (bad roles, raise_exception) are the client's
-            raise ApiError(400, f"cannot render messages with the chat template: {exc}",
-                           "invalid_messages") from exc
+            raise InvalidRequest("invalid_messages",
+                                 f"cannot render messages with the chat template: {exc}") from exc
         if not isinstance(text, str):
-            raise ApiError(400, "chat template did not render to text", "invalid_messages")
+            raise InvalidRequest("invalid_messages", "chat template did not render to text")
         return text
 
     def encode(self, text: str) -> list[int]:
         try:
             return list(self.tok.encode(text, add_special_tokens=False))
         except Exception as exc:  # e.g. lone surrogates that are not valid UTF-8
-            raise ApiError(400, f"cannot tokenize the prompt: {exc}", "invalid_prompt") from exc
+            raise InvalidRequest("invalid_prompt", f"cannot tokenize the prompt: {exc}") from exc
 
-    def chat_prompt(self, text: str, history: Sequence[RecordedCall], agent: str,
+    def chat_prompt(self, text: str, history: Sequence[Call], agent: str,
                     mode: str = "exact") -> Prompt:
         """Prompt ids for rendered `text`, continuing the longest matching earlier call of `agent`.
 
         The rule itself lives in `swarm.timeline.continuity` (pure, shared with the benchmarks).
         """
-        from swarm.timeline import PriorCall, continue_prompt
-
-        priors = [PriorCall(c.prompt_ids, c.completion_ids) for c in history if c.agent == agent]
+        priors = [c for c in history if c.agent == agent]
         got = continue_prompt(text, priors, self.encode,
                               lambda ids: self.tok.decode(ids, skip_special_tokens=False), mode=mode)
         return Prompt(list(got.prompt_ids), continued=got.extended is not None, drift=got.drift)
@@ -79,7 +78,7 @@ class ChatRenderer:
     def check_ids(self, ids: Sequence[int]) -> list[int]:
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise ApiError(400, f"token ids out of range [0, {self.vocab_size}): {bad[:5]}", "invalid_prompt")
+            raise InvalidRequest("invalid_prompt", f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
         return list(ids)
 
     # -- outputs --------------------------------------------------------------

@@ -1,13 +1,16 @@
 """`Swarm`: the server's components wired together, and the operations routes call.
 
-    claim  -> batcher.admit (on-policy window) -> registry.create -> signed key (lease epoch)
+    claim  -> control.before_admit (paused, quotas) -> batcher.admit (on-policy window)
+           -> registry.create -> signed key (lease epoch)
     call   -> (recorded by the OpenAI routes) -> episode.calls; lease renewed
     finish -> timeline.episode_samples -> durable buffer (fsync'd) -> batcher.finish -> trainer.kick
     abort  -> batcher.release
     expiry -> (leases.py sweeper) epoch+1, slot reopened, handed to the next claim of the task
     step   -> buffer rows marked trained -> checkpoint every k -> stop after max_steps
-    start  -> resume checkpoint -> replay untrained buffered episodes (recovery.py)
+    start  -> resume checkpoint -> re-apply live settings -> replay untrained buffered episodes
 
+Each component gets only what it uses and reports through events (`events.py`);
+`_wire` below is the one place that says who hears what, in which order.
 Everything here runs on the event loop; only `train_step` and checkpoint writes
 go to worker threads. The Swarm holds no math: samples come from
 `swarm.timeline`, advantages and losses live in the engine's algorithms.
@@ -16,6 +19,7 @@ go to worker threads. The Swarm holds no math: samples come from
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -28,17 +32,19 @@ from swarm.protocol import (
     AbortRequest, AbortResponse, ClaimRequest, ClaimResponse, FinishRequest, FinishResponse,
     GroupStatus, StatusResponse,
 )
-from swarm.server.batcher import Batcher, FinishedEpisode, Rejected
+from swarm.samples import Call
+from swarm.server.batcher import Batcher, FinishedEpisode
 from swarm.server.checkpoint import Checkpointer
 from swarm.server.config import ServerConfig
 from swarm.server.control import LiveControl
-from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner, RecordedCall, same_secret
-from swarm.server.errors import ApiError
+from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner
+from swarm.server.exceptions import Refused, Unavailable
 from swarm.server.leases import LeaseKeeper
 from swarm.server.recovery import Durability
 from swarm.server.render import ChatRenderer
 from swarm.server.tracking import MlflowSink, TeeLog
-from swarm.server.trainer import GenerationGate, MetricsLog, Trainer
+from swarm.server.trainer import GenerationGate, MetricsLog, MetricsSink, Trainer
+from swarm.timeline import episode_samples
 
 log = logging.getLogger("swarm.server")
 
@@ -47,7 +53,7 @@ def load_tokenizer(engine: Engine, model_dir: Path) -> Any:
     tok = getattr(engine, "tokenizer", None)
     if tok is not None:
         return tok
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers takes seconds; engines usually bring one
 
     return AutoTokenizer.from_pretrained(model_dir)
 
@@ -63,105 +69,103 @@ def context_length(engine: Engine, model_dir: Path) -> int | None:
 
 
 class Swarm:
+    """One server's components (built here, each given only what it uses) and the operations
+    the routes call: claim, record, finish, abort, status, checkpoint, stop."""
+
     def __init__(self, config: ServerConfig, engine: Engine) -> None:
-        self.config = config if (config.token and config.admin_token and config.secret) \
-            else config.with_secrets()
-        config = self.config
+        if not (config.token and config.admin_token and config.secret):
+            config = config.with_secrets()
         self.engine = engine
         self.model_name = config.served_model_name
         self.renderer = ChatRenderer(load_tokenizer(engine, config.model_dir))
         self.context_length = context_length(engine, config.model_dir)
-        self.registry = EpisodeRegistry(KeySigner(config.secret or ""), config.lease_seconds,
-                                        config.closed_episodes_kept)
-        self.batcher = Batcher(config.group_size, config.batch_groups)
-        self.gate = GenerationGate()
-        self.counters: Counter[str] = Counter()
         self.out_dir = Path(config.out_dir)
+        self.counters: Counter[str] = Counter()
+        self.gate = GenerationGate()
+        self.batcher = Batcher(config.group_size, config.batch_groups)
+        # finished episodes on disk before the ack; replay on restart
+        self.durability = Durability(config, self.batcher, self.counters)
+        self.registry = EpisodeRegistry(KeySigner(config.secret or ""), config.lease_seconds,
+                                        config.closed_episodes_kept, fallback=self.durability.closed_episode)
+        # lease expiry, hand-over, stalled groups (a sweeper task)
+        self.leases = LeaseKeeper(self.registry, self.batcher, config, self.counters)
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", config.keep_checkpoints)
-        metrics: Any = MetricsLog(self.out_dir / "metrics.jsonl")
-        self.tracking: MlflowSink | None = None
-        if config.mlflow:
-            params = {**config.model_dump(mode="json", exclude={"token", "admin_token", "secret", "train"}),
-                      **{f"train.{k}": v for k, v in config.train.__dict__.items()}}
-            self.tracking = MlflowSink(self.out_dir, config.mlflow_experiment,
-                                       config.mlflow_run_name or self.out_dir.name, params,
-                                       parent_run_id=config.mlflow_parent_run_id)
+        self.tracking = _mlflow_sink(config, self.out_dir) if config.mlflow else None
+        metrics: MetricsSink = MetricsLog(self.out_dir / "metrics.jsonl")
+        if self.tracking is not None:
             metrics = TeeLog(metrics, self.tracking)
-        self.leases = LeaseKeeper(self)  # lease expiry, hand-over, stalled groups (a sweeper task)
-        self.durability = Durability(self)  # finished episodes on disk before the ack; replay on restart
-        self.registry.fallback = self.durability.closed_episode
-        self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics, self._after_step,
-                               on_reopen=self._reopened, on_batch=self.durability.on_batch,
-                               on_outcome=self.durability.on_outcome)
-        self.control = LiveControl(self)  # live config, pause/resume, per-family quotas
+        self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics)
+        # the settings in force, live changes, pause/resume, per-family quotas
+        self.control = LiveControl(config, self.trainer, self.batcher, self.registry, self.counters, self.out_dir)
         self._admission = asyncio.Event()
         self.last_checkpoint: str | None = None
         self.checkpointed_step = 0
         self.stopping = False
         self.stop_callback: Callable[[], None] | None = None
         self._stop_task: asyncio.Task | None = None
+        self._wire()
         if config.resume:
             self.resume()
             self.control.restore()  # the operator's live changes outlive a crash
-        self.durability.recover(resumed=config.resume)
+        self.durability.recover(config.resume, self.trainer.step, engine.policy_version)
 
-    # -- auth -----------------------------------------------------------------
-    def check_worker(self, token: str) -> None:
-        if not (same_secret(token, self.config.token) or same_secret(token, self.config.admin_token)):
-            raise ApiError(401, "invalid worker token", "invalid_token")
+    def _wire(self) -> None:
+        """Who hears which event, in the order the listeners must run."""
+        t = self.trainer
+        t.batch_taken.subscribe(self.durability.apply_failed_policy)
+        t.batch_resolved.subscribe(self.durability.resolved)  # buffer rows: trained at step s, or skipped
+        t.step_done.subscribe(self._after_step)  # checkpoint every k, stop after max_steps
+        t.step_done.subscribe(self.control.annotate_row)  # the live values the step ran with
+        t.window_reopened.subscribe(lambda version: self.control.apply_pending())  # first: this window's B
+        t.window_reopened.subscribe(self.durability.refill)  # restored groups that waited for room
+        t.window_reopened.subscribe(lambda version: self.wake_claims())
+        self.leases.slots_freed.subscribe(self.wake_claims)
+        self.leases.slots_freed.subscribe(self.trainer.kick)  # a dropped slot may complete the last group
+        self.control.admission_changed.subscribe(self.wake_claims)
+        self.durability.groups_ready.subscribe(self._kick_soon)
 
-    def check_admin(self, token: str) -> None:
-        if not same_secret(token, self.config.admin_token):
-            code = 403 if same_secret(token, self.config.token) else 401
-            raise ApiError(code, "admin token required", "admin_only")
-
-    def episode_for(self, key: str, episode_id: str | None = None) -> Episode:
-        return self.registry.authorize(key, episode_id)
-
-    def check_any(self, token: str) -> None:
-        """Worker, admin or any genuine episode key (for read-only routes like /v1/models)."""
-        try:
-            self.check_worker(token)
-        except ApiError:
-            self.registry.signer.verify(token)
+    @property
+    def config(self) -> ServerConfig:
+        """The settings in force: as started, with the live changes made so far (`control`)."""
+        return self.control.config
 
     # -- episodes -------------------------------------------------------------
     def _refuse_if_stopping(self) -> None:
         if self.stopping:
-            raise ApiError(503, "the server is stopping", "stopping",
-                           headers={"Retry-After": str(int(self.config.stop_grace_s) + 1)})
+            raise Unavailable("stopping", "the server is stopping", retry_after=int(self.config.stop_grace_s) + 1)
 
     async def claim(self, req: ClaimRequest, base_url: str) -> ClaimResponse:
-        """Admit a claim now, or (long poll, `wait_s`) as soon as the window has room, or 429."""
+        """Admit a claim now, or (long poll, `wait_s`) as soon as the window has room, or `Refused`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + req.wait_s
         while True:
             changed = self._admission
             try:
                 return self._claim_now(req, base_url)
-            except Rejected as r:
-                borrow_in = (getattr(r, "details", None) or {}).get("borrow_in_s")
+            except Refused as r:
+                borrow_in = (r.details or {}).get("borrow_in_s")
                 left = deadline - loop.time()
                 if left <= 0:
                     self.counters["claims_rejected"] += 1
                     # after a long poll, come straight back; otherwise give the window a moment
                     retry = 0 if req.wait_s > 0 else max(1, round(self.config.retry_after_s))
-                    raise ApiError(429, r.message, r.code, headers={"Retry-After": str(retry)},
-                                   details=getattr(r, "details", None)) from None
+                    raise Refused(r.code, r.message, retry_after=retry, details=r.details) from None
             try:  # a quota refusal may turn into a borrowed slot before anything else changes
                 await asyncio.wait_for(changed.wait(), left if borrow_in is None else min(left, borrow_in + 0.01))
             except TimeoutError:
                 pass
 
-    def _reopened(self) -> None:
-        """A new window: restored groups waiting for room go in first, then claims wake."""
-        self.durability.refill()
-        self.wake_claims()
-
     def wake_claims(self) -> None:
         """The window changed (new version, freed slot, stopping): long-polling claims retry."""
         self._admission.set()
         self._admission = asyncio.Event()
+
+    def _kick_soon(self) -> None:
+        """Start a step once the current callback is done (the trainer's own task may be ending)."""
+        try:
+            asyncio.get_running_loop().call_soon(self.trainer.kick)
+        except RuntimeError:
+            pass  # at boot: the app's startup kicks the trainer
 
     def _claim_now(self, req: ClaimRequest, base_url: str) -> ClaimResponse:
         self._refuse_if_stopping()
@@ -170,9 +174,9 @@ class Swarm:
             reuse = self.leases.take(req.task_id)  # an expired episode of this task is handed over
             episode_id = reuse.id if reuse is not None else self.registry.new_id()
             try:
-                self.control.before_admit(req)  # paused, over quota: raises Rejected
-                group = self.batcher.admit(req.task_id, episode_id)  # raises Rejected
-            except Rejected:
+                self.control.before_admit(req)  # paused, over quota: raises Refused
+                group = self.batcher.admit(req.task_id, episode_id)  # raises Refused
+            except Refused:
                 self.leases.put_back(reuse)
                 raise
             self.control.admitted(req, group)
@@ -186,7 +190,14 @@ class Swarm:
             model=self.model_name, group_id=ep.group_id, task_id=ep.task_id,
             lease_seconds=self.config.lease_seconds)
 
-    def record(self, ep: Episode, call: RecordedCall) -> None:
+    def begin_call(self, ep: Episode) -> None:
+        """An LLM call of `ep` starts: only while it is open and the server is not stopping; renews its lease."""
+        self.registry.require_open(ep)
+        if self.stopping:
+            raise Unavailable("stopping", "the server is stopping")
+        self.leases.touch(ep)
+
+    def record(self, ep: Episode, call: Call) -> None:
         """Keep a finished LLM call; a call that ends after its episode closed is dropped."""
         if ep.state != "open":
             self.counters["calls_dropped"] += 1
@@ -202,11 +213,8 @@ class Swarm:
             self.counters["finish_replays"] += 1
             return FinishResponse.model_validate(ep.finish_response)
         self.registry.require_open(ep)
-        from swarm.timeline import Call, episode_samples  # the lead's merge; imported late on purpose
-
         failed = req.status == "failed"  # an environment or tool crash: on record, never trained
-        calls = [Call(c.agent, c.prompt_ids, c.completion_ids, c.logprobs, c.policy_version)
-                 for c in ep.calls]
+        calls = ep.calls
         samples = [] if failed else episode_samples(
             calls, ep.id, ep.group_id, req.reward, agent_rewards=req.agent_rewards,
             merge_enabled=self.config.merge, per_episode_norm=self.config.per_episode_norm)
@@ -218,12 +226,12 @@ class Swarm:
         response = FinishResponse(
             episode_id=ep.id, reward=req.reward, samples=len(samples), calls=len(calls),
             group_id=ep.group_id, policy_version=self.engine.policy_version, step=self.trainer.step)
-        self.durability.persist(ep, req, finished, response)  # on disk before the ack (else 503)
+        self.durability.persist(ep, req, finished, response)  # on disk before the ack (else Unavailable)
         if self.config.log_rollouts:
             self._log_rollout(ep, req)
         if failed:  # the slot is resolved without data; failed_group_policy decides the group at take
             self.batcher.release(ep.group_id, ep.id, drop=True)
-            self.durability.failed[ep.group_id] += 1
+            self.durability.failed_finish(ep.group_id)
             self.counters["finished_failed"] += 1
         else:
             self.batcher.finish(ep.group_id, finished)
@@ -242,8 +250,7 @@ class Swarm:
             "group_id": ep.group_id, "reward": req.reward, "agent_rewards": req.agent_rewards,
             "status": req.status, "metrics": req.metrics, "policy_version": ep.policy_version,
             "model_dir": str(self.config.model_dir), "created_at": ep.created_at, "finished_at": time.time(),
-            "calls": [{"agent": c.agent, "prompt_ids": c.prompt_ids, "completion_ids": c.completion_ids,
-                       "logprobs": c.logprobs, "policy_version": c.policy_version} for c in ep.calls],
+            "calls": [dataclasses.asdict(c) for c in ep.calls],
         }
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -251,7 +258,6 @@ class Swarm:
                 f.write(json.dumps(record) + "\n")
         except OSError:
             log.exception("could not append to rollouts.jsonl")
-
     def abort(self, ep: Episode, req: AbortRequest) -> AbortResponse:
         if ep.state == "aborted":
             return AbortResponse(episode_id=ep.id)
@@ -278,16 +284,14 @@ class Swarm:
             **self.control.status_fields())
 
     # -- steps, checkpoints, stopping -----------------------------------------
-    async def _after_step(self, step: int) -> dict[str, float]:
-        extra: dict[str, float] = {}
+    async def _after_step(self, step: int, row: dict[str, Any]) -> None:
         k = self.config.checkpoint_every
         if k and step % k == 0:
             t0 = time.monotonic()
             await self.checkpoint()
-            extra["wall_checkpoint_s"] = time.monotonic() - t0
+            row["wall_checkpoint_s"] = time.monotonic() - t0
         if self.config.max_steps is not None and step >= self.config.max_steps:
             self.request_stop(f"reached max_steps={self.config.max_steps}")
-        return extra
 
     def _state(self) -> dict[str, Any]:
         return {"step": self.trainer.step, "policy_version": self.engine.policy_version,
@@ -341,3 +345,11 @@ class Swarm:
         finally:
             if self.stop_callback is not None:
                 self.stop_callback()
+
+
+def _mlflow_sink(config: ServerConfig, out_dir: Path) -> MlflowSink:
+    """The run's MLflow view: every setting but the secrets as params (train knobs as `train.*`)."""
+    params = {**config.model_dump(mode="json", exclude={"token", "admin_token", "secret", "train"}),
+              **{f"train.{k}": v for k, v in config.train.model_dump(mode="json").items()}}
+    return MlflowSink(out_dir, config.mlflow_experiment, config.mlflow_run_name or out_dir.name, params,
+                      parent_run_id=config.mlflow_parent_run_id)

@@ -1,19 +1,20 @@
-"""The episode API (`/swarm/v1/*`, DESIGN.md §3): claim, heartbeat, finish, abort, status, admin.
+"""The episode API (`/swarm/v1/*`, DESIGN.md §3): claim, heartbeat, finish, abort, status, stop, checkpoint.
 
-Thin: each route authenticates, validates (pydantic models from `swarm.protocol`)
-and calls one `Swarm` operation. Worker token for claim/status, the episode key
-for an episode's own routes, the admin token for `/admin/*`.
+Thin: each route authenticates (`auth.py`), validates (pydantic models from
+`swarm.protocol`) and calls one `Swarm` operation. Worker token for claim/status,
+the episode key for an episode's own routes, the admin token for `/admin/stop`
+and `/admin/checkpoint` (live control is in `admin_routes.py`).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 
 from swarm.protocol import (
     API_PREFIX, AbortRequest, AbortResponse, AdminResponse, ClaimRequest, ClaimResponse,
     ErrorResponse, FinishRequest, FinishResponse, HeartbeatResponse, StatusResponse,
 )
-from swarm.server.openai_routes import bearer
+from swarm.server.auth import admin, current_swarm, episode, worker
 from swarm.server.episodes import Episode
 from swarm.server.state import Swarm
 
@@ -21,52 +22,30 @@ _errors = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 
 router = APIRouter(prefix=API_PREFIX, tags=["swarm"], responses=_errors)
 
 
-def _swarm(request: Request) -> Swarm:
-    return request.app.state.swarm
-
-
-def _base_url(request: Request) -> str:
-    public = _swarm(request).config.public_url
+def _base_url(request: Request, swarm: Swarm) -> str:
+    public = swarm.config.public_url
     return (public or str(request.base_url)).rstrip("/") + "/v1"
-
-
-# Auth as dependencies: they run before the body is validated, so an unauthenticated
-# request learns nothing about the schema (and gets 401, not 400).
-def worker(request: Request, authorization: str | None = Header(None)) -> Swarm:
-    swarm = _swarm(request)
-    swarm.check_worker(bearer(authorization))
-    return swarm
-
-
-def admin(request: Request, authorization: str | None = Header(None)) -> Swarm:
-    swarm = _swarm(request)
-    swarm.check_admin(bearer(authorization))
-    return swarm
-
-
-def episode(episode_id: str, request: Request, authorization: str | None = Header(None)) -> Episode:
-    return _swarm(request).episode_for(bearer(authorization), episode_id)
 
 
 @router.post("/episodes", response_model=ClaimResponse)
 async def claim(body: ClaimRequest, request: Request, swarm: Swarm = Depends(worker)) -> ClaimResponse:
-    return await swarm.claim(body, _base_url(request))
+    return await swarm.claim(body, _base_url(request, swarm))
 
 
 @router.post("/episodes/{episode_id}/heartbeat", response_model=HeartbeatResponse)
 async def heartbeat(request: Request, ep: Episode = Depends(episode)) -> HeartbeatResponse:
-    return HeartbeatResponse(episode_id=ep.id, lease_expires_at=_swarm(request).registry.heartbeat(ep))
+    return HeartbeatResponse(episode_id=ep.id, lease_expires_at=current_swarm(request).registry.heartbeat(ep))
 
 
 @router.post("/episodes/{episode_id}/finish", response_model=FinishResponse)
 async def finish(body: FinishRequest, request: Request, ep: Episode = Depends(episode)) -> FinishResponse:
-    return _swarm(request).finish(ep, body)
+    return current_swarm(request).finish(ep, body)
 
 
 @router.post("/episodes/{episode_id}/abort", response_model=AbortResponse)
 async def abort(request: Request, body: AbortRequest | None = None,
                 ep: Episode = Depends(episode)) -> AbortResponse:
-    return _swarm(request).abort(ep, body or AbortRequest())
+    return current_swarm(request).abort(ep, body or AbortRequest())
 
 
 @router.get("/status", response_model=StatusResponse)

@@ -47,7 +47,7 @@ class RunningServer:
 def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0,
                    port: int = 0) -> Iterator[RunningServer]:
     """`port` 0 picks a free one; a fixed port lets a test restart a server where clients expect it."""
-    import uvicorn
+    import uvicorn  # lazy: only tests that serve need the ASGI server
 
     config = config.with_secrets()
     app = create_app(config, engine)
@@ -87,7 +87,7 @@ def wait_until(cond: Any, timeout: float = 10.0) -> None:
 
 def tiny_model_dir(base: Path) -> Path:
     """A tokenizer + random tiny Qwen2 under `base/tiny-model` (built once per base)."""
-    from swarm.model.build import build_untrained
+    from swarm.model.build import build_untrained  # lazy: it imports torch and transformers
 
     out = Path(base) / "tiny-model"
     if not (out / "config.json").exists():

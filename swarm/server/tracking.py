@@ -35,7 +35,7 @@ class MlflowSink:
     def _open(self, experiment: str, run_name: str | None, params: dict[str, Any], parent: str | None,
               uri: str | None) -> None:
         try:
-            from store.tracking import RunLogger
+            from store.tracking import RunLogger  # lazy: importing MLflow takes seconds; this is its thread
 
             run_file = self.out_dir / RUN_FILE
             run_id = json.loads(run_file.read_text())["run_id"] if run_file.exists() else None

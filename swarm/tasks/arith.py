@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from swarm.tasks.base import Task, completion_text, register
+from swarm.tasks.base import Task, completion_text
 
 A_RANGE = (10, 99)
 B_RANGE = (1, 9)
@@ -82,6 +82,6 @@ def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
     return out
 
 
-TASK = register(Task(name="arith", family="arith",
-                     description="single-turn two-digit addition/subtraction, exact match",
-                     dataset=dataset, workflow=workflow, transcripts=transcripts))
+TASK = Task(name="arith", family="arith",
+            description="single-turn two-digit addition/subtraction, exact match",
+            dataset=dataset, workflow=workflow, transcripts=transcripts)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from swarm.tasks.arith import dataset as _arith_dataset
-from swarm.tasks.base import Task, completion_text, register
+from swarm.tasks.base import Task, completion_text
 
 PLANNER, EXECUTOR = "planner", "executor"
 ROLES = (PLANNER, EXECUTOR)
@@ -109,6 +109,6 @@ def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
     return []
 
 
-TASK = register(Task(name="duet", family="duet",
-                     description="two roles: a planner rewrites a worded sum, an executor answers it",
-                     dataset=dataset, workflow=workflow, transcripts=transcripts))
+TASK = Task(name="duet", family="duet",
+            description="two roles: a planner rewrites a worded sum, an executor answers it",
+            dataset=dataset, workflow=workflow, transcripts=transcripts)

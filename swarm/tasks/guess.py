@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 
-from swarm.tasks.base import Task, completion_text, register
+from swarm.tasks.base import Task, completion_text
 
 LOW, HIGH = 1, 16
 MAX_TURNS = 8
@@ -92,7 +92,7 @@ def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
     return [play(rng.randint(LOW, HIGH), rng, noise) for _ in range(size)]
 
 
-TASK = register(Task(name="guess", family="guess",
-                     description=f"multi-turn: find a secret number in {LOW}..{HIGH} "
-                                 "from higher/lower feedback",
-                     dataset=dataset, workflow=workflow, transcripts=transcripts))
+TASK = Task(name="guess", family="guess",
+            description=f"multi-turn: find a secret number in {LOW}..{HIGH} "
+                        "from higher/lower feedback",
+            dataset=dataset, workflow=workflow, transcripts=transcripts)

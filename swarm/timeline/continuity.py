@@ -19,16 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from swarm.samples import Call
+
 Encode = Callable[[str], list[int]]
 Decode = Callable[[list[int]], str]
-
-
-@dataclass(frozen=True)
-class PriorCall:
-    """An earlier call of this episode and agent: its exact prompt and completion ids."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
 
 
 @dataclass(frozen=True)
@@ -40,7 +34,7 @@ class ContinuedPrompt:
 
 def continue_prompt(
     text: str,
-    priors: Sequence[PriorCall],
+    priors: Sequence[Call],
     encode: Encode,
     decode: Decode,
     mode: str = "exact",

@@ -26,23 +26,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from swarm.samples import Call
+
 _MOD = (1 << 61) - 1
 _BASE = 1_000_003
-
-
-@dataclass(frozen=True)
-class Call:
-    """One recorded LLM call, as token ids."""
-
-    agent: str
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    policy_version: int = 0
-
-    @property
-    def full(self) -> list[int]:
-        return self.prompt_ids + self.completion_ids
 
 
 @dataclass

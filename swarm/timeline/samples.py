@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from swarm.engine.base import TrainSample
-from swarm.timeline.merge import Call, merge
+from swarm.samples import Call, TrainSample
+from swarm.timeline.merge import merge
 
 
 def episode_samples(

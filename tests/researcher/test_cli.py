@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
+import researcher.llm as llm
 from researcher.cli import app
 from researcher.runner import store_engine
 from store.models import Job, Study, Trial
@@ -64,3 +66,88 @@ def test_study_status_report_and_stop(fake_program, monkeypatch):
         time.sleep(0.2)
     assert states == {"CANCELLED"}
     assert tick() == {}
+
+
+# ---------------------------------------------------------------- issue 16: the CLI never surprises
+
+
+def test_help_shows_every_default():
+    """The rich help renderer ate bracketed text: "[default: 40]" written into a help string vanished."""
+    res = runner.invoke(app, ["study", "--help"], terminal_width=250, env={"COLUMNS": "250"})
+    assert res.exit_code == 0
+    for default in ("default: 40", "default: (llm if configured, else rules)", "default: 3",
+                    "default: foreground", "default: (the embedded model)", "default: 1h", "default: (no limit)"):
+        assert default in res.output, default
+    options = [line for line in res.output.splitlines() if line.lstrip("│ ").startswith("--")
+               and "--help" not in line]
+    assert options and all("default:" in line for line in options), [o for o in options if "default:" not in o]
+
+
+@pytest.mark.parametrize("option, value", [("--wall-clock", "5x"), ("--trial-time-limit", "an hour"),
+                                           ("--deadline", "tomorrowish")])
+def test_a_bad_duration_is_a_usage_error_not_a_traceback(option, value):
+    res = runner.invoke(app, ["study", TOPIC, "--dry-run", option, value])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert option in res.output and value in res.output and "Traceback" not in res.output
+
+
+def test_the_dry_run_names_its_planner():
+    res = runner.invoke(app, ["study", TOPIC, "--dry-run"])
+    assert res.exit_code == 0 and "Planner: rules" in res.output
+
+
+def test_a_topic_outside_the_rules_planners_knobs_is_refused_with_what_it_can_study():
+    res = runner.invoke(app, ["study", "Does Adam beat SGD?", "--dry-run"])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "error: the rules planner cannot study the optimizer" in res.output
+    assert "lr: learning rate" in res.output and "hint:" in res.output
+    res = runner.invoke(app, ["study", "Does Adam beat SGD?", "--steps", "2"])  # refused before any study exists
+    assert res.exit_code == 1 and _studies() == []
+
+
+def test_a_trial_budget_too_small_for_the_design_is_refused_up_front():
+    res = runner.invoke(app, ["study", "Does the learning rate matter for arithmetic?", "--steps", "2",
+                              "--max-trials", "2"])
+    assert res.exit_code == 1, res.output
+    assert "error: a trial budget of 2 cannot cover even the smallest design" in res.output
+    assert "--max-trials" in res.output and _studies() == []
+    res = runner.invoke(app, ["study", "learning rate 0 vs 1e-4 vs 3e-4", "--dry-run", "--max-trials", "6"])
+    assert res.exit_code == 0 and "6 trials" in res.output and "Shrunk to fit the trial budget of 6" in res.output
+
+
+def _llm_env(monkeypatch) -> None:
+    monkeypatch.setenv("ROOST_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # discard port: connection refused
+    monkeypatch.setenv("ROOST_LLM_MODEL", "some-model")
+
+
+def _studies() -> list[Study]:
+    with Session(store_engine()) as s:
+        return list(s.exec(select(Study)).all())
+
+
+def test_an_unreachable_llm_endpoint_is_one_line_and_a_hint(monkeypatch, fake_program):
+    _llm_env(monkeypatch)
+    monkeypatch.setenv(llm.ENV_ALLOW, "1")  # a real request, to a closed port on loopback
+    with llm.model_requests_allowed(True):
+        res = runner.invoke(app, ["study", TOPIC, "--dry-run"])
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+        assert "error: cannot reach the LLM endpoint http://127.0.0.1:9/v1" in res.output
+        assert "hint:" in res.output and "Traceback" not in res.output and len(res.output.splitlines()) <= 4
+        debug = runner.invoke(app, ["--debug", "study", TOPIC, "--dry-run"])
+        assert isinstance(debug.exception, llm.LLMUnreachable)
+        res = runner.invoke(app, ["study", TOPIC, "--steps", "2", "--trial-program", " ".join(fake_program)])
+    # a study: left FAILED (the daemon does not retry it every tick), resumable
+    assert res.exit_code == 1 and "researcher resume 1" in res.output, res.output
+    assert [s.status for s in _studies()] == ["FAILED"]
+
+
+def test_an_invalid_planner_answer_after_retries_is_one_line_and_a_hint(monkeypatch, fake_program):
+    _llm_env(monkeypatch)
+    with llm.override_model(llm.ScriptedChatModel(script=lambda messages: "I think lr matters.")):
+        res = runner.invoke(app, ["study", TOPIC, "--dry-run"])
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+        assert "error: no valid Frame after 3 attempts" in res.output and "hint:" in res.output
+        # a study: ends with the reason in its report
+        res = runner.invoke(app, ["study", TOPIC, "--steps", "2", "--trial-program", " ".join(fake_program)])
+    assert res.exit_code == 0 and "Stopped early:** the llm planner gave no valid answer" in res.output
+    assert "Planner: llm (model `some-model`" in _studies()[0].report

@@ -126,3 +126,9 @@ def test_prompts_are_versioned_files(tmp_path, monkeypatch):
     assert prompts.render("frame", version=1, topic="T") == "old T"
     with pytest.raises(KeyError):
         prompts.render("frame")  # a missing placeholder is an error, not a silent gap
+
+
+def test_the_metric_window_follows_the_trial_length_not_the_model():
+    p = LLMPlanner(scripted_replies())  # FRAME says metric_window 5
+    assert p.frame("topic", PlanDefaults(steps=2)).metric_window == 1
+    assert p.frame("topic", PlanDefaults(steps=100)).metric_window == 5

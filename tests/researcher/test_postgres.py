@@ -29,7 +29,8 @@ def pg_url(monkeypatch):
 
 @pytest.mark.integration
 def test_postgres_checkpoints_survive_a_new_process_context(pg_url, fake_program):
-    from store.db import dispose_engines, init_db
+    from store.db import dispose_engines
+    from store.schema import init_db
 
     init_db(pg_url, upgrade=True)
     from researcher.runner import checkpointer, create_study, drive, make_context

@@ -46,6 +46,8 @@ def test_rules_study_end_to_end(fake_program):
     report = Path(make_context(sid).cfg.study_dir) / "report" / "report.md"
     text = report.read_text()
     assert "**lr=0 is worse than lr=0.0003**" in text and "do not overlap" in text
+    assert "- Planner: rules;" in text and "Planned by the rules planner." in text
+    assert "*Verdict rule.* Each treatment is compared" in text and "95 % t-interval" in text
     for line in text.splitlines():
         if line.startswith("!["):
             assert (report.parent / line.split("(")[1].rstrip(")")).exists()
@@ -61,8 +63,15 @@ def test_rules_study_end_to_end(fake_program):
     for t in trials:
         run = client.get_run(t.mlflow_run_id)
         assert run.data.tags["mlflow.parentRunId"] == study.mlflow_run_id
+        assert run.info.run_name == f"{t.arm} seed={t.seed}"
         assert len(client.get_metric_history(t.mlflow_run_id, "reward_mean")) == 10
-    assert client.get_run(study.mlflow_run_id).info.status == "FINISHED"
+    parent = client.get_run(study.mlflow_run_id)
+    assert parent.info.status == "FINISHED"
+    # the parent run carries the study's summary
+    m = parent.data.metrics
+    assert m["trials_completed"] == 6 and m["round1/verdict"] == 1.0 and m["round1/lr_0/n"] == 3
+    assert m["round1/lr_0.0003 vs lr_0/p_holm"] < 0.05 and m["round1/lr_0.0003/mean"] > m["round1/lr_0/mean"]
+    assert parent.data.tags["roost.verdict.round1"] == "supported" and parent.data.tags["roost.planner"] == "rules"
     assert set(starts(make_context(sid).cfg.study_dir).values()) == {1}
 
 
@@ -86,13 +95,21 @@ def test_rejected_plan_launches_nothing(fake_program):
     assert "not approved" in rows(Study, id=sid)[0].report
 
 
-def test_trial_budget_stops_launching_and_reports_what_it_has(fake_program):
-    sid = create_study(config(fake_program, budget=Budget(max_trials=4)))
+def test_a_trial_budget_too_small_for_the_design_is_refused_before_anything_launches(fake_program):
+    sid = create_study(config(fake_program, budget=Budget(max_trials=4)))  # the design needs 2 × 3
     assert drive(sid, poll_s=0.2).state == "done"
-    statuses = sorted(t.status for t in rows(Trial))
-    assert statuses == ["CANCELLED"] * 2 + ["COMPLETED"] * 4
-    assert len(rows(Job)) == 4
-    assert "Stopped early:** trial budget of 4 spent" in rows(Study, id=sid)[0].report
+    assert rows(Job) == [] and rows(Trial) == []
+    report = rows(Study, id=sid)[0].report
+    assert "Stopped early:** refused: a trial budget of 4 cannot cover even the smallest design" in report
+
+
+def test_a_design_is_shrunk_to_the_trial_budget_and_says_so(fake_program):
+    topic = "Does the learning rate matter for arithmetic? Compare 0, 1e-4 and 3e-4"
+    sid = create_study(config(fake_program, budget=Budget(max_trials=7)).model_copy(update={"topic": topic}))
+    assert drive(sid, poll_s=0.2).state == "done"
+    assert sorted({t.arm for t in rows(Trial)}) == ["lr=0", "lr=0.0001"] and len(rows(Job)) == 6
+    report = rows(Study, id=sid)[0].report
+    assert "Shrunk to fit the trial budget of 7: dropped arm(s) lr=0.0003" in report
 
 
 def test_failed_trials_are_reported(fake_program, monkeypatch):
@@ -162,6 +179,7 @@ def test_a_trial_programs_own_mlflow_run_is_adopted_as_the_child_run():
     summary = {"steps": [{"step": 0, "reward_mean": 0.5}]}
     run_id = tracking.log_trial(parent, 7, "lr=0", 0, {}, summary, {"final_reward": 0.5}, own_run_id=own.run_id)
     assert run_id == own.run_id
+    assert get_client().get_run(run_id).info.run_name == "lr=0 seed=0"  # not the trial program's "server"
     again = tracking.log_trial(parent, 7, "lr=0", 0, {}, summary, {"final_reward": 0.5})
     assert again == own.run_id  # found by its tag: no second run
     client = get_client()

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scheduler.base import JobHandle
 from scheduler.slurm import SlurmBackend
 from scheduler.spec import JobSpec
-from store.db import dispose_engines, init_db
+from store.db import dispose_engines
+from store.schema import init_db
 
 
 def slurm_required() -> bool:

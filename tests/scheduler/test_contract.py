@@ -1,7 +1,7 @@
 """The backend contract, run against the local backend and a REAL single-node Slurm.
 
 Each test drives a `Backend` only through its interface: submit, status (batched),
-cancel, logs, reattach. Backend-specific bits are in `Env`: how to make a job wait
+cancel, logs, reattach, find. Backend-specific bits are in `Env`: how to make a job wait
 (local: a blocker holding the only slot; Slurm: --begin=now+3) and how long a time
 limit takes to bite (local: exact seconds; Slurm: whole minutes, checked every 30 s,
 so its time-limit job is submitted when the test session starts (conftest) and only
@@ -21,7 +21,7 @@ from sched_helpers import wait_for
 from scheduler.base import Backend, JobHandle, JobStatus
 from scheduler.local import LocalBackend
 from scheduler.slurm import SlurmBackend
-from scheduler.spec import JobSpec
+from scheduler.spec import ENV_JOB_ID, JobSpec
 from store.models import JobState
 
 pytestmark = pytest.mark.integration
@@ -137,6 +137,19 @@ def test_env_and_cwd_reach_the_job(env: Env, tmp_path: Path) -> None:
     assert st.state == JobState.COMPLETED
     out = env.backend.logs(h)
     assert "v=a b'c" in out and str(work) in out
+
+
+def test_find_names_the_job_a_lost_submit_started(env: Env) -> None:
+    """What a submitter that died before recording the handle gets back after a restart."""
+    mine = env.spec("lost", ["sleep", "30"], env={ENV_JOB_ID: "41"})
+    h = env.submit(mine)
+    env.submit(env.spec("lost", ["sleep", "30"], env={ENV_JOB_ID: "42"}))  # same name, another submission
+    assert env.backend.find(mine) == h
+    assert env.backend.find(env.spec("lost", ["sleep", "30"], env={ENV_JOB_ID: "43"})) is None
+    assert env.backend.find(env.spec("never-submitted", ["true"])) is None
+    env.backend.cancel(h)
+    env.wait_state(h, lambda s: s.terminal, 30)
+    assert env.backend.find(mine) == h  # also once it has ended
 
 
 def test_time_limit_kills_job(env: Env) -> None:

@@ -50,3 +50,12 @@ def test_ticks_listing(db_url: str) -> None:
 
     register_tick("s1", "sched_ticks:touch", 60, kwargs={"path": "/dev/null"}, db_url=db_url)
     assert "s1\tsched_ticks:touch\tevery 60 s" in _run("ticks", "--db", db_url)
+
+
+def test_submit_takes_options_anywhere_before_dashes(db_url: str, tmp_path: Path) -> None:
+    """`swarm sched submit hello --wait -- echo hi`: the options are the scheduler's, the rest the job's."""
+    res = runner.invoke(app, ["submit", "hello", "--db", db_url, "--log-dir", str(tmp_path), "--wait", "--",
+                              "bash", "-c", "echo hi; exit 3"])
+    assert res.exit_code == 3, res.output
+    job_id = int(res.output.split()[0])
+    assert _run("logs", str(job_id), "--db", db_url) == "hi\n"

@@ -14,9 +14,9 @@ def test_all_is_sorted_and_resolves() -> None:
 def test_public_names_are_exactly_these() -> None:
     assert set(scheduler.__all__) == {
         "Backend", "BackendError", "BackendUnavailable", "Daemon", "JobHandle", "JobManager", "JobRecord",
-        "JobSpec", "JobState", "JobStatus", "LocalBackend", "MemorySink", "SlurmBackend", "StoreSink", "Trial",
-        "client_fleet_job", "make_trial", "register_tick", "render_script", "submit_trial", "swarm_server_job",
-        "unregister_tick",
+        "JobSpec", "JobState", "JobStatus", "LocalBackend", "MemorySink", "SlurmBackend", "StoreSink",
+        "TrialLaunch", "TrialShape", "TrialState", "poll_trials", "register_tick", "render_script", "submit_trial",
+        "trial_jobs", "trial_state", "unregister_tick",
     }
 
 

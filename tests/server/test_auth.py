@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from swarm.engine.fake import FakeEngine
-from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets, load_config_file
+from swarm.options import load_config_file
+from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
 from swarm.server.config import ServerConfig
 from swarm.server.episodes import KeySigner
 from swarm.server.testing import RunningServer, running_server

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.engine.base import TrainSample
-from swarm.server.batcher import Batcher, FinishedEpisode, Rejected
+from swarm.samples import TrainSample
+from swarm.server.batcher import Batcher, FinishedEpisode
+from swarm.server.exceptions import Refused
 
 
 def _finish(b: Batcher, group_id: str, eid: str, reward: float = 1.0) -> None:
@@ -38,15 +39,15 @@ def test_admission_caps_tasks_and_slots_per_policy_version() -> None:
     b = Batcher(group_size=2, batch_groups=1)
     g = b.admit("a", "e1")
     b.admit("a", "e2")
-    with pytest.raises(Rejected) as r:
+    with pytest.raises(Refused) as r:
         b.admit("a", "e3")  # group full, and no room for a second group
     assert r.value.code == "window_full"
-    with pytest.raises(Rejected):
+    with pytest.raises(Refused):
         b.admit("b", "e4")
     _finish(b, g.group_id, "e1")
     _finish(b, g.group_id, "e2")
     b.take()
-    with pytest.raises(Rejected) as r:  # while the step trains
+    with pytest.raises(Refused) as r:  # while the step trains
         b.admit("b", "e5")
     assert r.value.code == "training"
     b.reopen()
@@ -61,7 +62,7 @@ def test_abort_frees_slot_and_drop_shrinks_group() -> None:
     b.release(g.group_id, "e2")  # released: another claim of "a" may take it
     assert g.free == 1
     assert b.admit("a", "e3") is g
-    with pytest.raises(Rejected):
+    with pytest.raises(Refused):
         b.admit("a", "e4")
     _finish(b, g.group_id, "e1")
     b.release(g.group_id, "e3", drop=True)  # given up: the group completes smaller

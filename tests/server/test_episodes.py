@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from swarm.server.episodes import EpisodeRegistry, KeySigner
-from swarm.server.errors import ApiError
+from swarm.server.errors import status_of
+from swarm.server.exceptions import SwarmError
 
 
 def _registry(secret: str = "s1") -> EpisodeRegistry:
@@ -21,27 +22,27 @@ def test_signed_key_round_trip_and_forgeries() -> None:
     forged = KeySigner("another-secret").sign(ep.id, ep.epoch)
     tampered = key[:-1] + ("0" if key[-1] != "0" else "1")
     for bad in (forged, tampered, "rk.x.1.y", "garbage", "", f"rk.{ep.id}.2.{key.split('.')[-1]}"):
-        with pytest.raises(ApiError) as e:
+        with pytest.raises(SwarmError) as e:
             reg.authorize(bad)
-        assert e.value.status == 401
+        assert status_of(e.value) == 401
 
 
 def test_wrong_episode_unknown_and_stale_epoch() -> None:
     reg = _registry()
     a = reg.create(reg.new_id(), "t", "default", "g", {}, 0)
     b = reg.create(reg.new_id(), "t", "default", "g", {}, 0)
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(SwarmError) as e:
         reg.authorize(reg.key_for(a), b.id)
-    assert e.value.status == 403
+    assert status_of(e.value) == 403
     ghost = reg.signer.sign("0" * 32, 1)
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(SwarmError) as e:
         reg.authorize(ghost)
-    assert e.value.status == 404
+    assert status_of(e.value) == 404
     old = reg.key_for(a)
     a.epoch += 1  # the lease moved on (later: expiry + re-grant)
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(SwarmError) as e:
         reg.authorize(old)
-    assert e.value.status == 409
+    assert status_of(e.value) == 409
 
 
 def test_closed_episodes_are_bounded_and_refuse_work() -> None:
@@ -49,11 +50,11 @@ def test_closed_episodes_are_bounded_and_refuse_work() -> None:
     eps = [reg.create(reg.new_id(), "t", "default", "g", {}, 0) for _ in range(3)]
     for ep in eps:
         reg.close(ep, "finished")
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(SwarmError) as e:
         reg.require_open(eps[-1])
-    assert e.value.status == 409
+    assert status_of(e.value) == 409
     assert list(reg.closed) == [eps[1].id, eps[2].id]
-    with pytest.raises(ApiError):
+    with pytest.raises(SwarmError):
         reg.get(eps[0].id)
 
 

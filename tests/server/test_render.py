@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from swarm.server.episodes import RecordedCall
-from swarm.server.errors import ApiError
+from swarm.samples import Call
+from swarm.server.exceptions import InvalidRequest
 from swarm.server.render import ChatRenderer, OutputText
 
 
@@ -32,7 +32,7 @@ def test_continuation_reuses_generated_ids(renderer: ChatRenderer) -> None:
     said = "What is"
     completion = [i for t in said for i in renderer.tok.encode(t, add_special_tokens=False)]
     completion.append(renderer.tok.convert_tokens_to_ids("<|im_end|>"))
-    call = RecordedCall("main", prompt_ids, completion, [-1.0] * len(completion), 0)
+    call = Call("main", prompt_ids, completion, [-1.0] * len(completion), 0)
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": said},
                 {"role": "user", "content": "again"}]
     prompt = renderer.chat_prompt(renderer.render(messages), [call], "main")
@@ -45,9 +45,9 @@ def test_continuation_reuses_generated_ids(renderer: ChatRenderer) -> None:
 
 
 def test_bad_inputs_are_client_errors(renderer: ChatRenderer) -> None:
-    with pytest.raises(ApiError):
+    with pytest.raises(InvalidRequest):
         renderer.encode("\ud800")
-    with pytest.raises(ApiError):
+    with pytest.raises(InvalidRequest):
         renderer.check_ids([0, 10**9])
 
 

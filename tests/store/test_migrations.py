@@ -102,7 +102,7 @@ def test_require_current_refuses_older(sqlite_url: str, monkeypatch: pytest.Monk
 
 
 def test_init_db_auto_upgrades_default_sqlite_only(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="store.db"):
+    with caplog.at_level(logging.INFO, logger="store.schema"):
         engine = init_db()  # the default: SQLite in ROOST_HOME
     assert engine.dialect.name == "sqlite"
     assert Path(engine.url.database).parent == Path(os.environ["ROOST_HOME"])

@@ -25,3 +25,27 @@ def test_importing_store_does_not_import_mlflow() -> None:
     code = "import sys, store; store.Job; print('mlflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_importing_store_paths_stays_stdlib_only() -> None:
+    """The client and the job wrapper import `store.paths`: it must not drag in the database stack."""
+    import subprocess
+    import sys
+
+    code = ("import sys, store.paths; print(sorted({'sqlmodel', 'sqlalchemy', 'pydantic', 'mlflow'}"
+            " & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_schema_state_lives_above_db_and_migrate() -> None:
+    """`store.db` knows nothing of migrations (no db <-> migrate loop); `store.schema` joins them."""
+    import ast
+    from pathlib import Path
+
+    src = Path(store.__file__).with_name("db.py").read_text()
+    imported = {node.module for node in ast.walk(ast.parse(src)) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Import) for a in node.names}
+    assert not any(m and (m.startswith("store.migrate") or m.startswith("store.schema")) for m in imported)
+    assert "migrate" not in {a.name for node in ast.walk(ast.parse(src))
+                             if isinstance(node, ast.ImportFrom) and node.module == "store" for a in node.names}

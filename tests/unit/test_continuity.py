@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from swarm.model.build import build_untrained
-from swarm.timeline import Call, PriorCall, continue_prompt, merge
+from swarm.timeline import Call, continue_prompt, merge
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +42,12 @@ def test_multi_turn_drift_counted_and_exact_ids_used(tok):
     assert _split_tokens(tok, reply) != _enc(tok)(reply), "test needs a reply that BPE merges differently"
     msgs2 = msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "higher"}]
     text2 = _render(tok, msgs2)
-    out = continue_prompt(text2, [PriorCall(p1, c1)], _enc(tok), _dec(tok))
+    out = continue_prompt(text2, [Call("main", p1, c1, [0.0] * len(c1))], _enc(tok), _dec(tok))
     assert out.extended == 0 and out.drift
     assert out.prompt_ids[: len(p1) + len(c1)] == p1 + c1  # the model's own tokens, not a re-tokenization
     assert _dec(tok)(out.prompt_ids) == text2  # and still exactly the rendered conversation
     # retokenize mode: plain ids, drift still reported
-    plain = continue_prompt(text2, [PriorCall(p1, c1)], _enc(tok), _dec(tok), mode="retokenize")
+    plain = continue_prompt(text2, [Call("main", p1, c1, [0.0] * len(c1))], _enc(tok), _dec(tok), mode="retokenize")
     assert plain.prompt_ids == _enc(tok)(text2) and plain.drift and plain.extended is None
     # and only the exact prompt lets the timeline merge the two turns
     c2 = _enc(tok)("ok")
@@ -61,7 +61,7 @@ def test_no_drift_when_tokenization_is_stable(tok):
     p1 = _enc(tok)(_render(tok, msgs))
     c1 = _enc(tok)("hello") + [tok.convert_tokens_to_ids("<|im_end|>")]
     text2 = _render(tok, msgs + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}])
-    out = continue_prompt(text2, [PriorCall(p1, c1)], _enc(tok), _dec(tok))
+    out = continue_prompt(text2, [Call("main", p1, c1, [0.0] * len(c1))], _enc(tok), _dec(tok))
     assert out.extended == 0 and not out.drift and out.prompt_ids == _enc(tok)(text2)
 
 
@@ -81,7 +81,7 @@ def test_template_that_strips_reasoning_falls_back_to_separate_samples(tok):
     msgs2 = msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "and 3+3?"}]
     text2 = _render(tok, msgs2, STRIP_THINK)
     assert "two and two" not in text2
-    out = continue_prompt(text2, [PriorCall(p1, c1)], _enc(tok), _dec(tok))
+    out = continue_prompt(text2, [Call("main", p1, c1, [0.0] * len(c1))], _enc(tok), _dec(tok))
     assert out.extended is None and out.prompt_ids == _enc(tok)(text2)
     c2 = _enc(tok)("6") + [tok.convert_tokens_to_ids("<|im_end|>")]
     calls = [Call("main", p1, c1, [-0.1] * len(c1)), Call("main", out.prompt_ids, c2, [-0.2] * len(c2))]

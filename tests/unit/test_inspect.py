@@ -39,3 +39,27 @@ def test_cli_errors_are_clear(tmp_path):
     r = subprocess.run([sys.executable, "-m", "swarm", "inspect", str(tmp_path)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "no rollout log" in r.stderr
+
+
+def test_list_and_filter_episodes(tmp_path):
+    from swarm.inspect import parse_filter, select_episodes
+
+    _write_rollouts(tmp_path / "rollouts.jsonl")
+    assert [e["episode_id"] for e in select_episodes(tmp_path, ["reward>0.5"])] == ["ep-a"]
+    assert [e["episode_id"] for e in select_episodes(tmp_path, ["calls>=2", "task_id~t"])] == ["ep-a"]
+    assert [e["episode_id"] for e in select_episodes(tmp_path, ["task_id!=t1"])] == ["ep-b"]
+    assert find_episode(tmp_path, None, ["reward>=1"])["episode_id"] == "ep-a"  # the last that passes
+    for bad, message in [("bogus=1", "unknown field"), ("reward>x", "needs a number"), ("reward", "FIELD OP")]:
+        try:
+            parse_filter(bad)
+        except ValueError as exc:
+            assert message in str(exc)
+        else:
+            raise AssertionError(bad)
+    r = subprocess.run([sys.executable, "-m", "swarm", "inspect", str(tmp_path), "--list", "--filter", "reward<1"],
+                       capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "ep-b" in r.stdout and "ep-a" not in r.stdout and "1 episode(s)" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "swarm", "inspect", str(tmp_path), "--filter", "bogus=1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown field" in r.stderr

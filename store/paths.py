@@ -1,4 +1,8 @@
-"""Where Roost keeps its files: one data directory, overridable by ROOST_HOME."""
+"""Where Roost keeps its files: one data directory, overridable by ROOST_HOME.
+
+The ground floor of the project's imports: stdlib only, so every package (the
+client included, which has none of the store's dependencies) may import it.
+"""
 
 from __future__ import annotations
 

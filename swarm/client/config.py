@@ -1,0 +1,45 @@
+"""`FleetConfig`: the settings of one client fleet, defined once.
+
+`swarm client`'s options are derived from these fields (swarm/options.py);
+`swarm client --config fleet.yaml` reads them from a file, and `swarm train`
+writes one such file per fleet it starts (`OUT/fleet-<task>-<i>.yaml`). Light on
+purpose: pydantic only, so a client install needs no torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from swarm.options import Flag
+
+
+class FleetConfig(BaseModel):
+    """Which server, which workflow over which dataset, and how hard to push."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: Annotated[str, Flag(envvar="ROOST_URL")] = Field("http://127.0.0.1:8000", description="swarm server URL")
+    token: Annotated[str | None, Flag(envvar="ROOST_TOKEN")] = Field(None, description="worker token")
+    workflow: str | None = Field(None, description="module:function(task, episode) -> reward")
+    task: str | None = Field(None, description="built-in task (arith, guess, ...)")
+    dataset: str | None = Field(None, description="module:function(seed, size) -> list of tasks")
+    n: Annotated[int, Flag(name="--n", short="-n")] = Field(
+        8, ge=1, description="episodes per task (the server's group size)")
+    concurrency: Annotated[int, Flag(short="-c")] = Field(8, ge=1, description="episodes in flight")
+    dataset_size: int = Field(64, ge=1, description="tasks drawn from the dataset")
+    seed: int = Field(0, description="dataset seed")
+    max_episodes: int | None = Field(None, ge=1, description="stop after this many episodes")
+    epochs: Annotated[int | None, Flag(default_text="until stopped")] = Field(
+        None, ge=1, description="passes over the dataset")
+    max_attempts: int = Field(3, ge=1, description="tries per job when a workflow fails")
+    retries: int = Field(6, ge=0, description="retries of a request on connection errors")
+    reconnect_s: float = Field(120.0, ge=0.0, description="once connected, keep reconnecting this long "
+                                                          "(server restarts)")
+    state: Annotated[Path | None, Flag(default_text="ROOST_HOME/client-state/<url+workflow+seed>.json")] = Field(
+        None, description="dataset cursor file, so a restart continues where it stopped")
+
+
+__all__ = ["FleetConfig"]

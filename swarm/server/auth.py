@@ -1,0 +1,70 @@
+"""Who may call what: the routes' auth dependencies, in one place.
+
+    worker        worker (or admin) token: claim, status
+    admin         admin token: /swarm/v1/admin/*
+    episode       the episode's own key, matching the path's id: heartbeat, finish, abort
+    open_episode  the key of an open episode: the OpenAI routes (each call renews the lease)
+    any_caller    worker, admin or any genuine episode key: read-only routes (/v1/models)
+
+Every credential is a Bearer token. These run as FastAPI dependencies, before
+the body is validated, so an unauthenticated request learns nothing about the
+schema (and gets 401, not 400). Failures raise the domain's `Unauthorized` /
+`Forbidden`; `errors.py` renders them.
+"""
+
+from __future__ import annotations
+
+from fastapi import Header, Request
+
+from swarm.server.episodes import Episode, same_secret
+from swarm.server.exceptions import Forbidden, Unauthorized
+from swarm.server.state import Swarm
+
+
+def current_swarm(request: Request) -> Swarm:
+    return request.app.state.swarm
+
+
+def bearer(authorization: str | None) -> str:
+    if not authorization or not authorization.startswith("Bearer ") or not authorization[7:].strip():
+        raise Unauthorized("missing_api_key", "missing Bearer token (the episode's api_key)")
+    return authorization[7:].strip()
+
+
+def _is_worker(swarm: Swarm, token: str) -> bool:
+    return same_secret(token, swarm.config.token) or same_secret(token, swarm.config.admin_token)
+
+
+def worker(request: Request, authorization: str | None = Header(None)) -> Swarm:
+    swarm = current_swarm(request)
+    if not _is_worker(swarm, bearer(authorization)):
+        raise Unauthorized("invalid_token", "invalid worker token")
+    return swarm
+
+
+def admin(request: Request, authorization: str | None = Header(None)) -> Swarm:
+    swarm = current_swarm(request)
+    token = bearer(authorization)
+    if not same_secret(token, swarm.config.admin_token):
+        kind = Forbidden if same_secret(token, swarm.config.token) else Unauthorized
+        raise kind("admin_only", "admin token required")
+    return swarm
+
+
+def episode(episode_id: str, request: Request, authorization: str | None = Header(None)) -> Episode:
+    return current_swarm(request).registry.authorize(bearer(authorization), episode_id)
+
+
+def open_episode(request: Request, authorization: str | None = Header(None)) -> Episode:
+    swarm = current_swarm(request)
+    ep = swarm.registry.authorize(bearer(authorization))
+    swarm.begin_call(ep)
+    return ep
+
+
+def any_caller(request: Request, authorization: str | None = Header(None)) -> Swarm:
+    swarm = current_swarm(request)
+    token = bearer(authorization)
+    if not _is_worker(swarm, token):
+        swarm.registry.signer.verify(token)  # raises InvalidKey
+    return swarm

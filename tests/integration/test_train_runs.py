@@ -1,0 +1,108 @@
+"""`swarm train` never mixes runs, trains your own workflow, and its CLI says what it does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from swarm.model.build import build_untrained
+from swarm.train import clear_run, previous_run
+
+ROOT = Path(__file__).resolve().parents[2]
+SWARM = [sys.executable, "-m", "swarm"]
+
+
+def _swarm_script() -> str:
+    """The console script (which, unlike `python -m`, does not put the current directory on sys.path)."""
+    return str(Path(sys.executable).with_name("swarm"))
+
+
+def test_train_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    (out / "server").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    r = subprocess.run([*SWARM, "train", "--out", str(out), "--steps", "2"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "earlier run" in r.stderr and "--resume" in r.stderr and "--fresh" in r.stderr
+    assert (out / "summary.json").read_text() == "{}"  # nothing touched
+    r = subprocess.run([*SWARM, "train", "--out", str(tmp_path / "empty"), "--resume"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "nothing to resume" in r.stderr
+
+
+def test_fresh_removes_only_what_a_run_wrote(tmp_path: Path) -> None:
+    for name in ("server", "logs"):
+        (tmp_path / name).mkdir()
+    for name in ("summary.json", "run.yaml", "fleet-client0.yaml", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    assert set(previous_run(tmp_path)) == {"server", "logs", "summary.json", "run.yaml", "fleet-client0.yaml"}
+    clear_run(tmp_path)
+    assert previous_run(tmp_path) == [] and (tmp_path / "notes.txt").read_text() == "x"
+
+
+def test_client_imports_a_workflow_from_the_current_directory(tmp_path: Path) -> None:
+    """The README's `swarm client --workflow examples.arith_openai:workflow`, run from the repo root."""
+    r = subprocess.run([_swarm_script(), "client", "--workflow", "examples.arith_openai:workflow", "--token", "t",
+                        "--url", "http://127.0.0.1:9", "--retries", "0", "--reconnect-s", "0", "-q",
+                        "--state", str(tmp_path / "cursor.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "No module named" not in r.stderr, r.stderr
+    assert "cannot use http://127.0.0.1:9" in r.stderr  # it got as far as the (absent) server
+
+
+def test_help_shows_every_default() -> None:
+    env = {**os.environ, "COLUMNS": "300"}
+    r = subprocess.run([*SWARM, "model", "init", "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert "ROOST_HOME/models/tiny-qwen2" in r.stdout
+    r = subprocess.run([*SWARM, "train", "--help"], capture_output=True, text=True, timeout=60, env=env)
+    for line in ("--lr", "--lease-seconds", "--steps", "--concurrency"):
+        shown = [x for x in r.stdout.splitlines() if x.lstrip("│ ").startswith(line + " ")]
+        assert shown and "[default: " in shown[0], (line, shown)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_train_your_own_workflow_then_resume_it(tmp_path: Path) -> None:
+    model = build_untrained(tmp_path / "model", seed=0)
+    out = tmp_path / "run"
+    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
+    base = [_swarm_script(), "train", "--workflow", "examples.arith_openai:workflow", "--model", str(model),
+            "--group-size", "2", "--batch-groups", "2", "--concurrency", "4", "--no-mlflow", "--out", str(out)]
+    r = subprocess.run([*base, "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workflow"] == "examples.arith_openai:workflow" and [s["step"] for s in summary["steps"]] == [1]
+    run_file = yaml.safe_load((out / "run.yaml").read_text())
+    assert run_file["workflow"] == "examples.arith_openai:workflow" and run_file["server"]["group_size"] == 2
+    assert "token" not in run_file["server"]  # secrets stay out of the run's config
+    # the same folder again: refused; --resume continues to 2 steps in all and prints only the new one
+    r = subprocess.run([*base, "--steps", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "--resume" in r.stderr
+    r = subprocess.run([*base, "--steps", "2", "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["config"]["steps"] == 2
+    assert "step 1:" not in r.stderr and "step 2:" in r.stderr
+
+
+@pytest.mark.slow
+def test_eval_scores_a_model_greedy_and_sampled(tmp_path: Path) -> None:
+    model = build_untrained(tmp_path / "model", seed=0)
+    out = tmp_path / "eval.json"
+    r = subprocess.run([*SWARM, "eval", "--model", str(model), "--task", "arith", "--n", "4", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    assert [(row["task"], row["temperature"], row["n"]) for row in rows] == [("arith", 0.0, 4), ("arith", 1.0, 4)]
+    assert all(0.0 <= row["mean_reward"] <= 1.0 for row in rows)
+    r = subprocess.run([*SWARM, "eval", "--model", str(model), "--task", "nope"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "unknown task 'nope'" in r.stderr
