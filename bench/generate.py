@@ -6,6 +6,14 @@
 Every row is measured in the same process, minutes apart at most, so the ratios
 hold on a noisy machine even where absolute tokens/s do not. Requests generate
 a fixed number of tokens (ignore_eos) so every configuration does the same work.
+
+The second table is one collection step of `swarm train --task arith` as the
+engine sees it: 128 arith prompts (8 max tokens, temperature 1, natural stop),
+either all at once (the engine's own time to generate a step's tokens: the
+yardstick for the server's `wall_window_s`) or trickling in evenly over
+`--trickle-ms`, as episodes from a client fleet do. For the trickle the row shows
+the time from the last arrival to the last completion, the forward passes taken
+and how many of them prefilled newcomers while decoding the running rows.
 """
 
 from __future__ import annotations
@@ -58,13 +66,39 @@ async def bench(engine: TorchEngine, max_tokens: int, repeats: int) -> list[dict
     return [{"concurrency": 0, "tokens_per_s": round(sequential, 1), "ratio_vs_sequential": 1.0}] + rows
 
 
+async def arith_step(engine: TorchEngine, episodes: int, trickle_s: float) -> dict:
+    """One step's worth of arith requests, all at once (trickle 0) or spread evenly over `trickle_s`."""
+    batcher = engine.batcher
+    steps0, fused0, busy0 = batcher.steps, batcher.fused_steps, batcher.busy_s
+    tokens = 0
+
+    async def one(i: int) -> float:
+        nonlocal tokens
+        await asyncio.sleep(trickle_s * i / episodes)
+        c = await engine.generate(GenerateRequest(_prompt(engine, 3 * i + 1), SamplingParams(max_tokens=8)))
+        tokens += len(c.token_ids)
+        return time.perf_counter()
+
+    t0 = time.perf_counter()
+    ends = await asyncio.gather(*(one(i) for i in range(episodes)))
+    wall = max(ends) - t0
+    return {"episodes": episodes, "trickle_s": trickle_s, "tokens": tokens, "wall_s": round(wall, 4),
+            "after_last_arrival_s": round(wall - trickle_s * (episodes - 1) / episodes, 4),
+            "busy_s": round(batcher.busy_s - busy0, 4), "forwards": batcher.steps - steps0,
+            "fused": batcher.fused_steps - fused0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="HF model dir (default: a freshly built untrained tiny model)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--episodes", type=int, default=128, help="arith requests of one step")
+    ap.add_argument("--trickle-ms", type=float, default=500.0, help="arrival spread of the trickle row")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the engine's choice)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
+
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
@@ -72,7 +106,20 @@ def main() -> None:
 
             model = build_untrained(Path(tmp) / "model")
         engine = TorchEngine(model, reference=False)
+        if args.threads:  # after the engine, which sets its own (swarm.engine.precision.cpu_threads)
+            import torch
+
+            torch.set_num_threads(args.threads)
         rows = asyncio.run(bench(engine, args.max_tokens, args.repeats))
+
+        async def steps() -> list[dict]:
+            out = []
+            for trickle in (0.0, args.trickle_ms / 1000):
+                runs = [await arith_step(engine, args.episodes, trickle) for _ in range(args.repeats + 1)][1:]
+                out.append(min(runs, key=lambda r: r["wall_s"]))
+            return out
+
+        step_rows = asyncio.run(steps())
         engine.batcher.close()
     table = Table(title=f"torch engine generation, {args.max_tokens} new tokens per request")
     for col in ("concurrency", "tokens/s", "× sequential"):
@@ -81,9 +128,17 @@ def main() -> None:
         table.add_row("sequential" if r["concurrency"] == 0 else str(r["concurrency"]),
                       f"{r['tokens_per_s']:.0f}", f"{r['ratio_vs_sequential']:.2f}")
     Console().print(table)
+    table = Table(title=f"one arith collection step: {args.episodes} requests, 8 max tokens, natural stop")
+    for col in ("arrivals", "tokens", "wall s", "after last arrival s", "engine busy s", "forwards", "fused"):
+        table.add_column(col, justify="right")
+    for r in step_rows:
+        table.add_row("all at once" if not r["trickle_s"] else f"over {r['trickle_s'] * 1000:.0f} ms",
+                      str(r["tokens"]), f"{r['wall_s']:.3f}", f"{r['after_last_arrival_s']:.3f}",
+                      f"{r['busy_s']:.3f}", str(r["forwards"]), str(r["fused"]))
+    Console().print(table)
     rows = [r for r in rows if r["concurrency"] > 0]
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"concurrency": rows, "arith_step": step_rows}, indent=2))
 
 
 if __name__ == "__main__":

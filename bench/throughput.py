@@ -9,11 +9,17 @@ recording), the finish (timeline merge, durable buffer) and the client SDK
 (the `openai` SDK call included). It prints
 
 * episodes/s and requests/s end to end;
-* server and client CPU milliseconds per episode (from /proc, the measured part only);
+* server and client CPU milliseconds per episode (from /proc and getrusage, over the same
+  window, after `--warmup` episodes: imports and pools are per process, not per episode);
+* how many claims and finishes went per HTTP request (the SDK coalesces concurrent ones);
 * the latency the server adds to one chat call over calling the engine directly
   (p50/p99, sequential calls, same prompt);
 * with `--open` episodes claimed and held open: claim p50/p99, the chat call's
   latency then, and the server's RSS.
+
+`--profile DIR` samples both processes with py-spy (GIL holder only, so it is CPU, not
+waiting) while the fleet runs and prints their busiest functions; the collapsed stacks stay
+in DIR (docs/throughput.md has the figures and what they led to).
 
 Everything runs on loopback; the server and the client are separate processes, each
 stopped by PID at the end.
@@ -26,6 +32,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +40,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -106,36 +114,112 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(5)
 
 
+def spy_args(out: Path) -> list[str]:
+    """`py-spy record` writing collapsed stacks (active threads only) to `out`."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy (pip install py-spy)")
+    return [spy, "record", "--nonblocking", "--gil", "-r", "250", "-f", "raw", "-o", str(out)]
+
+
+def attach_spy(pid: int, out: Path) -> subprocess.Popen:
+    """Sample a running process; stop it with `detach_spy` (SIGINT makes py-spy write its file)."""
+    return subprocess.Popen([*spy_args(out), "--pid", str(pid)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def detach_spy(spy: subprocess.Popen) -> None:
+    spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.wait(5)
+
+
+def top_costs(raw: Path, n: int = 25) -> list[tuple[str, float, float]]:
+    """(function, self %, inclusive %) of the busiest functions in a py-spy raw profile."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [f.split(" (")[0] + " (" + f.rpartition("/")[2].split(" (")[-1] for f in stack.split(";")]
+        c = int(count)
+        total += c
+        own[frames[-1]] += c
+        for f in set(frames):
+            incl[f] += c
+    return [(f, 100 * own[f] / max(1, total), 100 * incl[f] / max(1, total)) for f, _ in own.most_common(n)]
+
+
+def print_profile(title: str, raw: Path, n: int) -> None:
+    if not raw.exists():
+        console.print(f"[yellow]{title}: no profile written[/]")
+        return
+    table = Table(title=f"{title}: top self time ({raw})")
+    table.add_column("function")
+    table.add_column("self %", justify="right")
+    table.add_column("incl %", justify="right")
+    for f, own, incl in top_costs(raw, n):
+        table.add_row(f, f"{own:.1f}", f"{incl:.1f}")
+    console.print(table)
+
+
 CLIENT = textwrap.dedent("""
     import json, resource, sys, time
     from swarm.client import SwarmClient, run_fleet
 
-    url, token, episodes, concurrency, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    url, token, episodes, concurrency, n, server_pid, warmup = sys.argv[1:8]
+    episodes, concurrency, n, warmup = int(episodes), int(concurrency), int(n), int(warmup)
     MESSAGES = [{"role": "user", "content": "What is 12+30?"}]
+    TICK = __import__("os").sysconf("SC_CLK_TCK")
 
     def workflow(task, episode):
         episode.openai.chat.completions.create(model=episode.model, messages=MESSAGES, max_tokens=8)
         return 1.0
 
-    dataset = [{"task_id": f"t{i}"} for i in range(episodes // n + 1)]
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def server_cpu():
+        fields = open(f"/proc/{server_pid}/stat").read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+    dataset = [{"task_id": f"t{i}"} for i in range((episodes + warmup) // n + 2)]
     with SwarmClient(url, token) as client:
         client.status()
-        def cpu():
-            r = resource.getrusage(resource.RUSAGE_SELF)
-            return r.ru_utime + r.ru_stime
-        c0, t0 = cpu(), time.monotonic()
+        if warmup:  # imports (openai: ~1 s), pools, pydantic schemas: once per process, not per episode
+            run_fleet(client, workflow, dataset[-(warmup // n + 1):], n=n, concurrency=concurrency, epochs=1,
+                      max_episodes=warmup)
+        kinds = [(k, getattr(client, "_" + k, None)) for k in ("claims", "finishes")]  # None: an SDK without
+        kinds = [(k, c) for k, c in kinds if c is not None]                          # coalescing
+        sent0 = {k: (c.sent, c.items) for k, c in kinds}
+        c0, s0, t0 = cpu(), server_cpu(), time.monotonic()
         stats = run_fleet(client, workflow, dataset, n=n, concurrency=concurrency, epochs=1, max_episodes=episodes)
-        wall, used = time.monotonic() - t0, cpu() - c0
-    print(json.dumps({"finished": stats.finished, "failed": stats.failed, "wall_s": wall, "cpu_s": used}))
+        wall, used, served = time.monotonic() - t0, cpu() - c0, server_cpu() - s0
+        batches = {k: {"requests": c.sent - sent0[k][0], "items": c.items - sent0[k][1]} for k, c in kinds}
+        for k in ("claims", "finishes"):
+            batches.setdefault(k, {"requests": stats.finished, "items": stats.finished})
+    print(json.dumps({"finished": stats.finished, "failed": stats.failed, "wall_s": wall, "cpu_s": used,
+                      "server_cpu_s": served, "batches": batches}))
 """)
 
 
-def run_fleet_process(url: str, token: str, episodes: int, concurrency: int, n: int) -> dict:
-    r = subprocess.run([sys.executable, "-c", CLIENT, url, token, str(episodes), str(concurrency), str(n)],
-                       capture_output=True, text=True, timeout=1800)
+def run_fleet_process(url: str, token: str, episodes: int, concurrency: int, n: int, server_pid: int,
+                      warmup: int, profile: Path | None = None) -> dict:
+    """The fleet in its own process; it measures its own CPU and the server's over the same window."""
+    args = [sys.executable, "-c", CLIENT, url, token, str(episodes), str(concurrency), str(n), str(server_pid),
+            str(warmup)]
+    if profile is not None:
+        args = [*spy_args(profile / "client.raw"), "--", *args]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-3000:])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads([line for line in r.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def chat_latency(url: str, token: str, calls: int) -> list[float]:
@@ -188,9 +272,14 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--batch-groups", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=64,
+                    help="episodes played before measuring (imports, pools and schemas are per process)")
     ap.add_argument("--open", type=int, default=1000, help="episodes held open for the claim/RSS measurement")
     ap.add_argument("--calls", type=int, default=300, help="sequential chat calls for the latency percentiles")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="sample the server and the client with py-spy during the fleet run; "
+                         "collapsed stacks and the top costs go to this folder")
     args = ap.parse_args()
     token = "bench-" + secrets.token_hex(8)
     results: dict = {}
@@ -199,15 +288,27 @@ def main() -> None:
         model = build_untrained(tmp_path / "model", seed=0)
         proc, url = start_server(model, tmp_path / "server", token, args.batch_groups, args.group_size)
         try:
-            s0 = cpu_s(proc.pid)
-            fleet = run_fleet_process(url, token, args.episodes, args.concurrency, args.group_size)
-            server_cpu = cpu_s(proc.pid) - s0
+            spy = None
+            if args.profile is not None:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                spy = attach_spy(proc.pid, args.profile / "server.raw")
+                time.sleep(1.0)  # attached before the fleet starts
+            fleet = run_fleet_process(url, token, args.episodes, args.concurrency, args.group_size, proc.pid,
+                                      args.warmup, args.profile)
+            if spy is not None:
+                detach_spy(spy)
             episodes = fleet["finished"]
+            http_requests = episodes + sum(b["requests"] for b in fleet["batches"].values())  # chat + batches
             results["fleet"] = {
                 "episodes": episodes, "failed": fleet["failed"], "wall_s": round(fleet["wall_s"], 3),
                 "episodes_per_s": round(episodes / fleet["wall_s"], 1),
                 "requests_per_s": round(3 * episodes / fleet["wall_s"], 1),  # claim + chat + finish
-                "server_cpu_ms_per_episode": round(1000 * server_cpu / max(1, episodes), 3),
+                "http_requests_per_s": round(http_requests / fleet["wall_s"], 1),
+                "claims_per_request": round(fleet["batches"]["claims"]["items"]
+                                            / max(1, fleet["batches"]["claims"]["requests"]), 2),
+                "finishes_per_request": round(fleet["batches"]["finishes"]["items"]
+                                              / max(1, fleet["batches"]["finishes"]["requests"]), 2),
+                "server_cpu_ms_per_episode": round(1000 * fleet["server_cpu_s"] / max(1, episodes), 3),
                 "client_cpu_ms_per_episode": round(1000 * fleet["cpu_s"] / max(1, episodes), 3),
             }
             http = chat_latency(url, token, args.calls)
@@ -245,6 +346,9 @@ def main() -> None:
     console.print(table)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    if args.profile is not None:
+        print_profile("server", args.profile / "server.raw", 30)
+        print_profile("client", args.profile / "client.raw", 30)
 
 
 if __name__ == "__main__":

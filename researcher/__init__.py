@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import typing as _typing
 
-from store.lazy import lazy_attributes
+from store.lazy import lazy_attributes as _lazy_attributes
 
 _LAZY = {
     "Arm": "researcher.experiment",
@@ -51,7 +51,7 @@ if _typing.TYPE_CHECKING:
     from researcher.runner import advance, create_study, drive, stop_study
 
 
-__getattr__ = lazy_attributes(__name__, _LAZY)
+__getattr__ = _lazy_attributes(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)

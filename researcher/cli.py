@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shlex
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -47,6 +48,7 @@ from scheduler import daemon as scheduler_daemon
 from scheduler.manager import default_backends
 from store.models import Study, StudyStatus, Trial
 from store.paths import default_model_dir
+from swarm.client.cli import load_object
 
 app = typer.Typer(help="Plan, run and report RL studies autonomously.", no_args_is_help=True,
                   add_completion=False)
@@ -199,8 +201,15 @@ def _show_report_path(study_id: int) -> None:
 
 
 def _plan(cfg: StudyConfig) -> tuple[Frame, HypothesisSpec, Design, str]:
-    """The first round's plan as the study would make it, fitted to the trial budget."""
+    """The first round's plan as the study would make it, fitted to the trial budget.
+
+    Asked before any study exists (a dry run, a pre-check), so an unreachable LLM fails within
+    seconds here; inside a study the planner waits an endpoint out (ROOST_LLM_WAIT_S).
+    """
     p = make_planner(cfg)
+    policy = getattr(p, "policy", None)
+    if policy is not None:
+        policy.wait_s = min(policy.wait_s, 10.0)
     frame = p.frame(cfg.topic, cfg.defaults)
     hyp = p.hypothesize(cfg.topic, frame, [])
     if hyp is None:
@@ -236,6 +245,11 @@ def study(
                                     help="drive the study here until it ends, or leave it to `researcher daemon`"),
     model: str = typer.Option(None, "--model", show_default="the embedded model",
                               help="model directory for every trial"),
+    workflow: str = typer.Option(None, "--workflow", show_default="the task's built-in workflow",
+                                 help="your own agent for every trial: module:function(task, episode) -> reward "
+                                      "(the current directory is importable)"),
+    dataset: str = typer.Option(None, "--dataset", show_default="the task's, else a `dataset` beside the workflow",
+                                help="module:function(seed, size) -> tasks, with --workflow"),
     trial_time_limit: str = typer.Option("1h", "--trial-time-limit", callback=_duration,
                                          help="per-trial time limit"),
     trial_cpus: int = typer.Option(1, "--trial-cpus", min=1, help="CPUs per trial job"),
@@ -255,6 +269,13 @@ def study(
     if chosen == "llm" and llm_settings() is None:
         raise typer.BadParameter("no LLM configured (ROOST_LLM_BASE_URL, ROOST_LLM_MODEL)", param_hint="--planner")
     llm = llm_settings() or {}
+    if workflow:  # fail now, not in every trial's log; a `dataset` beside the workflow is its dataset
+        load_object(workflow)
+        module = workflow.partition(":")[0]
+        if dataset is None and callable(getattr(sys.modules.get(module), "dataset", None)):
+            dataset = f"{module}:dataset"
+        if dataset:
+            load_object(dataset)
     defaults = PlanDefaults(seeds=seeds, steps=steps)
     cfg = StudyConfig(
         topic=topic, planner=chosen, backend=backend, defaults=defaults, approve=approve, parallel=parallel,
@@ -262,7 +283,9 @@ def study(
                       wall_clock_s=parse_duration(wall_clock), llm_tokens=llm_tokens, deadline=_deadline(deadline)),
         trial_program=shlex.split(trial_program) if trial_program else default_trial_program(),
         trial_time_limit_s=int(parse_duration(trial_time_limit) or 3600), poll_s=poll, model_dir=model,
-        trial_cpus=trial_cpus, trial_gpus=trial_gpus, partition=partition,
+        trial_cpus=trial_cpus, trial_gpus=trial_gpus, partition=partition, workflow=workflow, dataset=dataset,
+        trial_env={"PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))}
+        if workflow else {},
         llm_base_url=llm.get("base_url"), llm_model=llm.get("model"))
     if cfg.planner == "llm":
         cfg.prompt_versions = LLMPlanner.prompt_versions()

@@ -70,6 +70,9 @@ class StudyConfig(BaseModel):
     poll_s: float = Field(default=5.0, gt=0, description="foreground polling interval")
     study_dir: str = ""
     model_dir: str | None = Field(default=None, description="--model for every trial; None: embedded")
+    workflow: str | None = Field(default=None, description="--workflow module:function for every trial (your own "
+                                                           "agent); None: the built-in task's")
+    dataset: str | None = Field(default=None, description="--dataset module:function for every trial")
     llm_base_url: str | None = None
     llm_model: str | None = None
     prompt_versions: dict[str, int] = Field(default_factory=dict)

@@ -1,44 +1,60 @@
-"""Chat models for the planner: an OpenAI-compatible one, a scripted one, and a kill switch.
+"""Chat models for the planner: LangChain's `ChatOpenAI`, a scripted model, and a kill switch.
 
-Three ideas taken from pydantic-ai's testing story:
+* `make_chat_model()`: `langchain-openai`'s `ChatOpenAI` on any OpenAI-compatible
+  endpoint (vLLM, OpenAI, a proxy). Base URL, key and model come from the study's
+  config or the environment: `ROOST_LLM_BASE_URL` / `ROOST_LLM_API_KEY` /
+  `ROOST_LLM_MODEL`, else the usual `OPENAI_BASE_URL` / `OPENAI_API_KEY` /
+  `OPENAI_MODEL`. Each request has a timeout (`ROOST_LLM_TIMEOUT_S`); the client's
+  own retries are off because `structured()` owns the backoff.
+* `ScriptedChatModel`: replies from a list or a function of the messages, for unit
+  tests. It also answers tool calls, so `with_structured_output` runs the same path
+  as against a real server.
+* `override_model(...)` and the switch `model_requests_allowed(False)` (or env
+  `ROOST_ALLOW_MODEL_REQUESTS=0`): with the switch off the real model raises
+  `ModelRequestsForbidden` before any network I/O. The researcher's tests turn it off.
 
-* `ScriptedChatModel`: a LangChain chat model whose replies are a list of strings
-  or a function of the messages (any LangChain `BaseChatModel`, e.g.
-  `GenericFakeChatModel`, works as well); it records every call.
-* `override_model(...)`: dependency override; `make_chat_model()` returns the
-  override instead of building a real client.
-* `ALLOW_MODEL_REQUESTS` / `model_requests_allowed(False)` (or env
-  `ROOST_ALLOW_MODEL_REQUESTS=0`): a global switch; with it off, the real client
-  raises `ModelRequestsForbidden` before any network I/O. The researcher's tests
-  turn it off for the whole session.
-
-`structured(model, messages, Schema)` asks for JSON, validates it with pydantic
-and, when invalid, sends the validation error back and asks again.
+`structured(model, messages, Schema, policy=...)` asks through LangChain's
+`with_structured_output` (JSON-schema mode, or tool calling where the server refuses
+`response_format`), validates with pydantic (and an optional `check`), and sends
+each validation error back for another try. Unreachable or overloaded endpoints
+are retried with exponential backoff for up to `policy.wait_s` seconds, then
+`LLMUnreachable` says so (the study is resumable). Tokens come from each
+response's `usage`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
-import re
+import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+import openai
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
-from pydantic import BaseModel, Field, ValidationError
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger(__name__)
 
 ENV_BASE_URL = "ROOST_LLM_BASE_URL"
 ENV_API_KEY = "ROOST_LLM_API_KEY"
 ENV_MODEL = "ROOST_LLM_MODEL"
+ENV_TIMEOUT = "ROOST_LLM_TIMEOUT_S"
 ENV_ALLOW = "ROOST_ALLOW_MODEL_REQUESTS"
+OPENAI_ENV = {"base_url": "OPENAI_BASE_URL", "api_key": "OPENAI_API_KEY", "model": "OPENAI_MODEL"}
 
 ALLOW_MODEL_REQUESTS = True
 _override: BaseChatModel | None = None
 
 T = TypeVar("T", bound=BaseModel)
+Method = Literal["json_schema", "function_calling"]
 
 
 class ModelRequestsForbidden(RuntimeError):
@@ -85,75 +101,77 @@ def override_model(model: BaseChatModel | None) -> Iterator[None]:
         _override = before
 
 
+# ---------------------------------------------------------------- the real model
+
+
 def llm_settings(config: dict[str, Any] | None = None) -> dict[str, str] | None:
-    """{base_url, api_key, model} from `config` (keys llm_*) or env; None if not configured."""
+    """{base_url, api_key, model} from `config` (keys llm_*), ROOST_LLM_* or OPENAI_*; None if unset.
+
+    A model name is required, and an endpoint: a base URL, or an OpenAI key for OpenAI itself.
+    """
     config = config or {}
-    base = config.get("llm_base_url") or os.environ.get(ENV_BASE_URL)
-    model = config.get("llm_model") or os.environ.get(ENV_MODEL)
-    key = config.get("llm_api_key") or os.environ.get(ENV_API_KEY) or "none"
-    if not base or not model:
+
+    def pick(key: str, roost_env: str) -> str | None:
+        return config.get(f"llm_{key}") or os.environ.get(roost_env) or os.environ.get(OPENAI_ENV[key])
+
+    base, model, key = pick("base_url", ENV_BASE_URL), pick("model", ENV_MODEL), pick("api_key", ENV_API_KEY)
+    if not model or not (base or key):
         return None
-    return {"base_url": base, "api_key": key, "model": model}
+    out = {"api_key": key or "none", "model": model}
+    if base:
+        out["base_url"] = base
+    return out
 
 
-def make_chat_model(config: dict[str, Any] | None = None) -> BaseChatModel:
+@functools.cache
+def _guarded_chat_openai() -> type[BaseChatModel]:
+    """`ChatOpenAI` behind the kill switch (a class made once, on first use)."""
+    from langchain_openai import ChatOpenAI  # lazy: ~4 s of imports, only when a real model is asked
+
+    class GuardedChatOpenAI(ChatOpenAI):  # type: ignore[misc]
+        """ChatOpenAI that refuses to send anything while model requests are switched off."""
+
+        def _generate(self, *args: Any, **kwargs: Any) -> ChatResult:
+            if not requests_allowed():
+                raise ModelRequestsForbidden("real model requests are switched off (tests); "
+                                             "use ScriptedChatModel or override_model()")
+            return super()._generate(*args, **kwargs)
+
+        async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
+            if not requests_allowed():
+                raise ModelRequestsForbidden("real model requests are switched off (tests)")
+            return await super()._agenerate(*args, **kwargs)
+
+    return GuardedChatOpenAI
+
+
+def make_chat_model(config: dict[str, Any] | None = None, *, timeout_s: float | None = None,
+                    temperature: float = 0.2, max_tokens: int | None = 1024) -> BaseChatModel:
+    """The override if one is set, else `ChatOpenAI` on the configured endpoint."""
     if _override is not None:
         return _override
     settings = llm_settings(config)
     if settings is None:
-        raise RuntimeError(f"no LLM configured: set {ENV_BASE_URL} and {ENV_MODEL} (and {ENV_API_KEY})")
-    return OpenAIChatModel(**settings)
+        raise RuntimeError(f"no LLM configured: set {ENV_BASE_URL} and {ENV_MODEL} (and {ENV_API_KEY}), "
+                           f"or OPENAI_BASE_URL / OPENAI_API_KEY and OPENAI_MODEL")
+    timeout = timeout_s if timeout_s is not None else float(os.environ.get(ENV_TIMEOUT, "120"))
+    return _guarded_chat_openai()(**settings, timeout=timeout, max_retries=0, temperature=temperature,
+                                  max_tokens=max_tokens)
 
 
-def _role(m: BaseMessage) -> str:
-    return {"human": "user", "ai": "assistant", "system": "system"}.get(m.type, "user")
-
-
-class OpenAIChatModel(BaseChatModel):
-    """Any OpenAI-compatible chat endpoint through the `openai` client (no extra package)."""
-
-    base_url: str
-    api_key: str = "none"
-    model: str
-    temperature: float = 0.2
-    timeout_s: float = 120.0
-
-    @property
-    def _llm_type(self) -> str:
-        return "roost-openai-compatible"
-
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        if not requests_allowed():
-            raise ModelRequestsForbidden("real model requests are switched off (tests); "
-                                         "use ScriptedChatModel or override_model()")
-        import openai  # lazy: the client library is only needed when a real model is asked
-
-        client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s)
-        try:
-            resp = client.chat.completions.create(
-                model=self.model, temperature=self.temperature, stop=stop,
-                messages=[{"role": _role(m), "content": str(m.content)} for m in messages])
-        except openai.APIConnectionError as e:  # includes timeouts
-            raise LLMUnreachable(f"cannot reach the LLM endpoint {self.base_url} ({e})") from e
-        except openai.APIStatusError as e:
-            raise LLMUnreachable(f"the LLM endpoint {self.base_url} refused the request for model "
-                                 f"{self.model!r}: HTTP {e.status_code} {e.message}") from e
-        text = resp.choices[0].message.content or ""
-        usage = resp.usage
-        meta = None
-        if usage is not None:
-            meta = {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
-                    "total_tokens": usage.total_tokens}
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=text, usage_metadata=meta))])
-
+# ---------------------------------------------------------------- the scripted model
 
 Reply = str | Callable[[list[BaseMessage]], str]
 
 
 class ScriptedChatModel(BaseChatModel):
     """Replies from a script: a list (one entry per call; strings or functions of the
-    messages) or one function for every call. Records the messages of each call."""
+    messages) or one function for every call. Records the messages of each call.
+
+    Bound to tools (what `with_structured_output` does), a reply that is a JSON object
+    comes back as a call of the first tool, anything else as an invalid tool call,
+    the way a tool-calling server answers.
+    """
 
     script: Any  # list[Reply] | Callable[[list[BaseMessage]], str]
     calls: list[list[BaseMessage]] = Field(default_factory=list)
@@ -162,8 +180,11 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "roost-scripted"
 
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> Any:
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
+
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+                  run_manager: Any = None, tools: list[dict] | None = None, **kwargs: Any) -> ChatResult:
         i = len(self.calls)
         self.calls.append(list(messages))
         if callable(self.script):
@@ -176,57 +197,157 @@ class ScriptedChatModel(BaseChatModel):
         n_in = sum(len(str(m.content)) for m in messages) // 4
         meta = {"input_tokens": n_in, "output_tokens": len(text) // 4 + 1,
                 "total_tokens": n_in + len(text) // 4 + 1}
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=text, usage_metadata=meta))])
+        msg = AIMessage(content=text, usage_metadata=meta)  # type: ignore[arg-type]
+        if tools:
+            name, call_id = tools[0]["function"]["name"], f"call_{i}"
+            try:
+                args = json.loads(text)
+                if not isinstance(args, dict):
+                    raise ValueError(f"expected a JSON object, got {type(args).__name__}")
+                msg = AIMessage(content="", usage_metadata=meta,  # type: ignore[arg-type]
+                                tool_calls=[{"name": name, "args": args, "id": call_id, "type": "tool_call"}])
+            except ValueError as e:  # json.JSONDecodeError included
+                msg = AIMessage(content="", usage_metadata=meta,  # type: ignore[arg-type]
+                                invalid_tool_calls=[{"name": name, "args": text, "id": call_id, "error": str(e),
+                                                     "type": "invalid_tool_call"}])
+        return ChatResult(generations=[ChatGeneration(message=msg)])
 
 
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)
+# ---------------------------------------------------------------- structured answers
 
 
-def extract_json(text: str) -> Any:
-    """The JSON object in a reply: a fenced block, the whole text, or its outermost {...}."""
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    if "{" in text and "}" in text:
-        candidates.append(text[text.index("{"): text.rindex("}") + 1])
-    last: Exception | None = None
-    for c in candidates:
+class CallPolicy(BaseModel):
+    """How `structured()` talks to the endpoint: output mode, and how long to wait it out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Method = Field("json_schema", description="json_schema (response_format); switched to "
+                           "function_calling when the server refuses response_format")
+    wait_s: float = Field(default_factory=lambda: float(os.environ.get("ROOST_LLM_WAIT_S", "300")), ge=0,
+                          description="keep retrying an unreachable/overloaded endpoint this long "
+                                      "(ROOST_LLM_WAIT_S, default 300 s)")
+    backoff_s: float = Field(1.0, gt=0, description="first wait; doubles up to backoff_max_s (±25 % jitter)")
+    backoff_max_s: float = Field(30.0, gt=0)
+    transport_retries: int = Field(0, ge=0, description="how many transport retries were made (a counter)")
+
+
+def _transient(e: Exception) -> bool:
+    """Worth waiting for: no connection, a timeout, 408/409/429, or a 5xx (openai's own rule)."""
+    if isinstance(e, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    return isinstance(e, openai.APIStatusError) and (e.status_code in (408, 409, 429) or e.status_code >= 500)
+
+
+def _refuses_response_format(e: Exception) -> bool:
+    return isinstance(e, openai.BadRequestError) and any(
+        w in str(e) for w in ("response_format", "json_schema", "structured output", "guided"))
+
+
+def _structured_runnable(model: BaseChatModel, json_schema: dict, method: Method) -> Any:
+    # ChatOpenAI honours `method`; LangChain's base chat model drops it and uses tool calling
+    return model.with_structured_output(json_schema, method=method, include_raw=True)
+
+
+def _invoke(model: BaseChatModel, messages: list[BaseMessage], json_schema: dict, policy: CallPolicy,
+            sleep: Callable[[float], None]) -> dict:
+    """One answer {raw, parsed, parsing_error}, waiting out an unreachable endpoint (backoff)."""
+    started, delay = time.monotonic(), policy.backoff_s
+    while True:
         try:
-            return json.loads(c.strip())
-        except json.JSONDecodeError as e:
-            last = e
-    raise ValueError(f"the reply is not valid JSON ({last})")
+            return _structured_runnable(model, json_schema, policy.method).invoke(messages)
+        except openai.LengthFinishReasonError as e:  # the client refuses to parse a cut-off answer
+            return _cut_off(e)
+        except openai.APIError as e:
+            if policy.method == "json_schema" and _refuses_response_format(e):
+                log.warning("the endpoint refuses response_format json_schema (%s); using tool calling", e)
+                policy.method = "function_calling"
+                continue
+            base = getattr(model, "openai_api_base", None) or "the LLM endpoint"
+            if not _transient(e):
+                raise LLMUnreachable(f"{base} refused the request for model "
+                                     f"{getattr(model, 'model_name', '?')!r}: {type(e).__name__}: {e}") from e
+            waited = time.monotonic() - started
+            if waited + delay > policy.wait_s:
+                raise LLMUnreachable(f"cannot reach the LLM endpoint {base} ({type(e).__name__}: {e}); gave up after "
+                                     f"{policy.transport_retries} retries over {waited:.0f} s") from e
+            policy.transport_retries += 1
+            pause = delay * random.uniform(0.75, 1.25)
+            log.warning("LLM endpoint %s: %s; retrying in %.1f s", base, type(e).__name__, pause)
+            sleep(pause)
+            delay = min(delay * 2, policy.backoff_max_s)
+
+
+def _cut_off(e: openai.LengthFinishReasonError) -> dict:
+    """A cut-off answer as an invalid one: its text and usage kept, the reason as its parsing error."""
+    usage = e.completion.usage
+    meta = None if usage is None else {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
+                                       "total_tokens": usage.total_tokens}
+    text = e.completion.choices[0].message.content or "" if e.completion.choices else ""
+    n = "?" if usage is None else usage.completion_tokens
+    return {"raw": AIMessage(content=text[:2000], usage_metadata=meta),  # type: ignore[arg-type]
+            "parsed": None,
+            "parsing_error": ValueError(f"the answer was cut off at the token limit ({n} tokens); "
+                                        "answer with a shorter JSON object")}
 
 
 def count_tokens(msg: BaseMessage, messages: Sequence[BaseMessage]) -> int:
+    """The response's reported usage; a rough chars/4 estimate when the server reports none."""
     meta = getattr(msg, "usage_metadata", None)
     if meta and meta.get("total_tokens"):
         return int(meta["total_tokens"])
     return (sum(len(str(m.content)) for m in messages) + len(str(msg.content))) // 4 + 1
 
 
-def structured(model: BaseChatModel, messages: list[BaseMessage], schema: type[T], *,
-               check: Callable[[T], None] | None = None, retries: int = 2,
-               retry_prompt: Callable[[str], str] | None = None,
-               on_tokens: Callable[[int], None] | None = None) -> T:
-    """Ask until the reply validates as `schema` (and passes `check`); at most 1 + retries calls.
+def _answer_text(raw: AIMessage) -> str:
+    """What the model answered, as text (tool-call arguments included), to quote back on a retry."""
+    if raw.tool_calls:
+        return json.dumps(raw.tool_calls[0]["args"])
+    if raw.invalid_tool_calls:
+        return str(raw.invalid_tool_calls[0].get("args") or "")
+    return str(raw.content)
 
-    Each failed attempt is answered with the error so the model can correct itself.
-    `on_tokens(n)` is told each call's token count (the budget is charged there).
+
+def _answer(out: dict, schema: type[T]) -> T:
+    """The validated answer, or ValueError/ValidationError saying what is wrong with it."""
+    raw: AIMessage = out["raw"]
+    if out.get("parsing_error") is not None:
+        raise ValueError(f"the reply is not valid JSON ({out['parsing_error']})")
+    if out.get("parsed") is None:
+        if raw.invalid_tool_calls:
+            raise ValueError(f"the reply is not valid JSON ({raw.invalid_tool_calls[0].get('error')})")
+        raise ValueError(f"the reply holds no {schema.__name__} JSON object")
+    return schema.model_validate(out["parsed"])
+
+
+def structured(model: BaseChatModel, messages: list[BaseMessage], schema: type[T], *,
+               json_schema: dict | None = None, check: Callable[[T], None] | None = None, retries: int = 2,
+               retry_prompt: Callable[[str], str] | None = None,
+               on_tokens: Callable[[int], None] | None = None, policy: CallPolicy | None = None,
+               sleep: Callable[[float], None] = time.sleep) -> T:
+    """Ask until the answer validates as `schema` (and passes `check`); at most 1 + retries answers.
+
+    `json_schema` is what the server is asked to follow (default: `schema`'s own); a
+    tighter one lets a server with structured outputs rule out answers pydantic would
+    refuse. Each invalid answer is quoted back with the error. `on_tokens(n)` is told
+    every answer's token count (the budget is charged there, invalid answers included).
     """
+    policy = policy or CallPolicy()
+    answer_schema = json_schema or schema.model_json_schema()
     messages = list(messages)
     error = ""
     for _ in range(retries + 1):
-        reply = model.invoke(messages)
+        out = _invoke(model, messages, answer_schema, policy, sleep)
+        raw: AIMessage = out["raw"]
         if on_tokens is not None:
-            on_tokens(count_tokens(reply, messages))
-        text = str(reply.content)
+            on_tokens(count_tokens(raw, messages))
         try:
-            obj = schema.model_validate(extract_json(text))
+            obj = _answer(out, schema)
             if check is not None:
                 check(obj)
             return obj
         except (ValidationError, ValueError) as e:
             error = str(e)
-        messages += [AIMessage(content=text),
+        messages += [AIMessage(content=_answer_text(raw)),
                      HumanMessage(content=retry_prompt(error) if retry_prompt else
                                   f"That output was invalid:\n{error}\nReply with corrected JSON only.")]
     raise StructuredOutputError(f"no valid {schema.__name__} after {retries + 1} attempts; last error: {error}")

@@ -87,6 +87,8 @@ class TrialLauncher:
         argv = [*self.cfg.trial_program, *exp.argv(str(tdir / "out"))]
         if self.cfg.model_dir and "model" not in exp.knobs and self.cfg.uses_swarm_train:
             argv += ["--model", self.cfg.model_dir]
+        if self.cfg.workflow and self.cfg.uses_swarm_train:  # the user's agent plays every trial
+            argv += ["--workflow", self.cfg.workflow] + (["--dataset", self.cfg.dataset] if self.cfg.dataset else [])
         argv += self._mlflow_args(f"{exp.arm} seed={exp.seed}")
         return JobSpec(name=job_name(self.study_id, trial.id), command=argv,  # type: ignore[arg-type]
                        env={"HF_HUB_OFFLINE": "1", "ROOST_STUDY_ID": str(self.study_id),

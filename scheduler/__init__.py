@@ -15,7 +15,7 @@ jobs under one key, submitted exactly once, with one state), `daemon`, `cli`.
 from __future__ import annotations
 
 
-from store.lazy import lazy_attributes
+from store.lazy import lazy_attributes as _lazy_attributes
 
 # Public name -> module. Imported lazily (PEP 562): `python -m scheduler._wrap`, which
 # supervises every local job, must start in milliseconds without pydantic, SQLAlchemy
@@ -48,7 +48,7 @@ _EXPORTS = {
 }
 
 
-__getattr__ = lazy_attributes(__name__, _EXPORTS)
+__getattr__ = _lazy_attributes(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

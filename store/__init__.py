@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import typing as _typing
 
-from store.lazy import lazy_attributes
+from store.lazy import lazy_attributes as _lazy_attributes
 
 # Public name -> module, imported on first use (PEP 562): `import store.paths` (which
 # the client and the scheduler's job wrapper do) must not pull in SQLAlchemy, and
@@ -89,7 +89,7 @@ if _typing.TYPE_CHECKING:
     from store.types import JSONType, UTCDateTime, utcnow
 
 
-__getattr__ = lazy_attributes(__name__, _LAZY)
+__getattr__ = _lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

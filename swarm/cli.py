@@ -29,7 +29,7 @@ import swarm.ctl as _ctl
 from store.paths import default_model_dir
 from swarm.client.cli import client_command, load_object
 from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
-from swarm.options import build_config, config_options, load_config_file
+from swarm.options import build_config, config_options, load_config_file, require_extra
 from swarm.plugins import mount_plugins
 from swarm.server.cli import serve_command
 from swarm.tasks import list_tasks
@@ -56,6 +56,7 @@ def model_init(
 
     Deterministic from the seed and idempotent: a complete model is reused.
     """
+    require_extra("server", "torch", "transformers", "tokenizers")
     from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
 
     with rich_progress() as progress:
@@ -89,6 +90,7 @@ def train_command(
     if resume and config_file is None and (out / RUN_FILE).exists():
         config_file = out / RUN_FILE  # the run's own settings; flags given now go on top
     spec: RunConfig = build_config(RunConfig, overrides, config_file, defaults=RunConfig())
+    require_extra("server", "fastapi", "uvicorn", "torch", "transformers")
     model = Path(spec.server.model_dir)
     if model == default_model_dir() and not (model / "config.json").exists():
         from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
@@ -121,6 +123,7 @@ def eval_command(
     json_out: Path = typer.Option(None, "--json", help="also write the results here"),
 ) -> None:
     """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled."""
+    require_extra("server", "torch", "transformers")
     from swarm.model.evaluate import evaluate  # lazy: torch + transformers take seconds
 
     model = model or default_model_dir()
@@ -176,6 +179,7 @@ def inspect_command(
         raise typer.BadParameter(str(exc), param_hint="--filter") from None
     except (FileNotFoundError, KeyError) as exc:
         raise typer.BadParameter(str(exc).strip('"'), param_hint="RUN_DIR / --episode") from None
+    require_extra("server", "transformers")
     from transformers import AutoTokenizer  # lazy: transformers takes seconds to import
 
     tok_dir = model or (Path(ep["model_dir"]) if ep.get("model_dir") else default_model_dir())

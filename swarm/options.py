@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib.util
 import inspect
 import json
 import typing
@@ -200,6 +201,18 @@ def config_options(model: type[BaseModel], defaults: BaseModel | None = None,
     return decorate
 
 
+def require_extra(extra: str, *modules: str) -> None:
+    """Exit with one line naming the extra to install when a heavy dependency is missing.
+
+    A client-only install (`pip install roost`) has no torch, FastAPI or MLflow: the
+    commands that need them say so instead of printing an ImportError traceback.
+    """
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        typer.echo(f"this command needs {', '.join(missing)}: pip install 'roost[{extra}]'", err=True)
+        raise typer.Exit(1)
+
+
 def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     for key in path[:-1]:
         tree = tree.setdefault(key, {})
@@ -296,4 +309,4 @@ def write_config(path: Path, config: BaseModel, exclude: frozenset[str] = SECRET
 
 
 __all__ = ["Flag", "Leaf", "build_config", "cli_leaves", "config_options", "deep_merge", "describe_error",
-           "dump_config", "leaves", "load_config_file", "write_config"]
+           "dump_config", "leaves", "load_config_file", "require_extra", "write_config"]

@@ -8,12 +8,20 @@ DESIGN.md §3 sketches the routes; these models are the truth.
     POST /swarm/v1/episodes/{id}/heartbeat   -              -> HeartbeatResponse (episode key)
     POST /swarm/v1/episodes/{id}/finish      FinishRequest  -> FinishResponse  (episode key)
     POST /swarm/v1/episodes/{id}/abort       AbortRequest   -> AbortResponse   (episode key)
+    POST /swarm/v1/claims                    ClaimBatch     -> BatchResponse   (worker token)
+    POST /swarm/v1/finishes                  FinishBatch    -> BatchResponse   (worker token + each key)
     GET  /swarm/v1/status                    -              -> StatusResponse  (worker token)
     POST /swarm/v1/admin/stop|checkpoint     -              -> AdminResponse   (admin token)
 
 Every 4xx/5xx body is an `ErrorResponse`: `{"error": {"message", "type", "code"}}`.
 A claim refused for flow control is a 429 with a `Retry-After` header; a server
 that is shutting down answers 503 with code `"stopping"`.
+
+The two batch routes carry what concurrent episodes of one client send at the same
+moment (the SDK coalesces them): one request, one group commit. Each item is judged
+on its own (validated, authorized by its episode key, fenced by its epoch) and
+answered by a `BatchResult` holding the status and body its single route would have
+sent, so a batch never turns one item's error into another's.
 """
 
 from __future__ import annotations
@@ -129,6 +137,33 @@ class AbortResponse(_Response):
     status: Literal["aborted"] = "aborted"
 
 
+# -- batches ----------------------------------------------------------------------
+
+#: Most items in one batch request (the SDK sends at most this many).
+MAX_BATCH = 256
+
+
+class ClaimBatch(_Request):
+    claims: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH,
+                                         description="`ClaimRequest` bodies, each validated on its own")
+
+
+class FinishBatch(_Request):
+    finishes: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_BATCH,
+        description="`FinishRequest` bodies plus `episode_id` and `api_key` (the episode's key)")
+
+
+class BatchResult(_Response):
+    status: int = Field(description="the HTTP status this item's single route would have answered")
+    body: dict[str, Any] = Field(description="that route's body: the response, or an `ErrorResponse`")
+    retry_after: int | None = Field(None, description="its Retry-After header, if any")
+
+
+class BatchResponse(_Response):
+    results: list[BatchResult] = Field(description="one per item, in order")
+
+
 # -- status and admin -------------------------------------------------------------
 
 
@@ -170,13 +205,18 @@ __all__ = [
     "AbortRequest",
     "AbortResponse",
     "AdminResponse",
+    "BatchResponse",
+    "BatchResult",
+    "ClaimBatch",
     "ClaimRequest",
     "ClaimResponse",
     "ErrorDetail",
     "ErrorResponse",
+    "FinishBatch",
     "FinishRequest",
     "FinishResponse",
     "GroupStatus",
     "HeartbeatResponse",
+    "MAX_BATCH",
     "StatusResponse",
 ]

@@ -195,7 +195,8 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                                   stdout=open(logs / "server.log", "w"),
                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
         procs.append(server)
-        _wait_healthy(url, token, server, logs / "server.log")
+        # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
+        _wait_healthy(url, token, server, logs / "server.log", timeout=900.0 if spec.server.engine == "vllm" else 180.0)
         for log_name, fleet in fleet_configs(spec, url):
             fleet_file = write_config(out / f"fleet-{log_name}.yaml", fleet)
             procs.append(subprocess.Popen(_swarm("client", "--config", str(fleet_file)),

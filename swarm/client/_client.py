@@ -27,11 +27,16 @@ from typing import Any, Iterator
 
 import httpx
 
+from swarm.client._coalesce import Coalescer, Item
 from swarm.client._heartbeat import Heartbeats
 from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError
 from swarm.protocol import (
     AGENT_HEADER, API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse,
 )
+
+#: Connection pools shared by a client's episodes' OpenAI calls (see `SwarmClient.openai_http`).
+OPENAI_POOLS = 16
+
 
 class SwarmClient:
     """Synchronous client of one swarm server (thread-safe: share it across a fleet)."""
@@ -52,17 +57,32 @@ class SwarmClient:
         self._closed = threading.Event()
         self._connected = False  # reached the server once: connection errors now mean "reconnect"
         self._heartbeats = Heartbeats(self._http, self._closed, heartbeat_s) if heartbeats else None
+        self._pools: list[httpx.Client] = []  # for the episodes' OpenAI calls (`openai_http`)
+        self._pools_lock = threading.Lock()
+        self._turn = 0
+        self._tls: Any = None
+        # concurrent claims and finishes of this client's threads share requests (`_coalesce.py`)
+        self._claims = Coalescer(self._http, self.token, f"{API_PREFIX}/claims", "claims")
+        self._finishes = Coalescer(self._http, self.token, f"{API_PREFIX}/finishes", "finishes")
 
     # -- plumbing -------------------------------------------------------------
     def request(self, method: str, path: str, *, key: str | None = None, json: Any = None,
                 wait_429: bool = False, wait_timeout: float | None = None,
-                stop: threading.Event | None = None) -> dict:
-        """One API call with retries; returns the JSON body of the successful answer."""
+                stop: threading.Event | None = None, via: tuple[Coalescer, dict] | None = None) -> dict:
+        """One API call with retries; returns the JSON body of the successful answer.
+
+        `via`: (coalescer, batch entry): sent together with what other threads send at
+        the same moment (`_coalesce.py`); alone, it goes as this very request.
+        """
         headers = {"Authorization": f"Bearer {key or self.token}"}
         tries = Attempts(self, wait_429, wait_timeout)
+        item = Item(path, key or self.token, json, via[1]) if via is not None else None
         while True:
             try:
-                r = self._http.request(method, path, json=json, headers=headers)
+                if via is not None and item is not None:
+                    r = via[0].call(item)
+                else:
+                    r = self._http.request(method, path, json=json, headers=headers)
                 delay = tries.response(r)
                 if delay is None:
                     return r.json()
@@ -90,7 +110,7 @@ class SwarmClient:
         body = {"task_id": task_id, "task_family": task_family, "metadata": metadata or {},
                 "roles": roles, "claim_key": uuid.uuid4().hex, "wait_s": self.claim_wait_s if wait else 0.0}
         data = self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait,
-                            wait_timeout=wait_timeout, stop=stop)
+                            wait_timeout=wait_timeout, stop=stop, via=(self._claims, body))
         ep = Episode(self, ClaimResponse.model_validate(data))
         if self._heartbeats is not None:
             self._heartbeats.add(ep)
@@ -135,23 +155,34 @@ class SwarmClient:
             ep._untrack()
         return n
 
-    @cached_property
     def openai_http(self) -> httpx.Client:
-        """One connection pool for every episode's `openai.OpenAI`.
+        """A connection pool for a new episode's `openai.OpenAI` (closed with the client).
 
-        Building an `openai.OpenAI` with its own pool costs ~30 ms of CPU; with
-        a fleet starting hundreds of episodes a step that was most of the
-        client's time. Episodes share this pool (their keys differ per request
-        header, not per connection), and it is closed with the client.
+        Building an `openai.OpenAI` with its own pool costs ~30 ms of CPU, so episodes
+        share pools (their keys differ per request header, not per connection). Several
+        pools, handed out in turn, not one: httpx scans every connection of a pool, under
+        one lock, for each request, so a fleet's 64 threads on one 64-connection pool
+        spent a quarter of the client's CPU there. Bounded, so fleets that come and go
+        reuse them; one TLS context for all (building one costs ~2 ms).
         """
-        return httpx.Client(timeout=self.timeout * 10, limits=httpx.Limits(max_connections=None,
-                                                                           max_keepalive_connections=256))
+        with self._pools_lock:
+            self._turn += 1
+            if len(self._pools) < OPENAI_POOLS:
+                if self._tls is None:
+                    self._tls = httpx.create_ssl_context()
+                self._pools.append(httpx.Client(
+                    timeout=self.timeout * 10, verify=self._tls,
+                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=32)))
+                return self._pools[-1]
+            return self._pools[self._turn % OPENAI_POOLS]
 
     def close(self) -> None:
         self._closed.set()
         self._http.close()
-        if "openai_http" in self.__dict__:
-            self.openai_http.close()
+        with self._pools_lock:
+            pools, self._pools = self._pools, []
+        for pool in pools:
+            pool.close()
 
     def __enter__(self) -> SwarmClient:
         return self
@@ -263,7 +294,7 @@ class Episode(EpisodeBase):
 
     def __init__(self, client: SwarmClient, claim: ClaimResponse) -> None:
         super().__init__(claim, client.timeout * 10)
-        self._shared_http = client.openai_http
+        self._shared_http = client.openai_http()
         self._client = client
 
     def finish(self, reward: float, metrics: dict[str, float] | None = None,
@@ -279,7 +310,9 @@ class Episode(EpisodeBase):
 
     def _finish(self, body: dict) -> FinishResponse:
         try:
-            data = self._client.request("POST", self._path("finish"), key=self.api_key, json=body)
+            entry = {**body, "episode_id": self.id, "api_key": self.api_key}
+            data = self._client.request("POST", self._path("finish"), key=self.api_key, json=body,
+                                        via=(self._client._finishes, entry))
         except SwarmAPIError as exc:
             self._gone(exc)
             raise

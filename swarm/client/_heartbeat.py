@@ -69,14 +69,18 @@ class Heartbeats:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._sleeping_until = 0.0  # when the thread wakes next on its own (monotonic)
 
     def add(self, ep: Beating) -> None:
+        due = time.monotonic() + beat_period(ep, self.heartbeat_s)
         with self._lock:
-            self._due[ep.id] = (ep, time.monotonic() + beat_period(ep, self.heartbeat_s))
+            self._due[ep.id] = (ep, due)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="swarm-heartbeats", daemon=True)
                 self._thread.start()
-        self._wake.set()
+            wake = not self._sleeping_until or due < self._sleeping_until  # else it wakes in time anyway
+        if wake:  # a fleet claims hundreds of episodes a second: not one wake-up (and scan) each
+            self._wake.set()
 
     def remove(self, ep: Beating) -> None:
         with self._lock:
@@ -89,13 +93,15 @@ class Heartbeats:
     def _run(self) -> None:
         while not self._closed.is_set():
             now = time.monotonic()
-            with self._lock:
+            with self._lock:  # what is due, and (atomically with it) until when the thread sleeps
                 due = [ep for ep, t in self._due.values() if t <= now]
                 nxt = min((t for _, t in self._due.values()), default=now + 1.0)
+                pause = max(0.01, min(1.0, nxt - now))
+                self._sleeping_until = 0.0 if due else now + pause
             for ep in due:
                 self._beat(ep)
             if not due:
-                self._wake.wait(max(0.01, min(1.0, nxt - time.monotonic())))
+                self._wake.wait(pause)
                 self._wake.clear()
 
     def _beat(self, ep: Beating) -> None:

@@ -1,18 +1,37 @@
 """Continuous batching for a Hugging Face causal LM: many requests, one decode loop.
 
 One worker thread owns the model during generation. Requests from any number of
-episodes queue up; at every step the loop either prefills newly arrived requests
-(as one left-padded batch) and splices their KV cache into the running batch, or
-advances every running row by one token. Finished rows leave the batch at once,
-and columns that became padding for every row are trimmed, so a long request does
-not slow down the short ones that follow it.
+episodes queue up; every loop turn is ONE forward pass over every running row:
 
-Positions are explicit per row (count of real tokens so far), which is what makes
-left padding and splicing exact for rotary models such as Qwen2.
+* nothing new arrived: a decode step, one token per running row;
+* new requests arrived: a fused step. The new rows join the batch with an empty
+  (masked) KV cache, their left-padded prompts are the step's input, and each
+  running row feeds its one pending token in the step's last column (its other
+  columns are masked padding). Prefill and decode share the forward, so requests
+  trickling in from many episodes do not stall the running ones for a pass of
+  their own. The price is rows x (prompt width - 1) dead positions; past
+  `fuse_pad_tokens` of them the newcomers are prefilled on their own and spliced
+  in instead (on a CPU, where every position costs compute, that is almost
+  always; on a GPU, where a forward costs its launch overhead, almost never).
+
+A prefill whose prompts share a prefix (the chat template, a system prompt) of at
+least `min_shared_prefix` tokens computes that prefix once and copies its KV cache
+to every row.
+
+Finished rows leave the batch at once, and columns that are padding for every
+remaining row are dropped (wherever they are: masked columns carry nothing, and
+positions are explicit per row), so the cache stays as narrow as the live rows.
+Positions are the count of real tokens so far, which is what makes left padding,
+splicing and column drops exact for rotary models such as Qwen2.
+
+Per-token host work is kept off the hot path: pending tokens stay on the device,
+sampling knobs are tensors rebuilt only when rows join or leave, and the chunks
+of one step reach each event loop in a single `call_soon_threadsafe`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -34,10 +53,9 @@ class _Row:
     params: SamplingParams
     emit: Emit
     generator: torch.Generator | None
+    loop: asyncio.AbstractEventLoop | None = None  # deliver chunks on this loop (else in the worker)
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
-    pending: int = -1  # last sampled token, not yet in the KV cache
-    text_checked: int = 0
 
 
 class Handle:
@@ -48,6 +66,11 @@ class Handle:
 
     def cancel(self) -> None:
         self._row.cancelled = True
+
+
+def _deliver(items: list[tuple[Emit, TokenChunk]]) -> None:
+    for emit, chunk in items:
+        emit(chunk)
 
 
 class ContinuousBatcher:
@@ -61,6 +84,8 @@ class ContinuousBatcher:
         vocab_size: int,
         max_batch: int = 64,
         seed: int = 0,
+        fuse_pad_tokens: int = 32,
+        min_shared_prefix: int = 4,
     ) -> None:
         self.vocab_size = vocab_size
         self.model = model
@@ -69,18 +94,28 @@ class ContinuousBatcher:
         self.max_positions = max_positions
         self.decode = decode
         self.max_batch = max_batch
+        self.fuse_pad_tokens = fuse_pad_tokens
+        self.min_shared_prefix = min_shared_prefix
         self.shared_gen = torch.Generator().manual_seed(seed)
         self._inbox: queue.Queue[_Row] = queue.Queue()
         self._rows: list[_Row] = []
         self._cache: DynamicCache | None = None
-        self._attn: torch.Tensor | None = None  # [B, L] 1 = real token in cache
+        self._attn: torch.Tensor | None = None  # [B, L] on the device; 1 = real token in cache
+        self._pending: torch.Tensor | None = None  # [B] last sampled tokens, not yet in the cache
+        self._knobs: tuple[torch.Tensor, torch.Tensor, bool, bool] | None = None
+        self._out: dict[asyncio.AbstractEventLoop | None, list[tuple[Emit, TokenChunk]]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.steps = 0
+        self.fused_steps = 0  # steps that prefilled new rows while decoding running ones
         self.tokens_out = 0
+        self.prefix_tokens_saved = 0  # prompt positions not recomputed thanks to a shared prefix
+        self.busy_s = 0.0  # time spent in forward passes and sampling (the engine's own generation time)
 
     # -- public -------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams, emit: Emit) -> Handle:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, emit: Emit,
+               loop: asyncio.AbstractEventLoop | None = None) -> Handle:
+        """Queue a request. `emit` gets its chunks: on `loop` when given (batched per step), else in the worker."""
         if not prompt_ids:
             raise ValueError("empty prompt")
         if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_ids):
@@ -88,7 +123,7 @@ class ContinuousBatcher:
         if len(prompt_ids) >= self.max_positions:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens exceeds the context of {self.max_positions}")
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        row = _Row(list(prompt_ids), params, emit, gen)
+        row = _Row(list(prompt_ids), params, emit, gen, loop)
         self._ensure_thread()
         self._inbox.put(row)
         return Handle(row)
@@ -101,6 +136,12 @@ class ContinuousBatcher:
     @property
     def running(self) -> int:
         return len(self._rows) + self._inbox.qsize()
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        end = time.monotonic() + timeout
+        while self.running and time.monotonic() < end:
+            time.sleep(0.01)
+        return not self.running
 
     # -- loop ---------------------------------------------------------------
     def _ensure_thread(self) -> None:
@@ -121,7 +162,7 @@ class ContinuousBatcher:
                 new.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        return new
+        return [r for r in new if not r.cancelled]
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -130,77 +171,172 @@ class ContinuousBatcher:
                 continue
             try:
                 with self.lock, torch.inference_mode():
-                    if new:
+                    t0 = time.perf_counter()
+                    if new and self._rows and self._fusable(new):
+                        self._fused(new)
+                        self.fused_steps += 1
+                    elif new:
                         self._prefill(new)
                     else:
                         self._decode()
+                    self.busy_s += time.perf_counter() - t0
                     self.steps += 1
             except Exception as exc:  # never let one bad batch kill the loop
                 for row in new + self._rows:
-                    row.emit(TokenChunk([], [], finish_reason=f"error: {exc}"))
-                self._rows, self._cache, self._attn = [], None, None
+                    self._emit(row, TokenChunk([], [], finish_reason=f"error: {exc}"))
+                self._rows, self._cache, self._attn, self._pending, self._knobs = [], None, None, None, None
+            self._flush()
+
+    def _fusable(self, new: list[_Row]) -> bool:
+        return len(self._rows) * (max(len(r.prompt_ids) for r in new) - 1) <= self.fuse_pad_tokens
+
+    @staticmethod
+    def _left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ids and attention mask [n, longest] with each prompt right-aligned."""
+        width = max(len(p) for p in prompts)
+        flat: list[int] = []
+        for p in prompts:
+            flat += [0] * (width - len(p))
+            flat += p
+        ids = torch.tensor(flat, dtype=torch.long).view(len(prompts), width)
+        lens = torch.tensor([len(p) for p in prompts])
+        attn = (torch.arange(width).unsqueeze(0) >= (width - lens).unsqueeze(1)).long()
+        return ids, attn
 
     def _prefill(self, new: list[_Row]) -> None:
-        new = [r for r in new if not r.cancelled]
-        if not new:
-            return
-        width = max(len(r.prompt_ids) for r in new)
-        ids = torch.zeros(len(new), width, dtype=torch.long)
-        attn = torch.zeros(len(new), width, dtype=torch.long)
-        for i, r in enumerate(new):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            attn[i, width - len(r.prompt_ids):] = 1
-        pos = (attn.cumsum(-1) - 1).clamp_min(0)
+        """New rows alone: one forward over their prompts, then spliced into the running batch.
+
+        When the prompts share a prefix of at least `min_shared_prefix` tokens (a chat
+        template, a system prompt), the prefix is computed once and its KV cache copied
+        to every row; the forward then covers only the rest of each prompt.
+        """
         dev = self._device()
-        cache = DynamicCache()
-        out = self.model(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev),
-                         past_key_values=cache, use_cache=True)
+        shared = _common_prefix([r.prompt_ids for r in new]) if len(new) > 1 else 0
+        if shared < self.min_shared_prefix:
+            ids, attn = self._left_padded([r.prompt_ids for r in new])
+            ids, attn = ids.to(dev), attn.to(dev)
+            pos = (attn.cumsum(-1) - 1).clamp_min(0)
+            cache = DynamicCache()
+        else:
+            head = torch.tensor([new[0].prompt_ids[:shared]], dtype=torch.long, device=dev)
+            cache = DynamicCache()
+            self.model(input_ids=head, position_ids=torch.arange(shared, device=dev).unsqueeze(0),
+                       past_key_values=cache, use_cache=True)
+            for layer in cache.layers:
+                layer.keys = layer.keys.expand(len(new), -1, -1, -1).contiguous()
+                layer.values = layer.values.expand(len(new), -1, -1, -1).contiguous()
+            ids, tail_attn = self._left_padded([r.prompt_ids[shared:] for r in new])
+            ids, tail_attn = ids.to(dev), tail_attn.to(dev)
+            pos = shared + (tail_attn.cumsum(-1) - 1).clamp_min(0)
+            attn = torch.cat([tail_attn.new_ones(len(new), shared), tail_attn], dim=1)
+            self.prefix_tokens_saved += shared * (len(new) - 1)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
+        offset = len(self._rows)
         self._splice(new, out.past_key_values, attn)
-        self._sample(new, out.logits[:, -1, :], offset=len(self._rows) - len(new))
+        self._sample(out.logits[:, -1, :], offset)
+
+    def _fused(self, new: list[_Row]) -> None:
+        """Running rows decode their pending token while new rows prefill, in one forward."""
+        assert self._cache is not None and self._attn is not None and self._pending is not None
+        dev = self._device()
+        b, n = len(self._rows), len(new)
+        new_ids, new_attn = self._left_padded([r.prompt_ids for r in new])
+        width = new_ids.shape[1]
+        ids = torch.zeros(b + n, width, dtype=torch.long, device=dev)
+        ids[:b, -1] = self._pending
+        ids[b:] = new_ids.to(dev)
+        step_attn = torch.zeros(b + n, width, dtype=torch.long, device=dev)
+        step_attn[:b, -1] = 1
+        step_attn[b:] = new_attn.to(dev)
+        pos = torch.zeros(b + n, width, dtype=torch.long, device=dev)
+        pos[:b, -1] = self._attn.sum(-1)
+        pos[b:] = (step_attn[b:].cumsum(-1) - 1).clamp_min(0)
+        old_width = self._attn.shape[1]
+        for layer in self._cache.layers:  # new rows join with an all-masked cache of the current width
+            layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(n, *layer.keys.shape[1:])], dim=0)
+            layer.values = torch.cat([layer.values, layer.values.new_zeros(n, *layer.values.shape[1:])], dim=0)
+        attn = torch.cat([torch.cat([self._attn, self._attn.new_zeros(n, old_width)], dim=0), step_attn], dim=1)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=self._cache,
+                         use_cache=True)
+        self._cache, self._attn = out.past_key_values, attn
+        self._rows.extend(new)
+        self._knobs = None
+        self._sample(out.logits[:, -1, :], 0)
 
     def _decode(self) -> None:
-        assert self._cache is not None and self._attn is not None
-        dev = self._device()
-        tokens = torch.tensor([[r.pending] for r in self._rows], dtype=torch.long, device=dev)
-        pos = self._attn.sum(-1, keepdim=True).to(dev)
-        attn = torch.cat([self._attn, torch.ones(len(self._rows), 1, dtype=torch.long)], dim=1)
-        out = self.model(input_ids=tokens, attention_mask=attn.to(dev), position_ids=pos,
+        assert self._cache is not None and self._attn is not None and self._pending is not None
+        pos = self._attn.sum(-1, keepdim=True)
+        attn = torch.cat([self._attn, self._attn.new_ones(len(self._rows), 1)], dim=1)
+        out = self.model(input_ids=self._pending.unsqueeze(-1), attention_mask=attn, position_ids=pos,
                          past_key_values=self._cache, use_cache=True)
         self._cache, self._attn = out.past_key_values, attn
-        self._sample(list(self._rows), out.logits[:, -1, :], offset=0)
+        self._sample(out.logits[:, -1, :], 0)
 
     def _splice(self, new: list[_Row], cache: DynamicCache, attn: torch.Tensor) -> None:
         """Append newly prefilled rows to the running batch, left-padding the shorter side."""
+        self._knobs = None
         if self._cache is None or not self._rows:
             self._rows, self._cache, self._attn = list(new), cache, attn
             return
         assert self._attn is not None
-        old_len, new_len = self._attn.shape[1], attn.shape[1]
-        width = max(old_len, new_len)
+        width = max(self._attn.shape[1], attn.shape[1])
         for old_layer, new_layer in zip(self._cache.layers, cache.layers):
             old_layer.keys = _cat_left_padded(old_layer.keys, new_layer.keys, width)
             old_layer.values = _cat_left_padded(old_layer.values, new_layer.values, width)
         self._attn = torch.cat([_pad_left(self._attn, width), _pad_left(attn, width)], dim=0)
         self._rows.extend(new)
 
-    def _sample(self, rows: list[_Row], logits: torch.Tensor, offset: int) -> None:
-        temp = torch.tensor([r.params.temperature for r in rows], device=logits.device)
-        top_p = torch.tensor([r.params.top_p for r in rows], device=logits.device)
-        tokens, logps = sample_rows(logits, temp, top_p, [r.generator for r in rows], self.shared_gen)
+    def _sampling_knobs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
+        """Per-row temperature and top-p tensors (+ host-side flags), rebuilt only when rows change."""
+        if self._knobs is None:
+            temps = [r.params.temperature for r in self._rows]
+            tops = [r.params.top_p for r in self._rows]
+            plain = all(t == 1.0 for t in temps) and all(p >= 1.0 for p in tops)
+            self._knobs = (torch.tensor(temps, device=device), torch.tensor(tops, device=device), plain,
+                           any(p < 1.0 for p in tops))
+        return self._knobs
+
+    def _sample(self, logits: torch.Tensor, offset: int) -> None:
+        """Sample the rows from `offset` on (all rows, or the newly spliced ones)."""
+        temp, top_p, plain, nucleus = self._sampling_knobs(logits.device)
+        rows = self._rows[offset:]
+        if offset:
+            temp, top_p = temp[offset:], top_p[offset:]
+        tokens, logps = sample_rows(logits, temp, top_p, [r.generator for r in rows], self.shared_gen,
+                                    plain=plain, nucleus=nucleus)
+        if offset:
+            assert self._pending is not None
+            self._pending = torch.cat([self._pending, tokens])
+        else:
+            self._pending = tokens
         done: list[int] = []
         for i, (r, tok, lp) in enumerate(zip(rows, tokens.tolist(), logps.tolist())):
             if r.cancelled:
                 done.append(offset + i)
                 continue
             r.generated.append(tok)
-            r.pending = tok
             self.tokens_out += 1
             reason = self._finish_reason(r, tok)
-            r.emit(TokenChunk([tok], [lp], finish_reason=reason))
+            self._emit(r, TokenChunk([tok], [lp], finish_reason=reason))
             if reason is not None:
                 done.append(offset + i)
         if done:
-            self._drop(set(done))
+            self._drop(done)
+
+    def _emit(self, row: _Row, chunk: TokenChunk) -> None:
+        self._out.setdefault(row.loop, []).append((row.emit, chunk))
+
+    def _flush(self) -> None:
+        """Hand this step's chunks over: one callback per event loop, direct calls otherwise."""
+        out, self._out = self._out, {}
+        for loop, items in out.items():
+            if loop is None:
+                _deliver(items)
+                continue
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the caller's loop closed: nobody is listening any more
+                pass
 
     def _finish_reason(self, r: _Row, tok: int) -> str | None:
         if (tok in self.eos_ids and not r.params.ignore_eos) or tok in r.params.stop_token_ids:
@@ -215,32 +351,41 @@ class ContinuousBatcher:
             return "length"
         return None
 
-    def _drop(self, done: set[int]) -> None:
-        keep = [i for i in range(len(self._rows)) if i not in done]
+    def _drop(self, done: list[int]) -> None:
+        gone = set(done)
+        keep = [i for i in range(len(self._rows)) if i not in gone]
+        self._knobs = None
         if not keep:
-            self._rows, self._cache, self._attn = [], None, None
+            self._rows, self._cache, self._attn, self._pending = [], None, None, None
             return
-        assert self._cache is not None and self._attn is not None
-        index = torch.tensor(keep, dtype=torch.long)
-        self._cache.batch_select_indices(index.to(self._device()))
+        assert self._cache is not None and self._attn is not None and self._pending is not None
+        index = torch.tensor(keep, dtype=torch.long, device=self._attn.device)
+        self._cache.batch_select_indices(index)
         self._attn = self._attn[index]
+        self._pending = self._pending[index]
         self._rows = [self._rows[i] for i in keep]
-        # trim columns that are padding for every remaining row
-        first = int((self._attn.sum(0) > 0).nonzero()[0])
-        if first > 0:
+        # drop the columns that are padding for every remaining row
+        live = self._attn.any(0)
+        if not bool(live.all()):
+            cols = live.nonzero().squeeze(-1)
             for layer in self._cache.layers:
-                layer.keys = layer.keys[:, :, first:]
-                layer.values = layer.values[:, :, first:]
-            self._attn = self._attn[:, first:]
+                layer.keys = layer.keys.index_select(2, cols)
+                layer.values = layer.values.index_select(2, cols)
+            self._attn = self._attn.index_select(1, cols)
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def wait_idle(self, timeout: float = 30.0) -> bool:
-        end = time.monotonic() + timeout
-        while self.running and time.monotonic() < end:
-            time.sleep(0.01)
-        return not self.running
+
+def _common_prefix(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with, leaving each at least one token of its own (its last)."""
+    n = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    for i in range(n):
+        t = first[i]
+        if any(p[i] != t for p in prompts):
+            return i
+    return max(n, 0)
 
 
 def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -4,6 +4,19 @@ Reads top to bottom: episode advantages from group rewards -> right-padded
 micro-batches under a token budget -> recompute logprobs -> PPO-clip loss
 (+ optional KL to a frozen reference, entropy bonus) -> accumulate -> clip ->
 AdamW. The math lives in `swarm.algorithms`; this module only shapes tensors.
+
+What keeps it at the speed of a bare forward/backward/AdamW step (measured by
+`bench/train_step.py`, written up in docs/training-speed.md):
+
+* the LM head and the log-softmax run only on trained positions (the policy's
+  tokens), not on every prompt and padding position: for a chat prompt with a
+  short answer that is most of them, and for a 150k vocabulary most of the memory;
+* one log-softmax per micro-batch feeds the logprobs and the entropy; the entropy
+  is only a metric (no graph) unless `entropy_coef` is set;
+* the reference model runs only when `kl_coef` is set;
+* metrics stay on the device until the end of the step: one host sync, not
+  several per micro-batch;
+* tensors are built from flat lists in one copy per field, not one per sample.
 """
 
 from __future__ import annotations
@@ -12,11 +25,17 @@ import time
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
-from swarm.algorithms import (
-    compute_advantages, entropy_from_logits, kl_k3, loss_scales, ppo_clip_loss, token_logprobs,
-)
+from swarm.algorithms import compute_advantages, kl_k3, loss_scales, ppo_clip_loss
 from swarm.engine.base import TrainConfig, TrainSample
+from swarm.engine.precision import grads_to_clip
+
+#: Model types whose logits are exactly `lm_head(final hidden state)` (no soft-capping,
+#: no logit scale): for these the head runs on trained positions only.
+PLAIN_HEAD_MODELS = frozenset({"qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama", "mistral", "mixtral"})
+
+METRICS = ("loss", "pg_loss", "clipfrac", "kl", "kl_ref", "entropy")
 
 
 def sample_advantages(samples: Sequence[TrainSample], config: TrainConfig) -> list[float]:
@@ -41,8 +60,8 @@ def micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []
     cur: list[int] = []
-    for i in order:
-        if cur and (len(cur) + 1) * max(lengths[i], max(lengths[j] for j in cur)) > budget:
+    for i in order:  # ascending: the newest index is the longest of the batch
+        if cur and (len(cur) + 1) * lengths[i] > budget:
             batches.append(cur)
             cur = []
         cur.append(i)
@@ -51,26 +70,60 @@ def micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return batches
 
 
-def _tensors(samples: Sequence[TrainSample], idx: list[int], adv: list[float], scales: list[float],
-             device: torch.device):
-    width = max(len(samples[i].input_ids) for i in idx)
-    n = len(idx)
-    ids = torch.zeros(n, width, dtype=torch.long)
-    attn = torch.zeros(n, width, dtype=torch.long)
-    w = torch.zeros(n, width)
-    old = torch.zeros(n, width)
-    a = torch.zeros(n, width)
-    for r, i in enumerate(idx):
-        s = samples[i]
-        L = len(s.input_ids)
-        ids[r, :L] = torch.tensor(s.input_ids)
-        attn[r, :L] = 1
-        w[r, :L] = torch.tensor(s.loss_mask, dtype=torch.float32) * (s.weight * scales[i])
-        old[r, :L] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-        a[r, :L] = adv[i]
-    # position t predicts token t+1: shift targets and per-token data left by one
-    to = lambda t: t.to(device)  # noqa: E731
-    return to(ids), to(attn), to(w[:, 1:]), to(old[:, 1:]), to(a[:, 1:])
+class MicroBatch:
+    """Padded ids and, at the trained positions only, targets and per-token data.
+
+    `pos` indexes the flattened [rows, width-1] grid of "position t predicts token
+    t+1": exactly the positions whose target the loss trains (mask 1).
+    """
+
+    def __init__(self, samples: Sequence[TrainSample], idx: list[int], adv: list[float], scales: list[float],
+                 device: torch.device) -> None:
+        lengths = [len(samples[i].input_ids) for i in idx]
+        width = max(lengths)
+        n = len(idx)
+        flat_ids: list[int] = []
+        flat_mask: list[int] = []
+        flat_old: list[float] = []
+        row_w: list[float] = []
+        row_adv: list[float] = []
+        for i, length in zip(idx, lengths):
+            s = samples[i]
+            pad = width - length
+            flat_ids += s.input_ids
+            flat_ids += [0] * pad
+            flat_mask += s.loss_mask[1:]
+            flat_mask += [0] * pad
+            flat_old += s.rollout_logprobs[1:]
+            flat_old += [0.0] * pad
+            row_w.append(s.weight * scales[i])
+            row_adv.append(adv[i])
+        ids = torch.tensor(flat_ids, dtype=torch.long).view(n, width)
+        lens = torch.tensor(lengths)
+        self.attn = (torch.arange(width).unsqueeze(0) < lens.unsqueeze(1)).long()
+        mask = torch.tensor(flat_mask, dtype=torch.bool)
+        pos = mask.nonzero().squeeze(-1)
+        rows = pos // (width - 1) if width > 1 else pos
+        self.tokens = int(sum(lengths))
+        self.ids = ids.to(device, non_blocking=True)
+        self.attn = self.attn.to(device, non_blocking=True)
+        self.pos = pos.to(device, non_blocking=True)
+        self.targets = ids[:, 1:].reshape(-1)[pos].to(device, non_blocking=True)
+        self.old = torch.tensor(flat_old, dtype=torch.float32)[pos].to(device, non_blocking=True)
+        self.adv = torch.tensor(row_adv, dtype=torch.float32)[rows].to(device, non_blocking=True)
+        self.w = torch.tensor(row_w, dtype=torch.float32)[rows].to(device, non_blocking=True)
+
+
+def trained_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """Logits [N, V] at the trained positions only (N = trained tokens of the micro-batch)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    base = getattr(model, "base_model", None)
+    if head is not None and base is not None and base is not model \
+            and getattr(model.config, "model_type", None) in PLAIN_HEAD_MODELS:
+        hidden = base(input_ids=mb.ids, attention_mask=mb.attn, use_cache=False).last_hidden_state[:, :-1]
+        return head(hidden.reshape(-1, hidden.shape[-1])[mb.pos])
+    logits = model(input_ids=mb.ids, attention_mask=mb.attn, use_cache=False).logits[:, :-1]
+    return logits.reshape(-1, logits.shape[-1])[mb.pos]
 
 
 def policy_step(
@@ -80,6 +133,7 @@ def policy_step(
     config: TrainConfig,
     reference: torch.nn.Module | None = None,
 ) -> dict[str, float]:
+    """One optimisation step; returns its metrics. `optimizer` may be a `MasterWeightAdamW`."""
     if not samples:
         raise ValueError("empty batch")
     for s in samples:
@@ -94,43 +148,49 @@ def policy_step(
     scales, denom = loss_scales([s.loss_mask[1:] for s in samples], [s.weight for s in samples], config.loss_agg)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    totals = {"loss": 0.0, "pg_loss": 0.0, "clipfrac": 0.0, "kl": 0.0, "kl_ref": 0.0, "entropy": 0.0}
-    tokens = 0
+    totals = torch.zeros(len(METRICS), device=device)
+    tokens = trained = 0
     for idx in micro_batches([len(s.input_ids) for s in samples], config.micro_batch_tokens):
-        ids, attn, w, old, a = _tensors(samples, idx, adv, scales, device)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        logp = token_logprobs(logits, ids[:, 1:])
-        terms = ppo_clip_loss(logp, old, a, w, denom, config.clip_eps, config.clip_eps_high)
+        mb = MicroBatch(samples, idx, adv, scales, device)
+        tokens += mb.tokens
+        if mb.pos.numel() == 0:
+            continue  # nothing trained in these samples (all-prompt): no gradient to take
+        trained += int(mb.pos.numel())
+        logp_all = F.log_softmax(trained_logits(model, mb).float(), dim=-1)
+        logp = logp_all.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
+        terms = ppo_clip_loss(logp, mb.old, mb.adv, mb.w, denom, config.clip_eps, config.clip_eps_high)
         loss = terms.loss
-        ent = (entropy_from_logits(logits) * w).sum() / denom
+        with torch.set_grad_enabled(bool(config.entropy_coef)):
+            ent = -(logp_all.exp() * logp_all).sum(-1).mul(mb.w).sum() / denom
         if config.entropy_coef:
             loss = loss - config.entropy_coef * ent
+        kl_ref = torch.zeros((), device=device)
         if reference is not None and config.kl_coef:
             with torch.no_grad():
-                ref_logp = token_logprobs(reference(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
-            kl_ref = (kl_k3(logp, ref_logp) * w).sum() / denom
+                ref_logp = F.log_softmax(trained_logits(reference, mb).float(), -1)
+                ref_logp = ref_logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
+            kl_ref = (kl_k3(logp, ref_logp) * mb.w).sum() / denom
             loss = loss + config.kl_coef * kl_ref
-            totals["kl_ref"] += float(kl_ref.detach())
         loss.backward()
-        totals["loss"] += float(loss.detach())
-        totals["pg_loss"] += float(terms.pg_loss)
-        totals["clipfrac"] += float(terms.clipfrac)
-        totals["kl"] += float(terms.approx_kl)
-        totals["entropy"] += float(ent.detach())
-        tokens += int(attn.sum())
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-    if torch.isfinite(grad_norm):
+        totals += torch.stack([loss.detach(), terms.pg_loss, terms.clipfrac, terms.approx_kl, kl_ref.detach(),
+                               ent.detach()])
+    params = grads_to_clip(model, optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm) if params \
+        else torch.zeros((), device=device)
+    finite = bool(torch.isfinite(grad_norm))  # the step's one host sync before the update
+    if finite:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()
+    values = torch.cat([totals, grad_norm.detach().float().reshape(1)]).tolist()
     dt = time.perf_counter() - t0
     return {
-        **totals,
-        "grad_norm": float(grad_norm),
-        "skipped": float(not torch.isfinite(grad_norm)),
+        **dict(zip(METRICS, values[:-1])),
+        "grad_norm": values[-1],
+        "skipped": float(not finite),
         "samples": float(len(samples)),
         "tokens": float(tokens),
-        "trained_tokens": float(sum(sum(s.loss_mask) for s in samples)),
+        "trained_tokens": float(trained),
         "tokens_per_s": tokens / dt if dt > 0 else 0.0,
         "step_s": dt,
         "adv_mean": sum(adv) / len(adv),

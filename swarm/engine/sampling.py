@@ -31,17 +31,24 @@ def sample_rows(
     top_p: torch.Tensor,
     generators: list[torch.Generator | None],
     shared: torch.Generator,
+    plain: bool = False,
+    nucleus: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return (tokens [B], raw logprobs of those tokens [B]).
 
     The logprob is under the raw model distribution (temperature 1, no nucleus):
     the quantity the trainer recomputes, so importance ratios start at 1.
+    `plain` (every row at temperature 1 and top-p 1, known on the host) reuses
+    the raw distribution; `nucleus` False skips the top-p sort; None checks.
     """
     logits = logits.float()
     raw_logp = F.log_softmax(logits, dim=-1)
     greedy = temperature <= 0
-    scaled = logits / temperature.clamp_min(1e-6).unsqueeze(-1)
-    probs = top_p_filter(scaled, top_p).softmax(-1)
+    if plain:
+        probs = raw_logp.exp()
+    else:
+        scaled = logits / temperature.clamp_min(1e-6).unsqueeze(-1)
+        probs = (top_p_filter(scaled, top_p) if nucleus is not False else scaled).softmax(-1)
     # inverse-CDF sampling: one uniform per row, from the row's own generator when
     # it has a seed, so seeded rows are reproducible whatever shares the batch.
     u = torch.rand(logits.shape[0], generator=shared)
@@ -53,5 +60,6 @@ def sample_rows(
     tokens = torch.searchsorted(cdf, u.to(cdf.device).unsqueeze(-1)).squeeze(-1).clamp_max(logits.shape[-1] - 1)
     # a uniform landing in a zero-probability tail must not pick a masked token
     tokens = torch.where(probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0, tokens, probs.argmax(-1))
-    tokens = torch.where(greedy, logits.argmax(-1), tokens)
+    if not plain:
+        tokens = torch.where(greedy, logits.argmax(-1), tokens)
     return tokens, raw_logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -1,11 +1,12 @@
 """The `torch` engine: a Hugging Face causal LM generating and training in-process.
 
-The embedded default: one process, CPU or one GPU. Generation goes through a
+The embedded default: one process, CPU or one GPU (bf16 weights, SDPA attention
+and fp32 master weights there; `swarm.engine.precision` chooses). Generation goes through a
 continuous batcher (many episodes share each forward pass and a KV cache);
 `train_step` takes the same lock, so weights never change under a running
-forward pass. Good for small models and for tests; it is the only real engine
-today (vLLM and verl engines for larger models are planned, behind the same
-`Engine` interface).
+forward pass. Good for small models and for tests. Behind the same `Engine`
+interface, `swarm.engine.vllm` serves with a vLLM server (and trains with this
+engine's `train_step`), and `swarm.engine.verl` hands training to verl on GPU clusters.
 
     engine = TorchEngine(Path("~/.cache/roost/models/tiny-qwen2").expanduser())
     completion = asyncio.run(engine.generate(GenerateRequest([1, 2, 3])))
@@ -28,6 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
 from swarm.engine.continuous import ContinuousBatcher
 from swarm.engine.policy_step import policy_step
+from swarm.engine.precision import MasterWeightAdamW, build_optimizer, detect_placement
 
 STATE_FILE = "engine_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -45,6 +47,7 @@ class TorchEngine:
         device: str | None = None,
         max_batch: int = 128,
         reference: bool = True,
+        dtype: str | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         if not (self.model_dir / "config.json").exists():
@@ -54,12 +57,18 @@ class TorchEngine:
             )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         torch.manual_seed(seed)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.placement = detect_placement(device, dtype)
+        self.device = torch.device(self.placement.device)
+        if self.placement.threads is not None:
+            torch.set_num_threads(self.placement.threads)  # process-wide: the engine owns this process's torch
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
+        attn = self.placement.attn_implementation
+        extra = {"attn_implementation": attn} if attn else {}  # None: the model's default, as on CPU always
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=self.placement.torch_dtype, **extra).to(self.device)
         self.model.eval()
         self.reference = copy.deepcopy(self.model).requires_grad_(False) if reference else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-5, betas=(0.9, 0.99), eps=1e-8)
+        self.optimizer = build_optimizer(self.model, self.placement)
         self.policy_version = 0
         self._lock = threading.Lock()
         cfg = self.model.config
@@ -68,7 +77,9 @@ class TorchEngine:
             self.model, self._lock, self._eos_ids(), self.max_positions,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
             vocab_size=int(self.model.get_input_embeddings().weight.shape[0]), max_batch=max_batch, seed=seed,
+            fuse_pad_tokens=self.placement.fuse_pad_tokens,
         )
+        self._gen_mark = (0.0, 0, 0)  # batcher busy seconds, forwards, tokens at the last train_step
         if (self.model_dir / STATE_FILE).exists():
             self._load_state(self.model_dir)
 
@@ -91,8 +102,7 @@ class TorchEngine:
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[TokenChunk] = asyncio.Queue()
-        handle = self.batcher.submit(request.prompt_ids, request.params,
-                                     lambda c: loop.call_soon_threadsafe(q.put_nowait, c))
+        handle = self.batcher.submit(request.prompt_ids, request.params, q.put_nowait, loop=loop)
         try:
             while True:
                 chunk = await q.get()
@@ -122,7 +132,14 @@ class TorchEngine:
             ref = self.reference if batch.config.kl_coef else None
             metrics = policy_step(self.model, self.optimizer, batch.samples, batch.config, reference=ref)
             self.policy_version += 1
+            gen = self.batcher
+            busy, steps, tokens = gen.busy_s, gen.steps, gen.tokens_out
         metrics["policy_version"] = float(self.policy_version)
+        # the engine's own generation work since the previous step, beside the server's wall_window_s
+        metrics["gen_busy_s"] = busy - self._gen_mark[0]
+        metrics["gen_forwards"] = float(steps - self._gen_mark[1])
+        metrics["gen_tokens"] = float(tokens - self._gen_mark[2])
+        self._gen_mark = (busy, steps, tokens)
         return metrics
 
     def logprobs(self, ids: list[int]) -> list[float]:
@@ -159,11 +176,21 @@ class TorchEngine:
                                   f"unexpected {unexpected}")
             if getattr(self.model.config, "tie_word_embeddings", False):
                 self.model.tie_weights()
+            if isinstance(self.optimizer, MasterWeightAdamW):
+                self.optimizer.sync_from_model()  # masters follow the loaded weights (unless saved below)
             self._load_state(path)
 
     def _load_state(self, path: Path) -> None:
         if (path / OPTIMIZER_FILE).exists():
-            self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+            state = torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location=self.device)
+            if "adamw" in state and not isinstance(self.optimizer, MasterWeightAdamW):
+                # a bf16 (GPU) run resumed in fp32: its unrounded masters become the weights
+                self.optimizer.load_state_dict(state["adamw"])
+                with torch.no_grad():
+                    params = [p for p in self.model.parameters() if p.requires_grad]
+                    torch._foreach_copy_(params, [m.to(p.dtype) for p, m in zip(params, state["master"])])
+            else:
+                self.optimizer.load_state_dict(state)
         if (path / STATE_FILE).exists():
             self.policy_version = int(json.loads((path / STATE_FILE).read_text())["policy_version"])
 

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import socket
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
@@ -43,7 +44,25 @@ def make_engine(config: ServerConfig) -> Engine:
         from swarm.engine.torch_engine import TorchEngine  # lazy: importing torch takes seconds
 
         return TorchEngine(config.model_dir, seed=config.seed, device=config.device)
-    raise ValueError(f"unknown engine {config.engine!r}; known: torch, fake")
+    if config.engine == "vllm":
+        from swarm.engine.vllm.engine import VllmEngine  # lazy: the trainer side imports torch
+        from swarm.engine.vllm.server import VllmSettings, VllmUnavailable
+
+        settings = VllmSettings(python=config.vllm_python, port=config.vllm_port, kv_cache_gb=config.vllm_kv_cache_gb,
+                                max_model_len=config.vllm_max_model_len, start_timeout_s=config.vllm_start_timeout_s,
+                                drain_timeout_s=config.vllm_drain_timeout_s, extra_args=tuple(shlex.split(config.vllm_args)))
+        try:
+            return VllmEngine(config.model_dir, config.out_dir / "vllm", seed=config.seed, device=config.device,
+                              settings=settings, served_name=config.served_model_name)
+        except VllmUnavailable as exc:
+            raise SystemExit(str(exc)) from None  # one line naming what to install, no traceback
+    if config.engine == "verl":
+        try:
+            from swarm.engine.verl.engine import VerlEngine  # lazy: verl, Ray and torch are an optional extra
+        except ImportError as exc:
+            raise SystemExit(f"--engine verl needs verl: pip install 'roost[verl]' (missing: {exc.name})") from None
+        return VerlEngine(config)
+    raise ValueError(f"unknown engine {config.engine!r}; known: torch, vllm, verl, fake")
 
 
 def create_app(config: ServerConfig, engine: Engine) -> FastAPI:

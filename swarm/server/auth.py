@@ -6,7 +6,8 @@
     open_episode  the key of an open episode: the OpenAI routes (each call renews the lease)
     any_caller    worker, admin or any genuine episode key: read-only routes (/v1/models)
 
-Every credential is a Bearer token. These run as FastAPI dependencies, before
+Every credential is a Bearer token. These run as FastAPI dependencies (async: a
+plain `def` dependency would hop to a worker thread on every request), before
 the body is validated, so an unauthenticated request learns nothing about the
 schema (and gets 401, not 400). Failures raise the domain's `Unauthorized` /
 `Forbidden`; `errors.py` renders them.
@@ -35,14 +36,14 @@ def _is_worker(swarm: Swarm, token: str) -> bool:
     return same_secret(token, swarm.config.token) or same_secret(token, swarm.config.admin_token)
 
 
-def worker(request: Request, authorization: str | None = Header(None)) -> Swarm:
+async def worker(request: Request, authorization: str | None = Header(None)) -> Swarm:
     swarm = current_swarm(request)
     if not _is_worker(swarm, bearer(authorization)):
         raise Unauthorized("invalid_token", "invalid worker token")
     return swarm
 
 
-def admin(request: Request, authorization: str | None = Header(None)) -> Swarm:
+async def admin(request: Request, authorization: str | None = Header(None)) -> Swarm:
     swarm = current_swarm(request)
     token = bearer(authorization)
     if not same_secret(token, swarm.config.admin_token):
@@ -51,18 +52,18 @@ def admin(request: Request, authorization: str | None = Header(None)) -> Swarm:
     return swarm
 
 
-def episode(episode_id: str, request: Request, authorization: str | None = Header(None)) -> Episode:
+async def episode(episode_id: str, request: Request, authorization: str | None = Header(None)) -> Episode:
     return current_swarm(request).registry.authorize(bearer(authorization), episode_id)
 
 
-def open_episode(request: Request, authorization: str | None = Header(None)) -> Episode:
+async def open_episode(request: Request, authorization: str | None = Header(None)) -> Episode:
     swarm = current_swarm(request)
     ep = swarm.registry.authorize(bearer(authorization))
     swarm.begin_call(ep)
     return ep
 
 
-def any_caller(request: Request, authorization: str | None = Header(None)) -> Swarm:
+async def any_caller(request: Request, authorization: str | None = Header(None)) -> Swarm:
     swarm = current_swarm(request)
     token = bearer(authorization)
     if not _is_worker(swarm, token):

@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 
-from swarm.options import build_config, config_options, write_config
+from swarm.options import build_config, config_options, require_extra, write_config
 from swarm.server.bootstrap import parse_quotas
 from swarm.server.config import ServerConfig
 
@@ -48,6 +48,7 @@ def serve_command(
     if not (Path(config.model_dir) / "config.json").exists() and config.engine == "torch":
         typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)
         raise typer.Exit(2)
+    require_extra("server", "fastapi", "uvicorn", *(("torch", "transformers") if config.engine == "torch" else ()))
     write_config(Path(config.out_dir) / CONFIG_FILE, config)
     from swarm.server.app import serve  # lazy: FastAPI and the engines; `swarm client` must start light
 

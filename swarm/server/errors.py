@@ -62,6 +62,17 @@ def domain_error_body(exc: SwarmError) -> dict:
     return error_body(status_of(exc), exc.message, exc.code, exc.details)
 
 
+def batch_item_error(exc: SwarmError) -> dict[str, Any]:
+    """A batch route's answer for one failed item: the status and body its single route would send."""
+    return {"status": status_of(exc), "body": domain_error_body(exc),
+            "retry_after": getattr(exc, "retry_after", None)}
+
+
+def batch_item_invalid(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """A batch item that fails validation: the single route's 400 (as `_validation` renders it)."""
+    return {"status": 400, "body": error_body(400, _describe(errors), "invalid_request"), "retry_after": None}
+
+
 def _headers(status: int, headers: dict[str, str] | None) -> dict[str, str]:
     """Tell OpenAI SDKs (which retry 409s by default) not to retry what cannot succeed."""
     out = dict(headers or {})

@@ -4,14 +4,18 @@
     take    -> failed_group_policy: drop a group with a failed episode, or keep it when >= 2 remain
     step s  -> its episodes' rows become "trained" at s (never trained again)
     restart -> rows trained after the restored checkpoint go back to "buffered" (those weights
-               were lost), rows further than `max_staleness` policy versions from the restored
-               policy become "dropped_stale", the rest return to the batcher as their groups
+               were lost), rows over the staleness bound for the policy that would train them
+               become "dropped_stale", the rest return to the batcher as their groups
                (complete ones first; at most B per window, the others wait in a backlog)
 
 A restored partial group keeps its id and its free slots; the clients' re-played
-jobs for that task fill it. Staleness is the distance |restored version - the
-episode's policy version|: an episode from a step the restart rolled back is as
-off-policy as one from the step before. When replayed groups complete a window,
+jobs for that task fill it. Staleness is the one bound of `max_staleness` (k, see
+batcher.py): an episode is replayed into a window only while every sample of it is
+at most k versions from the policy that will train that window (`episode_lag`, an
+absolute distance: an episode from a step the restart rolled back is as off-policy
+as one from the step before), and re-checked each time a window opens. The
+trainer's screen (`Batch.screen`) applies the same rule when it takes a batch;
+what it drops is marked here too. When replayed groups complete a window,
 `groups_ready` is published (the trainer may start a step).
 """
 
@@ -22,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from swarm.protocol import FinishRequest, FinishResponse
-from swarm.server.batcher import Batch, Batcher, FinishedEpisode, Group
+from swarm.server.batcher import Batch, Batcher, FinishedEpisode, Group, episode_lag
 from swarm.server.buffer import BufferedRow, BufferError, DurableBuffer, encode_samples
 from swarm.server.config import ServerConfig
 from swarm.server.episodes import Episode
@@ -35,7 +39,8 @@ BUFFER_FILE = "buffer.sqlite"
 
 class Durability:
     """The durable buffer and what to do with its rows; reads the settings of `config` it names
-    (`durable_buffer`, `out_dir`, `failed_group_policy`, `compact_buffer`, `group_size`, `max_staleness`)."""
+    (`durable_buffer`, `out_dir`, `failed_group_policy`, `compact_buffer`, `group_size`); the staleness
+    bound is the batcher's `max_staleness`."""
 
     def __init__(self, config: ServerConfig, batcher: Batcher, counters: Counter[str]) -> None:
         self.config = config
@@ -49,21 +54,21 @@ class Durability:
         self._future_window: int | None = None  # highest window in the buffer at boot
 
     # -- finish ---------------------------------------------------------------------------------
-    def persist(self, ep: Episode, req: FinishRequest, finished: FinishedEpisode,
-                response: FinishResponse) -> None:
-        """Write the finished episode durably; `Unavailable` (retryable, not acknowledged) if that fails."""
+    async def persist(self, ep: Episode, req: FinishRequest, finished: FinishedEpisode,
+                      response: FinishResponse) -> None:
+        """Write the finished episode durably (group commit: concurrent finishes share one fsync);
+        `Unavailable` (retryable, not acknowledged) if that fails."""
         if self.buffer is None:
             return
         payload = {"samples": encode_samples(finished.samples), "metrics": finished.metrics,
                    "calls": finished.calls, "tokens_unmerged": finished.tokens_unmerged,
                    "drift": finished.drift, "agent_rewards": req.agent_rewards}
         try:
-            self.buffer.add(episode_id=ep.id, group_id=ep.group_id, task_id=ep.task_id,
-                            task_family=ep.task_family, epoch=ep.epoch, policy_version=ep.policy_version,
-                            status=req.status, reward=req.reward,
-                            state="failed" if req.status == "failed" else "buffered",
-                            idempotency_key=req.idempotency_key, response=response.model_dump(),
-                            payload=payload)
+            await self.buffer.add_async(
+                episode_id=ep.id, group_id=ep.group_id, task_id=ep.task_id, task_family=ep.task_family,
+                epoch=ep.epoch, policy_version=ep.policy_version, status=req.status, reward=req.reward,
+                state="failed" if req.status == "failed" else "buffered",
+                idempotency_key=req.idempotency_key, response=response.model_dump(), payload=payload)
         except BufferError as exc:
             log.error("could not persist episode %s: %s", ep.id, exc)
             self.counters["buffer_errors"] += 1
@@ -100,6 +105,9 @@ class Durability:
     def resolved(self, batch: Batch, step: int | None) -> None:
         """Step `step` trained `batch` (None: it was skipped or the step failed)."""
         ids = [e.episode_id for e in batch.episodes]
+        if batch.stale:  # screened out by the staleness bound when the batch was taken
+            self._mark([e.episode_id for e in batch.stale], "dropped_stale")
+            self.counters["dropped_stale"] += len(batch.stale)
         if step is not None:
             self._mark(ids, "trained", step)
             self.counters["episodes_trained"] += len(ids)
@@ -153,14 +161,14 @@ class Durability:
             self.failed[gid] = n
         # complete groups first (training resumes at once), then the nearest to the restored policy
         self.backlog = sorted(groups.values(), key=lambda g: (
-            not g.complete, min(abs(policy_version - self._versions[e.episode_id]) for e in g.finished)))
+            not g.complete, min(self._lag(e, policy_version) for e in g.finished)))
         self._future_window = self.buffer.max_window()
         replayed = self._inject(policy_version)
         log.info("buffer: %d episode(s) replayed, %d rolled back from lost steps, %d waiting, %d stale",
                  replayed, rolled, sum(len(g.finished) for g in self.backlog), self.counters["dropped_stale"])
 
     def refill(self, policy_version: int) -> None:
-        """A new window (generated by `policy_version`) opened: restored groups that waited for
+        """A new window (to be trained by `policy_version`) opened: restored groups that waited for
         room go in (staleness re-checked)."""
         if self.backlog or self._future_window is not None:
             self._inject(policy_version)
@@ -172,7 +180,7 @@ class Durability:
         waiting: list[Group] = []
         replayed = 0
         for g in self.backlog:
-            stale = [e for e in g.finished if abs(version - self._versions[e.episode_id]) > self.config.max_staleness]
+            stale = [e for e in g.finished if self._lag(e, version) > self.batcher.max_staleness]
             if stale:
                 self._mark([e.episode_id for e in stale], "dropped_stale")
                 self.counters["dropped_stale"] += len(stale)
@@ -196,6 +204,12 @@ class Durability:
         if replayed and b.ready():
             self.groups_ready.publish()
         return replayed
+
+    def _lag(self, e: FinishedEpisode, version: int) -> int:
+        """A restored episode's lag: by its samples' versions, or its row's when it has none."""
+        if e.samples:
+            return episode_lag(e.samples, version)
+        return abs(version - self._versions[e.episode_id])
 
     def counts(self) -> dict[str, int]:
         if self.buffer is None:

@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -38,7 +39,7 @@ from swarm.server.checkpoint import Checkpointer
 from swarm.server.config import ServerConfig
 from swarm.server.control import LiveControl
 from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner
-from swarm.server.exceptions import Refused, Unavailable
+from swarm.server.exceptions import Refused, SwarmError, Unavailable
 from swarm.server.leases import LeaseKeeper
 from swarm.server.recovery import Durability
 from swarm.server.render import ChatRenderer
@@ -82,7 +83,7 @@ class Swarm:
         self.out_dir = Path(config.out_dir)
         self.counters: Counter[str] = Counter()
         self.gate = GenerationGate()
-        self.batcher = Batcher(config.group_size, config.batch_groups)
+        self.batcher = Batcher(config.group_size, config.batch_groups, config.max_staleness)
         # finished episodes on disk before the ack; replay on restart
         self.durability = Durability(config, self.batcher, self.counters)
         self.registry = EpisodeRegistry(KeySigner(config.secret or ""), config.lease_seconds,
@@ -136,24 +137,45 @@ class Swarm:
 
     async def claim(self, req: ClaimRequest, base_url: str) -> ClaimResponse:
         """Admit a claim now, or (long poll, `wait_s`) as soon as the window has room, or `Refused`."""
+        got = (await self.claim_many([req], base_url))[0]
+        if isinstance(got, SwarmError):
+            raise got
+        return got
+
+    async def claim_many(self, reqs: list[ClaimRequest], base_url: str) -> list[ClaimResponse | SwarmError]:
+        """Claims sent together (the SDK batches concurrent ones), each admitted now in order, or its error.
+
+        If none can be admitted, the long poll waits (up to the longest `wait_s`) until the
+        window changes and tries again, answering as soon as at least one got in; the rest
+        are `Refused` and come back in the client's next batch.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + req.wait_s
+        deadline = loop.time() + max((r.wait_s for r in reqs), default=0.0)
+        out: list[ClaimResponse | SwarmError | None] = [None] * len(reqs)
         while True:
             changed = self._admission
-            try:
-                return self._claim_now(req, base_url)
-            except Refused as r:
-                borrow_in = (r.details or {}).get("borrow_in_s")
-                left = deadline - loop.time()
-                if left <= 0:
-                    self.counters["claims_rejected"] += 1
-                    # after a long poll, come straight back; otherwise give the window a moment
-                    retry = 0 if req.wait_s > 0 else max(1, round(self.config.retry_after_s))
-                    raise Refused(r.code, r.message, retry_after=retry, details=r.details) from None
+            refused: dict[int, Refused] = {}
+            for i, req in enumerate(reqs):
+                try:
+                    out[i] = self._claim_now(req, base_url)
+                except Refused as r:
+                    refused[i] = r
+                except SwarmError as exc:  # stopping: every claim of the batch gets it
+                    out[i] = exc
+            left = deadline - loop.time()
+            if len(refused) < len(reqs) or left <= 0:
+                break
+            borrows = [b for r in refused.values() if (b := (r.details or {}).get("borrow_in_s")) is not None]
             try:  # a quota refusal may turn into a borrowed slot before anything else changes
-                await asyncio.wait_for(changed.wait(), left if borrow_in is None else min(left, borrow_in + 0.01))
+                await asyncio.wait_for(changed.wait(), min([left, *(b + 0.01 for b in borrows)]))
             except TimeoutError:
                 pass
+        for i, r in refused.items():
+            self.counters["claims_rejected"] += 1
+            # after a long poll, come straight back; otherwise give the window a moment
+            retry = 0 if reqs[i].wait_s > 0 else max(1, round(self.config.retry_after_s))
+            out[i] = Refused(r.code, r.message, retry_after=retry, details=r.details)
+        return [o for o in out if o is not None]
 
     def wake_claims(self) -> None:
         """The window changed (new version, freed slot, stopping): long-polling claims retry."""
@@ -208,11 +230,39 @@ class Swarm:
         self.counters["prompt_tokens"] += len(call.prompt_ids)
         self.counters["completion_tokens"] += len(call.completion_ids)
 
-    def finish(self, ep: Episode, req: FinishRequest) -> FinishResponse:
+    async def finish(self, ep: Episode, req: FinishRequest) -> FinishResponse:
+        """Finish `ep`: samples built, the row committed (group commit), then acknowledged.
+
+        While the commit is in flight the episode is `finishing`: a retry with the same
+        idempotency key waits for the same outcome, anything else gets 409, and its
+        lease cannot lapse. The bookkeeping runs in its own task, so a client that hangs
+        up mid-commit cannot leave a durable row half-recorded.
+        """
         if ep.state == "finished" and req.idempotency_key and req.idempotency_key == ep.finish_key:
             self.counters["finish_replays"] += 1
             return FinishResponse.model_validate(ep.finish_response)
+        pending = ep.finishing
+        if pending is not None and req.idempotency_key and req.idempotency_key == ep.finish_key:
+            self.counters["finish_replays"] += 1
+            return await asyncio.shield(pending)
         self.registry.require_open(ep)
+        ep.finish_key = req.idempotency_key
+        ep.finishing = asyncio.get_running_loop().create_task(self._finish(ep, req, ep.lease_expires_at))
+        ep.finishing.add_done_callback(_retrieved)  # its caller may have hung up: no "never retrieved"
+        ep.lease_expires_at = math.inf  # the sweeper leaves it alone while it commits
+        return await asyncio.shield(ep.finishing)
+
+    async def _finish(self, ep: Episode, req: FinishRequest, lease: float) -> FinishResponse:
+        try:
+            return await self._commit_finish(ep, req)
+        except BaseException:
+            ep.lease_expires_at = max(lease, time.time() + self.config.lease_seconds)
+            ep.finish_key = None
+            raise
+        finally:
+            ep.finishing = None
+
+    async def _commit_finish(self, ep: Episode, req: FinishRequest) -> FinishResponse:
         failed = req.status == "failed"  # an environment or tool crash: on record, never trained
         calls = ep.calls
         samples = [] if failed else episode_samples(
@@ -226,7 +276,7 @@ class Swarm:
         response = FinishResponse(
             episode_id=ep.id, reward=req.reward, samples=len(samples), calls=len(calls),
             group_id=ep.group_id, policy_version=self.engine.policy_version, step=self.trainer.step)
-        self.durability.persist(ep, req, finished, response)  # on disk before the ack (else Unavailable)
+        await self.durability.persist(ep, req, finished, response)  # on disk before the ack (else Unavailable)
         if self.config.log_rollouts:
             self._log_rollout(ep, req)
         if failed:  # the slot is resolved without data; failed_group_policy decides the group at take
@@ -236,7 +286,6 @@ class Swarm:
         else:
             self.batcher.finish(ep.group_id, finished)
         ep.reward = req.reward
-        ep.finish_key = req.idempotency_key
         ep.finish_response = response.model_dump()
         self.registry.close(ep, "finished")
         self.counters["finished"] += 1
@@ -276,10 +325,11 @@ class Swarm:
         return StatusResponse(
             model=self.model_name, step=self.trainer.step, policy_version=self.engine.policy_version,
             group_size=self.config.group_size, batch_groups=self.config.batch_groups,
-            training=self.batcher.training, stopping=self.stopping,
+            training=self.batcher.stepping, stopping=self.stopping,
             open_episodes=len(self.registry.open), buffered_groups=self.batcher.complete_groups(),
             groups=groups, counters={**self.counters, **self.durability.counts(),
-                                     "train_errors": self.trainer.errors},
+                                     "train_errors": self.trainer.errors,
+                                     **(self.engine.counters() if hasattr(self.engine, "counters") else {})},
             last_checkpoint=self.last_checkpoint, max_steps=self.config.max_steps,
             **self.control.status_fields())
 
@@ -329,6 +379,7 @@ class Swarm:
         if self.stopping:
             return
         self.stopping = True
+        self.trainer.halt()  # no step after this one (an overlapped window may be ready already)
         self.wake_claims()
         log.info("stopping: %s", reason)
         self._stop_task = asyncio.get_running_loop().create_task(self._stop())
@@ -345,6 +396,11 @@ class Swarm:
         finally:
             if self.stop_callback is not None:
                 self.stop_callback()
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _mlflow_sink(config: ServerConfig, out_dir: Path) -> MlflowSink:

@@ -8,14 +8,22 @@ and `/admin/checkpoint` (live control is in `admin_routes.py`).
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from swarm.protocol import (
-    API_PREFIX, AbortRequest, AbortResponse, AdminResponse, ClaimRequest, ClaimResponse,
-    ErrorResponse, FinishRequest, FinishResponse, HeartbeatResponse, StatusResponse,
+    API_PREFIX, AbortRequest, AbortResponse, AdminResponse, BatchResponse, ClaimBatch, ClaimRequest,
+    ClaimResponse, ErrorResponse, FinishBatch, FinishRequest, FinishResponse, HeartbeatResponse,
+    StatusResponse,
 )
 from swarm.server.auth import admin, current_swarm, episode, worker
 from swarm.server.episodes import Episode
+from swarm.server.errors import batch_item_error, batch_item_invalid
+from swarm.server.exceptions import SwarmError
 from swarm.server.state import Swarm
 
 _errors = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 413, 429, 503)}
@@ -39,13 +47,51 @@ async def heartbeat(request: Request, ep: Episode = Depends(episode)) -> Heartbe
 
 @router.post("/episodes/{episode_id}/finish", response_model=FinishResponse)
 async def finish(body: FinishRequest, request: Request, ep: Episode = Depends(episode)) -> FinishResponse:
-    return current_swarm(request).finish(ep, body)
+    return await current_swarm(request).finish(ep, body)
 
 
 @router.post("/episodes/{episode_id}/abort", response_model=AbortResponse)
 async def abort(request: Request, body: AbortRequest | None = None,
                 ep: Episode = Depends(episode)) -> AbortResponse:
     return current_swarm(request).abort(ep, body or AbortRequest())
+
+
+@router.post("/claims", response_model=BatchResponse)
+async def claims(body: ClaimBatch, request: Request, swarm: Swarm = Depends(worker)) -> Any:
+    """Several claims in one request (the SDK coalesces concurrent ones); answers in order."""
+    reqs: list[ClaimRequest] = []
+    results: list[dict | None] = []
+    for item in body.claims:
+        try:
+            reqs.append(ClaimRequest.model_validate(item))
+            results.append(None)
+        except ValidationError as exc:
+            results.append(batch_item_invalid(exc.errors()))
+    got = iter(await swarm.claim_many(reqs, _base_url(request, swarm)) if reqs else [])
+    for i, r in enumerate(results):
+        if r is None:
+            one = next(got)
+            results[i] = batch_item_error(one) if isinstance(one, SwarmError) else \
+                {"status": 200, "body": one.model_dump(), "retry_after": None}
+    return JSONResponse({"results": results})
+
+
+@router.post("/finishes", response_model=BatchResponse)
+async def finishes(body: FinishBatch, swarm: Swarm = Depends(worker)) -> Any:
+    """Several finishes in one request: each authorized by its own episode key (fenced by its
+    epoch), all committed together (group commit), each answered as its single route would."""
+
+    async def one(item: dict) -> dict:
+        try:
+            ep = swarm.registry.authorize(str(item.get("api_key") or ""), str(item.get("episode_id") or ""))
+            req = FinishRequest.model_validate(item)
+            return {"status": 200, "body": (await swarm.finish(ep, req)).model_dump(), "retry_after": None}
+        except SwarmError as exc:
+            return batch_item_error(exc)
+        except ValidationError as exc:
+            return batch_item_invalid(exc.errors())
+
+    return JSONResponse({"results": list(await asyncio.gather(*(one(i) for i in body.finishes)))})
 
 
 @router.get("/status", response_model=StatusResponse)

@@ -106,3 +106,40 @@ def test_eval_scores_a_model_greedy_and_sampled(tmp_path: Path) -> None:
     r = subprocess.run([*SWARM, "eval", "--model", str(model), "--task", "nope"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "unknown task 'nope'" in r.stderr
+
+
+def test_ctl_set_help_needs_no_token_and_lists_every_live_setting() -> None:
+    from swarm.server.admin_schema import LiveConfigUpdate
+
+    env = {k: v for k, v in os.environ.items() if k != "ROOST_ADMIN_TOKEN"} | {"COLUMNS": "200"}
+    r = subprocess.run([*SWARM, "ctl", "set", "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    for name in LiveConfigUpdate.model_fields:
+        assert f"{name}:" in r.stdout, name
+    assert "loss_agg" in r.stdout
+    r = subprocess.run([*SWARM, "ctl", "get"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "admin token is required" in r.stderr  # a real call still needs one
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_train_logs_the_final_model_to_mlflow(tmp_path: Path) -> None:
+    model = build_untrained(tmp_path / "model", seed=0)
+    out = tmp_path / "run"
+    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
+    r = subprocess.run([*SWARM, "train", "--task", "arith", "--model", str(model), "--steps", "1", "--group-size",
+                        "2", "--batch-groups", "2", "--concurrency", "4", "--out", str(out),
+                        "--mlflow-run-name", "arm=a seed=0"],
+                       capture_output=True, text=True, timeout=400, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(summary["mlflow"]["tracking_uri"])
+    run = client.get_run(summary["mlflow"]["run_id"])
+    assert run.info.run_name == "arm=a seed=0" and run.info.status == "FINISHED"
+    assert summary["mlflow"]["model_uri"].startswith("models:/")
+    logged = client.get_logged_model(summary["mlflow"]["model_uri"].split("/")[-1])
+    assert logged.source_run_id == run.info.run_id
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "run.yaml" in artifacts

@@ -118,6 +118,7 @@ def test_a_trial_budget_too_small_for_the_design_is_refused_up_front():
 def _llm_env(monkeypatch) -> None:
     monkeypatch.setenv("ROOST_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # discard port: connection refused
     monkeypatch.setenv("ROOST_LLM_MODEL", "some-model")
+    monkeypatch.setenv("ROOST_LLM_WAIT_S", "0")  # these tests are about the error's form, not the wait
 
 
 def _studies() -> list[Study]:

@@ -1,0 +1,243 @@
+"""Roost's `swarm train` against TRL's `GRPOTrainer`, side by side, same model, same task, same wall time.
+
+    pip install -e '.[bench]'                       # TRL is a bench extra, not a core dependency
+    python bench/vs_trl.py                          # 600 s each, at the same time, one core each
+    python bench/vs_trl.py --seconds 300 --json runs/vs_trl.json
+
+Both systems train the embedded model (built if missing) on the built-in `arith`
+task with matched settings: 8 prompts x 8 samples a step, lr 1e-4 (constant),
+temperature 1, at most 8 new tokens, PPO clip 0.2, no KL, token-mean loss
+aggregation (TRL's `dapo` loss), group-normalised advantages (TRL's
+`scale_rewards="group"`, Roost's GRPO), one optimiser step per generation batch.
+They run at the same time, each pinned to its own core (`taskset`, one torch
+thread), for the same wall time from launch (start-up counts for both). It prints
+steps/min, the reward curve per time bin, when each system's moving average
+(5 steps) first reaches fixed reward levels and the ratio of those times
+(Roost / TRL: below 1 means Roost got there first), and held-out sampled accuracy
+(temperature 1, 200 problems of a seed neither trains on) before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+LEVELS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+MATCHED = {"prompts_per_step": 8, "group_size": 8, "lr": 1e-4, "temperature": 1.0, "max_tokens": 8,
+           "clip_eps": 0.2, "kl_coef": 0.0, "loss_agg": "token-mean (TRL: dapo)",
+           "advantage": "grpo, group std (TRL: scale_rewards=group)", "updates_per_batch": 1}
+DIFFERENT = [
+    "generation: Roost samples through its server's continuous-batching torch engine over HTTP (an agent per "
+    "episode, OpenAI client); TRL calls model.generate on the whole batch in-process",
+    "AdamW betas: Roost (0.9, 0.99); TRL/transformers default (0.9, 0.999)",
+    "gradient clipping: both 1.0; Roost clips the whole step, TRL per optimiser step (the same here)",
+    "Roost streams episodes from a client process and trains a step as soon as 8 groups are complete; "
+    "TRL generates then trains in one loop",
+]
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+              "HF_HUB_OFFLINE": "1"}
+
+
+# ---------------------------------------------------------------- the TRL side (a subprocess)
+
+def trl_worker(model: Path, out: Path, seconds: float) -> None:
+    import torch  # lazy: the TRL side runs in its own process
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from swarm.tasks import arith
+
+    torch.set_num_threads(1)
+    started = time.time()
+    rows = arith.dataset(0, 20_000)
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
+                              for r in rows])
+
+    def reward(completions: list, answer: list, **_: object) -> list[float]:
+        return [arith.reward(c[0]["content"], a) for c, a in zip(completions, answer)]
+
+    curve: list[dict] = []
+
+    class Clock(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001 - transformers' signature
+            if logs and "reward" in logs:
+                curve.append({"step": state.global_step, "time": time.time() - started, "reward": logs["reward"]})
+                (out / "curve.json").write_text(json.dumps(curve))
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            if time.time() - started > seconds:
+                control.should_training_stop = True
+
+    config = GRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=MATCHED["prompts_per_step"] * MATCHED["group_size"],
+        num_generations=MATCHED["group_size"], max_completion_length=MATCHED["max_tokens"],
+        temperature=MATCHED["temperature"], learning_rate=MATCHED["lr"], lr_scheduler_type="constant",
+        warmup_steps=0, beta=0.0, epsilon=MATCHED["clip_eps"], loss_type="dapo", scale_rewards="group",
+        num_iterations=1, steps_per_generation=1, max_steps=1_000_000, logging_steps=1, report_to=[],
+        save_strategy="no", use_cpu=True, seed=0, max_grad_norm=1.0, weight_decay=0.0,
+        dataloader_num_workers=0, disable_tqdm=True)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=config, train_dataset=data,
+                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer.train()
+    trainer.save_model(str(out / "final"))
+    tokenizer.save_pretrained(out / "final")
+
+
+# ---------------------------------------------------------------- the driver
+
+def _launch(argv: list[str], core: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, **ONE_THREAD}
+    return subprocess.Popen(["taskset", "-c", str(core), *argv], env=env, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen, grace: float = 60.0) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _roost_curve(metrics: Path, started: float) -> list[dict]:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    return [{"step": r["step"], "time": r["time"] - started, "reward": r["reward_mean"]} for r in rows
+            if "reward_mean" in r and "time" in r]
+
+
+def moving_average(curve: list[dict], window: int = 5) -> list[tuple[float, float]]:
+    out = []
+    for i in range(len(curve)):
+        part = curve[max(0, i - window + 1): i + 1]
+        out.append((curve[i]["time"], sum(p["reward"] for p in part) / len(part)))
+    return out
+
+
+def first_reach(curve: list[dict], level: float) -> float | None:
+    """Seconds from launch until the 5-step moving average first reaches `level` (None: never)."""
+    return next((round(t, 1) for t, avg in moving_average(curve) if avg >= level), None)
+
+
+def per_bin(curve: list[dict], width: float, seconds: float) -> list[float | None]:
+    bins: list[float | None] = []
+    for k in range(int(seconds // width) + 1):
+        inside = [p["reward"] for p in curve if k * width <= p["time"] < (k + 1) * width]
+        bins.append(round(sum(inside) / len(inside), 3) if inside else None)
+    return bins
+
+
+def steps_per_min(curve: list[dict]) -> float:
+    if len(curve) < 2:
+        return 0.0
+    return round(60 * (len(curve) - 1) / (curve[-1]["time"] - curve[0]["time"]), 1)
+
+
+def held_out(model: Path) -> float | None:
+    from swarm.model.evaluate import evaluate  # lazy: torch, only after both runs ended
+
+    if not (model / "config.json").exists():
+        return None
+    return evaluate(model, "arith", n=200, temperature=1.0, seed=424242)["mean_reward"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=600.0)
+    ap.add_argument("--model", type=Path, default=None, help="default: the embedded model (built if missing)")
+    ap.add_argument("--out", type=Path, default=Path("runs/vs_trl"))
+    ap.add_argument("--bin", type=float, default=60.0, help="seconds per reward bin")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.trl_worker:
+        trl_worker(args.model, args.out, args.seconds)
+        return
+    from store.paths import default_model_dir
+
+    model = args.model or default_model_dir()
+    if not (model / "config.json").exists():
+        from swarm.model.build import init_model  # lazy: torch
+
+        init_model(model)
+    out = args.out.resolve()
+    (out / "trl").mkdir(parents=True, exist_ok=True)
+    roost_out = out / "roost"
+    started = time.time()
+    trl = _launch([sys.executable, __file__, "--trl-worker", "--model", str(model), "--out", str(out / "trl"),
+                   "--seconds", str(args.seconds)], 0, out / "trl.log")
+    roost = _launch([sys.executable, "-m", "swarm", "train", "--task", "arith", "--model", str(model),
+                     "--out", str(roost_out), "--fresh", "--steps", "1000000", "--group-size",
+                     str(MATCHED["group_size"]), "--batch-groups", str(MATCHED["prompts_per_step"]),
+                     "--lr", str(MATCHED["lr"]), "--kl-coef", "0", "--clip-eps", str(MATCHED["clip_eps"]),
+                     "--loss-agg", "token-mean", "--advantage", "grpo", "--no-mlflow",
+                     "--concurrency", str(MATCHED["prompts_per_step"] * MATCHED["group_size"]),
+                     "--timeout", str(args.seconds + 600)], 1, out / "roost.log")
+    try:
+        while time.time() - started < args.seconds and (trl.poll() is None or roost.poll() is None):
+            time.sleep(1.0)
+    finally:
+        _stop(roost)  # SIGTERM: swarm train stops its server, which writes a last checkpoint
+        trl.wait(max(60.0, args.seconds * 0.2))  # TRL stops itself after its step in flight
+        _stop(trl)
+    curves = {"trl": json.loads((out / "trl" / "curve.json").read_text()) if (out / "trl" / "curve.json").exists()
+              else [], "roost": _roost_curve(roost_out / "server" / "metrics.jsonl", started)}
+    finals = {"trl": out / "trl" / "final", "roost": roost_out / "server" / "checkpoints" / "latest"}
+    result = {"seconds": args.seconds, "matched": MATCHED, "different": DIFFERENT, "systems": {}}
+    result["held_out_before"] = held_out(model)
+    for name, curve in curves.items():
+        result["systems"][name] = {
+            "steps": len(curve), "steps_per_min": steps_per_min(curve),
+            "reward_bins": per_bin(curve, args.bin, args.seconds),
+            "first_reach_s": {str(level): first_reach(curve, level) for level in LEVELS},
+            "held_out_after": held_out(finals[name].resolve()) if finals[name].exists() else None,
+        }
+    ratios = {}
+    for level in LEVELS:
+        r, t = (result["systems"][s]["first_reach_s"][str(level)] for s in ("roost", "trl"))
+        ratios[str(level)] = round(r / t, 2) if r is not None and t else None
+    result["time_ratio_roost_over_trl"] = ratios
+    _print(result, args.bin)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+def _print(result: dict, width: float) -> None:
+    table = Table(title=f"Roost vs TRL, {result['seconds']:.0f} s each, one core each")
+    table.add_column("measure")
+    table.add_column("Roost", justify="right")
+    table.add_column("TRL", justify="right")
+    table.add_column("Roost/TRL", justify="right")
+    r, t = result["systems"]["roost"], result["systems"]["trl"]
+    table.add_row("steps", str(r["steps"]), str(t["steps"]), "")
+    table.add_row("steps/min", str(r["steps_per_min"]), str(t["steps_per_min"]), "")
+    for level in LEVELS:
+        key = str(level)
+        table.add_row(f"first MA5 >= {level}", str(r["first_reach_s"][key]), str(t["first_reach_s"][key]),
+                      str(result["time_ratio_roost_over_trl"][key]))
+    for k, (a, b) in enumerate(zip(r["reward_bins"], t["reward_bins"])):
+        table.add_row(f"reward {k * width:.0f}-{(k + 1) * width:.0f} s", str(a), str(b), "")
+    table.add_row("held-out sampled accuracy after", str(r["held_out_after"]), str(t["held_out_after"]), "")
+    table.add_row("held-out sampled accuracy before", str(result["held_out_before"]), "", "")
+    console.print(table)
+    console.print("settings that differ:")
+    for line in result["different"]:
+        console.print(f"  - {line}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The LLM planner against a real OpenAI-compatible server: vLLM (CPU) on loopback.
+
+The test starts `vllm.entrypoints.openai.api_server` from the vLLM virtualenv
+(`.venv-vllm`, made by .ci/vllm.sh; ROOST_VLLM_PYTHON names another interpreter)
+serving a model of the embedded model's architecture, and plans whole studies with
+`ChatOpenAI` + JSON-schema structured output (vLLM's guided decoding makes even a
+tiny model's answers schema-valid). The trials are real `swarm train` runs.
+
+Without vLLM the tests skip, saying why; with ROOST_REQUIRE_VLLM=1 (CI) they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlmodel import Session, select
+
+import researcher.llm as llm
+import researcher.llm_planner as llm_planner
+from researcher.config import Budget, StudyConfig, default_trial_program
+from researcher.experiment import Frame
+from researcher.llm import CallPolicy, make_chat_model
+from researcher.llm_planner import LLMPlanner
+from researcher.planning import PlanDefaults
+from researcher.runner import create_study, drive, make_context, store_engine
+from store.models import Hypothesis, Study, Trial
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRE = os.environ.get("ROOST_REQUIRE_VLLM") == "1"
+SERVED = "roost-planner"
+# cheap knobs only: every trial is a real `swarm train` run on CPU
+KNOBS = ["lr", "kl_coef", "advantage", "loss_agg", "normalize_std"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def vllm_python() -> Path:
+    env = os.environ.get("ROOST_VLLM_PYTHON")
+    return Path(env) if env else ROOT / os.environ.get("ROOST_VLLM_VENV", ".venv-vllm") / "bin" / "python"
+
+
+@cache
+def why_no_vllm() -> str | None:
+    py = vllm_python()
+    if not py.exists():
+        return f"no vLLM interpreter at {py} (run .ci/vllm.sh, or set ROOST_VLLM_PYTHON)"
+    r = subprocess.run([str(py), "-c", "import vllm"], capture_output=True, text=True, timeout=300)
+    return None if r.returncode == 0 else f"`import vllm` fails in {py}: {r.stderr.strip()[-300:]}"
+
+
+class VLLMServer:
+    """A vLLM OpenAI server this test started (own process group; killed by its id)."""
+
+    def __init__(self, model: Path, log: Path) -> None:
+        self.model, self.log = model, log
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 420.0) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+               "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # planner prompts run past the model's 1024 positions
+        argv = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+                "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(self.port),
+                "--max-model-len", "16384", "--enforce-eager"]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.kill()
+        raise TimeoutError(f"vLLM not healthy in {timeout:.0f} s:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (its engine core too), as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    reason = why_no_vllm()
+    if reason:
+        if REQUIRE:
+            pytest.fail(f"ROOST_REQUIRE_VLLM=1 but {reason}")
+        pytest.skip(reason)
+    from swarm.server.testing import tiny_model_dir  # lazy: builds with torch and transformers
+
+    base = tmp_path_factory.mktemp("live-planner")
+    server = VLLMServer(tiny_model_dir(base), base / "vllm.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def live(vllm_server: VLLMServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[VLLMServer]:
+    """Real model requests allowed (the researcher's conftest forbids them), for this test only."""
+    monkeypatch.setenv(llm.ENV_ALLOW, "1")
+    with llm.model_requests_allowed(True):
+        yield vllm_server
+
+
+def _study(server: VLLMServer, topic: str, **budget: int) -> StudyConfig:
+    return StudyConfig(
+        topic=topic, planner="llm", llm_base_url=server.url, llm_model=SERVED, poll_s=1.0, parallel=2,
+        defaults=PlanDefaults(steps=2, seeds=3, max_arms=2), budget=Budget(**budget),
+        model_dir=str(server.model),
+        # tiny batches: real `swarm train` runs that finish in seconds on CPU
+        trial_program=[*default_trial_program(), "--group-size", "2", "--batch-groups", "2"])
+
+
+def _planner(server: VLLMServer, max_tokens: int = 2048, **kw: object) -> LLMPlanner:
+    model = make_chat_model({"llm_base_url": server.url, "llm_model": SERVED}, timeout_s=300,
+                            temperature=1.0, max_tokens=max_tokens)
+    return LLMPlanner(model, knobs=KNOBS, check_program=False, **kw)  # type: ignore[arg-type]
+
+
+def _all_done(sid: int) -> bool:
+    with Session(store_engine()) as s:
+        trials = s.exec(select(Trial).where(Trial.study_id == sid)).all()
+    return bool(trials) and all(t.status in ("COMPLETED", "FAILED", "CANCELLED") for t in trials)
+
+
+@pytest.mark.timeout(1800)
+def test_a_study_planned_by_vllm_survives_the_server_dying(live: VLLMServer) -> None:
+    """frame → hypothesize → design → launch → analyse → decide → report, every plan from vLLM.
+
+    The server is killed once the first trials run and restarted only after they all
+    finished, so the planner's next call (decide) meets a dead endpoint: it waits with
+    backoff, the restarted server answers, and the study goes on without re-launching
+    anything.
+    """
+    cfg = _study(live, "Does the learning rate matter on arith? Compare lr 0 with lr 3e-4.",
+                 max_trials=9, llm_tokens=400_000)
+    sid = create_study(cfg)
+    planner = _planner(live, policy=CallPolicy(wait_s=600, backoff_s=1, backoff_max_s=10), max_rounds=2)
+    ctx = make_context(sid, planner=planner)
+    events: list[str] = []
+    restarter: list[threading.Thread] = []
+
+    def restart_when_trials_are_done() -> None:  # meanwhile `decide` is blocked in its backoff
+        while not _all_done(sid):
+            time.sleep(1)
+        events.append("restarting")
+        live.start()
+
+    def on_step(step: object) -> None:
+        if getattr(step, "state", "") == "waiting" and "killed" not in events:
+            live.kill()
+            events.append("killed")
+            restarter.append(threading.Thread(target=restart_when_trials_are_done, daemon=True))
+            restarter[0].start()
+
+    step = drive(sid, ctx=ctx, poll_s=1.0, on_step=on_step)
+    if restarter:
+        restarter[0].join(600)
+    if live.proc is None:  # the study ended before it needed the server again: bring it back for others
+        live.start()
+    assert step.state == "done", step
+    with Session(store_engine()) as s:
+        study = s.get(Study, sid)
+        trials = s.exec(select(Trial).where(Trial.study_id == sid)).all()
+        hyps = s.exec(select(Hypothesis).where(Hypothesis.study_id == sid)).all()
+    assert study is not None and study.status == "COMPLETED" and study.report
+    print(f"\n--- live study {sid}: {len(trials)} trials, {planner.tokens_used} LLM tokens, "
+          f"{planner.policy.transport_retries} transport retries ---\n{study.report}")
+    assert "killed" in events and "restarting" in events
+    assert planner.policy.transport_retries > 0  # decide met the dead server and waited
+    keys = [(t.hypothesis_id, t.arm, t.seed) for t in trials]
+    assert len(keys) == len(set(keys)) >= 6  # no duplicate trials after the outage
+    assert {t.status for t in trials} == {"COMPLETED"}, [(t.arm, t.status) for t in trials]
+    assert hyps and all(h.statement for h in hyps)
+    state = drive(sid, ctx=ctx, poll_s=1.0)  # a finished study stays finished
+    assert state.state in ("done", "inactive")
+    assert planner.tokens_used > 1000  # from vLLM's usage: prompts alone are thousands of tokens
+
+
+def test_answers_failing_validation_end_the_study_with_a_clear_error(live: VLLMServer,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server is asked for the loose pydantic schema (any strings as knob names), so a
+    tiny model's frames fail validation until the retries run out: the study ends with
+    the reason in its report, and no hypothesis or trial was written."""
+    monkeypatch.setattr(llm_planner, "frame_schema", lambda knobs: Frame.model_json_schema())
+    cfg = _study(live, "Does the learning rate matter on arith?", max_trials=6)
+    sid = create_study(cfg)
+    planner = _planner(live, max_tokens=256, retries=2)  # rambling answers are cut off: invalid too
+    step = drive(sid, ctx=make_context(sid, planner=planner), poll_s=0.5)
+    assert step.state == "done"
+    with Session(store_engine()) as s:
+        study = s.get(Study, sid)
+        trials = s.exec(select(Trial).where(Trial.study_id == sid)).all()
+        hyps = s.exec(select(Hypothesis).where(Hypothesis.study_id == sid)).all()
+    assert study is not None and study.report and study.status == "COMPLETED"
+    assert "the llm planner gave no valid answer: no valid Frame after 3 attempts" in " ".join(study.report.split())
+    assert trials == [] and hyps == []
+    assert planner.tokens_used > 0
