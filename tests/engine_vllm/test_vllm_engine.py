@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
 from swarm.engine.vllm.engine import VllmEngine, VllmEngineError
 from swarm.engine.vllm.server import VllmSettings
-from swarm.engine.vllm.weights import CheckpointRefused, unique_state, write_atomic
+from swarm.engine.vllm.weights import CheckpointRefused, unique_state, validate, write_atomic
 from swarm.model.build import build_untrained
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -169,6 +169,8 @@ def _sync_during(engine, request: GenerateRequest, tmp_path: Path):
     """
     engine.trainer.train_step(_batch(engine, n=2, max_tokens=4))
     weights = write_atomic(unique_state(engine.trainer.model), tmp_path / "step.safetensors")
+    validate(weights, engine.serving.layout)  # here, not inside the sync: on a loaded CPU validating takes
+    # seconds, long enough for the request to end before the drain it is meant to meet
 
     async def go():
         version = engine.served_version
@@ -176,7 +178,8 @@ def _sync_during(engine, request: GenerateRequest, tmp_path: Path):
         while engine._in_flight == 0:
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.2)  # tokens are flowing
-        sync = asyncio.create_task(asyncio.to_thread(engine.offer_weights, weights, engine.trainer.policy_version))
+        sync = asyncio.create_task(asyncio.to_thread(engine.offer_weights, weights, engine.trainer.policy_version,
+                                                    validate_first=False))
         while not engine._draining and not sync.done():
             await asyncio.sleep(0.005)
         late = asyncio.create_task(engine.generate(GenerateRequest(request.prompt_ids, SamplingParams(max_tokens=4))))
@@ -211,8 +214,13 @@ def test_request_outlasting_the_drain_timeout_is_aborted(engine, tmp_path):
     finally:
         engine.settings = settings
     info = (done.finish_reason, len(done.token_ids), metrics)
-    assert engine.counters()["vllm_aborted_in_sync"] == aborted + 1, info  # the abort path ran
     assert done.policy_version == version, info
-    assert (done.finish_reason == "abort" and 0 < len(done.token_ids) < 900) or \
-        (done.finish_reason == "length" and len(done.token_ids) == 900), info
+    if metrics["vllm_drain_s"] < 0.05:  # vLLM had produced every token before the abort was due: the
+        # drain ended by itself (only the stream was still being read) and the request ends normally
+        assert engine.counters()["vllm_aborted_in_sync"] == aborted, info
+        assert done.finish_reason == "length" and len(done.token_ids) == 900, info
+    else:
+        assert engine.counters()["vllm_aborted_in_sync"] == aborted + 1, info  # the abort path ran
+        assert (done.finish_reason == "abort" and 0 < len(done.token_ids) < 900) or \
+            (done.finish_reason == "length" and len(done.token_ids) == 900), info
     assert late.policy_version == version + 1 == engine.served_version

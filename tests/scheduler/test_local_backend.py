@@ -40,11 +40,17 @@ def test_concurrency_limit_queues_the_rest(tmp_path: Path) -> None:
 def test_queue_is_first_come_first_served(tmp_path: Path) -> None:
     b = _backend(tmp_path, n=1)
     order = tmp_path / "order.txt"
-    gate = b.submit(_spec(tmp_path, "gate", ["sleep", "1.5"]))  # holds the one slot while the rest queue
+    release = tmp_path / "release"
+    # holds the one slot until every other job is queued (a fixed sleep raced slow wrapper starts under load)
+    gate = b.submit(_spec(tmp_path, "gate", ["bash", "-c", f"until [ -e {release} ]; do sleep 0.05; done"]))
     hs = []
     for i in range(5):
         hs.append(b.submit(_spec(tmp_path, f"j{i}", ["bash", "-c", f"echo j{i} >> {order}; sleep 0.1"])))
     hs.append(gate)
+    queue = b.slots_dir / "queue"
+    wait_for(lambda: queue.is_dir() and len([p for p in queue.iterdir() if not p.name.startswith(".")]) == 5, 60,
+             what="every job queued behind the gate")
+    release.touch()
     wait_for(lambda: all(_state(b, h) == JobState.COMPLETED for h in hs), 30, what="all done")
     assert order.read_text().split() == [f"j{i}" for i in range(5)]
     assert not [p for p in (b.slots_dir / "queue").iterdir()]  # every ticket cleaned up

@@ -224,7 +224,8 @@ class VllmEngine:
         """Serve the weights in safetensors file `path` as `version` (what a sync does with the trainer's).
 
         `CheckpointRefused` (nothing loaded) or `VllmEngineError` (rolled back) on failure.
-        `validate_first=False` exists only to exercise the rollback of a reload vLLM itself fails.
+        `validate_first=False` is for callers that validated the file already (tests timing a sync, and
+        the test of the rollback of a reload vLLM itself fails).
         """
         tmp = self.serving.candidate.with_name(".offer.tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
