@@ -78,7 +78,7 @@ class RunConfig(BaseModel):
         None, description="module:function(seed, size) -> list of tasks for --workflow")
     out: Annotated[Path, Flag(studied=False)] = Field(
         Path("runs/train"), description="output directory (summary.json, run.yaml, server/, logs/)")
-    steps: Annotated[int, Flag(studied=False)] = Field(100, ge=1, description="optimisation steps to run")
+    steps: Annotated[int, Flag(studied=False)] = Field(300, ge=1, description="optimisation steps to run")
     clients: Annotated[int, Flag(study=(1, 8))] = Field(1, ge=1, description="client fleet processes per task")
     concurrency: Annotated[int, Flag(study=(1, 512))] = Field(
         128, ge=1, description="episodes in flight, over all clients")
