@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+from scheduler.spec import JobSpec
 
 
 def wait_for(pred: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "condition") -> object:
@@ -18,3 +22,10 @@ def wait_for(pred: Callable[[], object], timeout: float, interval: float = 0.05,
         if time.monotonic() > end:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+def job_spec(tmp_path: Path, name: str = "job", **kw: Any) -> JobSpec:
+    """A 30 s sleep logging under `tmp_path/logs`; `kw` overrides any field."""
+    base: dict[str, Any] = {"name": name, "command": ["sleep", "30"], "log_dir": str(tmp_path / "logs")}
+    base.update(kw)
+    return JobSpec(**base)

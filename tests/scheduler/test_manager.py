@@ -8,7 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sched_helpers import wait_for
+from sched_helpers import job_spec, wait_for
 
 from scheduler.base import BackendError
 from scheduler.fake import FakeSlurm
@@ -44,14 +44,9 @@ def mgr(sink: JobSink, fake: FakeSlurm, tmp_path: Path) -> Iterator[JobManager]:
             m.backend("local").cancel(rec.handle(), force=True)  # type: ignore[arg-type]
 
 
-def _spec(tmp_path: Path, name: str = "job", **kw: object) -> JobSpec:
-    base: dict[str, object] = {"name": name, "command": ["sleep", "30"], "log_dir": str(tmp_path / "logs")}
-    base.update(kw)
-    return JobSpec(**base)  # type: ignore[arg-type]
-
 
 def test_submit_records_handle_and_job_id_env(mgr: JobManager, fake: FakeSlurm, tmp_path: Path) -> None:
-    rec = mgr.submit(_spec(tmp_path), backend="slurm", group_key="g1", trial_id=None)
+    rec = mgr.submit(job_spec(tmp_path), backend="slurm", group_key="g1", trial_id=None)
     assert rec.state == JobState.PENDING and rec.external_id == "1000" and rec.group_key == "g1"
     assert rec.stdout_path and rec.stdout_path.endswith("job-1000.out")
     assert rec.spec["env"][ENV_JOB_ID] == str(rec.id)
@@ -60,8 +55,8 @@ def test_submit_records_handle_and_job_id_env(mgr: JobManager, fake: FakeSlurm, 
 
 
 def test_reconcile_records_transitions_and_times(mgr: JobManager, fake: FakeSlurm, tmp_path: Path) -> None:
-    a = mgr.submit(_spec(tmp_path, "a"), backend="slurm")
-    b = mgr.submit(_spec(tmp_path, "b"), backend="slurm")
+    a = mgr.submit(job_spec(tmp_path, "a"), backend="slurm")
+    b = mgr.submit(job_spec(tmp_path, "b"), backend="slurm")
     assert mgr.reconcile() == []  # nothing changed
     fake.set_state(a.external_id, "RUNNING")
     changed = mgr.reconcile()
@@ -82,9 +77,9 @@ def test_reconcile_records_transitions_and_times(mgr: JobManager, fake: FakeSlur
 
 
 def test_cancel_group_stops_every_member(mgr: JobManager, fake: FakeSlurm, tmp_path: Path) -> None:
-    server = mgr.submit(_spec(tmp_path, "server"), backend="slurm", group_key="trial-1")
-    fleet = mgr.submit(_spec(tmp_path, "fleet"), backend="slurm", group_key="trial-1")
-    other = mgr.submit(_spec(tmp_path, "other"), backend="slurm", group_key="trial-2")
+    server = mgr.submit(job_spec(tmp_path, "server"), backend="slurm", group_key="trial-1")
+    fleet = mgr.submit(job_spec(tmp_path, "fleet"), backend="slurm", group_key="trial-1")
+    other = mgr.submit(job_spec(tmp_path, "other"), backend="slurm", group_key="trial-2")
     fake.set_state(server.external_id, "RUNNING")
     done = mgr.cancel_group("trial-1")
     assert {r.id for r in done} == {server.id, fleet.id}
@@ -93,7 +88,7 @@ def test_cancel_group_stops_every_member(mgr: JobManager, fake: FakeSlurm, tmp_p
 
 
 def test_runaway_guard_kills_jobs_past_their_budget(mgr: JobManager, fake: FakeSlurm, tmp_path: Path) -> None:
-    rec = mgr.submit(_spec(tmp_path, time_limit_s=1), backend="slurm")
+    rec = mgr.submit(job_spec(tmp_path, time_limit_s=1), backend="slurm")
     fake.set_state(rec.external_id, "RUNNING")
     fake.jobs[int(rec.external_id)].start_time = int(time.time()) - 5  # Slurm failed to enforce it
     changed = mgr.reconcile()
@@ -106,7 +101,7 @@ def test_runaway_guard_kills_jobs_past_their_budget(mgr: JobManager, fake: FakeS
 
 def test_runaway_guard_on_local_jobs(mgr: JobManager, tmp_path: Path) -> None:
     # A time limit the local supervisor would enforce only in an hour; pretend it started long ago.
-    rec = mgr.submit(_spec(tmp_path, time_limit_s=3600), backend="local")
+    rec = mgr.submit(job_spec(tmp_path, time_limit_s=3600), backend="local")
     wait_for(lambda: mgr.reconcile() or mgr.get(rec.id).state == JobState.RUNNING, 10,  # type: ignore[union-attr]
              what="running")
     mgr.sink.update(rec.id, started_at=utcnow() - timedelta(hours=2))
@@ -120,7 +115,7 @@ def test_runaway_guard_on_local_jobs(mgr: JobManager, tmp_path: Path) -> None:
 
 def test_submit_failure_is_recorded(mgr: JobManager, sink: JobSink, tmp_path: Path) -> None:
     with pytest.raises(BackendError):
-        mgr.submit(_spec(tmp_path, cwd="/nonexistent/dir"), backend="local")
+        mgr.submit(job_spec(tmp_path, cwd="/nonexistent/dir"), backend="local")
     rec = sink.recent(1)[0]
     assert rec.state == JobState.FAILED and "submit failed" in (rec.reason or "")
 
@@ -142,7 +137,7 @@ def test_cancel_before_submission_and_unknown_backend(mgr: JobManager, sink: Job
 
 
 def test_controller_outage_keeps_last_states(mgr: JobManager, fake: FakeSlurm, tmp_path: Path) -> None:
-    rec = mgr.submit(_spec(tmp_path), backend="slurm")
+    rec = mgr.submit(job_spec(tmp_path), backend="slurm")
     fake.set_state(rec.external_id, "RUNNING")
     mgr.reconcile()
     fake.down = True
@@ -151,10 +146,10 @@ def test_controller_outage_keeps_last_states(mgr: JobManager, fake: FakeSlurm, t
 
 
 def test_wait_and_logs_with_local_jobs(mgr: JobManager, tmp_path: Path) -> None:
-    rec = mgr.submit(_spec(tmp_path, command=["bash", "-c", "echo hello; exit 5"]), backend="local")
+    rec = mgr.submit(job_spec(tmp_path, command=["bash", "-c", "echo hello; exit 5"]), backend="local")
     final = mgr.wait([rec.id], timeout_s=15)[0]
     assert (final.state, final.exit_code) == (JobState.FAILED, 5)
     assert mgr.logs(rec.id) == "hello\n"
     with pytest.raises(TimeoutError):
-        slow = mgr.submit(_spec(tmp_path, "slow"), backend="local")
+        slow = mgr.submit(job_spec(tmp_path, "slow"), backend="local")
         mgr.wait([slow.id], timeout_s=0.3)

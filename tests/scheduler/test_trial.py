@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sched_helpers import wait_for
+from sched_helpers import job_spec, wait_for
 
 from scheduler.base import BackendUnavailable
 from scheduler.fake import FakeSlurm
@@ -49,11 +49,6 @@ def mgr(sink: JobSink, fake: FakeSlurm, tmp_path: Path) -> Iterator[JobManager]:
             m.backend("local").cancel(rec.handle(), force=True)  # type: ignore[arg-type]
 
 
-def _spec(tmp_path: Path, name: str = "job", **kw: Any) -> JobSpec:
-    base: dict[str, Any] = {"name": name, "command": ["sleep", "30"], "log_dir": str(tmp_path / "logs")}
-    base.update(kw)
-    return JobSpec(**base)
-
 
 class _CrashOnHandle:
     """A sink whose submitter 'dies' right after the backend took the job, before its handle is saved."""
@@ -74,10 +69,10 @@ class _CrashOnHandle:
 
 
 def test_second_submit_with_the_same_key_returns_the_job(mgr: JobManager, fake: FakeSlurm, tmp_path: Path) -> None:
-    first, how = mgr.submit_once(_spec(tmp_path), backend="slurm", group_key="trial-1")
-    again, how2 = mgr.submit_once(_spec(tmp_path), backend="slurm", group_key="trial-1")
+    first, how = mgr.submit_once(job_spec(tmp_path), backend="slurm", group_key="trial-1")
+    again, how2 = mgr.submit_once(job_spec(tmp_path), backend="slurm", group_key="trial-1")
     assert (how, how2) == ("submitted", "existing") and again.id == first.id
-    other, how3 = mgr.submit_once(_spec(tmp_path), backend="slurm", group_key="trial-2")  # another key
+    other, how3 = mgr.submit_once(job_spec(tmp_path), backend="slurm", group_key="trial-2")  # another key
     assert how3 == "submitted" and other.id != first.id
     assert fake.count("sbatch") == 2
 
@@ -87,14 +82,14 @@ def test_crash_after_the_backend_took_the_job_is_adopted(sink: JobSink, fake: Fa
                                                          backend: str) -> None:
     crashing = JobManager(_CrashOnHandle(sink), _backends(fake, tmp_path))  # type: ignore[arg-type]
     with pytest.raises(SystemExit):
-        crashing.submit_once(_spec(tmp_path), backend=backend, group_key="trial-1")
+        crashing.submit_once(job_spec(tmp_path), backend=backend, group_key="trial-1")
     (lost,) = sink.group("trial-1")
     assert lost.external_id is None
     mgr = JobManager(sink, _backends(fake, tmp_path))  # "after the restart": fresh backends, no memory
     try:
-        rec, how = mgr.submit_once(_spec(tmp_path), backend=backend, group_key="trial-1")
+        rec, how = mgr.submit_once(job_spec(tmp_path), backend=backend, group_key="trial-1")
         assert how == "adopted" and rec.id == lost.id and rec.external_id and rec.state == JobState.PENDING
-        assert mgr.submit_once(_spec(tmp_path), backend=backend, group_key="trial-1")[1] == "existing"
+        assert mgr.submit_once(job_spec(tmp_path), backend=backend, group_key="trial-1")[1] == "existing"
         assert len(sink.group("trial-1")) == 1
         if backend == "slurm":
             assert fake.count("sbatch") == 1 and rec.external_id == "1000"
@@ -110,7 +105,7 @@ def test_crash_after_the_backend_took_the_job_is_adopted(sink: JobSink, fake: Fa
 
 def test_crash_before_the_backend_is_submitted_once(mgr: JobManager, sink: JobSink, fake: FakeSlurm,
                                                      tmp_path: Path) -> None:
-    spec = _spec(tmp_path)
+    spec = job_spec(tmp_path)
     dangling = sink.create(name=spec.name, backend="slurm", spec=spec.model_dump(), time_limit_s=60,
                            group_key="trial-1")  # the submitter died right after writing the row
     rec, how = mgr.submit_once(spec, backend="slurm", group_key="trial-1")
@@ -123,10 +118,10 @@ def test_crash_before_the_backend_is_submitted_once(mgr: JobManager, sink: JobSi
 def test_an_unreachable_controller_submits_nothing(sink: JobSink, fake: FakeSlurm, tmp_path: Path) -> None:
     crashing = JobManager(_CrashOnHandle(sink), _backends(fake, tmp_path))  # type: ignore[arg-type]
     with pytest.raises(SystemExit):
-        crashing.submit_once(_spec(tmp_path), backend="slurm", group_key="trial-1")
+        crashing.submit_once(job_spec(tmp_path), backend="slurm", group_key="trial-1")
     fake.down = True
     with pytest.raises(BackendUnavailable):
-        JobManager(sink, _backends(fake, tmp_path)).submit_once(_spec(tmp_path), backend="slurm", group_key="trial-1")
+        JobManager(sink, _backends(fake, tmp_path)).submit_once(job_spec(tmp_path), backend="slurm", group_key="trial-1")
     assert fake.count("sbatch") == 1 and len(sink.group("trial-1")) == 1
 
 
@@ -135,13 +130,13 @@ def test_an_unreachable_controller_submits_nothing(sink: JobSink, fake: FakeSlur
 
 def test_slurm_find_matches_its_own_script_then_exit_file(fake: FakeSlurm, tmp_path: Path) -> None:
     backend = SlurmBackend(runner=fake, min_poll_s=0)
-    mine = _spec(tmp_path, "t1", env={ENV_JOB_ID: "7"})
+    mine = job_spec(tmp_path, "t1", env={ENV_JOB_ID: "7"})
     h = backend.submit(mine)
-    backend.submit(_spec(tmp_path, "t1", env={ENV_JOB_ID: "8"}))  # same name, another submission
-    backend.submit(_spec(tmp_path, "t10", env={ENV_JOB_ID: "7"}))  # a name sharing the prefix
+    backend.submit(job_spec(tmp_path, "t1", env={ENV_JOB_ID: "8"}))  # same name, another submission
+    backend.submit(job_spec(tmp_path, "t10", env={ENV_JOB_ID: "7"}))  # a name sharing the prefix
     assert backend.find(mine) == h
-    assert backend.find(_spec(tmp_path, "t1", env={ENV_JOB_ID: "9"})) is None  # never submitted
-    assert backend.find(_spec(tmp_path, "never")) is None and fake.count("squeue") == 1  # no script: no query
+    assert backend.find(job_spec(tmp_path, "t1", env={ENV_JOB_ID: "9"})) is None  # never submitted
+    assert backend.find(job_spec(tmp_path, "never")) is None and fake.count("squeue") == 1  # no script: no query
     fake.set_state(h.external_id, "COMPLETED")
     fake.forget(h.external_id, squeue=True, scontrol=True)  # Slurm forgot it: the exit file tells
     assert backend.find(mine) is None
@@ -151,22 +146,22 @@ def test_slurm_find_matches_its_own_script_then_exit_file(fake: FakeSlurm, tmp_p
 
 def test_local_find_uses_the_wrappers_record(tmp_path: Path) -> None:
     backend = LocalBackend(max_concurrent=1, state_dir=tmp_path / "st", kill_wait_s=1)
-    spec = _spec(tmp_path, "t1", env={ENV_JOB_ID: "7"})
+    spec = job_spec(tmp_path, "t1", env={ENV_JOB_ID: "7"})
     h = backend.submit(spec)
     try:
         job_dir = Path(h.stdout_path).parent
         wait_for(lambda: (job_dir / "wrapper.json").exists(), 10, what="wrapper record")
         (job_dir / "handle.json").unlink()  # the submitter died before writing it
         assert backend.find(spec) == h
-        assert backend.find(_spec(tmp_path, "t1", env={ENV_JOB_ID: "8"})) is None
+        assert backend.find(job_spec(tmp_path, "t1", env={ENV_JOB_ID: "8"})) is None
         assert LocalBackend(state_dir=tmp_path / "st").status([h])[h.external_id].state == JobState.RUNNING
     finally:
         backend.cancel(h, force=True)
     never = tmp_path / "logs" / "t2-20250101-000000-abcdef"  # a directory whose wrapper never started
     never.mkdir()
-    (never / "spec.json").write_text(json.dumps(_spec(tmp_path, "t2").model_dump()))
+    (never / "spec.json").write_text(json.dumps(job_spec(tmp_path, "t2").model_dump()))
     os.utime(never, (time.time() - 60, time.time() - 60))
-    assert backend.find(_spec(tmp_path, "t2")) is None
+    assert backend.find(job_spec(tmp_path, "t2")) is None
 
 
 # ---------------------------------------------------------------- trials
@@ -176,17 +171,17 @@ def test_trial_shape_needs_jobs_with_distinct_names(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         TrialShape(key="trial-1", jobs=[])
     with pytest.raises(ValueError, match="distinct names"):
-        TrialShape(key="trial-1", jobs=[_spec(tmp_path, "a"), _spec(tmp_path, "a")])
+        TrialShape(key="trial-1", jobs=[job_spec(tmp_path, "a"), job_spec(tmp_path, "a")])
 
 
 def test_submit_trial_is_idempotent_and_all_or_nothing(mgr: JobManager, fake: FakeSlurm, tmp_path: Path) -> None:
-    shape = TrialShape(key="trial-3", jobs=[_spec(tmp_path, "server"), _spec(tmp_path, "fleet")])
+    shape = TrialShape(key="trial-3", jobs=[job_spec(tmp_path, "server"), job_spec(tmp_path, "fleet")])
     first = submit_trial(mgr, shape, backend="slurm", trial_id=None)
     again = submit_trial(mgr, shape, backend="slurm")
     assert (first.how, again.how) == ("submitted", "existing")
     assert [r.id for r in again.records] == [r.id for r in first.records] and fake.count("sbatch") == 2
 
-    broken = TrialShape(key="trial-4", jobs=[_spec(tmp_path, "server"), _spec(tmp_path, "fleet", cwd="/nonexistent")])
+    broken = TrialShape(key="trial-4", jobs=[job_spec(tmp_path, "server"), job_spec(tmp_path, "fleet", cwd="/nonexistent")])
     with pytest.raises(Exception):
         submit_trial(mgr, broken, backend="local")
     done = mgr.wait([r.id for r in mgr.sink.group("trial-4")], timeout_s=30)  # a cancel lands at the next poll
@@ -210,8 +205,8 @@ def test_trial_state_takes_the_jobs_together(states: list[JobState], expected: J
 
 
 def test_poll_trials_reconciles_and_reads_one_state(mgr: JobManager, tmp_path: Path) -> None:
-    ok = TrialShape(key="trial-5", jobs=[_spec(tmp_path, "ok", command=["true"])])
-    bad = TrialShape(key="trial-6", jobs=[_spec(tmp_path, "bad", command=["bash", "-c", "exit 3"])])
+    ok = TrialShape(key="trial-5", jobs=[job_spec(tmp_path, "ok", command=["true"])])
+    bad = TrialShape(key="trial-6", jobs=[job_spec(tmp_path, "bad", command=["bash", "-c", "exit 3"])])
     submit_trial(mgr, ok)
     submit_trial(mgr, bad)
 
