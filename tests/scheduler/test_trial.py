@@ -18,7 +18,7 @@ from scheduler.local import LocalBackend
 from scheduler.manager import JobManager
 from scheduler.records import JobRecord, JobSink, MemorySink, StoreSink
 from scheduler.slurm import SlurmBackend
-from scheduler.spec import ENV_JOB_ID, JobSpec
+from scheduler.spec import ENV_JOB_ID
 from scheduler.trial import TrialShape, poll_trials, submit_trial, trial_jobs, trial_state
 from store.models import JobState
 
