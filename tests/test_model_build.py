@@ -198,3 +198,33 @@ def test_init_model_default_recipe(tmp_path):
     assert greedy >= 0.6 and 0.1 <= sampled <= 0.4
     guess = evaluate(out, "guess", n=100, temperature=1.0)
     assert 0.1 <= guess["mean_reward"] <= 0.65 and guess["calls_per_episode"] >= 4
+
+
+TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate an expression",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"expression": {"type": "string"}},
+                                                           "required": ["expression"]}}}]
+TOOL_CONVERSATIONS = [
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 2+3?"}],
+    [{"role": "user", "content": "what is 2+3?"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"expression": "2+3"}'}}]},
+     {"role": "tool", "tool_call_id": "c1", "content": "5"}, {"role": "tool", "content": "6"}],
+    [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+     {"role": "assistant", "content": "let me see", "tool_calls": [
+         {"function": {"name": "calc", "arguments": {"expression": "1"}}},
+         {"function": {"name": "calc", "arguments": "{}"}}]},
+     {"role": "tool", "content": "1"}, {"role": "assistant", "content": "done"}],
+]
+
+
+@pytest.mark.parametrize("conv", TOOL_CONVERSATIONS)
+@pytest.mark.parametrize("with_tools", [False, True])
+def test_tool_template_matches_its_python_twin(conv, with_tools):
+    """The Jinja template (what the server and vLLM render) and `render_chat` (what the
+    warm start trains on) agree byte for byte, tools and tool turns included."""
+    tokenizer = build_tokenizer(task_corpus(seed=0, per_task=50), 512)
+    tools = TOOLS if with_tools else None
+    for gen in (False, True):
+        assert (tokenizer.apply_chat_template(conv, tools=tools, tokenize=False, add_generation_prompt=gen)
+                == render_chat(conv, add_generation_prompt=gen, tools=tools))

@@ -39,9 +39,51 @@ PRETOKENIZE_REGEX = (
 
 #: ChatML, Qwen style: `<|im_start|>role\ncontent<|im_end|>\n` per message and
 #: `<|im_start|>assistant\n` as the generation prompt. No default system message.
+#:
+#: Tools follow Qwen2.5's Hermes format, shortened for a small context: with `tools=`
+#: a system block lists each tool's JSON on its own line inside `<tools>…</tools>`
+#: (after the caller's own system message, if it is first); an assistant message's
+#: `tool_calls` render as `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`
+#: (A verbatim when it is a string, as OpenAI clients send it, else as JSON), one per
+#: call, after the content and a newline; consecutive `tool` messages share one `user`
+#: turn as `<tool_response>\n…\n</tool_response>` blocks. The same text is what the
+#: model is warm-started to produce and what `swarm.server` parses tool calls from.
+TOOLS_HEADER = "# Tools\n<tools>"
+TOOLS_FOOTER = ('\n</tools>\nTo call a tool, answer <tool_call>\n{"name": <name>, "arguments": <json>}'
+                "\n</tool_call>")
+TOOL_CALL_OPEN = "<tool_call>\n"
+TOOL_CALL_CLOSE = "\n</tool_call>"
+
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- set ns = namespace(start=0) %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] + '\\n' }}{%- set ns.start = 1 %}"
+    "{%- endif %}"
+    "{{- " + repr(TOOLS_HEADER) + " }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- " + repr(TOOLS_FOOTER) + " + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages[ns.start:] %}"
+    "{%- set i = loop.index0 + ns.start %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if i == 0 or messages[i - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + (message['content'] or '') + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[i + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{%- if message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set f = call['function'] if call.get('function') else call %}"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": ' + (f['name'] | tojson) + ', \"arguments\": ' }}"
+    "{%- if f['arguments'] is string %}{{- f['arguments'] }}{%- else %}{{- f['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"
@@ -49,12 +91,50 @@ CHAT_TEMPLATE = (
 )
 
 
-def render_chat(messages: list[dict], add_generation_prompt: bool = False) -> str:
-    """The template's output in plain Python: for building corpora before any tokenizer exists."""
-    text = "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
+def tool_call_text(name: str, arguments: str | dict) -> str:
+    """One call as the template renders it (and as the model is taught to write it)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}{TOOL_CALL_CLOSE}'
+
+
+def render_chat(messages: list[dict], add_generation_prompt: bool = False,
+                tools: list[dict] | None = None) -> str:
+    """The template's output in plain Python: for building corpora before any tokenizer exists.
+
+    Byte-identical to `CHAT_TEMPLATE` (a test renders both), tools and tool turns included.
+    """
+    parts: list[str] = []
+    start = 0
+    if tools:
+        parts.append(f"{IM_START}system\n")
+        if messages and messages[0]["role"] == "system":
+            parts.append(messages[0]["content"] + "\n")
+            start = 1
+        parts.append(TOOLS_HEADER)
+        parts += ["\n" + json.dumps(t, ensure_ascii=False) for t in tools]
+        parts.append(TOOLS_FOOTER + IM_END + "\n")
+    body = messages[start:]
+    for i, m in enumerate(body):
+        role, content = m["role"], m.get("content") or ""
+        if role == "tool":
+            prev = body[i - 1]["role"] if i > 0 else (messages[0]["role"] if start else None)
+            if prev != "tool":
+                parts.append(f"{IM_START}user")
+            parts.append(f"\n<tool_response>\n{content}\n</tool_response>")
+            if i == len(body) - 1 or body[i + 1]["role"] != "tool":
+                parts.append(IM_END + "\n")
+            continue
+        parts.append(f"{IM_START}{role}\n{content}")
+        if role == "assistant":
+            for k, call in enumerate(m.get("tool_calls") or []):
+                f = call.get("function") or call
+                if content or k:
+                    parts.append("\n")
+                parts.append(tool_call_text(f["name"], f["arguments"]))
+        parts.append(IM_END + "\n")
     if add_generation_prompt:
-        text += f"{IM_START}assistant\n"
-    return text
+        parts.append(f"{IM_START}assistant\n")
+    return "".join(parts)
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
