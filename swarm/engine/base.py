@@ -21,6 +21,16 @@ from swarm.options import Flag
 from swarm.samples import TrainSample
 
 
+class UnsupportedRequest(Exception):
+    """The engine cannot honour what a request asks (a constraint, a knob): the server answers
+    400 with `code` and `message`, before anything is generated or recorded."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What one request asks of the sampler. Mirrors the OpenAI knobs we honour."""
@@ -32,6 +42,12 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # as vLLM's: fixed-length generation for benchmarks
+    #: k > 0: also return the k most likely tokens at each position (raw logprobs, as `logprobs`)
+    top_logprobs: int = 0
+    #: OpenAI's `response_format` object as canonical JSON text (`json.dumps(obj, sort_keys=True)`;
+    #: text keeps the dataclass hashable), e.g. '{"type": "json_object"}'. None: unconstrained.
+    #: An engine that cannot honour it raises `UnsupportedRequest` before generating anything.
+    response_format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,9 @@ class TokenChunk:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last chunk
+    #: with `SamplingParams.top_logprobs = k`: per token of `token_ids`, the k most likely
+    #: (token id, raw logprob) pairs at that position, most likely first
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -61,6 +80,7 @@ class Completion:
     logprobs: list[float]
     finish_reason: str
     policy_version: int
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # as `TokenChunk.top_logprobs`
 
 
 class TrainConfig(BaseModel):
