@@ -26,6 +26,7 @@ from swarm.engine.base import Engine
 from swarm.engine.fake import FakeEngine
 from swarm.server.access import ServerErrorCounter
 from swarm.server.admin_routes import router as admin_router
+from swarm.server.anthropic_routes import router as anthropic_router
 from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
 from swarm.server.config import ServerConfig
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
@@ -88,6 +89,7 @@ def create_app(config: ServerConfig, engine: Engine) -> FastAPI:
     app.include_router(swarm_router)
     app.include_router(admin_router)
     app.include_router(openai_router)
+    app.include_router(anthropic_router)  # POST /v1/messages
 
     @app.get("/health", tags=["swarm"])
     async def health() -> dict[str, Any]:

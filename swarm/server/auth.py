@@ -3,7 +3,9 @@
     worker        worker (or admin) token: claim, status
     admin         admin token: /swarm/v1/admin/*
     episode       the episode's own key, matching the path's id: heartbeat, finish, abort
-    open_episode  the key of an open episode: the OpenAI routes (each call renews the lease)
+    open_episode  the key of an open episode (each call renews the lease)
+    generation_caller  the OpenAI routes: an open episode's key, or the worker/admin token for an
+                  evaluation call outside any episode (None: generated, never recorded or trained)
     any_caller    worker, admin or any genuine episode key: read-only routes (/v1/models)
 
 Every credential is a Bearer token. These run as FastAPI dependencies (async: a
@@ -18,7 +20,7 @@ from __future__ import annotations
 from fastapi import Header, Request
 
 from swarm.server.episodes import Episode, same_secret
-from swarm.server.exceptions import Forbidden, Unauthorized
+from swarm.server.exceptions import Forbidden, Unauthorized, Unavailable
 from swarm.server.state import Swarm
 
 
@@ -61,6 +63,22 @@ async def open_episode(request: Request, authorization: str | None = Header(None
     ep = swarm.registry.authorize(bearer(authorization))
     swarm.begin_call(ep)
     return ep
+
+
+def caller_of(swarm: Swarm, token: str) -> Episode | None:
+    """The open episode a generation call is recorded into, or None for an evaluation call
+    (worker or admin token). Shared by every protocol's generation routes."""
+    if _is_worker(swarm, token):
+        if swarm.stopping:
+            raise Unavailable("stopping", "the server is stopping")
+        return None
+    ep = swarm.registry.authorize(token)
+    swarm.begin_call(ep)
+    return ep
+
+
+async def generation_caller(request: Request, authorization: str | None = Header(None)) -> Episode | None:
+    return caller_of(current_swarm(request), bearer(authorization))
 
 
 async def any_caller(request: Request, authorization: str | None = Header(None)) -> Swarm:

@@ -35,6 +35,8 @@ def serve_command(
                                      "nested); flags given on the command line (or by envvar) override it"),
     quota: list[str] = typer.Option(None, "--quota", help="FAMILY=SHARE of each batch's groups, repeatable "
                                     "(e.g. --quota math=0.4 --quota code=0.6); other families share the rest"),
+    served_model_name: list[str] = typer.Option(None, "--served-model-name", metavar="NAME", help="a name requests may give as "
+                                                 "`model` (repeatable; the first is reported); others get 404"),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning"),
 ) -> None:
     """Serve a trainable model: OpenAI-compatible endpoints plus the episode API."""
@@ -44,6 +46,8 @@ def serve_command(
             overrides = {**overrides, "quotas": parse_quotas(quota), "quota_schedule": None}
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--quota") from None
+    if served_model_name:
+        overrides = {**overrides, "served_model_names": list(served_model_name)}
     config: ServerConfig = build_config(ServerConfig, overrides, config_file)
     if not (Path(config.model_dir) / "config.json").exists() and config.engine == "torch":
         typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)

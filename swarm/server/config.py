@@ -44,6 +44,12 @@ class Continuity(StrEnum):
     retokenize = "retokenize"
 
 
+class ToolParserName(StrEnum):
+    hermes = "hermes"
+    json = "json"
+    pythonic = "pythonic"
+
+
 class FailedGroupPolicy(StrEnum):
     drop = "drop"
     keep = "keep"
@@ -108,6 +114,15 @@ class ServerConfig(BaseModel):
     default_max_tokens: Annotated[int, Flag(name="--max-tokens")] = Field(256, ge=1, description="when a request names no max_tokens")
     max_tokens_limit: Annotated[int, Flag(studied=False)] = Field(4096, ge=1, description="largest max_tokens a request may ask")
     max_body_bytes: Annotated[int, Flag(studied=False)] = Field(8 << 20, ge=1024, description="larger request bodies get 413")
+    max_prompt_chars: Annotated[int, Flag(studied=False)] = Field(
+        1_000_000, ge=1, description="longer prompts (characters of messages and tools) get 400 before any "
+                                     "tokenizing: a huge prompt cannot occupy the render threads for seconds")
+    tool_parser: Annotated[ToolParserName, Flag(studied=False)] = Field(
+        ToolParserName.hermes, description="how tool calls are parsed out of generated text: hermes (Qwen2.5, "
+                                           "the embedded model), json (Llama-3.1 style), pythonic ([f(a=1)])")
+    served_model_names: list[str] | None = Field(
+        None, description="names a request's `model` may use (--served-model-name, repeatable); "
+                          "default: the served model name; others get 404 model_not_found")
     lease_seconds: float = Field(600.0, gt=0, description="episode lease (extended by heartbeats)")
     retry_after_s: Annotated[float, Flag(studied=False)] = Field(1.0, gt=0, description="Retry-After sent with 429s")
     stop_grace_s: Annotated[float, Flag(studied=False)] = Field(1.0, ge=0, description="answer 503 'stopping' this long before exit")
@@ -173,4 +188,10 @@ class ServerConfig(BaseModel):
 
     @property
     def served_model_name(self) -> str:
-        return self.model_name or Path(self.model_dir).name or "roost"
+        first = self.served_model_names[0] if self.served_model_names else None
+        return self.model_name or first or Path(self.model_dir).name or "roost"
+
+    @property
+    def model_aliases(self) -> frozenset[str]:
+        """Every `model` a request may name."""
+        return frozenset([self.served_model_name, *(self.served_model_names or ())])

@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swarm.server.exceptions import (
-    Conflict, EpisodeNotFound, Forbidden, GenerateTimeout, InvalidRequest, Refused, SwarmError, Unauthorized,
-    Unavailable,
+    Conflict, EpisodeNotFound, Forbidden, GenerateTimeout, InvalidRequest, NotFound, Refused, SwarmError,
+    Unauthorized, Unavailable,
 )
 
 log = logging.getLogger("swarm.server")
@@ -31,7 +31,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error"}
 
 _STATUS: tuple[tuple[type[SwarmError], int], ...] = (
-    (InvalidRequest, 400), (Unauthorized, 401), (Forbidden, 403), (EpisodeNotFound, 404), (Conflict, 409),
+    (InvalidRequest, 400), (Unauthorized, 401), (Forbidden, 403), (EpisodeNotFound, 404), (NotFound, 404), (Conflict, 409),
     (Refused, 429), (Unavailable, 503), (GenerateTimeout, 504))
 
 

@@ -9,6 +9,7 @@ message for humans; `details` are extra fields for the body (quota numbers).
     Unauthorized     no or a wrong credential; InvalidKey: a forged or malformed episode key
     Forbidden        a genuine credential without the right; WrongEpisode: another episode's key
     EpisodeNotFound  no such episode (never claimed, or forgotten long ago)
+    NotFound         no such thing (a `model` this server does not serve)
     Conflict         the episode moved on: StaleLease (its lease expired), EpisodeClosed
     Refused          not now (window full, training, paused, over quota); retry after `retry_after` s
     Unavailable      the server cannot take it (stopping, the buffer failed); `retry_after` s if known
@@ -57,6 +58,10 @@ class EpisodeNotFound(SwarmError):
         super().__init__("episode_not_found", f"unknown episode {episode_id}")
 
 
+class NotFound(SwarmError):
+    pass
+
+
 class Conflict(SwarmError):
     pass
 
@@ -94,5 +99,5 @@ class GenerateTimeout(SwarmError):
 
 
 __all__ = ["Conflict", "EpisodeClosed", "EpisodeNotFound", "Forbidden", "GenerateTimeout", "InvalidKey",
-           "InvalidRequest", "Refused", "StaleLease", "SwarmError", "Unauthorized", "Unavailable",
+           "InvalidRequest", "NotFound", "Refused", "StaleLease", "SwarmError", "Unauthorized", "Unavailable",
            "WrongEpisode"]

@@ -1,41 +1,44 @@
 """OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 
-The Bearer token is the episode key from a claim, so every call is recorded into
-its episode (prompt ids, completion ids, logprobs, policy version, and the agent
-tag from `X-Roost-Agent`). Responses are OpenAI-shaped; with `return_token_ids`
-or `logprobs` they also carry `prompt_token_ids`, `choices[0].token_ids` and
-per-token logprobs (`choices[0].logprobs.content[]` for chat). `stream: true` is
-real SSE from the engine's `stream()`. `system_fingerprint` names the policy
-version that generated the answer.
+These only translate OpenAI JSON to and from the protocol-neutral core (`generation.py`), which
+renders, tokenizes (off the event loop), parses tool calls, records and counts.
+
+The Bearer token is the episode key from a claim, so every call is recorded into its episode
+(prompt ids, completion ids, logprobs, policy version, and the agent tag from `X-Roost-Agent`);
+the worker or admin token makes an evaluation call instead (current policy, never recorded).
+Responses are OpenAI-shaped: `tool_calls` with `finish_reason: "tool_calls"` (streamed as OpenAI
+does: a first delta with index, id, type and name, then the arguments), `n` choices, `top_logprobs`.
+With `return_token_ids` or `logprobs` they also carry `prompt_token_ids`, `choices[i].token_ids`
+and per-token logprobs. `stream: true` is real SSE from the engine. `system_fingerprint` names
+the policy version that generated the answer. An unknown `model` is 404 `model_not_found`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 
-from swarm.engine.base import GenerateRequest, SamplingParams
 from swarm.protocol import AGENT_HEADER
-from swarm.samples import Call
-from swarm.server.auth import any_caller, current_swarm, open_episode
+from swarm.server.auth import any_caller, current_swarm, generation_caller
 from swarm.server.episodes import Episode
 from swarm.server.errors import domain_error_body, error_body
-from swarm.server.exceptions import GenerateTimeout, InvalidRequest, SwarmError
-from swarm.server.openai_schema import ChatCompletionRequest, CompletionRequest, _Sampling
-from swarm.server.render import OutputText
+from swarm.server.exceptions import InvalidRequest, SwarmError
+from swarm.server.generation import (
+    ChatTurn, Choice, Done, Event, Finished, PreparedTurn, Started, TextDelta, ToolCall, ToolCallDelta,
+    generation_core,
+)
+from swarm.server.openai_schema import ChatCompletionRequest, CompletionRequest
+from swarm.server.render import ChatRenderer
 from swarm.server.state import Swarm
 
 log = logging.getLogger("swarm.server")
 router = APIRouter(prefix="/v1", tags=["openai"])
-T = TypeVar("T")
 
 
 def _agent(value: str | None) -> str:
@@ -45,126 +48,65 @@ def _agent(value: str | None) -> str:
     return agent
 
 
-def _params(swarm: Swarm, body: _Sampling, prompt_len: int, wanted: int | None) -> SamplingParams:
-    if prompt_len == 0:
-        raise InvalidRequest("invalid_prompt", "prompt must not be empty")
-    cfg = swarm.config
-    max_new = min(wanted or cfg.default_max_tokens, cfg.max_tokens_limit)
-    if swarm.context_length is not None:
-        room = swarm.context_length - prompt_len
-        if room < 1:
-            raise InvalidRequest("context_length_exceeded", f"prompt of {prompt_len} tokens leaves no room in "
-                                                            f"the model's {swarm.context_length}-token context")
-        max_new = min(max_new, room)
-    temperature = cfg.default_temperature if body.temperature is None else body.temperature
-    return SamplingParams(
-        max_tokens=max_new,
-        temperature=temperature if cfg.temperature is None else cfg.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        seed=body.engine_seed(),
-        stop=body.stop_strings(),
-        stop_token_ids=swarm.renderer.stop_token_ids,
-    )
-
-
-@dataclass
-class Generation:
-    """One request in flight: what to generate and how to record it."""
-
-    swarm: Swarm
-    episode: Episode
-    agent: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    rid: str
-    created: int
-    want_ids: bool = False
-
-    def record(self, out: OutputText, version: int) -> None:
-        self.swarm.record(self.episode, Call(self.agent, self.prompt_ids, list(out.ids),
-                                             list(out.logprobs), version))
-
-    def usage(self, out: OutputText) -> dict[str, int]:
-        n, m = len(self.prompt_ids), len(out.ids)
-        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
-
-
-def _deadline(swarm: Swarm) -> float | None:
-    limit = swarm.config.generate_timeout_s
-    return None if limit is None else asyncio.get_running_loop().time() + limit
-
-
-async def _timed(swarm: Swarm, aw: Awaitable[T], deadline: float | None) -> T:
-    """`aw`, or `GenerateTimeout` (504) once `generate_timeout_s` has passed: a hung engine call
-    is cancelled and answered, never left holding the request (or the gate) forever."""
-    if deadline is None:
-        return await aw
-    try:
-        return await asyncio.wait_for(aw, max(0.0, deadline - asyncio.get_running_loop().time()))
-    except TimeoutError:
-        swarm.counters["generate_timeouts"] += 1
-        log.warning("generation exceeded generate_timeout_s=%s; cancelled", swarm.config.generate_timeout_s)
-        raise GenerateTimeout(swarm.config.generate_timeout_s) from None
-
-
-async def _generate(call: Generation) -> tuple[OutputText, str, int]:
-    out = OutputText(call.swarm.renderer, call.params.stop)
-    async with call.swarm.gate.generating():
-        completion = await _timed(call.swarm, call.swarm.engine.generate(
-            GenerateRequest(call.prompt_ids, call.params)), _deadline(call.swarm))
-    out.add(completion.token_ids, completion.logprobs)
-    out.finish()
-    reason = "stop" if out.stopped else completion.finish_reason
-    call.record(out, completion.policy_version)
-    return out, reason, completion.policy_version
-
-
 def _sse(payload: Any) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-async def _stream(call: Generation, chunk: Callable[[str, list[int], list[float], str | None], dict],
-                  first: dict | None, include_usage: bool, obj: str) -> AsyncIterator[str]:
-    """SSE events for one streamed call; the call is recorded once generation completed."""
-    out = OutputText(call.swarm.renderer, call.params.stop)
-    reason = "length"
-    if first is not None:
-        yield _sse(first)
+def _fingerprint(version: int) -> str:
+    return f"roost-policy-v{version}"
+
+
+def _usage(u: Any) -> dict[str, int]:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens}
+
+
+def _top(r: ChatRenderer, pairs: list[tuple[int, float]]) -> list[dict]:
+    out = []
+    for t, lp in pairs:
+        text = r.token_text(t)
+        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "replace"))})
+    return out
+
+
+def _logprob_content(r: ChatRenderer, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]]) -> list:
+    out = []
+    for k, (t, lp) in enumerate(zip(ids, lps)):
+        text = r.token_text(t)
+        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "replace")),
+                    "top_logprobs": _top(r, tops[k]) if k < len(tops) else []})
+    return out
+
+
+def _tool_calls(calls: list[ToolCall]) -> list[dict]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls]
+
+
+async def _open(prepared: PreparedTurn) -> AsyncIterator[Event]:
+    """The core's stream, started: its `Started` is awaited here, so an engine's refusal is a 400."""
+    events = prepared.stream()
+    first = await events.__anext__()
+    assert isinstance(first, Started)
+    return events
+
+
+async def _sse_events(events: AsyncIterator[Event], on_event: Callable[[Event], list[dict]],
+                      first: dict | None) -> AsyncIterator[str]:
+    """SSE from neutral events; a failure after the headers went out is reported in-band, as OpenAI does."""
     try:
-        async with call.swarm.gate.generating():
-            version = call.swarm.engine.policy_version
-            agen = call.swarm.engine.stream(GenerateRequest(call.prompt_ids, call.params))
-            deadline = _deadline(call.swarm)
-            try:
-                while True:
-                    try:
-                        c = await _timed(call.swarm, agen.__anext__(), deadline)
-                    except StopAsyncIteration:
-                        break
-                    text, ids, lps = out.add(c.token_ids, c.logprobs)
-                    if text or (ids and call.want_ids):
-                        yield _sse(chunk(text, ids, lps, None))
-                    if out.stopped or c.finish_reason:
-                        reason = "stop" if out.stopped else (c.finish_reason or reason)
-                        break
-            finally:
-                aclose = getattr(agen, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-    except SwarmError as exc:  # a generation timeout after the headers went out: in-band too
+        if first is not None:
+            yield _sse(first)
+        async for event in events:
+            for payload in on_event(event):
+                yield _sse(payload)
+    except SwarmError as exc:  # a generation timeout after the headers went out
         yield _sse(domain_error_body(exc))
-        yield _sse("[DONE]")
-        return
-    except Exception as exc:  # headers are sent: report in-band, as OpenAI does
+    except Exception as exc:
         log.exception("stream failed")
         yield _sse(error_body(500, f"generation failed: {type(exc).__name__}", "engine_error"))
-        yield _sse("[DONE]")
-        return
-    call.record(out, version)
-    yield _sse(chunk(out.finish(), [], [], reason))
-    if include_usage:
-        yield _sse({"id": call.rid, "object": obj, "created": call.created,
-                    "model": call.swarm.model_name, "choices": [], "usage": call.usage(out)})
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
     yield _sse("[DONE]")
 
 
@@ -173,125 +115,161 @@ def _streaming(gen: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def _logprob_content(swarm: Swarm, ids: list[int], lps: list[float]) -> list[dict]:
-    out = []
-    for t, lp in zip(ids, lps):
-        text = swarm.renderer.token_text(t)
-        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "replace")),
-                    "top_logprobs": []})
-    return out
-
-
-def _fingerprint(version: int) -> str:
-    return f"roost-policy-v{version}"
+def _message(c: Choice) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None}
+    if c.tool_calls:
+        message["tool_calls"] = _tool_calls(c.tool_calls)
+    return message
 
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           ep: Episode = Depends(open_episode),
+                           ep: Episode | None = Depends(generation_caller),
                            x_roost_agent: str | None = Header(None)) -> Any:
     swarm = current_swarm(request)
-    agent = _agent(x_roost_agent)
-    body.check_n()
-    text = swarm.renderer.render(body.message_dicts(), body.tools)
-    prompt = swarm.renderer.chat_prompt(text, ep.calls, agent, mode=swarm.config.continuity)
-    swarm.counters["prompt_continued"] += prompt.continued
-    swarm.counters["prompt_drift"] += prompt.drift
-    ep.drift += int(prompt.drift)
-    call = Generation(swarm, ep, agent, prompt.ids, _params(swarm, body, len(prompt.ids), body.wants_max_tokens()),
-                "chatcmpl-" + uuid.uuid4().hex, int(time.time()))
-    want = call.want_ids = bool(body.return_token_ids or body.logprobs)
-    head = {"id": call.rid, "object": "chat.completion.chunk", "created": call.created,
-            "model": swarm.model_name, "system_fingerprint": _fingerprint(swarm.engine.policy_version)}
+    core = generation_core(request)
+    body.check_model(swarm.config.model_aliases)
+    turn = ChatTurn(body.message_dicts(), body.tools, body.tool_choice, body.to_sampling(), body.n or 1,
+                    ep, _agent(x_roost_agent))
+    prepared = await core.prepare_chat(turn)
+    r = swarm.renderer
+    want = bool(body.return_token_ids or body.logprobs)
+    rid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
+    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": swarm.model_name,
+            "system_fingerprint": _fingerprint(swarm.engine.policy_version)}
 
     if body.stream:
-        def chunk(text: str, ids: list[int], lps: list[float], reason: str | None) -> dict:
-            delta = {"content": text} if text or reason is None else {}
-            choice: dict[str, Any] = {"index": 0, "delta": delta,
-                                      "logprobs": None, "finish_reason": reason}
-            if want:
-                choice["token_ids"] = ids
-                choice["logprobs"] = {"content": _logprob_content(swarm, ids, lps)}
-            return {**head, "choices": [choice]}
+        events = await _open(prepared)
+        include_usage = body.include_usage()
 
-        first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}]}
+        def chunk(index: int, delta: dict, reason: str | None = None, **extra: Any) -> dict:
+            return {**head, "choices": [{"index": index, "delta": delta, "logprobs": None,
+                                         "finish_reason": reason, **extra}]}
+
+        def on_event(e: Event) -> list[dict]:
+            if isinstance(e, TextDelta):
+                if not e.text and not (e.ids and want):
+                    return []
+                extra = {"token_ids": e.ids, "logprobs": {
+                    "content": _logprob_content(r, e.ids, e.logprobs, e.top_logprobs)}} if want else {}
+                return [chunk(e.index, {"content": e.text} if e.text else {}, **extra)]
+            if isinstance(e, ToolCallDelta):
+                c = e.call
+                return [chunk(e.index, {"tool_calls": [{"index": e.call_index, "id": c.id, "type": "function",
+                                                        "function": {"name": c.name, "arguments": ""}}]}),
+                        chunk(e.index, {"tool_calls": [{"index": e.call_index,
+                                                        "function": {"arguments": c.arguments}}]})]
+            if isinstance(e, Finished):
+                return [chunk(e.index, {}, e.choice.finish_reason, **({"token_ids": []} if want else {}))]
+            if isinstance(e, Done) and include_usage:
+                return [{**head, "choices": [], "usage": _usage(e.usage)}]
+            return []
+
+        first = {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                      "finish_reason": None} for i in range(prepared.n)]}
         if want:
-            first["prompt_token_ids"] = call.prompt_ids
-        return _streaming(_stream(call, chunk, first, body.include_usage(), "chat.completion.chunk"))
+            first["prompt_token_ids"] = prepared.prompt_ids
+        return _streaming(_sse_events(events, on_event, first))
 
-    out, reason, version = await _generate(call)
-    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
-                              "logprobs": None, "finish_reason": reason}
-    response: dict[str, Any] = {**head, "object": "chat.completion",
-                                "system_fingerprint": _fingerprint(version),
-                                "choices": [choice], "usage": call.usage(out)}
+    result = await prepared.run()
+    choices = []
+    for c in result.choices:
+        choice: dict[str, Any] = {"index": c.index, "message": _message(c), "logprobs": None,
+                                  "finish_reason": c.finish_reason}
+        if want:
+            choice["token_ids"] = c.ids
+            choice["logprobs"] = {"content": _logprob_content(r, c.ids, c.logprobs, c.top_logprobs)}
+        choices.append(choice)
+    response: dict[str, Any] = {**head, "object": "chat.completion", "system_fingerprint":
+                                _fingerprint(result.policy_version), "choices": choices,
+                                "usage": _usage(result.usage)}
     if want:
-        choice["token_ids"] = out.ids
-        choice["logprobs"] = {"content": _logprob_content(swarm, out.ids, out.logprobs)}
-        response["prompt_token_ids"] = call.prompt_ids
-        response["policy_version"] = version
+        response["prompt_token_ids"] = result.prompt_ids
+        response["policy_version"] = result.policy_version
     return response
 
 
-def _completion_logprobs(swarm: Swarm, ids: list[int], lps: list[float], offset: int) -> dict:
-    tokens = [swarm.renderer.token_text(t) for t in ids]
+def _completion_logprobs(r: ChatRenderer, ids: list[int], lps: list[float],
+                         tops: list[list[tuple[int, float]]], k: int, offset: int) -> dict:
+    tokens = [r.token_text(t) for t in ids]
     offsets = []
     for t in tokens:
         offsets.append(offset)
         offset += len(t)
-    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": None, "text_offset": offsets}
+    top = [{r.token_text(t): lp for t, lp in (tops[i] if i < len(tops) else [])} for i in range(len(ids))]
+    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": top if k else None,
+            "text_offset": offsets}
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request,
-                      ep: Episode = Depends(open_episode),
+                      ep: Episode | None = Depends(generation_caller),
                       x_roost_agent: str | None = Header(None)) -> Any:
     swarm = current_swarm(request)
-    agent = _agent(x_roost_agent)
+    core = generation_core(request)
+    body.check_model(swarm.config.model_aliases)
     body.check_unsupported()
+    sampling = body.to_sampling()
     prompt = body.prompt_one()
-    ids = swarm.renderer.encode(prompt) if isinstance(prompt, str) else swarm.renderer.check_ids(prompt)
-    call = Generation(swarm, ep, agent, ids, _params(swarm, body, len(ids), body.max_tokens),
-                "cmpl-" + uuid.uuid4().hex, int(time.time()))
+    prepared = await core.prepare_text(prompt, sampling, body.n or 1, ep, _agent(x_roost_agent))
+    r, k = swarm.renderer, sampling.top_logprobs
     want_lp = body.logprobs is not None and body.logprobs is not False
-    want_ids = call.want_ids = bool(body.return_token_ids or want_lp)
-    head = {"id": call.rid, "object": "text_completion", "created": call.created, "model": swarm.model_name,
-            "system_fingerprint": _fingerprint(swarm.engine.policy_version)}
+    want_ids = bool(body.return_token_ids or want_lp)
+    head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
+            "model": swarm.model_name, "system_fingerprint": _fingerprint(swarm.engine.policy_version)}
 
     if body.stream:
-        sent = [0]
+        events = await _open(prepared)
+        sent: dict[int, int] = {}
+        include_usage = body.include_usage()
 
-        def chunk(text: str, ids_: list[int], lps: list[float], reason: str | None) -> dict:
-            choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-            if want_lp:
-                choice["logprobs"] = _completion_logprobs(swarm, ids_, lps, sent[0])
-            if want_ids:
-                choice["token_ids"] = ids_
-            sent[0] += len(text)
-            return {**head, "choices": [choice]}
+        def on_event(e: Event) -> list[dict]:
+            if isinstance(e, TextDelta):
+                if not e.text and not (e.ids and want_ids):
+                    return []
+                choice: dict[str, Any] = {"index": e.index, "text": e.text, "logprobs": None, "finish_reason": None}
+                if want_lp:
+                    choice["logprobs"] = _completion_logprobs(r, e.ids, e.logprobs, e.top_logprobs, k,
+                                                              sent.get(e.index, 0))
+                if want_ids:
+                    choice["token_ids"] = e.ids
+                sent[e.index] = sent.get(e.index, 0) + len(e.text)
+                return [{**head, "choices": [choice]}]
+            if isinstance(e, Finished):
+                return [{**head, "choices": [{"index": e.index, "text": "", "logprobs": None,
+                                              "finish_reason": e.choice.finish_reason,
+                                              **({"token_ids": []} if want_ids else {})}]}]
+            if isinstance(e, Done) and include_usage:
+                return [{**head, "choices": [], "usage": _usage(e.usage)}]
+            return []
 
         first = None
         if want_ids:
-            first = {**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None,
-                                          "prompt_token_ids": ids, "token_ids": []}]}
-        return _streaming(_stream(call, chunk, first, body.include_usage(), "text_completion"))
+            first = {**head, "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": None,
+                                          "prompt_token_ids": prepared.prompt_ids, "token_ids": []}
+                                         for i in range(prepared.n)]}
+        return _streaming(_sse_events(events, on_event, first))
 
-    out, reason, version = await _generate(call)
-    choice = {"index": 0, "text": out.text, "finish_reason": reason, "logprobs": None}
-    if want_lp:
-        choice["logprobs"] = _completion_logprobs(swarm, out.ids, out.logprobs, 0)
-    response = {**head, "system_fingerprint": _fingerprint(version), "choices": [choice],
-                "usage": call.usage(out)}
+    result = await prepared.run()
+    choices = []
+    for c in result.choices:
+        choice = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
+        if want_lp:
+            choice["logprobs"] = _completion_logprobs(r, c.ids, c.logprobs, c.top_logprobs, k, 0)
+        if want_ids:
+            choice["token_ids"] = c.ids
+            choice["prompt_token_ids"] = result.prompt_ids
+        choices.append(choice)
+    response = {**head, "system_fingerprint": _fingerprint(result.policy_version), "choices": choices,
+                "usage": _usage(result.usage)}
     if want_ids:
-        choice["token_ids"] = out.ids
-        choice["prompt_token_ids"] = ids
-        response["prompt_token_ids"] = ids
-        response["policy_version"] = version
+        response["prompt_token_ids"] = result.prompt_ids
+        response["policy_version"] = result.policy_version
     return response
 
 
 @router.get("/models")
 async def models(swarm: Swarm = Depends(any_caller)) -> Any:
-    return {"object": "list", "data": [{"id": swarm.model_name, "object": "model", "created": 0,
-                                        "owned_by": "roost", "policy_version": swarm.engine.policy_version}]}
+    names = [swarm.model_name, *sorted(swarm.config.model_aliases - {swarm.model_name})]
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "roost",
+                                        "policy_version": swarm.engine.policy_version} for name in names]}

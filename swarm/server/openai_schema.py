@@ -3,7 +3,8 @@
 Unknown fields are accepted and ignored (OpenAI clients send many); the knobs we
 honour are validated (ranges, NaN) so a bad value is a 400, never an engine
 crash. Roost extensions: `return_token_ids` (vLLM's name) asks for
-`prompt_token_ids` and `token_ids` in the response.
+`prompt_token_ids` and `token_ids` in the response. `to_sampling()` turns a body
+into the protocol-neutral `generation.Sampling`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm.server.exceptions import InvalidRequest
+from swarm.server.exceptions import InvalidRequest, NotFound
+from swarm.server.generation import Sampling
 
 MAX_STOP = 16
 SEED_MOD = 1 << 63
@@ -26,6 +28,8 @@ class ChatMessage(_Body):
     role: str = Field(min_length=1, max_length=64)
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class _Sampling(_Body):
@@ -46,9 +50,16 @@ class _Sampling(_Body):
             raise InvalidRequest("invalid_stop", f"at most {MAX_STOP} stop strings")
         return tuple(s for s in stops if s)
 
-    def check_n(self) -> None:
-        if self.n not in (None, 1):
-            raise InvalidRequest("unsupported_n", "n > 1 is not supported: claim one episode per sample")
+    def check_model(self, served: frozenset[str]) -> None:
+        """404 `model_not_found` for a `model` this server does not serve (absent: the served one)."""
+        if self.model is not None and self.model not in served:
+            raise NotFound("model_not_found", f"the model {self.model!r} does not exist here; this server "
+                                              f"serves {', '.join(sorted(served))}")
+
+    def sampling(self, max_tokens: int | None, top_logprobs: int = 0,
+                 response_format: dict[str, Any] | None = None) -> Sampling:
+        return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                        stop=self.stop_strings(), top_logprobs=top_logprobs, response_format=response_format)
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -57,12 +68,29 @@ class _Sampling(_Body):
         return None if self.seed is None else self.seed % SEED_MOD
 
 
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+    def to_sampling(self) -> Sampling:
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequest("invalid_top_logprobs", "top_logprobs needs logprobs: true")
+        fmt = self.response_format
+        if fmt is not None and fmt.get("type") not in RESPONSE_FORMATS:
+            raise InvalidRequest("invalid_response_format",
+                                 f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}")
+        if fmt is not None and fmt.get("type") == "json_schema" and not isinstance(fmt.get("json_schema"), dict):
+            raise InvalidRequest("invalid_response_format", "response_format json_schema needs a json_schema object")
+        return self.sampling(self.wants_max_tokens(), self.top_logprobs or 0, fmt)
 
     def wants_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -105,8 +133,11 @@ class CompletionRequest(_Sampling):
                                  "batched prompts are not supported: send one prompt per request")
         return p[0]  # type: ignore[return-value]
 
+    def to_sampling(self) -> Sampling:
+        k = 0 if self.logprobs is None or isinstance(self.logprobs, bool) else self.logprobs
+        return self.sampling(self.max_tokens, k)
+
     def check_unsupported(self) -> None:
-        self.check_n()
         if self.echo:
             raise InvalidRequest("unsupported_echo", "echo is not supported")
         if self.suffix:

@@ -104,6 +104,7 @@ class OutputText:
         self.text = ""  # visible text so far (after stop truncation)
         self.sent = 0  # chars of `text` already handed out
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def add(self, ids: Sequence[int], logprobs: Sequence[float]) -> tuple[str, list[int], list[float]]:
         if self.stopped:
@@ -124,7 +125,9 @@ class OutputText:
     def _cut(self, text: str) -> bool:
         hits = [i for i in (text.find(s, max(0, self.sent - len(s))) for s in self.stop) if i >= 0]
         if hits:
-            self.text = text[: min(hits)]
+            at = min(hits)
+            self.matched = next(s for s in self.stop if text.find(s, max(0, self.sent - len(s))) == at)
+            self.text = text[:at]
             self.stopped = True
             return True
         self.text = text

@@ -33,7 +33,7 @@ def _claim(srv: RunningServer, task_id: str, family: str = "default") -> httpx.R
 
 def _call(srv: RunningServer, ep: dict, **extra) -> None:
     r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                   json={"model": "m", "messages": MESSAGES, "max_tokens": 4, **extra})
+                   json={"model": "tiny-model", "messages": MESSAGES, "max_tokens": 4, **extra})
     assert r.status_code == 200, r.text
 
 

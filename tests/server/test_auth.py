@@ -32,7 +32,7 @@ def _claim(srv: RunningServer, token: str | None = None) -> httpx.Response:
 
 def _chat(srv: RunningServer, key: str) -> httpx.Response:
     return httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(key),
-                      json={"model": "m", "messages": MESSAGES, "max_tokens": 2})
+                      json={"model": "tiny-model", "messages": MESSAGES, "max_tokens": 2})
 
 
 def _episode_routes(srv: RunningServer, episode_id: str, key: str) -> list[httpx.Response]:
@@ -65,8 +65,9 @@ def test_no_or_malformed_authorization_header(server: RunningServer) -> None:
 def test_tokens_are_not_episode_keys(server: RunningServer) -> None:
     ep = _claim(server).json()
     for token in (server.token, server.admin_token):
-        assert _chat(server, token).status_code == 401
-        assert all(r.status_code == 401 for r in _episode_routes(server, ep["episode_id"], token))
+        assert _chat(server, token).status_code == 200  # an evaluation call: generated, never recorded
+        assert all(r.status_code == 401 for r in _episode_routes(server, ep["episode_id"], token)[:-1])
+    assert server.swarm.registry.get(ep["episode_id"]).calls == []
     assert _claim(server, ep["api_key"]).status_code == 401  # an episode key cannot claim
     assert httpx.get(f"{server.url}/swarm/v1/admin/config", headers=_h(ep["api_key"])).status_code == 401
 

@@ -59,7 +59,7 @@ def test_deeply_nested_json(server: RunningServer) -> None:
 
 def test_lone_surrogate_in_messages(server: RunningServer) -> None:
     ep = _claim(server)
-    raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    raw = b'{"model": "tiny-model", "messages": [{"role": "user", "content": "\\ud800"}]}'
     r = httpx.post(f"{server.url}/v1/chat/completions", content=raw, headers=_h(ep["api_key"]))
     _assert_error(r, 400)
     r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [0, 10**12]}, headers=_h(ep["api_key"]))
@@ -79,7 +79,7 @@ def test_oversized_bodies(make_server) -> None:
     assert _assert_error(r, 413)["code"] == "body_too_large"
 
     def chunks():  # no Content-Length: chunked transfer, cut off by the streamed count
-        yield b'{"model": "m", "messages": [{"role": "user", "content": "'
+        yield b'{"model": "tiny-model", "messages": [{"role": "user", "content": "'
         for _ in range(50):
             yield b"y" * 4096
         yield b'"}]}'
@@ -89,7 +89,7 @@ def test_oversized_bodies(make_server) -> None:
     _assert_error(r, 413)
     _alive(srv)
     r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+                   json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert r.status_code == 200
 
 

@@ -136,7 +136,7 @@ def test_fuzz_every_operation(fuzz_server: RunningServer) -> None:
     assert httpx.get(f"{srv.url}/swarm/v1/status", headers=_bearer(srv.token)).status_code == 200
     assert httpx.get(f"{srv.url}/v1/models", headers=_bearer(srv.token)).status_code == 200
     r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_bearer(pool["api_key"]),
-                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                   json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200, r.text
     r = httpx.post(f"{srv.url}/swarm/v1/episodes/{pool['episode_id']}/finish", json={"reward": 1.0},
                    headers=_bearer(pool["api_key"]))

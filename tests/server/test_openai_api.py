@@ -115,8 +115,12 @@ def test_sampling_knobs_reach_the_engine(server: RunningServer) -> None:
     p = eng.requests[-1].params
     assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.3, 0.9, 5, ("xyz",))
     assert eng.tokenizer.eos_token_id in p.stop_token_ids
-    ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=10**6)
-    assert eng.requests[-1].params.max_tokens <= 1024  # capped by the model's context
+    ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES)
+    assert eng.requests[-1].params.max_tokens == 256  # the default when a request names none
+    for too_many, code in ((10**6, "max_tokens_too_large"), (1024, "context_length_exceeded")):
+        with pytest.raises(openai.BadRequestError) as err:  # refused, never silently capped
+            ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=too_many)
+        assert err.value.code == code
 
 
 def test_stop_string_cuts_text(make_server) -> None:
@@ -148,7 +152,10 @@ def test_multi_turn_prompt_continues_exact_ids(make_server) -> None:
 
 
 @pytest.mark.parametrize("body,code", [
-    ({"messages": MESSAGES, "n": 2}, "unsupported_n"),
+    ({"messages": MESSAGES, "n": 129}, "invalid_request"),
+    ({"messages": MESSAGES, "tool_choice": "required"}, "invalid_tool_choice"),
+    ({"messages": MESSAGES, "logprobs": False, "top_logprobs": 2}, "invalid_top_logprobs"),
+    ({"messages": MESSAGES, "response_format": {"type": "yaml"}}, "invalid_response_format"),
     ({"messages": []}, "invalid_request"),
     ({"messages": MESSAGES, "temperature": -1}, "invalid_request"),
     ({"messages": MESSAGES, "max_tokens": 0}, "invalid_request"),

@@ -28,7 +28,7 @@ def _claim(srv: RunningServer, task_id: str, family: str) -> httpx.Response:
 
 def _finish(srv: RunningServer, ep: dict, reward: float = 1.0) -> None:
     r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+                   json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert r.status_code == 200, r.text
     r = httpx.post(f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": reward},
                    headers=_h(ep["api_key"]))

@@ -1,0 +1,234 @@
+"""Engine output to choices: detokenizing, stop strings, tool calls, timeouts, n samples at once.
+
+`generation.py` prepares a turn; this module runs it against the engine. Each choice has a
+`ChoiceRun` (an `OutputText` for text and stop strings, a tool parser's stream for calls) that turns
+engine chunks into neutral events: `TextDelta`, `ToolCallDelta` (a complete, valid call with a fresh
+id), and `Finished` (the whole `Choice`). `run_choices` generates all choices (one engine call each,
+concurrently); `stream_choices` streams them, interleaved by choice index. Both hold the generation
+gate (a train step never runs under a generation) and honour `generate_timeout_s` (504).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Sequence, TypeVar, Union
+
+from swarm.engine.base import GenerateRequest, SamplingParams
+from swarm.server.exceptions import GenerateTimeout
+from swarm.server.render import ChatRenderer, OutputText
+from swarm.server.state import Swarm
+from swarm.server.tool_parsers import CallPiece, ContentPiece, Piece, ToolParser
+
+log = logging.getLogger("swarm.server")
+T = TypeVar("T")
+TopLogprobs = list[list[tuple[int, float]]]
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text of an object
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str  # visible content (tool-call markup taken out when calls were parsed)
+    tool_calls: list[ToolCall]
+    finish_reason: str  # stop | length | tool_calls | abort
+    stop_sequence: str | None  # the stop string that ended it, if one did
+    ids: list[int]
+    logprobs: list[float]
+    top_logprobs: TopLogprobs  # per id; [] each when not asked for (or the engine gave none)
+    policy_version: int = 0
+
+
+@dataclass
+class TextDelta:
+    index: int
+    text: str  # may be "" when only ids arrived (text held back: a stop string or a call may be forming)
+    ids: list[int]
+    logprobs: list[float]
+    top_logprobs: TopLogprobs
+
+
+@dataclass
+class ToolCallDelta:
+    index: int
+    call_index: int  # position among this choice's calls
+    call: ToolCall  # complete: a call is emitted once its text is complete and valid
+
+
+@dataclass
+class Finished:
+    index: int
+    choice: Choice
+
+
+ChoiceEvent = Union[TextDelta, ToolCallDelta, Finished]
+
+
+def new_tool_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+class ChoiceRun:
+    """One choice being generated: ids, visible text, tool calls so far."""
+
+    def __init__(self, index: int, renderer: ChatRenderer, params: SamplingParams,
+                 parser: ToolParser | None, prefill: str = "") -> None:
+        self.index = index
+        self.params = params
+        self.out = OutputText(renderer, params.stop)
+        self.tools = parser.stream() if parser is not None else None
+        self.tops: TopLogprobs = []
+        self.content = ""
+        self.calls: list[ToolCall] = []
+        self.version = 0
+        if self.tools is not None and prefill:
+            self._pieces(self.tools.feed(prefill), [])  # a forced call's start: held by the parser
+
+    def add(self, ids: Sequence[int], logprobs: Sequence[float], tops: TopLogprobs | None) -> list[ChoiceEvent]:
+        text, kept, lps = self.out.add(ids, logprobs)
+        kept_tops = list(tops[:len(kept)]) if tops else [[] for _ in kept]
+        self.tops += kept_tops
+        if self.tools is None:
+            self.content += text
+            return [TextDelta(self.index, text, kept, lps, kept_tops)] if text or kept else []
+        events: list[ChoiceEvent] = []
+        visible = self._pieces(self.tools.feed(text), events)
+        return ([TextDelta(self.index, visible, kept, lps, kept_tops)] if visible or kept else []) + events
+
+    def _pieces(self, pieces: list[Piece], events: list[ChoiceEvent]) -> str:
+        visible = ""
+        for p in pieces:
+            if isinstance(p, ContentPiece):
+                visible += p.text
+            elif isinstance(p, CallPiece):
+                call = ToolCall(new_tool_call_id(), p.call.name, p.call.arguments)
+                events.append(ToolCallDelta(self.index, len(self.calls), call))
+                self.calls.append(call)
+        self.content += visible
+        return visible
+
+    def finish(self, engine_reason: str) -> list[ChoiceEvent]:
+        events: list[ChoiceEvent] = []
+        rest = self.out.finish()
+        if self.tools is None:
+            self.content += rest
+            if rest:
+                events.append(TextDelta(self.index, rest, [], [], []))
+        else:
+            calls: list[ChoiceEvent] = []
+            visible = self._pieces(self.tools.feed(rest) + self.tools.finish(), calls)
+            if visible:
+                events.append(TextDelta(self.index, visible, [], [], []))
+            events += calls
+        reason = "stop" if self.out.stopped else engine_reason
+        if self.calls and reason not in ("length", "abort"):
+            reason = "tool_calls"
+        choice = Choice(self.index, self.content, self.calls, reason, self.out.matched, list(self.out.ids),
+                        list(self.out.logprobs), self.tops, self.version)
+        return events + [Finished(self.index, choice)]
+
+
+def _deadline(swarm: Swarm) -> float | None:
+    limit = swarm.config.generate_timeout_s
+    return None if limit is None else asyncio.get_running_loop().time() + limit
+
+
+async def _timed(swarm: Swarm, aw: Awaitable[T], deadline: float | None) -> T:
+    """`aw`, or `GenerateTimeout` (504) once `generate_timeout_s` has passed: a hung engine call
+    is cancelled and answered, never left holding the request (or the gate) forever."""
+    if deadline is None:
+        return await aw
+    try:
+        return await asyncio.wait_for(aw, max(0.0, deadline - asyncio.get_running_loop().time()))
+    except TimeoutError:
+        swarm.counters["generate_timeouts"] += 1
+        log.warning("generation exceeded generate_timeout_s=%s; cancelled", swarm.config.generate_timeout_s)
+        raise GenerateTimeout(swarm.config.generate_timeout_s) from None
+
+
+async def run_choices(swarm: Swarm, prompt_ids: list[int], runs: list[ChoiceRun]) -> list[Choice]:
+    """Every choice generated at once (one engine request each); `UnsupportedRequest` propagates."""
+    async with swarm.gate.generating():
+        done = await _timed(swarm, asyncio.gather(
+            *(swarm.engine.generate(GenerateRequest(prompt_ids, r.params)) for r in runs)), _deadline(swarm))
+    choices = []
+    for r, c in zip(runs, done):
+        r.version = c.policy_version
+        r.add(c.token_ids, c.logprobs, c.top_logprobs)
+        events = r.finish("stop" if r.out.stopped else c.finish_reason)
+        choices.append(next(e.choice for e in events if isinstance(e, Finished)))
+    return choices
+
+
+async def _one(swarm: Swarm, prompt_ids: list[int], run: ChoiceRun,
+               deadline: float | None) -> AsyncIterator[ChoiceEvent]:
+    run.version = swarm.engine.policy_version
+    agen = swarm.engine.stream(GenerateRequest(prompt_ids, run.params))
+    reason = "length"
+    try:
+        while True:
+            try:
+                c = await _timed(swarm, agen.__anext__(), deadline)
+            except StopAsyncIteration:
+                break
+            for event in run.add(c.token_ids, c.logprobs, c.top_logprobs):
+                yield event
+            if run.out.stopped or c.finish_reason:
+                reason = c.finish_reason or reason
+                break
+    finally:
+        aclose = getattr(agen, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    for event in run.finish(reason):
+        yield event
+
+
+_END = object()
+
+
+async def stream_choices(swarm: Swarm, prompt_ids: list[int], runs: list[ChoiceRun]) -> AsyncIterator[ChoiceEvent]:
+    """Events of every choice as they come (one choice: directly; several: interleaved)."""
+    async with swarm.gate.generating():
+        deadline = _deadline(swarm)
+        if len(runs) == 1:
+            agen = _one(swarm, prompt_ids, runs[0], deadline)
+            try:
+                async for event in agen:
+                    yield event
+            finally:
+                await agen.aclose()
+            return
+        queue: asyncio.Queue[object] = asyncio.Queue()
+
+        async def pump(run: ChoiceRun) -> None:
+            try:
+                async for event in _one(swarm, prompt_ids, run, deadline):
+                    await queue.put(event)
+                await queue.put(_END)
+            except Exception as exc:  # handed to the reader, which raises it
+                await queue.put(exc)
+
+        tasks = [asyncio.create_task(pump(r)) for r in runs]
+        try:
+            left = len(tasks)
+            while left:
+                item = await queue.get()
+                if item is _END:
+                    left -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield item  # type: ignore[misc]
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,359 @@
+"""The protocol-neutral generation core: one chat turn in, a result or a stream of neutral events out.
+
+The OpenAI routes (and the Anthropic route) only translate their JSON to and from these types;
+rendering, token continuity, tool calls, sampling limits, recording and evaluation calls live here.
+
+    core = generation_core(request)                     # one per app (FastAPI dependency-friendly)
+    turn = ChatTurn(messages=[{"role": "user", "content": "hi"}, ...],    # OpenAI-shaped dicts, text content
+                    tools=[{"type": "function", "function": {...}}] or None,
+                    tool_choice=None | "none" | "auto" | "required" | {"type": "function", "function": {"name": N}},
+                    sampling=Sampling(max_tokens=None, temperature=None, top_p=None, seed=None, stop=(),
+                                      top_logprobs=0, response_format=None),
+                    n=1, episode=ep_or_None, agent="main")
+    prepared = await core.prepare_chat(turn)            # InvalidRequest (400) / NotFound... raised here, before
+                                                        # any response starts: render + tokenize in a thread
+    result = await prepared.run()                       # TurnResult: choices[i].text / .tool_calls / .finish_reason
+    async for event in prepared.stream():               # Started, then TextDelta | ToolCallDelta | Finished per
+        ...                                             # choice (`index`), then Done(usage); see below
+
+`prepared.stream()`'s first event, `Started`, comes only once the engine produced its first tokens:
+await it before sending headers, and an engine's `UnsupportedRequest` is a clean 400 (InvalidRequest
+with the engine's code). A `SwarmError` raised later (a generation timeout) belongs in-band.
+
+`episode=None` is an evaluation call (the worker or admin token): generated with the current policy,
+never recorded, counted in `eval_calls` / `eval_completion_tokens`. With an episode, each choice is
+recorded as its own `Call`; tool calls get ids (`call_…`) remembered per episode with the exact text
+generated, and a later turn whose assistant `tool_calls` carry only such ids is rendered from that
+text (not from the client's re-serialised arguments), so the prompt continues the exact ids and the
+timeline merges across tool turns. Forced tool calls (`required`, a named function) prefill the
+parser's call prefix into the prompt ids (prompt: never trained); the model can only continue a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Callable, TypeVar, Union
+
+from starlette.requests import Request
+
+from swarm.engine.base import SamplingParams, UnsupportedRequest
+from swarm.server.episodes import Episode
+from swarm.server.exceptions import InvalidRequest
+from swarm.server.state import Swarm
+from swarm.server.tool_parsers import ToolParser, get_parser
+from swarm.samples import Call
+from swarm.server.decoding import (
+    Choice, ChoiceRun, Finished, TextDelta, ToolCall, ToolCallDelta, new_tool_call_id, run_choices, stream_choices,
+)
+
+log = logging.getLogger("swarm.server")
+SEED_MOD = 1 << 63
+#: prompts up to this many characters are rendered and tokenized on the event loop (see `_off_loop`)
+INLINE_CHARS = 16_384
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling knobs a protocol asks for; None: the server's default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+    response_format: dict[str, Any] | None = None
+
+
+@dataclass
+class ChatTurn:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    n: int = 1
+    episode: Episode | None = None
+    agent: str = "main"
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class TurnResult:
+    choices: list[Choice]
+    prompt_ids: list[int]
+    policy_version: int
+    usage: Usage
+
+
+@dataclass
+class Started:
+    policy_version: int
+    prompt_ids: list[int]
+
+
+@dataclass
+class Done:
+    usage: Usage
+    policy_version: int
+
+
+Event = Union[Started, TextDelta, ToolCallDelta, Finished, Done]
+
+
+class GenerationCore:
+    """Per app: the render thread pool and the ledger of tool-call ids issued per episode."""
+
+    def __init__(self, swarm: Swarm) -> None:
+        self.swarm = swarm
+        # tokenizing a long prompt takes seconds: never on the event loop, and never in the default
+        # executor that train steps and checkpoints use
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="roost-render")
+        self._issued: dict[str, dict[str, str]] = {}  # "<episode>:<epoch>" -> call id -> text generated
+        swarm.trainer.step_done.subscribe(self._annotate_row)
+
+    def _annotate_row(self, step: int, row: dict[str, Any]) -> None:
+        row["eval_calls"] = self.swarm.counters["eval_calls"]
+        row["eval_completion_tokens"] = self.swarm.counters["eval_completion_tokens"]
+
+    # -- tool-call ledger -----------------------------------------------------
+    @staticmethod
+    def _key(ep: Episode) -> str:
+        return f"{ep.id}:{ep.epoch}"
+
+    def remember(self, ep: Episode, call_ids: list[str], text: str) -> None:
+        """`call_ids` were issued in `ep` for a completion whose generated text is `text`."""
+        if len(self._issued) > 2 * len(self.swarm.registry.open) + 64:  # forget closed episodes
+            live = {self._key(e) for e in self.swarm.registry.open.values()}
+            self._issued = {k: v for k, v in self._issued.items() if k in live}
+        book = self._issued.setdefault(self._key(ep), {})
+        for cid in call_ids:
+            book[cid] = text
+
+    def exact_history(self, ep: Episode | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Assistant turns whose tool calls this server issued in `ep`, as the exact text generated."""
+        book = self._issued.get(self._key(ep)) if ep is not None else None
+        if not book:
+            return messages
+        out = []
+        for m in messages:
+            calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+            ids = [c.get("id") for c in calls or [] if isinstance(c, dict)]
+            if calls and ids and all(i in book for i in ids) and len({book[i] for i in ids}) == 1:
+                out.append({"role": "assistant", "content": book[ids[0]]})
+            else:
+                out.append(m)
+        return out
+
+    # -- preparing a turn ----------------------------------------------------
+    def _parser(self) -> ToolParser:
+        return get_parser(str(self.swarm.config.tool_parser))
+
+    async def prepare_chat(self, turn: ChatTurn) -> PreparedTurn:
+        swarm = self.swarm
+        forced, parse_tools = _tool_mode(turn.tools, turn.tool_choice)
+        parser = self._parser() if parse_tools else None
+        prefill = parser.prefill(forced or None) if parser is not None and forced is not None else ""
+        messages = self.exact_history(turn.episode, turn.messages)
+        chars = sum(len(str(m.get("content") or "")) for m in messages) + len(json.dumps(turn.tools or []))
+        _check_chars(swarm, chars)
+        history = list(turn.episode.calls) if turn.episode is not None else []
+        renderer, mode = swarm.renderer, swarm.config.continuity
+
+        def work() -> tuple[list[int], bool, bool]:
+            text = renderer.render(messages, turn.tools)
+            got = renderer.chat_prompt(text, history, turn.agent, mode=mode)
+            return got.ids + (renderer.encode(prefill) if prefill else []), got.continued, got.drift
+
+        ids, continued, drift = await self._off_loop(chars, work)
+        swarm.counters["prompt_continued"] += continued
+        swarm.counters["prompt_drift"] += drift
+        if turn.episode is not None:
+            turn.episode.drift += int(drift)
+        return PreparedTurn(self, turn.episode, turn.agent, ids, self.params(turn.sampling, len(ids)),
+                            max(1, turn.n), parser, prefill)
+
+    async def prepare_text(self, prompt: str | list[int], sampling: Sampling, n: int = 1,
+                           episode: Episode | None = None, agent: str = "main") -> PreparedTurn:
+        """A raw completion (`/v1/completions`): text or token ids, no template, no tools."""
+        renderer = self.swarm.renderer
+        if isinstance(prompt, str):
+            _check_chars(self.swarm, len(prompt))
+            ids = await self._off_loop(len(prompt), lambda: renderer.encode(prompt))
+        else:
+            ids = renderer.check_ids(prompt)
+        return PreparedTurn(self, episode, agent, ids, self.params(sampling, len(ids)), max(1, n), None, "")
+
+    async def _off_loop(self, chars: int, work: Callable[[], T]) -> T:
+        """`work()` inline for an ordinary prompt, in the render pool for a long one.
+
+        Rendering and tokenizing a few thousand characters takes ~0.1 ms, less than the thread
+        hand-off would cost on every call of the hot path; a long prompt takes up to seconds
+        and must not hold the event loop (every other request, /health included, would wait)."""
+        if chars <= INLINE_CHARS:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(self.pool, work)
+
+    def params(self, s: Sampling, prompt_len: int) -> SamplingParams:
+        """Engine params; 400 for an impossible `max_tokens` (never silently capped)."""
+        if prompt_len == 0:
+            raise InvalidRequest("invalid_prompt", "prompt must not be empty")
+        swarm, cfg = self.swarm, self.swarm.config
+        room = None if swarm.context_length is None else swarm.context_length - prompt_len
+        if room is not None and room < 1:
+            raise InvalidRequest("context_length_exceeded", f"prompt of {prompt_len} tokens leaves no room in "
+                                                            f"the model's {swarm.context_length}-token context")
+        if s.max_tokens is None:
+            max_new = min(cfg.default_max_tokens, cfg.max_tokens_limit, room or cfg.max_tokens_limit)
+        elif s.max_tokens > cfg.max_tokens_limit:
+            raise InvalidRequest("max_tokens_too_large", f"max_tokens={s.max_tokens} is above this server's "
+                                                         f"limit of {cfg.max_tokens_limit}")
+        elif room is not None and s.max_tokens > room:
+            raise InvalidRequest("context_length_exceeded",
+                                 f"this model's context is {swarm.context_length} tokens; the prompt has "
+                                 f"{prompt_len} and max_tokens={s.max_tokens} asks for more than the {room} left")
+        else:
+            max_new = s.max_tokens
+        temperature = cfg.default_temperature if s.temperature is None else s.temperature
+        fmt = s.response_format
+        return SamplingParams(
+            max_tokens=max_new,
+            temperature=temperature if cfg.temperature is None else cfg.temperature,
+            top_p=1.0 if s.top_p is None else s.top_p,
+            seed=None if s.seed is None else s.seed % SEED_MOD,
+            stop=s.stop,
+            stop_token_ids=swarm.renderer.stop_token_ids,
+            top_logprobs=s.top_logprobs,
+            response_format=None if not fmt or fmt.get("type") == "text" else json.dumps(fmt, sort_keys=True),
+        )
+
+
+@dataclass
+class PreparedTurn:
+    """A turn ready to generate: prompt ids, params, and how to parse and record what comes out."""
+
+    core: GenerationCore
+    episode: Episode | None
+    agent: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    parser: ToolParser | None
+    prefill: str
+
+    def _runs(self) -> list[ChoiceRun]:
+        swarm = self.core.swarm
+        runs = []
+        for i in range(self.n):
+            params = self.params
+            if i and params.seed is not None:  # n samples of one seed must still differ
+                params = replace(params, seed=(params.seed + i) % SEED_MOD)
+            runs.append(ChoiceRun(i, swarm.renderer, params, self.parser, self.prefill))
+        return runs
+
+    async def run(self) -> TurnResult:
+        try:
+            choices = await run_choices(self.core.swarm, self.prompt_ids, self._runs())
+        except UnsupportedRequest as exc:
+            raise InvalidRequest(exc.code, exc.message) from None
+        version = min(c.policy_version for c in choices)
+        self._record(choices)
+        return TurnResult(choices, self.prompt_ids, version, self._usage(choices))
+
+    async def stream(self) -> AsyncIterator[Event]:
+        """`Started` (after the engine's first tokens), deltas and `Finished` per choice, then `Done`.
+
+        Recording happens at `Done`: a stream abandoned by its client records nothing."""
+        swarm = self.core.swarm
+        choices: list[Choice] = []
+        version = swarm.engine.policy_version
+        agen = stream_choices(swarm, self.prompt_ids, self._runs())
+        try:
+            try:
+                event: Event | None = await agen.__anext__()
+            except UnsupportedRequest as exc:
+                raise InvalidRequest(exc.code, exc.message) from None
+            except StopAsyncIteration:
+                event = None
+            yield Started(version, self.prompt_ids)
+            while event is not None:
+                if isinstance(event, Finished):
+                    choices.append(event.choice)
+                yield event
+                event = await anext(agen, None)
+        finally:
+            await agen.aclose()
+        choices.sort(key=lambda c: c.index)
+        self._record(choices)
+        yield Done(self._usage(choices), version)
+
+    def _usage(self, choices: list[Choice]) -> Usage:
+        return Usage(len(self.prompt_ids), sum(len(c.ids) for c in choices))
+
+    def _record(self, choices: list[Choice]) -> None:
+        swarm = self.core.swarm
+        if self.episode is None:  # an evaluation call: counted, never trained
+            swarm.counters["eval_calls"] += len(choices)
+            swarm.counters["eval_completion_tokens"] += sum(len(c.ids) for c in choices)
+            return
+        for c in choices:
+            swarm.record(self.episode, Call(self.agent, self.prompt_ids, list(c.ids), list(c.logprobs),
+                                            c.policy_version))
+            if c.tool_calls:
+                text = self.prefill + swarm.renderer.decode(c.ids)
+                self.core.remember(self.episode, [t.id for t in c.tool_calls], text)
+
+
+def _check_chars(swarm: Swarm, chars: int) -> None:
+    limit = swarm.config.max_prompt_chars
+    if chars > limit:
+        raise InvalidRequest("prompt_too_long", f"the prompt has {chars} characters; this server takes at most "
+                                                f"{limit} (max_prompt_chars)")
+
+
+def _tool_mode(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] | None) -> tuple[str | None, bool]:
+    """(forced function: "" for any, a name, or None; whether to parse calls) per OpenAI's tool_choice."""
+    if choice is None:
+        return None, bool(tools)
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise InvalidRequest("invalid_tool_choice", f"tool_choice {choice!r}: use none, auto, required or "
+                                                        "{type: function, function: {name}}")
+        if choice != "none" and not tools:
+            raise InvalidRequest("invalid_tool_choice", "tool_choice needs tools")
+        return ("" if choice == "required" else None), choice != "none"
+    name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+    if choice.get("type") != "function" or not isinstance(name, str):
+        raise InvalidRequest("invalid_tool_choice", "tool_choice must be none, auto, required or "
+                                                    "{type: function, function: {name}}")
+    names = {(t.get("function") or {}).get("name") for t in tools or [] if isinstance(t.get("function"), dict)}
+    if name not in names:
+        raise InvalidRequest("invalid_tool_choice", f"tool_choice names {name!r}, which is not among the tools")
+    return name, True
+
+
+def generation_core(request: Request) -> GenerationCore:
+    """The app's core (made on first use): a FastAPI dependency, or call it with the request."""
+    state = request.app.state
+    core = getattr(state, "generation", None)
+    if core is None:
+        core = state.generation = GenerationCore(state.swarm)
+    return core
+
+
+__all__ = ["ChatTurn", "Choice", "Done", "Event", "Finished", "GenerationCore", "PreparedTurn", "Sampling",
+           "Started", "TextDelta", "ToolCall", "ToolCallDelta", "TurnResult", "Usage", "generation_core",
+           "new_tool_call_id"]
