@@ -28,7 +28,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 
-from swarm.protocol import AGENT_HEADER
 from swarm.server.anthropic_schema import MessagesRequest, error_payload, message_id, message_response
 from swarm.server.anthropic_stream import MessageStream
 from swarm.server.auth import caller_of, current_swarm
@@ -36,7 +35,8 @@ from swarm.server.episodes import Episode
 from swarm.server.errors import status_of
 from swarm.server.exceptions import InvalidRequest, NotFound, SwarmError, Unauthorized
 from swarm.server.generation import (
-    ChatTurn, Done, Finished, PreparedTurn, Sampling, Started, TextDelta, ToolCallDelta, generation_core,
+    ChatTurn, Done, Finished, PreparedTurn, Sampling, Started, TextDelta, ToolCallDelta, agent_tag,
+    generation_core,
 )
 
 log = logging.getLogger("swarm.server")
@@ -106,12 +106,6 @@ async def messages_caller(request: Request, x_api_key: str | None = Header(None)
     return caller_of(current_swarm(request), token)
 
 
-def _agent(value: str | None) -> str:
-    agent = (value or "main").strip() or "main"
-    if len(agent) > 64 or not agent.isprintable():
-        raise InvalidRequest("invalid_agent", f"{AGENT_HEADER} must be printable and at most 64 characters")
-    return agent
-
 
 _SAMPLING_FIELDS = {f.name for f in fields(Sampling)}
 
@@ -136,7 +130,7 @@ async def messages(body: MessagesRequest, request: Request, ep: Episode | None =
                                           f"use {swarm.config.served_model_name!r}")
     turn = ChatTurn(messages=body.openai_messages(), tools=body.openai_tools(),
                     tool_choice=body.openai_tool_choice(), sampling=_sampling(body), episode=ep,
-                    agent=_agent(x_roost_agent))
+                    agent=agent_tag(x_roost_agent))
     prepared = await generation_core(request).prepare_chat(turn)
     rid = message_id()
     if body.stream:

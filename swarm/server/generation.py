@@ -41,6 +41,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar, Union
 from starlette.requests import Request
 
 from swarm.engine.base import SamplingParams, UnsupportedRequest
+from swarm.protocol import AGENT_HEADER
 from swarm.server.episodes import Episode
 from swarm.server.exceptions import InvalidRequest
 from swarm.server.state import Swarm
@@ -317,6 +318,14 @@ class PreparedTurn:
                 self.core.remember(self.episode, [t.id for t in c.tool_calls], text)
 
 
+def agent_tag(value: str | None) -> str:
+    """The `X-Roost-Agent` header of a call (calls merge only within one agent); "main" when absent."""
+    agent = (value or "main").strip() or "main"
+    if len(agent) > 64 or not agent.isprintable():
+        raise InvalidRequest("invalid_agent", f"{AGENT_HEADER} must be printable and at most 64 characters")
+    return agent
+
+
 def _check_chars(swarm: Swarm, chars: int) -> None:
     limit = swarm.config.max_prompt_chars
     if chars > limit:
@@ -354,6 +363,6 @@ def generation_core(request: Request) -> GenerationCore:
     return core
 
 
-__all__ = ["ChatTurn", "Choice", "Done", "Event", "Finished", "GenerationCore", "PreparedTurn", "Sampling",
+__all__ = ["ChatTurn", "agent_tag", "Choice", "Done", "Event", "Finished", "GenerationCore", "PreparedTurn", "Sampling",
            "Started", "TextDelta", "ToolCall", "ToolCallDelta", "TurnResult", "Usage", "generation_core",
            "new_tool_call_id"]

@@ -24,14 +24,13 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 
-from swarm.protocol import AGENT_HEADER
 from swarm.server.auth import any_caller, current_swarm, generation_caller
 from swarm.server.episodes import Episode
 from swarm.server.errors import domain_error_body, error_body
 from swarm.server.exceptions import InvalidRequest, SwarmError
 from swarm.server.generation import (
     ChatTurn, Choice, Done, Event, Finished, PreparedTurn, Started, TextDelta, ToolCall, ToolCallDelta,
-    generation_core,
+    agent_tag, generation_core,
 )
 from swarm.server.openai_schema import ChatCompletionRequest, CompletionRequest
 from swarm.server.render import ChatRenderer
@@ -39,13 +38,6 @@ from swarm.server.state import Swarm
 
 log = logging.getLogger("swarm.server")
 router = APIRouter(prefix="/v1", tags=["openai"])
-
-
-def _agent(value: str | None) -> str:
-    agent = (value or "main").strip() or "main"
-    if len(agent) > 64 or not agent.isprintable():
-        raise InvalidRequest("invalid_agent", f"{AGENT_HEADER} must be printable and at most 64 characters")
-    return agent
 
 
 def _sse(payload: Any) -> str:
@@ -130,7 +122,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     core = generation_core(request)
     body.check_model(swarm.config.model_aliases)
     turn = ChatTurn(body.message_dicts(), body.tools, body.tool_choice, body.to_sampling(), body.n or 1,
-                    ep, _agent(x_roost_agent))
+                    ep, agent_tag(x_roost_agent))
     prepared = await core.prepare_chat(turn)
     r = swarm.renderer
     want = bool(body.return_token_ids or body.logprobs)
@@ -211,7 +203,7 @@ async def completions(body: CompletionRequest, request: Request,
     body.check_unsupported()
     sampling = body.to_sampling()
     prompt = body.prompt_one()
-    prepared = await core.prepare_text(prompt, sampling, body.n or 1, ep, _agent(x_roost_agent))
+    prepared = await core.prepare_text(prompt, sampling, body.n or 1, ep, agent_tag(x_roost_agent))
     r, k = swarm.renderer, sampling.top_logprobs
     want_lp = body.logprobs is not None and body.logprobs is not False
     want_ids = bool(body.return_token_ids or want_lp)
