@@ -27,7 +27,7 @@ from fastapi.responses import StreamingResponse
 from swarm.server.auth import any_caller, current_swarm, generation_caller
 from swarm.server.episodes import Episode
 from swarm.server.errors import domain_error_body, error_body
-from swarm.server.exceptions import InvalidRequest, SwarmError
+from swarm.server.exceptions import SwarmError
 from swarm.server.generation import (
     ChatTurn, Choice, Done, Event, Finished, PreparedTurn, Started, TextDelta, ToolCall, ToolCallDelta,
     agent_tag, generation_core,
