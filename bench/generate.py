@@ -2,6 +2,7 @@
 
     python bench/generate.py                    # untrained tiny model built on the fly
     python bench/generate.py --model DIR --json out.json
+    python bench/generate.py --top-logprobs 5 --json-object   # the cost of top-k and of a constraint
 
 Every row is measured in the same process, minutes apart at most, so the ratios
 hold on a noisy machine even where absolute tokens/s do not. Requests generate
@@ -39,6 +40,10 @@ def _prompt(engine: TorchEngine, i: int) -> list[int]:
     return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
+#: extra SamplingParams of every request of the first table (--top-logprobs, --json-object)
+EXTRA: dict = {}
+
+
 async def _run(engine: TorchEngine, concurrency: int, requests: int, max_tokens: int) -> float:
     """tokens/s for `requests` requests issued `concurrency` at a time."""
     sem = asyncio.Semaphore(concurrency)
@@ -48,7 +53,8 @@ async def _run(engine: TorchEngine, concurrency: int, requests: int, max_tokens:
         nonlocal produced
         async with sem:
             c = await engine.generate(GenerateRequest(
-                _prompt(engine, i), SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True)))
+                _prompt(engine, i), SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True,
+                                                   **EXTRA)))
             produced += len(c.token_ids)
 
     t0 = time.perf_counter()
@@ -97,7 +103,14 @@ def main() -> None:
     ap.add_argument("--trickle-ms", type=float, default=500.0, help="arrival spread of the trickle row")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the engine's choice)")
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--top-logprobs", type=int, default=0, help="first table: k most likely tokens per position")
+    ap.add_argument("--json-object", action="store_true",
+                    help="first table: response_format json_object (a constrained row ends where its object does)")
     args = ap.parse_args()
+    if args.top_logprobs:
+        EXTRA["top_logprobs"] = args.top_logprobs
+    if args.json_object:
+        EXTRA["response_format"] = json.dumps({"type": "json_object"})
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model

@@ -27,6 +27,13 @@ splicing and column drops exact for rotary models such as Qwen2.
 Per-token host work is kept off the hot path: pending tokens stay on the device,
 sampling knobs are tensors rebuilt only when rows join or leave, and the chunks
 of one step reach each event loop in a single `call_soon_threadsafe`.
+
+Two per-row extras cost nothing unless a running row asks (flags of the knobs, on the host):
+`top_logprobs = k` is one `topk` of the raw log-softmax per step; a `response_format` row
+carries an llguidance matcher (`swarm.engine.constrained`): its token mask is filled before
+sampling, it consumes the sampled token, EOS only where the grammar accepts. Recorded logprobs
+(and top-k) stay raw and unmasked: what the trainer recomputes, so the PPO ratio is exactly 1
+on-policy; the grammar is part of the environment the policy acts in, not of the policy.
 """
 
 from __future__ import annotations
@@ -36,13 +43,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from transformers import DynamicCache
 
-from swarm.engine.base import SamplingParams, TokenChunk
-from swarm.engine.sampling import sample_rows
+from swarm.engine.base import SamplingParams, TokenChunk, UnsupportedRequest
+from swarm.engine.constrained import Grammars
+from swarm.engine.sampling import RowKnobs, sample_rows
 
 Emit = Callable[[TokenChunk], None]
 
@@ -56,6 +64,7 @@ class _Row:
     loop: asyncio.AbstractEventLoop | None = None  # deliver chunks on this loop (else in the worker)
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
+    matcher: Any = None  # an llguidance LLMatcher when the row is constrained by a response_format
 
 
 class Handle:
@@ -86,8 +95,10 @@ class ContinuousBatcher:
         seed: int = 0,
         fuse_pad_tokens: int = 32,
         min_shared_prefix: int = 4,
+        grammars: Grammars | None = None,
     ) -> None:
         self.vocab_size = vocab_size
+        self.grammars = grammars  # compiles response_formats; None: constrained requests are refused
         self.model = model
         self.lock = lock  # held per step; train_step holds it for a whole update
         self.eos_ids = eos_ids
@@ -102,7 +113,7 @@ class ContinuousBatcher:
         self._cache: DynamicCache | None = None
         self._attn: torch.Tensor | None = None  # [B, L] on the device; 1 = real token in cache
         self._pending: torch.Tensor | None = None  # [B] last sampled tokens, not yet in the cache
-        self._knobs: tuple[torch.Tensor, torch.Tensor, bool, bool] | None = None
+        self._knobs: RowKnobs | None = None
         self._out: dict[asyncio.AbstractEventLoop | None, list[tuple[Emit, TokenChunk]]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,19 +125,32 @@ class ContinuousBatcher:
 
     # -- public -------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, emit: Emit,
-               loop: asyncio.AbstractEventLoop | None = None) -> Handle:
-        """Queue a request. `emit` gets its chunks: on `loop` when given (batched per step), else in the worker."""
+               loop: asyncio.AbstractEventLoop | None = None, matcher: Any = None) -> Handle:
+        """Queue a request. `emit` gets its chunks: on `loop` when given (batched per step), else in the worker.
+
+        A `params.response_format` is compiled here unless the caller passes its `matcher`
+        (the torch engine compiles off its event loop); `UnsupportedRequest` when it cannot be.
+        """
         if not prompt_ids:
             raise ValueError("empty prompt")
         if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
         if len(prompt_ids) >= self.max_positions:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens exceeds the context of {self.max_positions}")
+        if matcher is None and params.response_format is not None:
+            matcher = self.compile(params.response_format)
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        row = _Row(list(prompt_ids), params, emit, gen, loop)
+        row = _Row(list(prompt_ids), params, emit, gen, loop, matcher=matcher)
         self._ensure_thread()
         self._inbox.put(row)
         return Handle(row)
+
+    def compile(self, response_format: str) -> Any:
+        """A matcher for `response_format` (None: unconstrained); `UnsupportedRequest` when impossible."""
+        if self.grammars is None:
+            raise UnsupportedRequest("unsupported_response_format",
+                                     "this engine was built without constrained decoding")
+        return self.grammars.matcher(response_format)
 
     def close(self) -> None:
         self._stop.set()
@@ -286,38 +310,49 @@ class ContinuousBatcher:
         self._attn = torch.cat([_pad_left(self._attn, width), _pad_left(attn, width)], dim=0)
         self._rows.extend(new)
 
-    def _sampling_knobs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
-        """Per-row temperature and top-p tensors (+ host-side flags), rebuilt only when rows change."""
+    def _sampling_knobs(self, device: torch.device) -> RowKnobs:
+        """The running rows' knobs as tensors and host-side flags, rebuilt only when rows change."""
         if self._knobs is None:
-            temps = [r.params.temperature for r in self._rows]
-            tops = [r.params.top_p for r in self._rows]
-            plain = all(t == 1.0 for t in temps) and all(p >= 1.0 for p in tops)
-            self._knobs = (torch.tensor(temps, device=device), torch.tensor(tops, device=device), plain,
-                           any(p < 1.0 for p in tops))
+            self._knobs = RowKnobs.of([r.params for r in self._rows],
+                                      [i for i, r in enumerate(self._rows) if r.matcher is not None], device)
         return self._knobs
 
     def _sample(self, logits: torch.Tensor, offset: int) -> None:
         """Sample the rows from `offset` on (all rows, or the newly spliced ones)."""
-        temp, top_p, plain, nucleus = self._sampling_knobs(logits.device)
+        knobs = self._sampling_knobs(logits.device)
+        temp, top_p = knobs.temperature, knobs.top_p
         rows = self._rows[offset:]
         if offset:
             temp, top_p = temp[offset:], top_p[offset:]
-        tokens, logps = sample_rows(logits, temp, top_p, [r.generator for r in rows], self.shared_gen,
-                                    plain=plain, nucleus=nucleus)
+        constrained = [i - offset for i in knobs.constrained if i >= offset]
+        index = allowed = None
+        if constrained:
+            assert self.grammars is not None
+            allowed = self.grammars.fill_masks([rows[i].matcher for i in constrained]).to(logits.device)
+            index = torch.tensor(constrained, dtype=torch.long, device=logits.device)
+        top_k = knobs.top_k if not offset else max((r.params.top_logprobs for r in rows), default=0)
+        draw = sample_rows(logits, temp, top_p, [r.generator for r in rows], self.shared_gen,
+                           plain=knobs.plain, nucleus=knobs.nucleus, top_k=top_k, constrained=index, allowed=allowed)
+        tokens = draw.tokens
         if offset:
             assert self._pending is not None
             self._pending = torch.cat([self._pending, tokens])
         else:
             self._pending = tokens
+        tops: list[list[tuple[int, float]]] | None = None
+        if draw.top_ids is not None and draw.top_logprobs is not None:
+            tops = [list(zip(i, lp)) for i, lp in zip(draw.top_ids.tolist(), draw.top_logprobs.tolist())]
         done: list[int] = []
-        for i, (r, tok, lp) in enumerate(zip(rows, tokens.tolist(), logps.tolist())):
+        for i, (r, tok, lp) in enumerate(zip(rows, tokens.tolist(), draw.logprobs.tolist())):
             if r.cancelled:
                 done.append(offset + i)
                 continue
             r.generated.append(tok)
             self.tokens_out += 1
             reason = self._finish_reason(r, tok)
-            self._emit(r, TokenChunk([tok], [lp], finish_reason=reason))
+            k = r.params.top_logprobs
+            self._emit(r, TokenChunk([tok], [lp], finish_reason=reason,
+                                     top_logprobs=[tops[i][:k]] if k and tops is not None else None))
             if reason is not None:
                 done.append(offset + i)
         if done:
@@ -339,6 +374,11 @@ class ContinuousBatcher:
                 pass
 
     def _finish_reason(self, r: _Row, tok: int) -> str | None:
+        if r.matcher is not None:
+            # the grammar allowed EOS, so it accepts: the completion is whole (ignore_eos or not)
+            if tok in self.eos_ids:
+                return "stop"
+            r.matcher.consume_token(tok)  # always in its mask; an error would leave only EOS allowed
         if (tok in self.eos_ids and not r.params.ignore_eos) or tok in r.params.stop_token_ids:
             return "stop"
         if r.params.stop:

@@ -13,6 +13,17 @@ Determinism: a request with `seed` (or temperature 0) gets tokens that depend on
 on the engine seed, the request seed and the prompt; others draw from one engine
 RNG, so a fixed sequence of requests gives fixed outputs. The logprob of token t
 is `token_logprob(t)`, a fixed function of the id, so tests can check alignment.
+
+`top_logprobs = k` gives, per token, k (id, `token_logprob(id)`) pairs: the sampled token
+and its k-1 successors in id order, sorted most likely first (`fake_top_logprobs`), so the
+sampled token is always among them with its own logprob.
+
+`response_format` is honoured with the torch engine's grammar machinery
+(`swarm.engine.constrained`, llguidance): an invalid schema raises the same
+`UnsupportedRequest`; a script's output is returned as scripted (writing JSON that fits is
+the test's business); otherwise random tokens are drawn from those the grammar allows
+(half the time from the ones that close a string, array or object, so outputs stay short)
+and EOS comes as soon as the grammar accepts.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from swarm.engine.base import Completion, GenerateRequest, SamplingParams, TokenChunk, TrainBatch
 
@@ -34,6 +45,12 @@ Script = Callable[[list[int]], "str | list[int]"]
 def token_logprob(token_id: int) -> float:
     """The fake model's logprob of a sampled token: fixed per id, always in [-1.5, -0.5]."""
     return -0.5 - (token_id % 11) / 10.0
+
+
+def fake_top_logprobs(token_id: int, k: int, vocab: int) -> list[tuple[int, float]]:
+    """The fake's k most likely tokens where `token_id` was sampled: it and its successors, best first."""
+    ids = [(token_id + j) % vocab for j in range(min(k, vocab))]
+    return sorted(((i, token_logprob(i)) for i in ids), key=lambda p: (-p[1], p[0]))
 
 
 class FakeEngine:
@@ -67,6 +84,8 @@ class FakeEngine:
         special = set(self.tokenizer.all_special_ids)
         self.eos_id = self.tokenizer.eos_token_id
         self._vocab = [i for i in range(len(self.tokenizer)) if i not in special]
+        self._grammars: Any = None  # swarm.engine.constrained.Grammars, built by the first response_format
+        self._closers: set[int] = set()
         if (self.model_dir / STATE_FILE).exists():
             self.load(self.model_dir)
 
@@ -74,6 +93,7 @@ class FakeEngine:
     def _plan(self, request: GenerateRequest) -> list[int]:
         """All ids this request would produce if nothing stops it early."""
         p = request.params
+        matcher = self.grammars().matcher(p.response_format) if p.response_format is not None else None
         if self.script is not None:
             out = self.script(list(request.prompt_ids))
             ids = self.tokenizer.encode(out, add_special_tokens=False) if isinstance(out, str) else list(out)
@@ -83,12 +103,35 @@ class FakeEngine:
             rng = random.Random(digest)
         else:
             rng = random.Random(self._rng.getrandbits(64))
+        if matcher is not None:
+            return self._constrained_plan(matcher, rng, p.max_tokens)
         ids = []
         for _ in range(p.max_tokens):
             if self.eos_id is not None and rng.random() < self.stop_probability:
                 ids.append(self.eos_id)
                 break
             ids.append(rng.choice(self._vocab))
+        return ids
+
+    def grammars(self) -> Any:
+        """The grammar compiler, built on first use (it imports torch: most fake-engine tests never need it)."""
+        if self._grammars is None:
+            from swarm.engine.constrained import Grammars  # lazy: torch and llguidance, for response_format only
+
+            self._grammars = Grammars(self.tokenizer, len(self.tokenizer), [i for i in (self.eos_id,) if i is not None])
+            self._closers = {i for i in self._vocab if set('"]}') & set(self.tokenizer.decode([i]))}
+        return self._grammars
+
+    def _constrained_plan(self, matcher: Any, rng: random.Random, max_tokens: int) -> list[int]:
+        ids: list[int] = []
+        while len(ids) < max_tokens:
+            if matcher.is_accepting() or matcher.is_stopped():
+                return ids + ([self.eos_id] if self.eos_id is not None else [])
+            allowed = self.grammars().fill_masks([matcher])[0].nonzero().squeeze(-1).tolist()
+            closing = [t for t in allowed if t in self._closers]
+            tok = rng.choice(closing if closing and rng.random() < 0.5 else allowed)
+            matcher.consume_token(tok)
+            ids.append(tok)
         return ids
 
     def _stops(self, params: SamplingParams, ids: list[int]) -> bool:
@@ -111,23 +154,31 @@ class FakeEngine:
             if stop or len(pending) >= self.chunk_tokens or len(out) == request.params.max_tokens:
                 reason = "stop" if stop else ("length" if len(out) == request.params.max_tokens else None)
                 await asyncio.sleep(self.token_delay_s * len(pending))
-                yield TokenChunk(pending, [token_logprob(t) for t in pending], reason)
+                yield self._chunk(request.params, pending, reason)
                 pending = []
                 if reason:
                     return
         # plan shorter than max_tokens without an eos (a script without eos): a natural stop
-        yield TokenChunk(pending, [token_logprob(t) for t in pending], "stop")
+        yield self._chunk(request.params, pending, "stop")
+
+    def _chunk(self, params: SamplingParams, ids: list[int], reason: str | None) -> TokenChunk:
+        k = params.top_logprobs
+        tops = [fake_top_logprobs(t, k, len(self.tokenizer)) for t in ids] if k > 0 else None
+        return TokenChunk(ids, [token_logprob(t) for t in ids], reason, top_logprobs=tops)
 
     async def generate(self, request: GenerateRequest) -> Completion:
         version = self.policy_version
         ids: list[int] = []
         logprobs: list[float] = []
+        tops: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs > 0 else None
         reason = "length"
         async for chunk in self.stream(request):
             ids += chunk.token_ids
             logprobs += chunk.logprobs
+            if tops is not None:
+                tops += chunk.top_logprobs or []
             reason = chunk.finish_reason or reason
-        return Completion(list(request.prompt_ids), ids, logprobs, reason, version)
+        return Completion(list(request.prompt_ids), ids, logprobs, reason, version, top_logprobs=tops)
 
     # -- training -------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:

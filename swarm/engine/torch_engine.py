@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
+from swarm.engine.constrained import Grammars
 from swarm.engine.continuous import ContinuousBatcher
 from swarm.engine.policy_step import policy_step
 from swarm.engine.precision import MasterWeightAdamW, build_optimizer, detect_placement
@@ -73,11 +74,14 @@ class TorchEngine:
         self._lock = threading.Lock()
         cfg = self.model.config
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 2048))
+        vocab = int(self.model.get_input_embeddings().weight.shape[0])
+        eos = self._eos_ids()
         self.batcher = ContinuousBatcher(
-            self.model, self._lock, self._eos_ids(), self.max_positions,
+            self.model, self._lock, eos, self.max_positions,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
-            vocab_size=int(self.model.get_input_embeddings().weight.shape[0]), max_batch=max_batch, seed=seed,
+            vocab_size=vocab, max_batch=max_batch, seed=seed,
             fuse_pad_tokens=self.placement.fuse_pad_tokens,
+            grammars=Grammars(self.tokenizer, vocab, eos),  # response_format: llguidance, built on first use
         )
         self._gen_mark = (0.0, 0, 0)  # batcher busy seconds, forwards, tokens at the last train_step
         if (self.model_dir / STATE_FILE).exists():
@@ -100,9 +104,14 @@ class TorchEngine:
 
     # -- generation -----------------------------------------------------------
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        """Chunks of one request; `UnsupportedRequest` (before any chunk) for a response_format
+        the grammar library refuses. A constraint is compiled in a worker thread: a big schema
+        takes milliseconds, which the event loop serving every other episode should not wait out."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[TokenChunk] = asyncio.Queue()
-        handle = self.batcher.submit(request.prompt_ids, request.params, q.put_nowait, loop=loop)
+        fmt = request.params.response_format
+        matcher = await asyncio.to_thread(self.batcher.compile, fmt) if fmt is not None else None
+        handle = self.batcher.submit(request.prompt_ids, request.params, q.put_nowait, loop=loop, matcher=matcher)
         try:
             while True:
                 chunk = await q.get()
@@ -118,13 +127,16 @@ class TorchEngine:
         version = self.policy_version
         ids: list[int] = []
         logps: list[float] = []
+        tops: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs > 0 else None
         reason = "length"
         async for chunk in self.stream(request):
             ids.extend(chunk.token_ids)
             logps.extend(chunk.logprobs)
+            if tops is not None:
+                tops.extend(chunk.top_logprobs or [])
             if chunk.finish_reason:
                 reason = chunk.finish_reason
-        return Completion(list(request.prompt_ids), ids, logps, reason, version)
+        return Completion(list(request.prompt_ids), ids, logps, reason, version, top_logprobs=tops)
 
     # -- training -------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:

@@ -35,7 +35,7 @@ from typing import Any, AsyncIterator
 
 import ray
 
-from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
+from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch, UnsupportedRequest
 from swarm.engine.verl.adapter import BROKER_NAME, BROKER_NAMESPACE, HEAD_NODE_ENV
 from swarm.engine.verl.config import verl_config
 from swarm.engine.verl.records import group_records
@@ -103,6 +103,7 @@ class VerlEngine:
     async def generate(self, request: GenerateRequest) -> Completion:
         self._check()
         p = request.params
+        _refuse_unsupported(p.top_logprobs, p.response_format)
         stops = list(p.stop_token_ids)
         out = await self.broker.generate.remote(uuid.uuid4().hex, list(request.prompt_ids), p.max_tokens,
                                                 stops, p.seed)
@@ -153,6 +154,19 @@ class VerlEngine:
     async def close(self) -> None:
         if ray.is_initialized():
             ray.shutdown()
+
+
+def _refuse_unsupported(top_logprobs: int, response_format: str | None) -> None:
+    """verl's token-in/token-out client (`LLMServerClient.generate`) returns only the sampled tokens'
+    logprobs and takes no structured-output parameters: refuse rather than silently ignore."""
+    if top_logprobs > 0:
+        raise UnsupportedRequest("unsupported_top_logprobs",
+                                 "the verl engine cannot return top_logprobs (verl's rollout client reports only "
+                                 "the sampled tokens' logprobs); use the torch or vllm engine")
+    if response_format is not None and json.loads(response_format).get("type") not in (None, "text"):
+        raise UnsupportedRequest("unsupported_response_format",
+                                 "the verl engine cannot constrain decoding (verl's rollout client takes no "
+                                 "structured-output parameters); use the torch or vllm engine")
 
 
 __all__ = ["VerlEngine"]

@@ -25,6 +25,16 @@ kill, OOM) is restarted on the last good file by a watchdog, or by the next
 request or sync that finds it gone; `counters()` (in the server's status) and each
 step's metrics say how often. Every `Completion` carries the version of the
 weights vLLM sampled it with, which can lag `policy_version` after a failed sync.
+
+`top_logprobs = k` is vLLM's `logprobs: k` (ids via `return_tokens_as_token_ids`).
+`response_format` is vLLM's own structured outputs (its guidance backend, the grammar
+library of the torch engine, with the same compact JSON: `swarm.engine.vllm.server`), checked
+first with that library here so a bad schema is the same `UnsupportedRequest` as there. vLLM
+masks the logits *before* it computes even its "raw" logprobs, so under a constraint it reports
+the grammar-renormalised ones; the trainer recomputes unmasked ones. A constrained request is
+therefore not streamed token by token: once it is complete, one teacher-forced pass
+(`prompt_logprobs`) over prompt + completion, still on the same weights, replaces them (and the
+top-k) with the raw values, as the torch engine records (docs/constrained-decoding.md).
 """
 
 from __future__ import annotations
@@ -42,7 +52,8 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
+from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch, UnsupportedRequest
+from swarm.engine.constrained import json_schema_of
 from swarm.engine.vllm.server import VllmProcess, VllmSettings, find_python
 from swarm.engine.vllm.weights import GOOD, CheckpointRefused, ServingDir, layout_of, unique_state, validate
 
@@ -123,15 +134,30 @@ class VllmEngine:
     async def generate(self, request: GenerateRequest) -> Completion:
         ids: list[int] = []
         logps: list[float] = []
+        tops: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs > 0 else None
         reason, version = "length", self._served_version
         async for version, chunk in self._stream(request):
             ids.extend(chunk.token_ids)
             logps.extend(chunk.logprobs)
+            if tops is not None:
+                tops.extend(chunk.top_logprobs or [])
             reason = chunk.finish_reason or reason
-        return Completion(list(request.prompt_ids), ids, logps, reason, version)
+        return Completion(list(request.prompt_ids), ids, logps, reason, version, top_logprobs=tops)
 
     async def _stream(self, request: GenerateRequest) -> AsyncIterator[tuple[int, TokenChunk]]:
+        fmt = request.params.response_format
+        if fmt is not None:  # compiled with the library vLLM's guidance backend runs, off the event loop:
+            # a bad schema is refused with the torch engine's message, before vLLM sees it
+            await asyncio.to_thread(self.trainer.batcher.compile, fmt)
         body = self._body(request)
+        async for item in self._sse(request, body, raw="response_format" in body):
+            yield item
+
+    async def _sse(self, request: GenerateRequest, body: dict[str, Any],
+                   raw: bool = False) -> AsyncIterator[tuple[int, TokenChunk]]:
+        """vLLM's streamed chunks; `raw` (a constrained request): one chunk of the whole completion
+        with its raw logprobs, re-scored while still in flight (so on the same weights)."""
+        k = request.params.top_logprobs
         while True:  # wait out a sync or restart without blocking the event loop
             with self._gate:
                 if not self._draining:
@@ -146,15 +172,29 @@ class VllmEngine:
                 async with client.stream("POST", self.process.url + "/v1/completions", json=body) as resp:
                     if resp.status_code != 200:
                         detail = (await resp.aread()).decode(errors="replace")[:500]
+                        if resp.status_code == 400 and "response_format" in body:  # a schema vLLM refused
+                            raise UnsupportedRequest("invalid_json_schema", f"vLLM refused the response_format: "
+                                                                            f"{_error_message(detail)}")
                         raise VllmEngineError(f"vLLM answered {resp.status_code}: {detail}")
                     finished = False
+                    chunks: list[TokenChunk] = []
                     async for line in resp.aiter_lines():
-                        chunk = _parse_chunk(line)
+                        chunk = _parse_chunk(line, k)
                         if chunk is not None:
                             finished = chunk.finish_reason is not None
-                            yield version, chunk
+                            if raw:
+                                chunks.append(chunk)
+                            else:
+                                yield version, chunk
                     if not finished:  # vLLM closed the stream early: an abort
-                        yield version, TokenChunk([], [], "abort")
+                        aborted = TokenChunk([], [], "abort")
+                        if raw:
+                            chunks.append(aborted)
+                        else:
+                            yield version, aborted
+                if raw:
+                    for chunk in await self._unmasked(client, request.prompt_ids, chunks, k):
+                        yield version, chunk
         except httpx.TransportError as exc:
             if not self._closing.is_set():
                 await asyncio.to_thread(self._recover, f"request failed: {exc!r}")
@@ -171,7 +211,8 @@ class VllmEngine:
             raise ValueError(f"prompt of {len(request.prompt_ids)} tokens exceeds the context of {self.max_positions}")
         body: dict[str, Any] = {
             "model": self.served_name, "prompt": list(request.prompt_ids), "max_tokens": min(p.max_tokens, room),
-            "temperature": p.temperature, "top_p": p.top_p, "logprobs": 0, "return_token_ids": True,
+            "temperature": p.temperature, "top_p": p.top_p, "logprobs": p.top_logprobs, "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
             "stream": True, "skip_special_tokens": False, "ignore_eos": p.ignore_eos,
             "stop_token_ids": sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else set(self._eos))),
         }
@@ -179,7 +220,36 @@ class VllmEngine:
             body["stop"] = list(p.stop)
         if p.seed is not None:
             body["seed"] = p.seed
+        if p.response_format is not None and json_schema_of(p.response_format) is not None:
+            body["response_format"] = json.loads(p.response_format)
         return body
+
+    async def _unmasked(self, client: httpx.AsyncClient, prompt_ids: list[int], chunks: list[TokenChunk],
+                        k: int) -> list[TokenChunk]:
+        """`chunks` merged into one, its logprobs (and top-k) recomputed unmasked by a teacher-forced pass.
+
+        The pass needs one position of room after the completion; a completion that filled the
+        context keeps vLLM's grammar-renormalised logprobs (logged: the one case they are recorded).
+        """
+        ids = [t for c in chunks for t in c.token_ids]
+        logps = [x for c in chunks for x in c.logprobs]
+        tops = [t for c in chunks for t in (c.top_logprobs or [])] if k > 0 else None
+        reason = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), None)
+        if ids and len(prompt_ids) + len(ids) < self.max_positions and reason != "abort":
+            resp = await client.post(self.process.url + "/v1/completions", json={
+                "model": self.served_name, "prompt": list(prompt_ids) + ids, "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": k})
+            if resp.status_code != 200:
+                raise VllmEngineError(f"vLLM answered {resp.status_code} to a logprob pass: {resp.text[:300]}")
+            rows = resp.json()["choices"][0]["prompt_logprobs"][len(prompt_ids):]
+            logps = [float(row[str(tok)]["logprob"]) for row, tok in zip(rows, ids)]
+            if tops is not None:
+                tops = [sorted(((int(t), float(v["logprob"])) for t, v in row.items()),
+                               key=lambda p: -p[1])[:k] for row in rows]
+        elif ids:
+            log.warning("constrained completion of %d tokens: no room for the unmasked logprob pass (%s); "
+                        "recording vLLM's grammar-renormalised logprobs", len(ids), reason)
+        return [TokenChunk(ids, logps, reason, top_logprobs=tops)]
 
     def logprobs(self, ids: list[int]) -> list[float]:
         """Teacher-forced logprob of each token after the first, as vLLM computes it (checks, tests)."""
@@ -363,7 +433,22 @@ class VllmEngine:
         await self.trainer.close()
 
 
-def _parse_chunk(line: str) -> TokenChunk | None:
+def _error_message(detail: str) -> str:
+    """vLLM's error body (`{"error": {"message": ...}}`) to its message; the text as is otherwise."""
+    try:
+        body = json.loads(detail)
+        return str(body["error"]["message"]) if isinstance(body.get("error"), dict) else str(body)
+    except (json.JSONDecodeError, KeyError, AttributeError):
+        return detail
+
+
+def _top(row: dict[str, float] | None, k: int) -> list[tuple[int, float]]:
+    """vLLM's top-logprob dict (keys `token_id:N`; it may add the sampled token) as the k best pairs."""
+    pairs = [(int(key.rsplit(":", 1)[-1]), float(v)) for key, v in (row or {}).items()]
+    return sorted(pairs, key=lambda p: -p[1])[:k]
+
+
+def _parse_chunk(line: str, k: int = 0) -> TokenChunk | None:
     """One SSE line of a streamed `/v1/completions` into a `TokenChunk` (None: not a data chunk)."""
     if not line.startswith("data:"):
         return None
@@ -375,7 +460,11 @@ def _parse_chunk(line: str) -> TokenChunk | None:
         raise VllmEngineError(f"vLLM stream error: {payload['error']}")
     choice = payload["choices"][0]
     ids = [int(t) for t in (choice.get("token_ids") or [])]
-    lp = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    logprobs = choice.get("logprobs") or {}
+    lp = logprobs.get("token_logprobs") or []
     if len(lp) != len(ids):
         raise VllmEngineError(f"vLLM sent {len(ids)} tokens with {len(lp)} logprobs")
-    return TokenChunk(ids, [float(x) for x in lp], choice.get("finish_reason"))
+    tops = [_top(row, k) for row in (logprobs.get("top_logprobs") or [])] if k > 0 else None
+    if tops is not None and len(tops) != len(ids):
+        raise VllmEngineError(f"vLLM sent {len(ids)} tokens with {len(tops)} top-logprob rows")
+    return TokenChunk(ids, [float(x) for x in lp], choice.get("finish_reason"), top_logprobs=tops)

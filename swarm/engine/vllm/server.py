@@ -125,6 +125,8 @@ class VllmProcess:
                "--seed", str(self.seed), "--dtype", "float32",
                # TokenChunk.logprobs are raw (temperature 1, no top-p): what the loss recomputes
                "--logprobs-mode", "raw_logprobs",
+               # response_format: llguidance with compact JSON, the torch engine's grammar exactly
+               "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
                "--worker-extension-cls", WORKER_EXTENSION, "--disable-uvicorn-access-log"]
         if self.settings.max_model_len:
             cmd += ["--max-model-len", str(self.settings.max_model_len)]

