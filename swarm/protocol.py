@@ -26,15 +26,21 @@ sent, so a batch never turns one item's error into another's.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 #: Rewards beyond this magnitude are refused: almost surely a bug in the workflow,
 #: and one such value would swamp a whole batch's advantages.
 REWARD_ABS_MAX = 1e6
 API_PREFIX = "/swarm/v1"
 AGENT_HEADER = "X-Roost-Agent"
+
+#: Numbers on the wire are JSON numbers: "0.5" (a string) or true is a client bug, refused with 400
+#: `invalid_request` rather than coerced. An integer is a valid `Number`; a float is not a `Count`.
+Number = Annotated[float, Strict()]
+Count = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
 
 
 class _Request(BaseModel):
@@ -71,7 +77,7 @@ class ClaimRequest(_Request):
         None, min_length=1, max_length=200,
         description="idempotency key: a retried claim with the same key gets the same episode",
     )
-    wait_s: float = Field(
+    wait_s: Number = Field(
         0.0, ge=0.0, le=30.0,
         description="long poll: wait up to this long for admission before answering 429",
     )
@@ -96,11 +102,11 @@ class HeartbeatResponse(_Response):
 
 
 class FinishRequest(_Request):
-    reward: float = Field(ge=-REWARD_ABS_MAX, le=REWARD_ABS_MAX)
-    agent_rewards: dict[str, float] | None = Field(
+    reward: Number = Field(ge=-REWARD_ABS_MAX, le=REWARD_ABS_MAX)
+    agent_rewards: dict[str, Number] | None = Field(
         None, description="per-agent-tag rewards overriding `reward` for those agents")
     status: Literal["completed", "truncated", "failed"] = "completed"
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, Number] = Field(default_factory=dict)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
 
     @field_validator("agent_rewards")
@@ -125,7 +131,7 @@ class FinishResponse(_Response):
 
 class AbortRequest(_Request):
     reason: str | None = Field(None, max_length=2000)
-    release: bool = Field(
+    release: Bool = Field(
         True,
         description="free the slot so another claim of this task may take it; "
                     "false gives the slot up for this round (its group completes smaller)",
@@ -207,9 +213,11 @@ __all__ = [
     "AdminResponse",
     "BatchResponse",
     "BatchResult",
+    "Bool",
     "ClaimBatch",
     "ClaimRequest",
     "ClaimResponse",
+    "Count",
     "ErrorDetail",
     "ErrorResponse",
     "FinishBatch",
@@ -218,5 +226,6 @@ __all__ = [
     "GroupStatus",
     "HeartbeatResponse",
     "MAX_BATCH",
+    "Number",
     "StatusResponse",
 ]

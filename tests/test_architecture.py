@@ -181,7 +181,7 @@ def test_function_local_imports_say_why() -> None:
     assert sorted(set(missing)) == []
 
 
-DEFAULT_LINE = 'lease_seconds: float = Field(600.0,'
+DEFAULT_LINE = 'lease_seconds: float = Field(30.0,'
 
 
 @pytest.mark.slow
@@ -192,7 +192,7 @@ def test_a_default_is_one_line(tmp_path: Path) -> None:
     config = tmp_path / "swarm" / "server" / "config.py"
     text = config.read_text()
     assert text.count(DEFAULT_LINE) == 1, "the lease default is no longer written once"
-    config.write_text(text.replace(DEFAULT_LINE, DEFAULT_LINE.replace("600.0", "42.5")))
+    config.write_text(text.replace(DEFAULT_LINE, DEFAULT_LINE.replace("30.0", "42.5")))
     probe = """
 import json, sys
 from typer.testing import CliRunner

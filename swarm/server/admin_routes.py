@@ -16,10 +16,11 @@ from fastapi import APIRouter, Depends
 from swarm.protocol import API_PREFIX, AdminResponse, ErrorResponse
 from swarm.server.admin_schema import LiveConfigResponse, LiveConfigUpdate
 from swarm.server.auth import admin
+from swarm.server.auth_first import AuthFirstRoute
 from swarm.server.state import Swarm
 
 _errors = {code: {"model": ErrorResponse} for code in (400, 401, 403, 413, 503)}
-router = APIRouter(prefix=f"{API_PREFIX}/admin", tags=["admin"], responses=_errors)
+router = APIRouter(prefix=f"{API_PREFIX}/admin", tags=["admin"], responses=_errors, route_class=AuthFirstRoute)
 
 
 @router.get("/config", response_model=LiveConfigResponse)

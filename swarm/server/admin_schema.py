@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm.algorithms.choices import Advantage, LossAgg
+from swarm.protocol import Count, Number
 from swarm.server.quotas import QuotaPhase, check_quotas, check_schedule
 
 TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "advantage", "loss_agg")
@@ -26,19 +27,19 @@ class LiveConfigUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    lr: float | None = Field(None, gt=0.0, le=1.0, description="learning rate (next step)")
-    kl_coef: float | None = Field(None, ge=0.0, le=100.0, description="KL coefficient (next step)")
-    entropy_coef: float | None = Field(None, ge=-10.0, le=10.0, description="entropy bonus (next step)")
-    clip_eps: float | None = Field(None, gt=0.0, le=10.0, description="PPO clip epsilon (next step)")
-    max_grad_norm: float | None = Field(None, gt=0.0, le=1e6, description="gradient clip (next step)")
+    lr: Number | None = Field(None, gt=0.0, le=1.0, description="learning rate (next step)")
+    kl_coef: Number | None = Field(None, ge=0.0, le=100.0, description="KL coefficient (next step)")
+    entropy_coef: Number | None = Field(None, ge=-10.0, le=10.0, description="entropy bonus (next step)")
+    clip_eps: Number | None = Field(None, gt=0.0, le=10.0, description="PPO clip epsilon (next step)")
+    max_grad_norm: Number | None = Field(None, gt=0.0, le=1e6, description="gradient clip (next step)")
     advantage: Advantage | None = Field(None, description="group advantage estimator (next step)")
     loss_agg: LossAgg | None = Field(None, description="loss aggregation (next step)")
-    temperature: float | None = Field(None, ge=0.0, le=2.0,
+    temperature: Number | None = Field(None, ge=0.0, le=2.0,
                                       description="force this temperature on every call; null: stop forcing")
-    default_temperature: float | None = Field(None, ge=0.0, le=2.0,
+    default_temperature: Number | None = Field(None, ge=0.0, le=2.0,
                                               description="temperature of calls that name none")
-    batch_groups: int | None = Field(None, ge=1, le=100_000, description="B: groups per step")
-    quotas: dict[str, float] | None = Field(None, description="family -> share; null: no quotas")
+    batch_groups: Count | None = Field(None, ge=1, le=100_000, description="B: groups per step")
+    quotas: dict[str, Number] | None = Field(None, description="family -> share; null: no quotas")
     quota_schedule: list[QuotaPhase] | None = Field(None, description="quotas over steps; null: none")
 
     @model_validator(mode="after")

@@ -26,11 +26,11 @@ from typing import Any, AsyncIterator, Callable, Coroutine
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.routing import APIRoute
 
 from swarm.server.anthropic_schema import MessagesRequest, error_payload, message_id, message_response
 from swarm.server.anthropic_stream import MessageStream
 from swarm.server.auth import caller_of, current_swarm
+from swarm.server.auth_first import AuthFirstRoute
 from swarm.server.episodes import Episode
 from swarm.server.errors import status_of
 from swarm.server.exceptions import InvalidRequest, NotFound, SwarmError, Unauthorized
@@ -66,7 +66,7 @@ def _describe(errors: list[Any]) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-class AnthropicRoute(APIRoute):
+class AnthropicRoute(AuthFirstRoute):
     """Renders this router's failures in Anthropic's error shape (the app's handlers speak OpenAI's):
     auth and domain errors, and bodies that fail validation (400, never 422)."""
 

@@ -18,11 +18,12 @@ policy version j may be trained by version c only if |c - j| <= k (`policy_lag`)
 Whatever the mode, `Batch.screen` enforces the bound when a batch is taken: an
 episode with any sample further than k versions from the training policy is
 dropped whole (its group completes smaller) and counted as `dropped_stale`. In
-normal running nothing is ever that old (the window structure above keeps lag <= 1);
-the screen is the guarantee for episodes replayed after a restart (recovery.py),
-whose recorded versions may even lie beyond the restored policy (steps the crash
-rolled back): the distance is absolute, so such an episode is as stale as one from
-as many steps before.
+normal running nothing is ever that old (the window structure above keeps lag <= 1).
+Episodes replayed after a restart (recovery.py, `FinishedEpisode.replayed`) have their
+own bound, `replay_staleness` (set by recovery: by default as far as the replay needs,
+so a crash throws no acknowledged work away); their recorded versions may even lie
+beyond the restored policy (steps the crash rolled back): the distance is absolute,
+so such an episode is as stale as one from as many steps before.
 
     group complete  = n slots resolved (finished, or dropped by a non-releasing abort)
     step ready      = B complete groups
@@ -71,6 +72,7 @@ class FinishedEpisode:
     tokens_unmerged: int = 0  # tokens training would see with one sample per call
     drift: int = 0  # prompts where plain re-tokenization would have drifted
     family: str = "default"  # its task family: rewards are also reported per family
+    replayed: bool = False  # restored from the durable buffer after a restart (`replay_staleness` bounds it)
 
 
 @dataclass
@@ -100,12 +102,19 @@ class Batch:
     trained_version: int | None = None  # the policy the step computes its gradient at (set by `screen`)
     stale: list[FinishedEpisode] = field(default_factory=list)  # dropped by `screen`: over the bound
 
-    def screen(self, trained_version: int, max_staleness: int) -> list[FinishedEpisode]:
+    def screen(self, trained_version: int, max_staleness: int,
+               replay_staleness: int | None = None) -> list[FinishedEpisode]:
         """Drop (whole) every episode with a sample more than `max_staleness` versions from
-        `trained_version`; the group keeps the slot as dropped. Returns the dropped episodes."""
+        `trained_version` (`replay_staleness` for a replayed one, when given); the group keeps
+        the slot as dropped. Returns the dropped episodes."""
         self.trained_version = trained_version
+        replay = max_staleness if replay_staleness is None else replay_staleness
+
+        def bound(e: FinishedEpisode) -> int:
+            return replay if e.replayed else max_staleness
+
         for g in self.groups:
-            stale = [e for e in g.finished if episode_lag(e.samples, trained_version) > max_staleness]
+            stale = [e for e in g.finished if episode_lag(e.samples, trained_version) > bound(e)]
             if stale:
                 g.finished = [e for e in g.finished if e not in stale]
                 g.dropped += len(stale)
@@ -178,6 +187,7 @@ class Batcher:
         self.group_size = group_size
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
+        self.replay_staleness: int | None = None  # the bound of replayed episodes (None: max_staleness)
         self.window = 0
         self.groups: dict[str, Group] = {}
         self._out = False  # a taken batch is training

@@ -20,7 +20,8 @@ Row states (`state`):
     trained        went into the optimisation step `trained_step`
     failed         finished with status "failed": never trained
     dropped_group  its group was dropped by `failed_group_policy`
-    dropped_stale  replayed after a restart but older than `max_staleness` allows
+    dropped_stale  replayed after a restart but older than `replay_staleness` allows
+    dropped_stall  its group stalled and `stalled_group_policy` is drop (leases.py)
     skipped        its batch had no samples, or the training step failed
     discarded      left behind by a start without `resume` over the same out_dir
 
@@ -50,7 +51,7 @@ from typing import Any, Iterable
 
 from swarm.samples import TrainSample
 
-FINAL_STATES = ("trained", "failed", "dropped_group", "dropped_stale", "skipped", "discarded")
+FINAL_STATES = ("trained", "failed", "dropped_group", "dropped_stale", "dropped_stall", "skipped", "discarded")
 COMPACTED = "{}"  # the payload of a compacted row (a stored payload always has "samples")
 _WINDOW = re.compile(r"#w(\d+)g(\d+)$")
 
@@ -260,6 +261,18 @@ class DurableBuffer:
         with self._lock:
             top = self._db.execute("SELECT MAX(group_index) FROM episodes WHERE window=?", (window,)).fetchone()[0]
         return 0 if top is None else top + 1
+
+    def tally(self, since: float | None = None) -> tuple[dict[str, int], int]:
+        """(rows per state, rows finished "failed") of the rows finished at or after `since`, but
+        "discarded" ones: what a restart rebuilds its counters from."""
+        where, args = ("finished_at>=? AND state!='discarded'", (since,)) if since is not None else \
+            ("state!='discarded'", ())
+        with self._lock:
+            states = dict(self._db.execute(f"SELECT state, COUNT(*) FROM episodes WHERE {where} GROUP BY state",
+                                           args).fetchall())
+            failed = self._db.execute(f"SELECT COUNT(*) FROM episodes WHERE {where} AND status='failed'",
+                                      args).fetchone()[0]
+        return states, int(failed)
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -55,6 +55,13 @@ class FailedGroupPolicy(StrEnum):
     keep = "keep"
 
 
+class StalledGroupPolicy(StrEnum):
+    """What a stalled group (leases.py) becomes: trained with the members it has, or dropped whole."""
+
+    partial = "partial"
+    drop = "drop"
+
+
 class ServerConfig(BaseModel):
     """A swarm server: which model, how episodes become batches, where state goes."""
 
@@ -123,14 +130,20 @@ class ServerConfig(BaseModel):
     served_model_names: list[str] | None = Field(
         None, description="names a request's `model` may use (--served-model-name, repeatable); "
                           "default: the served model name; others get 404 model_not_found")
-    lease_seconds: float = Field(600.0, gt=0, description="episode lease (extended by heartbeats)")
+    lease_seconds: float = Field(30.0, gt=0, description="episode lease: the SDK heartbeats every third of it, so a dead or frozen "
+                                 "client is detected within it; an agent without the SDK must call or heartbeat this often")
     retry_after_s: Annotated[float, Flag(studied=False)] = Field(1.0, gt=0, description="Retry-After sent with 429s")
     stop_grace_s: Annotated[float, Flag(studied=False)] = Field(1.0, ge=0, description="answer 503 'stopping' this long before exit")
     closed_episodes_kept: Annotated[int, Flag(studied=False)] = Field(100_000, ge=1, description="finished ids kept for idempotency")
     # robustness (leases.py, recovery.py): what survives dead clients, hung engines and kill -9
     group_stall_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(
-        300.0, gt=0, description="a group whose free slots nobody claims for this long completes smaller "
-                                 "(a vanished client cannot hold a window forever); None: wait forever")
+        60.0, gt=0, description="bound on how long one group may hold up training: a group without progress "
+                                "(no claim, no finish) for this long, with free slots nobody plays or while the "
+                                "rest of a full window waits on it, is resolved by stalled_group_policy; its "
+                                "open episodes are fenced (409). None: wait forever")
+    stalled_group_policy: Annotated[StalledGroupPolicy, Flag(studied=False)] = Field(
+        StalledGroupPolicy.partial, description="a stalled group: partial = train the members that finished; "
+                                                "drop = train none of it (its slot in the batch stays empty)")
     durable_buffer: Annotated[bool, Flag(name="--durable", off="--no-durable")] = Field(True, description="persist each finished episode (out_dir/buffer.sqlite, "
                                                    "WAL, synchronous=FULL) before acknowledging it")
     quota_borrow_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(
@@ -142,9 +155,13 @@ class ServerConfig(BaseModel):
         0, ge=0, description="k: a sample may be trained by a policy at most k versions newer than the one that "
                              "generated it. 0: on-policy (claims wait while a step trains). k >= 1: the next window "
                              "opens as a step starts, so episodes are claimed and played while it trains (lag <= 1), "
-                             "corrected by the PPO ratio against their recorded logprobs. The same bound decides "
-                             "which acknowledged episodes a restart replays; an episode over it is dropped whole "
-                             "and counted (dropped_stale). Each step logs policy_lag_mean/max")
+                             "corrected by the PPO ratio against their recorded logprobs. An episode over it is "
+                             "dropped whole and counted (dropped_stale). Each step logs policy_lag_mean/max")
+    replay_staleness: Annotated[int | None, Flag(studied=False, default_text="every acknowledged episode")] = Field(
+        None, ge=0, description="after a restart, episodes acknowledged before it may be this many versions from "
+                                "the policy that trains them (PPO ratio against their recorded logprobs); None: "
+                                "as far as the steps lost since the checkpoint and the replay itself need, so no "
+                                "acknowledged episode is dropped as stale")
     failed_group_policy: FailedGroupPolicy = Field(
         FailedGroupPolicy.drop, description="a group with a failed episode: drop it, or keep training the rest (>= 2 left)")
     generate_timeout_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(300.0, gt=0, description="an engine call running longer gets "

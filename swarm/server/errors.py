@@ -3,7 +3,8 @@
 Domain errors (`exceptions.py`) get their status here (`status_of`); validation
 errors, unknown routes and bugs get the same shape. Every 4xx/5xx is
 `{"error": {"message", "type", "code"}}` (OpenAI's shape, so the `openai` package
-surfaces the message). Validation failures, including malformed
+surfaces the message), and `code` is never null: domain errors carry theirs, the
+framework's get `HTTP_CODES`, validation `invalid_request` / `invalid_json`. Validation failures, including malformed
 JSON, are 400 (never 422): one status for "your request is wrong". Nothing a
 client sends may produce a 500; a 500 always means a server bug.
 """
@@ -29,6 +30,11 @@ log = logging.getLogger("swarm.server")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
           413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error"}
+
+#: `error.code` of the framework's own errors (unknown route, wrong method, unparsable body...):
+#: every 4xx carries a stable code, whoever raised it
+HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+              415: "unsupported_media_type"}
 
 _STATUS: tuple[tuple[type[SwarmError], int], ...] = (
     (InvalidRequest, 400), (Unauthorized, 401), (Forbidden, 403), (EpisodeNotFound, 404), (NotFound, 404), (Conflict, 409),
@@ -110,7 +116,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), None, getattr(exc, "headers", None))
+        code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        return error_response(exc.status_code, str(exc.detail), code, getattr(exc, "headers", None))
 
     @app.exception_handler(RecursionError)
     async def _deep(request: Request, exc: RecursionError) -> JSONResponse:

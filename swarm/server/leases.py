@@ -1,7 +1,8 @@
 """Leases and fencing: a claimed episode lives only while its holder shows signs of life.
 
-    claim      -> lease = now + lease_seconds, epoch e (the key names e)
-    heartbeat  -> lease extended              (POST .../heartbeat, sent by the client SDK)
+    claim      -> lease = now + lease_seconds (30 s by default), epoch e (the key names e)
+    heartbeat  -> lease extended              (the SDK beats every third of the lease, from a thread
+                                               beside the agent: a long tool call keeps its lease)
     LLM call   -> lease extended              (the episode's own /v1 calls)
     sweep      -> lease past?  epoch e+1, episode "expired", its slot freed for another claim
     next claim of the same task -> the expired episode is handed over: same id, epoch e+1
@@ -9,9 +10,26 @@
 The old holder's key still names epoch e, so its late calls, heartbeats and
 finish raise `StaleLease` (409 `stale_epoch`: a zombie never writes into anyone's
 data), and a call it had in flight lands on the old `Episode` object, already
-closed, and is dropped. The sweeper is one asyncio task; it also unsticks a
-window whose group waits for copies of a task nobody claims any more
-(`group_stall_s`): those free slots are dropped and the group completes smaller.
+closed, and is dropped. A dead or frozen (SIGSTOP, a sleeping laptop) client is
+thus detected within one lease; the sweeper runs every min(1 s, lease/4).
+
+Stalled groups (`group_stall_s`, `stalled_group_policy`): a group without
+*progress* (a new claim or hand-over, a finish, an abort that gives the slot up;
+an expiry is no progress) for `group_stall_s` is stalled when
+
+  * free slots nobody plays: nobody holds a slot and some are free (clients that
+    played its task vanished, and nobody claims it again), or
+  * the window waits on it: the window holds its B groups, at least one complete,
+    and the clock counts from max(its last progress, the moment the window began
+    waiting) -- this covers a holder that still heartbeats but never finishes (a
+    hung tool), and a frozen holder whose lease has not run out yet.
+
+A stalled group completes at once: its open episodes are fenced (epoch+1, closed
+"expired"; a late finish gets 409) and its free slots dropped; then `partial`
+trains the members that finished, `drop` trains none of them (`group_dropped`
+is published with their ids: the buffer marks them `dropped_stall`). Either
+way the group counts as complete, so one frozen client holds up the others'
+training for at most `group_stall_s` after the rest of the window is done.
 A sweep that freed anything publishes `slots_freed` (claims waiting for room
 retry, a group that just completed may train).
 """
@@ -22,8 +40,9 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass
 
-from swarm.server.batcher import Batcher
+from swarm.server.batcher import Batcher, Group
 from swarm.server.config import ServerConfig
 from swarm.server.episodes import Episode, EpisodeRegistry
 from swarm.server.events import Topic
@@ -31,8 +50,19 @@ from swarm.server.events import Topic
 log = logging.getLogger("swarm.server")
 
 
+@dataclass
+class _Progress:
+    """What a group looked like at its last progress, and when (monotonic)."""
+
+    window: int
+    resolved: int  # finished + dropped
+    holders: set[tuple[str, int]]  # (episode id, epoch) of every holder seen since
+    since: float
+
+
 class LeaseKeeper:
-    """Renews, expires and hands over episodes; reads `lease_seconds` and `group_stall_s` of `config`."""
+    """Renews, expires and hands over episodes, resolves stalled groups; reads `lease_seconds`,
+    `group_stall_s` and `stalled_group_policy` of `config`."""
 
     def __init__(self, registry: EpisodeRegistry, batcher: Batcher, config: ServerConfig,
                  counters: Counter[str]) -> None:
@@ -42,9 +72,12 @@ class LeaseKeeper:
         self.lease_seconds = config.lease_seconds
         self.sweep_s = max(0.05, min(1.0, self.lease_seconds / 4))
         self.stall_s = config.group_stall_s
+        self.policy = config.stalled_group_policy
         self.slots_freed: Topic[[]] = Topic("slots freed")
+        self.group_dropped: Topic[[list[str]]] = Topic("stalled group dropped")  # finished ids not trained
         self.reclaimable: dict[str, list[str]] = {}  # task_id -> expired episode ids, oldest first
-        self._groups: dict[str, tuple[tuple, float]] = {}  # group_id -> (last seen shape, since)
+        self._groups: dict[str, _Progress] = {}  # group_id -> its last progress
+        self._waiting: tuple[int, float] | None = None  # (window, since when) the full window waits on stragglers
         self._task: asyncio.Task | None = None
 
     # -- renewal ------------------------------------------------------------------------------
@@ -94,24 +127,65 @@ class LeaseKeeper:
         return len(expired)
 
     def _stalls(self, mono: float) -> int:
-        """Drop the free slots of groups unchanged for `group_stall_s` with nobody playing them."""
+        """Resolve stalled groups (see the module doc); returns how many."""
         b = self.batcher
-        seen: dict[str, tuple[tuple, float]] = {}
-        dropped = 0
+        full = len(b.groups) >= b.batch_groups
+        waiting = full and not b.ready() and any(g.complete for g in b.groups.values())
+        if not waiting:
+            self._waiting = None
+        elif self._waiting is None or self._waiting[0] != b.window:
+            self._waiting = (b.window, mono)
+        waiting_since = self._waiting[1] if self._waiting is not None else None
+        seen: dict[str, _Progress] = {}
+        stalled = 0
         for g in list(b.groups.values()):
-            shape = (b.window, len(g.claimed), len(g.finished), g.dropped)
+            holders = {(i, ep.epoch) for i in g.claimed if (ep := self.registry.open.get(i)) is not None}
             old = self._groups.get(g.group_id)
-            since = old[1] if old is not None and old[0] == shape else mono
-            seen[g.group_id] = (shape, since)
-            if (self.stall_s is not None and not b.training and not g.claimed and g.free > 0
-                    and (g.finished or g.dropped) and mono - since >= self.stall_s):
-                log.warning("group %s waited %.0fs for %d more episode(s) of %s; completing it smaller",
-                            g.group_id, mono - since, g.free, g.task_id)
-                self.counters["slots_abandoned"] += g.free
-                g.dropped += g.free
-                dropped += 1
+            resolved = len(g.finished) + g.dropped
+            if old is None or old.window != b.window or resolved > old.resolved or not holders <= old.holders:
+                seen[g.group_id] = progress = _Progress(b.window, resolved, holders, mono)  # it moved on
+            else:
+                seen[g.group_id] = progress = _Progress(b.window, resolved, old.holders | holders, old.since)
+            since = progress.since
+            if self.stall_s is None or b.training or g.complete or self._committing(g):
+                continue
+            unplayed = not g.claimed and g.free > 0 and resolved > 0 and mono - since >= self.stall_s
+            straggler = waiting_since is not None and mono - max(since, waiting_since) >= self.stall_s
+            if unplayed or straggler:
+                self._resolve_stalled(g, mono - since)
+                stalled += 1
         self._groups = seen
-        return dropped
+        return stalled
+
+    def _committing(self, g: Group) -> bool:
+        """A finish of the group is being committed: that is progress, and its slot must stay."""
+        return any((ep := self.registry.open.get(i)) is not None and ep.finishing is not None for i in g.claimed)
+
+    def _resolve_stalled(self, g: Group, idle_s: float) -> None:
+        fenced = 0
+        for i in sorted(g.claimed):
+            ep = self.registry.open.get(i)
+            if ep is not None:
+                ep.epoch += 1  # its holder's key is stale now: 409 on a late call, heartbeat or finish
+                self.registry.close(ep, "expired")
+                fenced += 1
+        free = g.free + len(g.claimed)
+        g.claimed.clear()
+        g.dropped += free
+        self.counters["groups_stalled"] += 1
+        self.counters["episodes_fenced_stalled"] += fenced
+        self.counters["slots_abandoned"] += free - fenced
+        dropped: list[str] = []
+        if self.policy == "drop" and g.finished:
+            dropped = [e.episode_id for e in g.finished]
+            g.dropped += len(g.finished)
+            g.finished = []
+            self.counters["episodes_dropped_stalled"] += len(dropped)
+            self.group_dropped.publish(dropped)
+        log.warning("group %s of %s made no progress for %.0fs: %d open episode(s) fenced, %d free slot(s) "
+                    "given up; it %s", g.group_id, g.task_id, idle_s, fenced, free - fenced,
+                    f"is dropped ({len(dropped)} finished)" if self.policy == "drop"
+                    else f"trains with {len(g.finished)} finished")
 
     # -- the sweeper task ---------------------------------------------------------------------------
     async def _run(self) -> None:

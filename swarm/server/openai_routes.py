@@ -25,6 +25,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 
 from swarm.server.auth import any_caller, current_swarm, generation_caller
+from swarm.server.auth_first import AuthFirstRoute
 from swarm.server.episodes import Episode
 from swarm.server.errors import domain_error_body, error_body
 from swarm.server.exceptions import SwarmError
@@ -37,7 +38,7 @@ from swarm.server.render import ChatRenderer
 from swarm.server.state import Swarm
 
 log = logging.getLogger("swarm.server")
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=AuthFirstRoute)
 
 
 def _sse(payload: Any) -> str:

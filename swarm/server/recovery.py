@@ -4,24 +4,33 @@
     take    -> failed_group_policy: drop a group with a failed episode, or keep it when >= 2 remain
     step s  -> its episodes' rows become "trained" at s (never trained again)
     restart -> rows trained after the restored checkpoint go back to "buffered" (those weights
-               were lost), rows over the staleness bound for the policy that would train them
-               become "dropped_stale", the rest return to the batcher as their groups
-               (complete ones first; at most B per window, the others wait in a backlog)
+               were lost: the steps are trained again, their metrics rows say `redone`),
+               rows over the replay bound for the policy that would train them become
+               "dropped_stale", the rest return to the batcher as their groups (complete
+               ones first; at most B per window, the others wait in a backlog); the
+               counters of acknowledged work are rebuilt from the rows (`finished` equals
+               the acknowledgements, whatever the checkpoint's counters said)
 
 A restored partial group keeps its id and its free slots; the clients' re-played
-jobs for that task fill it. Staleness is the one bound of `max_staleness` (k, see
-batcher.py): an episode is replayed into a window only while every sample of it is
-at most k versions from the policy that will train that window (`episode_lag`, an
-absolute distance: an episode from a step the restart rolled back is as off-policy
-as one from the step before), and re-checked each time a window opens. The
-trainer's screen (`Batch.screen`) applies the same rule when it takes a batch;
-what it drops is marked here too. When replayed groups complete a window,
-`groups_ready` is published (the trainer may start a step).
+jobs for that task fill it (or the stall rule completes it, leases.py). Replayed
+episodes have their own staleness bound, `replay_staleness` (R): an episode is
+replayed into a window only while every sample of it is at most R versions from
+the policy that will train that window (`episode_lag`, an absolute distance: an
+episode from a step the restart rolled back is as off-policy as one from the step
+before), re-checked each time a window opens; the PPO ratio against its recorded
+logprobs corrects the lag. R = None (the default) is computed at the restart as
+what the replay needs: the widest lag among the restored rows plus the windows the
+replay takes, so no acknowledged episode is dropped as stale; normal running stays
+on `max_staleness`. The trainer's screen (`Batch.screen`) applies the same bounds
+when it takes a batch; what it drops is marked here too. When replayed groups
+complete a window, `groups_ready` is published (the trainer may start a step).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -35,12 +44,16 @@ from swarm.server.exceptions import Unavailable
 
 log = logging.getLogger("swarm.server")
 BUFFER_FILE = "buffer.sqlite"
+RUN_STARTED = "run_started_at"  # buffer meta: rows finished before it belong to an earlier run
+#: buffer row state -> the counter of it rebuilt at a restart
+REBUILT = {"trained": "episodes_trained", "dropped_stale": "dropped_stale", "skipped": "episodes_skipped",
+           "dropped_group": "episodes_dropped_failed_group", "dropped_stall": "episodes_dropped_stalled"}
 
 
 class Durability:
     """The durable buffer and what to do with its rows; reads the settings of `config` it names
-    (`durable_buffer`, `out_dir`, `failed_group_policy`, `compact_buffer`, `group_size`); the staleness
-    bound is the batcher's `max_staleness`."""
+    (`durable_buffer`, `out_dir`, `failed_group_policy`, `compact_buffer`, `group_size`,
+    `replay_staleness`); it sets the batcher's bound of replayed episodes."""
 
     def __init__(self, config: ServerConfig, batcher: Batcher, counters: Counter[str]) -> None:
         self.config = config
@@ -115,6 +128,10 @@ class Durability:
             self._mark(ids, "skipped")
             self.counters["episodes_skipped"] += len(ids)
 
+    def dropped_stalled(self, ids: list[str]) -> None:
+        """A stalled group was dropped whole (`stalled_group_policy: drop`): its finished rows never train."""
+        self._mark(ids, "dropped_stall")
+
     def _mark(self, ids: list[str], state: str, step: int | None = None) -> None:
         if self.buffer is None or not ids:
             return
@@ -143,12 +160,14 @@ class Durability:
             return
         if not resumed:
             n = self.buffer.discard_unfinished()
+            self.buffer.set_meta(RUN_STARTED, repr(time.time()))  # earlier runs' rows count no more
             if n:
                 log.warning("not resuming: %d buffered episode(s) of an earlier run discarded", n)
             return
         rolled = self.buffer.rollback_to(step)
         rows = self.buffer.buffered()
         self.counters["episodes_rolled_back"] += rolled
+        self._rebuild_counters()
         groups: dict[str, Group] = {}
         for r in rows:
             g = groups.setdefault(r.group_id, Group(r.group_id, r.task_id, self.config.group_size))
@@ -162,6 +181,7 @@ class Durability:
         # complete groups first (training resumes at once), then the nearest to the restored policy
         self.backlog = sorted(groups.values(), key=lambda g: (
             not g.complete, min(self._lag(e, policy_version) for e in g.finished)))
+        self.batcher.replay_staleness = self._replay_bound(policy_version)
         self._future_window = self.buffer.max_window()
         replayed = self._inject(policy_version)
         log.info("buffer: %d episode(s) replayed, %d rolled back from lost steps, %d waiting, %d stale",
@@ -180,7 +200,7 @@ class Durability:
         waiting: list[Group] = []
         replayed = 0
         for g in self.backlog:
-            stale = [e for e in g.finished if self._lag(e, version) > self.batcher.max_staleness]
+            stale = [e for e in g.finished if self._lag(e, version) > self._bound()]
             if stale:
                 self._mark([e.episode_id for e in stale], "dropped_stale")
                 self.counters["dropped_stale"] += len(stale)
@@ -205,6 +225,30 @@ class Durability:
             self.groups_ready.publish()
         return replayed
 
+    def _replay_bound(self, version: int) -> int:
+        """`replay_staleness`, or (None) what replaying every restored episode needs: the widest lag
+        from `version` now, plus one version per window the backlog will take to train."""
+        if self.config.replay_staleness is not None:
+            return self.config.replay_staleness
+        widest = max((self._lag(e, version) for g in self.backlog for e in g.finished), default=0)
+        windows = math.ceil(len(self.backlog) / max(1, self.batcher.batch_groups))
+        return max(self.batcher.max_staleness, widest + windows)
+
+    def _bound(self) -> int:
+        r = self.batcher.replay_staleness
+        return self.batcher.max_staleness if r is None else r
+
+    def _rebuild_counters(self) -> None:
+        """The counters of acknowledged work, from the rows of this run: the checkpoint's counters
+        are as old as the checkpoint, the buffer holds every acknowledgement since."""
+        assert self.buffer is not None
+        since = self.buffer.get_meta(RUN_STARTED)
+        states, failed = self.buffer.tally(float(since) if since else None)
+        self.counters["finished"] = sum(states.values())
+        self.counters["finished_failed"] = failed
+        for state, counter in REBUILT.items():
+            self.counters[counter] = states.get(state, 0)
+
     def _lag(self, e: FinishedEpisode, version: int) -> int:
         """A restored episode's lag: by its samples' versions, or its row's when it has none."""
         if e.samples:
@@ -225,4 +269,4 @@ def _finished(r: BufferedRow) -> FinishedEpisode:
     p = r.payload
     return FinishedEpisode(r.id, r.reward, r.samples(), dict(p.get("metrics") or {}), calls=int(p.get("calls", 0)),
                            tokens_unmerged=int(p.get("tokens_unmerged", 0)), drift=int(p.get("drift", 0)),
-                           family=r.task_family)
+                           family=r.task_family, replayed=True)

@@ -92,7 +92,8 @@ class Swarm:
         self.leases = LeaseKeeper(self.registry, self.batcher, config, self.counters)
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", config.keep_checkpoints)
         self.tracking = _mlflow_sink(config, self.out_dir) if config.mlflow else None
-        metrics: MetricsSink = MetricsLog(self.out_dir / "metrics.jsonl")
+        self.metrics_log = MetricsLog(self.out_dir / "metrics.jsonl")
+        metrics: MetricsSink = self.metrics_log
         if self.tracking is not None:
             metrics = TeeLog(metrics, self.tracking)
         self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics)
@@ -108,6 +109,12 @@ class Swarm:
         if config.resume:
             self.resume()
             self.control.restore()  # the operator's live changes outlive a crash
+        # one metrics row per step: rows of steps the restart lost go to metrics.lost.jsonl
+        lost = self.metrics_log.truncate_after(self.trainer.step)
+        if config.resume and lost:
+            self.trainer.redo_through = lost
+            log.warning("steps %d..%d were lost with the crash and will be trained again (rows marked redone; "
+                        "the lost rows are in %s)", self.trainer.step + 1, lost, self.metrics_log.lost_path.name)
         self.durability.recover(config.resume, self.trainer.step, engine.policy_version)
 
     def _wire(self) -> None:
@@ -122,6 +129,7 @@ class Swarm:
         t.window_reopened.subscribe(lambda version: self.wake_claims())
         self.leases.slots_freed.subscribe(self.wake_claims)
         self.leases.slots_freed.subscribe(self.trainer.kick)  # a dropped slot may complete the last group
+        self.leases.group_dropped.subscribe(self.durability.dropped_stalled)  # stalled_group_policy: drop
         self.control.admission_changed.subscribe(self.wake_claims)
         self.durability.groups_ready.subscribe(self._kick_soon)
 

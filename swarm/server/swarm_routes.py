@@ -21,13 +21,14 @@ from swarm.protocol import (
     StatusResponse,
 )
 from swarm.server.auth import admin, current_swarm, episode, worker
+from swarm.server.auth_first import AuthFirstRoute
 from swarm.server.episodes import Episode
 from swarm.server.errors import batch_item_error, batch_item_invalid
 from swarm.server.exceptions import SwarmError
 from swarm.server.state import Swarm
 
 _errors = {code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 413, 429, 503)}
-router = APIRouter(prefix=API_PREFIX, tags=["swarm"], responses=_errors)
+router = APIRouter(prefix=API_PREFIX, tags=["swarm"], responses=_errors, route_class=AuthFirstRoute)
 
 
 def _base_url(request: Request, swarm: Swarm) -> str:

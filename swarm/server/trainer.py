@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -108,10 +109,44 @@ class MetricsSink(Protocol):
 
 
 class MetricsLog:
-    """One JSON object per line; appended and flushed per step (cheap, crash-tolerant)."""
+    """One JSON object per line; appended and flushed per step (cheap, crash-tolerant).
+
+    One row per step: a restart that restored step s first moves every row after s
+    (steps whose weights the crash lost) to `metrics.lost.jsonl` (`truncate_after`);
+    the steps trained again write fresh rows marked `"redone": true`.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+
+    @property
+    def lost_path(self) -> Path:
+        return self.path.with_name(self.path.stem + ".lost.jsonl")
+
+    def truncate_after(self, step: int) -> int:
+        """Keep the rows of steps <= `step` (atomically rewritten); append the others to
+        `metrics.lost.jsonl`. Returns the highest step moved (0: none). A torn last line
+        (the crash hit a write) is dropped."""
+        if not self.path.is_file():
+            return 0
+        keep: list[str] = []
+        lost: list[str] = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row_step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            (keep if row_step <= step else lost).append(line)
+        if not lost:
+            return 0
+        with open(self.lost_path, "a") as f:
+            f.write("".join(x + "\n" for x in lost))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(x + "\n" for x in keep))
+        os.replace(tmp, self.path)
+        return max(int(json.loads(x)["step"]) for x in lost)
 
     def write(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,6 +180,7 @@ class Trainer:
         self.step = step
         self.errors = 0
         self.last_error: str | None = None
+        self.redo_through = 0  # steps up to this one were trained before a crash lost them: rows say `redone`
         self.batch_taken: Topic[[Batch]] = Topic("batch taken")
         self.batch_resolved: Topic[[Batch, int | None]] = Topic("batch resolved")
         self.step_done: StepTopic[[int, dict[str, Any]]] = StepTopic("step done")
@@ -172,7 +208,7 @@ class Trainer:
         if not self._halted and not self.running and self.batcher.ready():
             version = self.engine.policy_version  # the policy this step computes its gradient at
             batch = self.batcher.take()
-            stale = batch.screen(version, self.batcher.max_staleness)
+            stale = batch.screen(version, self.batcher.max_staleness, self.batcher.replay_staleness)
             if stale:
                 log.warning("window %d: %d episode(s) more than %d version(s) from policy %d dropped",
                             batch.window, len(stale), self.batcher.max_staleness, version)
@@ -221,6 +257,8 @@ class Trainer:
                 }
                 for k, v in (metrics or {}).items():
                     record[k if k not in record else f"engine/{k}"] = v
+                if self.step <= self.redo_through:
+                    record["redone"] = True
                 await self.step_done.publish(self.step, record)
                 self.metrics.write(record)
                 log.info("step %d: reward %.3f over %d episodes, %d samples, %.2fs",

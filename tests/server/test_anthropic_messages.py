@@ -187,3 +187,11 @@ def test_timeout_after_headers_is_an_in_band_error(make_server: Any, model_dir: 
                 pass
     assert exc.value.body["error"]["code"] == "generate_timeout"
     assert srv.swarm.registry.get(ep.id).calls == []  # nothing recorded of a failed stream
+
+
+def test_auth_is_checked_before_the_body(server) -> None:
+    """A stranger's malformed body gets Anthropic's 401, not a parse error: the key is looked at first."""
+    r = httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": "not-a-key", "content-type": "application/json"},
+                   content=b"{not json", timeout=10)
+    assert r.status_code == 401, r.text
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error"

@@ -93,7 +93,7 @@ def test_idempotent_finish_and_open_group_survive_a_restart(make_server, tmp_pat
 
 def test_restart_rolls_back_lost_steps_and_drops_stale_episodes(make_server, tmp_path: Path) -> None:
     kw = dict(group_size=1, batch_groups=1, checkpoint_every=0, checkpoint_on_stop=False, max_staleness=1,
-              secret="s")
+              replay_staleness=1, secret="s")  # a bound on replay (the default replays everything)
     srv = make_server(**kw)
     client = SwarmClient(srv.url, srv.token)
     ids = {}

@@ -263,9 +263,10 @@ def test_a_busy_fleet_never_trains_beyond_k(make_server, model_dir, k: int) -> N
 
 def test_restart_replays_within_k_and_drops_older_episodes_counted(make_server, tmp_path: Path) -> None:
     """Four steps, no checkpoint, then a restart at version 0: with k = 1 the episodes of versions 0 and
-    1 are trained again (lag <= 1), those of versions 2 and 3 are dropped and counted."""
+    1 are trained again (lag <= 1), those of versions 2 and 3 are dropped and counted (replay_staleness = 1;
+    the default replays them all, tests/server/test_recovery.py)."""
     kw = dict(group_size=1, batch_groups=1, checkpoint_every=0, checkpoint_on_stop=False, max_staleness=1,
-              secret="s")
+              replay_staleness=1, secret="s")
     srv = make_server(**kw)
     client = SwarmClient(srv.url, srv.token)
     ids = []

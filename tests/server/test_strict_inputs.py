@@ -1,0 +1,119 @@
+"""Strict inputs (issue 14, item 3): numbers are numbers, the credential is judged before the body,
+and every 4xx carries a stable `error.code` (a walk over the error cases, framework ones included)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from swarm.server.testing import RunningServer, wait_until
+
+BAD_JSON = b'{"reward": 0.5'
+
+
+def _h(token: str | None) -> dict[str, str]:
+    out = {"Content-Type": "application/json"}
+    if token is not None:
+        out["Authorization"] = f"Bearer {token}"
+    return out
+
+
+def _claim(srv: RunningServer, task: str = "t") -> dict:
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": task}, headers=_h(srv.token))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _code(r: httpx.Response, status: int) -> str:
+    assert r.status_code == status, r.text
+    code = r.json()["error"]["code"]
+    assert isinstance(code, str) and code, r.text
+    return code
+
+
+@pytest.mark.parametrize("body", [
+    {"reward": "0.5"}, {"reward": True}, {"reward": None}, {"reward": [1]},
+    {"reward": 1, "agent_rewards": {"a": "1"}}, {"reward": 1, "metrics": {"m": "0.1"}},
+    {"reward": 1, "metrics": {"m": False}},
+])
+def test_a_number_sent_as_anything_else_is_400(server: RunningServer, body: dict) -> None:
+    ep = _claim(server)
+    url = f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/finish"
+    assert _code(httpx.post(url, json=body, headers=_h(ep["api_key"])), 400) == "invalid_request"
+    # the same item in a batch finish: its own 400, the episode untouched
+    item = {**body, "episode_id": ep["episode_id"], "api_key": ep["api_key"]}
+    r = httpx.post(f"{server.url}/swarm/v1/finishes", json={"finishes": [item]}, headers=_h(server.token))
+    [res] = r.json()["results"]
+    assert res["status"] == 400 and res["body"]["error"]["code"] == "invalid_request"
+    ok = httpx.post(url, json={"reward": 1, "metrics": {"m": 2}}, headers=_h(ep["api_key"]))  # ints are numbers
+    assert ok.status_code == 200, ok.text
+
+
+def test_other_strict_fields(server: RunningServer) -> None:
+    r = httpx.post(f"{server.url}/swarm/v1/episodes", json={"task_id": "t", "wait_s": "1"}, headers=_h(server.token))
+    assert _code(r, 400) == "invalid_request"
+    ep = _claim(server)
+    r = httpx.post(f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/abort", json={"release": "false"},
+                   headers=_h(ep["api_key"]))
+    assert _code(r, 400) == "invalid_request"
+    admin = _h(server.swarm.config.admin_token)
+    for body in ({"lr": "0.1"}, {"batch_groups": 2.0}, {"quotas": {"a": "1"}}):
+        assert _code(httpx.post(f"{server.url}/swarm/v1/admin/config", json=body, headers=admin), 400) \
+            == "invalid_request"
+    ok = httpx.post(f"{server.url}/swarm/v1/admin/config", json={"lr": 0.001, "advantage": "grpo"}, headers=admin)
+    assert ok.status_code == 200, ok.text  # enums still take their string values
+
+
+def test_the_credential_is_judged_before_the_body(server: RunningServer) -> None:
+    """A malformed body gets 401/403 when the credential is wrong, 400 only when it is right."""
+    ep = _claim(server)
+    fin = f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/finish"
+    admin_cfg = f"{server.url}/swarm/v1/admin/config"
+    chat = f"{server.url}/v1/chat/completions"
+    cases = [
+        (f"{server.url}/swarm/v1/episodes", None, 401, "missing_api_key"),
+        (f"{server.url}/swarm/v1/episodes", "nope", 401, "invalid_token"),
+        (f"{server.url}/swarm/v1/claims", "nope", 401, "invalid_token"),
+        (f"{server.url}/swarm/v1/finishes", None, 401, "missing_api_key"),
+        (fin, None, 401, "missing_api_key"),
+        (fin, "rk.forged.1.sig", 401, "invalid_api_key"),
+        (admin_cfg, None, 401, "missing_api_key"),
+        (admin_cfg, server.token, 403, "admin_only"),
+        (chat, None, 401, "missing_api_key"),
+        (chat, "rk.forged.1.sig", 401, "invalid_api_key"),
+        (fin, ep["api_key"], 400, "invalid_json"),
+        (admin_cfg, server.swarm.config.admin_token, 400, "invalid_json"),
+        (chat, ep["api_key"], 400, "invalid_json"),
+    ]
+    for url, token, status, code in cases:
+        r = httpx.post(url, content=BAD_JSON, headers=_h(token))
+        assert (r.status_code, r.json()["error"]["code"]) == (status, code), (url, token, r.text)
+
+
+def test_every_4xx_has_a_stable_code(make_server) -> None:
+    """Walk the error cases a client can hit; each answers its documented code (never null)."""
+    srv = make_server(group_size=2, batch_groups=1, lease_seconds=0.3, max_body_bytes=4096)
+    u, w = srv.url, _h(srv.token)
+    ep = _claim(srv)
+    stale = _claim(srv, "t")
+    wait_until(lambda: srv.swarm.counters["expired"] >= 2)  # nobody heartbeats: both leases lapse
+    expected = {
+        "unknown route": (httpx.get(f"{u}/nope", headers=w), 404, "not_found"),
+        "wrong method": (httpx.get(f"{u}/swarm/v1/episodes", headers=w), 405, "method_not_allowed"),
+        "too large": (httpx.post(f"{u}/swarm/v1/episodes", content=b"x" * 5000, headers=w), 413, "body_too_large"),
+        "not json": (httpx.post(f"{u}/swarm/v1/episodes", content=b"task_id=t",
+                                headers={**w, "Content-Type": "text/plain"}), 400, "invalid_request"),
+        "bad json": (httpx.post(f"{u}/swarm/v1/episodes", content=BAD_JSON, headers=w), 400, "invalid_json"),
+        "schema": (httpx.post(f"{u}/swarm/v1/episodes", json={"task_id": ""}, headers=w), 400, "invalid_request"),
+        "no token": (httpx.get(f"{u}/swarm/v1/status"), 401, "missing_api_key"),
+        "bad token": (httpx.get(f"{u}/swarm/v1/status", headers=_h("x")), 401, "invalid_token"),
+        "admin only": (httpx.post(f"{u}/swarm/v1/admin/pause", headers=w), 403, "admin_only"),
+        "other episode": (httpx.post(f"{u}/swarm/v1/episodes/{ep['episode_id']}/heartbeat",
+                                     headers=_h(_claim(srv, "o")["api_key"])), 403, "wrong_episode"),
+        "stale epoch": (httpx.post(f"{u}/swarm/v1/episodes/{stale['episode_id']}/finish", json={"reward": 1},
+                                   headers=_h(stale["api_key"])), 409, "stale_epoch"),
+        "unknown model": (httpx.post(f"{u}/v1/chat/completions", headers=w, json={
+            "model": "nope", "messages": [{"role": "user", "content": "hi"}]}), 404, "model_not_found"),
+    }
+    got = {name: _code(r, status) for name, (r, status, _) in expected.items()}
+    assert got == {name: code for name, (_, _, code) in expected.items()}
