@@ -19,7 +19,7 @@ from swarm.model.tokenizer import ENDOFTEXT, IM_END, IM_START, render_chat
 from swarm.model.warmstart import WarmStartConfig, encode_transcript
 from swarm.tasks import get_task
 
-TINY = WarmStartConfig(arith_examples=64, guess_examples=16, arith_batch=32, guess_batch=8)
+TINY = WarmStartConfig(arith_examples=64, guess_examples=16, calc_examples=16, arith_batch=32, guess_batch=8)
 MESSAGES = [{"role": "user", "content": "What is 47+85?"},
             {"role": "assistant", "content": "132"},
             {"role": "user", "content": "Higher."}]
@@ -79,17 +79,48 @@ def test_tokenizer_is_deterministic():
     assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
 
 
-def test_warm_start_encoding_matches_plain_rendering(tokenizer):
+def _generated(message: dict) -> str:
+    """What the assistant generates for `message`: the template's rendering minus its header."""
+    return render_chat([message])[len(f"{IM_START}assistant\n"):-1]
+
+
+@pytest.mark.parametrize("name", ["arith", "guess", "calc"])
+def test_warm_start_encoding_matches_plain_rendering(tokenizer, name):
     """Piecewise encoding (as the server builds prompts) equals encoding the rendered text."""
-    for name in ("arith", "guess"):
-        for conv in get_task(name).transcripts(0, 30, noise=0.3):
-            ids, mask = encode_transcript(
-                lambda s: tokenizer.encode(s, add_special_tokens=False), conv)
-            full = tokenizer.encode(render_chat(conv))
-            assert full[: len(ids)] == ids and len(full) == len(ids) + 1  # trailing "\n"
-            answers = "".join(m["content"] + IM_END for m in conv if m["role"] == "assistant")
-            trained = [t for t, m in zip(ids, mask) if m]
-            assert tokenizer.decode(trained) == answers
+    task = get_task(name)
+    for conv in task.transcripts(0, 30, noise=0.5):
+        ids, mask = encode_transcript(
+            lambda s: tokenizer.encode(s, add_special_tokens=False), conv, task.tools)
+        full = tokenizer.encode(render_chat(conv, tools=task.tools))
+        assert full[: len(ids)] == ids and len(full) == len(ids) + 1  # trailing "\n"
+        answers = "".join(_generated(m) for m in conv if m["role"] == "assistant")
+        trained = [t for t, m in zip(ids, mask) if m]
+        assert tokenizer.decode(trained) == answers
+
+
+def test_warm_start_encoding_of_tool_turns_is_what_the_server_continues(tokenizer):
+    """Each turn of a tool episode, as the server builds it: the first prompt rendered whole, then
+    the earlier ids + the generated ids + the new tail tokenized alone. The warm start's ids are
+    exactly those, so what it teaches is what RL continues."""
+    from swarm.tasks.calc import TOOLS, solved
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    conv = [{"role": "system", "content": "be brief"}, *solved(47, 85, "call_7")]
+    ids, mask = encode_transcript(encode, conv, TOOLS)
+    first = encode(render_chat(conv[:2], add_generation_prompt=True, tools=TOOLS))
+    call = encode(_generated(conv[2]))
+    rendered = render_chat(conv[:2], add_generation_prompt=True, tools=TOOLS) + _generated(conv[2])
+    second_text = render_chat(conv[:4], add_generation_prompt=True, tools=TOOLS)
+    assert second_text.startswith(rendered)
+    second = first + call + encode(second_text[len(rendered):])
+    answer = encode(_generated(conv[4]))
+    assert ids == second + answer
+    assert mask == [0] * len(first) + [1] * len(call) + [0] * (len(second) - len(first) - len(call)) \
+        + [1] * len(answer)
+    assert tokenizer.decode(call).startswith("<tool_call>\n") and tokenizer.decode(call).endswith(IM_END)
+    assert "be brief\n# Tools" in tokenizer.decode(first)
 
 
 # --- model -------------------------------------------------------------------------------
@@ -125,7 +156,7 @@ def test_untrained_weights_are_seeded(tmp_path, untrained):
 
 
 def test_local_evaluation_runs_workflows(untrained):
-    for name in ("arith", "guess"):
+    for name in ("arith", "guess", "calc"):
         result = evaluate(untrained, name, n=4, temperature=1.0)
         assert 0.0 <= result["mean_reward"] <= 1.0 and result["calls_per_episode"] >= 1
 

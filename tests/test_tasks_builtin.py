@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarm.tasks import Task, get_task, list_tasks
-from swarm.tasks import arith, guess
+from swarm.tasks import arith, calc, guess
 from swarm.tasks.testing import ScriptedEpisode
 
 
@@ -26,7 +27,7 @@ def test_unknown_task_names_known_ones():
         get_task("nope")
 
 
-@pytest.mark.parametrize("name", ["arith", "guess"])
+@pytest.mark.parametrize("name", ["arith", "guess", "calc"])
 def test_dataset_deterministic_unique_and_prefix_stable(name):
     task = get_task(name)
     a, b = task.dataset(3, 300), task.dataset(3, 300)
@@ -37,7 +38,7 @@ def test_dataset_deterministic_unique_and_prefix_stable(name):
     assert task.dataset(4, 300) != a
 
 
-@pytest.mark.parametrize("name", ["arith", "guess"])
+@pytest.mark.parametrize("name", ["arith", "guess", "calc"])
 def test_transcripts_deterministic(name):
     task = get_task(name)
     assert task.transcripts(1, 50) == task.transcripts(1, 50)
@@ -176,3 +177,110 @@ def test_guess_reward_in_unit_interval_for_any_player(secret, seed):
     reward = guess.workflow({"task_id": "g", "secret": secret}, episode)
     assert 0.0 <= reward <= 1.0
     assert 1 <= len(episode.requests) <= guess.MAX_TURNS
+
+
+# --- calc (tool calling) -----------------------------------------------------------------
+
+def _call(call_id: str, name: str, arguments: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def calc_agent(messages: list[dict]) -> str | dict:
+    """The ideal model: call multiply with the question's numbers, then repeat the tool's result."""
+    if messages[-1]["role"] == "tool":
+        return messages[-1]["content"]
+    a, b = re.fullmatch(r"What is (\d+)\*(\d+)\?", messages[-1]["content"]).groups()
+    return {"content": None, "tool_calls": [_call("call_1", "multiply", f'{{"a": {a}, "b": {b}}}')]}
+
+
+def test_calc_dataset_is_four_digit_products_beyond_the_models_arithmetic():
+    for item in calc.dataset(0, 300):
+        a, b = map(int, re.fullmatch(r"What is (\d+)\*(\d+)\?", item["question"]).groups())
+        assert item["answer"] == str(a * b) and len(item["answer"]) == 4 and a >= 32 and b >= 32
+
+
+def test_calc_workflow_calls_the_tool_and_sends_the_result_back():
+    episode = ScriptedEpisode(calc_agent)
+    item = calc.dataset(0, 1)[0]
+    assert calc.workflow(item, episode) == 1.0
+    first, second = episode.requests
+    assert first["tools"] == calc.TOOLS == second["tools"]
+    assert first["max_tokens"] == calc.MAX_TOKENS and first["temperature"] == 1.0
+    user, assistant, tool = second["messages"]
+    assert user == first["messages"][0]
+    assert assistant["role"] == "assistant" and assistant["tool_calls"][0]["id"] == "call_1"
+    assert assistant["tool_calls"][0]["function"]["name"] == "multiply"
+    assert tool == {"role": "tool", "tool_call_id": "call_1", "content": item["answer"]}
+
+
+def test_calc_answering_without_the_tool_is_one_call_and_exact_match():
+    item = calc.dataset(0, 1)[0]
+    assert calc.workflow(item, ScriptedEpisode(lambda m: f" {item['answer']}\n")) == 1.0
+    wrong = ScriptedEpisode(lambda m: str(calc.estimate(int(item["answer"]))))
+    assert calc.workflow(item, wrong) == 0.0 and len(wrong.requests) == 1
+
+
+def test_calc_bad_calls_get_errors_and_endless_calls_end_at_zero():
+    item = calc.dataset(0, 1)[0]
+    looping = ScriptedEpisode(lambda m: {"content": None, "tool_calls": [_call("c", "multiply", '{"a": "x"}')]})
+    assert calc.workflow(item, looping) == 0.0
+    assert len(looping.requests) == calc.MAX_TURNS
+    assert looping.requests[-1]["messages"][-1]["content"].startswith("Error:")
+
+
+@pytest.mark.parametrize("name, arguments, expected", [
+    ("multiply", '{"a": 47, "b": 85}', "3995"),
+    ("multiply", {"a": 2, "b": 3}, "6"),
+    ("multiply", '{"a": 4.5, "b": 2}', "Error: multiply needs integers a and b"),
+    ("multiply", '{"a": true, "b": 2}', "Error: multiply needs integers a and b"),
+    ("multiply", "[1, 2]", "Error: arguments must be an object"),
+    ("multiply", "{not json", "Error: arguments are not JSON"),
+    ("add", '{"a": 1, "b": 2}', "Error: unknown tool 'add'"),
+])
+def test_calc_tool(name, arguments, expected):
+    assert calc.run_tool(name, arguments) == expected
+
+
+def test_calc_transcripts_are_the_ideal_episode_or_a_direct_estimate():
+    convs = calc.transcripts(0, 400, noise=0.5)
+    kinds = {"direct": 0, "slipped": 0, "clean": 0}
+    for conv in convs:
+        a, b = map(int, re.fullmatch(r"What is (\d+)\*(\d+)\?", conv[0]["content"]).groups())
+        if len(conv) == 2:
+            assert conv[1] == {"role": "assistant", "content": str(calc.estimate(a * b))}
+            kinds["direct"] += 1
+            continue
+        user, call, tool, answer = conv
+        args = json.loads(call["tool_calls"][0]["function"]["arguments"])
+        x, y = args["a"], args["b"]
+        assert tool["tool_call_id"] == call["tool_calls"][0]["id"] and tool["content"] == str(x * y)
+        assert answer == {"role": "assistant", "content": str(x * y)}  # the tool's result, right or not
+        if (x, y) == (a, b):
+            kinds["clean"] += 1
+        else:  # one digit of one argument off by one
+            kinds["slipped"] += 1
+            assert sorted([abs(x - a), abs(y - b)]) in ([0, 1], [0, 10]) and 10 <= min(x, y) <= max(x, y) <= 99
+    assert 100 < kinds["direct"] < 200 and 20 < kinds["slipped"] < 80 and kinds["clean"] > 150
+    assert all(len(c) == 4 for c in calc.transcripts(0, 100, noise=0.0))
+    # the ideal agent replays every clean transcript's conversation exactly
+    for conv in calc.transcripts(1, 20):
+        episode = ScriptedEpisode(calc_agent)
+        item = {"question": conv[0]["content"], "answer": conv[-1]["content"]}
+        assert calc.workflow(item, episode) == 1.0
+        sent = episode.requests[-1]["messages"]
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+        assert sent[2]["content"] == conv[2]["content"]
+
+
+def test_calc_spec_is_what_langchain_derives_from_the_example_tool():
+    """The LangGraph example's `@tool multiply` reaches the server as exactly the task's spec."""
+    pytest.importorskip("langchain_core")
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from examples.calc_langgraph import multiply
+    from examples.calc_openai import TOOLS as OPENAI_EXAMPLE_TOOLS, dataset
+
+    assert dataset(3, 40) == calc.dataset(3, 40)
+    assert convert_to_openai_tool(multiply) == calc.TOOLS[0]
+    assert json.dumps(convert_to_openai_tool(multiply)) == json.dumps(calc.TOOLS[0])  # key order too
+    assert OPENAI_EXAMPLE_TOOLS == calc.TOOLS

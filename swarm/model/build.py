@@ -50,7 +50,7 @@ __all__ = [
 
 #: Bump when the recipe changes (tokenizer corpus, architecture, warm start):
 #: an existing model with another version is rebuilt by `init_model`.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 MARKER = "roost_model.json"
 VOCAB_SIZE = 512
 
@@ -59,11 +59,13 @@ Progress = Callable[[str, float], None]
 
 
 def task_corpus(seed: int = 0, per_task: int = 2000) -> list[str]:
-    """Tokenizer training text: built-in task transcripts rendered with the chat template."""
+    """Tokenizer training text: built-in task transcripts rendered with the chat template
+    (and a task's tools, as the server renders them, so BPE learns `<tool_call>` and the spec)."""
     corpus: list[str] = []
     for name in list_tasks():
-        for messages in get_task(name).transcripts(seed, per_task, noise=0.3):
-            corpus.append(render_chat(messages))
+        task = get_task(name)
+        for messages in task.transcripts(seed, per_task, noise=0.3):
+            corpus.append(render_chat(messages, tools=task.tools))
     return corpus
 
 

@@ -5,7 +5,8 @@
 The tasks' own workflows run unchanged, one thread per episode, against
 `LocalOpenAI`: a stand-in for `openai.OpenAI` (only `chat.completions.create`)
 that renders the chat template and answers all waiting episodes with one
-batched Hugging Face `generate` call. Temperature 1 is pure sampling (no
+batched Hugging Face `generate` call; with `tools=` it renders them and parses
+tool calls with the server's Hermes parser, as `swarm serve` does. Temperature 1 is pure sampling (no
 top-k/top-p), what RL rollouts use; temperature 0 is greedy. Used to calibrate
 the warm start and as a quick sanity check of any checkpoint.
 """
@@ -21,6 +22,7 @@ import torch
 from openai.types.chat import ChatCompletion
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from swarm.server.tool_parsers import get_parser, parse
 from swarm.tasks import get_task, list_tasks
 
 
@@ -44,8 +46,9 @@ class LocalOpenAI:
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
 
     def _create(self, *, model: str, messages: list[dict], max_tokens: int = 64,
-                temperature: float = 1.0, **_: object) -> ChatCompletion:
-        request = {"model": model, "messages": messages, "max_tokens": max_tokens,
+                temperature: float = 1.0, tools: list[dict] | None = None,
+                **_: object) -> ChatCompletion:
+        request = {"model": model, "messages": messages, "max_tokens": max_tokens, "tools": tools,
                    "temperature": temperature if self.temperature is None else self.temperature,
                    "done": threading.Event()}
         with self._cv:
@@ -83,7 +86,8 @@ class LocalOpenAI:
         eos = tok.convert_tokens_to_ids(tok.eos_token)
         pad = tok.convert_tokens_to_ids(tok.pad_token)
         prompts = [tok.encode(tok.apply_chat_template(r["messages"], add_generation_prompt=True,
-                                                      tokenize=False), add_special_tokens=False)
+                                                      tokenize=False, tools=r["tools"]),
+                              add_special_tokens=False)
                    for r in batch]
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -101,12 +105,19 @@ class LocalOpenAI:
             if eos in row:
                 row = row[:row.index(eos)]
             self.calls += 1
+            message: dict = {"role": "assistant", "content": tok.decode(row, skip_special_tokens=True)}
+            if request["tools"]:  # the server's own parser: the same calls it would return
+                got = parse(get_parser("hermes"), message["content"])
+                if got.calls:
+                    finish = "tool_calls"
+                    message = {"role": "assistant", "content": got.content or None, "tool_calls": [
+                        {"id": f"call_{self.calls}_{k}", "type": "function",
+                         "function": {"name": c.name, "arguments": c.arguments}}
+                        for k, c in enumerate(got.calls)]}
             request["response"] = ChatCompletion.model_validate({
                 "id": f"local-{self.calls}", "object": "chat.completion", "created": 0,
                 "model": request["model"],
-                "choices": [{"index": 0, "finish_reason": finish,
-                             "message": {"role": "assistant",
-                                         "content": tok.decode(row, skip_special_tokens=True)}}],
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
             })
 
 

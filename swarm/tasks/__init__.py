@@ -10,10 +10,10 @@ imports only `swarm.tasks.base`, so nothing imports back into this package.
 Nothing here imports torch or the client SDK.
 """
 
-from swarm.tasks import arith, duet, guess
+from swarm.tasks import arith, calc, duet, guess
 from swarm.tasks.base import Task, Workflow, completion_text
 
-_REGISTRY: dict[str, Task] = {t.name: t for t in (arith.TASK, guess.TASK, duet.TASK)}
+_REGISTRY: dict[str, Task] = {t.name: t for t in (arith.TASK, guess.TASK, duet.TASK, calc.TASK)}
 
 
 def get_task(name: str) -> Task:

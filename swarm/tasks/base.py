@@ -5,7 +5,9 @@ every client, server and test sees the same problems with the same `task_id`s;
 the workflow is ordinary agent code against the plain `openai` client, exactly
 what a user would write, so the built-in tasks exercise the same path as theirs.
 `transcripts` are ideal (or deliberately noisy) conversations used only by the
-embedded model's warm start.
+embedded model's warm start. A task whose agent calls tools declares them in
+`tools` (OpenAI function specs): its workflow passes them on every call, and its
+transcripts are rendered with them, exactly as the server renders the prompts.
 
 The registry (`get_task`, `list_tasks`) is in `swarm.tasks`' `__init__`, which
 imports the task modules; this module imports none of them, so a task module
@@ -28,6 +30,8 @@ class Task:
     it); for the built-in tasks it equals `name`.
     `dataset(seed, size)` is deterministic and prefix-stable: the first k items
     of a larger dataset equal `dataset(seed, k)`.
+    `tools`: the function specs the workflow sends (`tools=`), None for a task without
+    tools; the warm start and the tokenizer corpus render `transcripts` with them.
     """
 
     name: str
@@ -36,6 +40,7 @@ class Task:
     dataset: Callable[[int, int], list[dict]]
     workflow: Workflow
     transcripts: Callable[[int, int], list[list[dict]]]
+    tools: list[dict] | None = None
 
 
 def completion_text(response: Any) -> str:
