@@ -13,7 +13,6 @@ turn. `python -m examples.guess_openai --url ... --token ...` runs it from Pytho
 
 from __future__ import annotations
 
-import argparse
 import random
 
 LOW, HIGH, MAX_TURNS, FREE_TURNS = 1, 16, 8, 5
@@ -48,18 +47,12 @@ def workflow(task: dict, episode) -> float:
 
 
 def main() -> None:
-    from swarm.client import SwarmClient, run_fleet  # here: workflow and dataset above run without swarm
+    try:  # the shared command line: `python -m examples.X` or `python examples/X.py`
+        from examples._run import run_example
+    except ImportError:
+        from _run import run_example
 
-    parser = argparse.ArgumentParser(description="run the guess workflow through a swarm server")
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--token", required=True)
-    parser.add_argument("--size", type=int, default=64, help="tasks in the dataset")
-    parser.add_argument("-n", type=int, default=8, help="attempts per task (the group size)")
-    args = parser.parse_args()
-    with SwarmClient(args.url, args.token) as client:
-        stats = run_fleet(client, workflow, dataset(0, args.size), n=args.n, concurrency=8,
-                          epochs=1, task_family="guess")
-    print(f"{stats.finished} episodes, mean reward {stats.reward_mean:.3f}")
+    run_example(workflow, dataset, "guess")
 
 
 if __name__ == "__main__":
