@@ -8,12 +8,14 @@ cannot go green without having run them.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from swarm.engine.vllm.server import VllmUnavailable, find_python
+from swarm.engine.vllm.server import VllmSettings, VllmUnavailable, find_python
 
 
 def vllm_required() -> bool:
@@ -29,3 +31,18 @@ def vllm_python() -> Path:
         if vllm_required():
             pytest.fail(f"vLLM is required here (ROOST_REQUIRE_VLLM=1): {exc}")
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator["VllmEngine"]:
+    """One supervised vLLM on an untrained tiny model, shared by the modules that only need *a* vLLM
+    (each start is ~45 s of CI on 2 cores); closed at the end of the session, its process gone."""
+    from swarm.engine.vllm.engine import VllmEngine  # lazy: the skip above needs no engine import
+    from swarm.model.build import build_untrained
+
+    model = build_untrained(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+    e = VllmEngine(model, tmp_path_factory.mktemp("vllm"), seed=0,
+                   settings=VllmSettings(python=vllm_python, max_model_len=1024))
+    yield e
+    asyncio.run(e.close())
+    assert not e.process.alive()

@@ -16,9 +16,6 @@ import pytest
 
 from swarm.engine import GenerateRequest, SamplingParams
 from swarm.engine.base import UnsupportedRequest
-from swarm.engine.vllm.engine import VllmEngine
-from swarm.engine.vllm.server import VllmSettings
-from swarm.model.build import build_untrained
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,13 +31,10 @@ JSON_SCHEMA = json.dumps({"type": "json_schema", "json_schema": {"name": "a", "s
                          sort_keys=True)
 
 
-@pytest.fixture(scope="module")
-def engine(vllm_python, tmp_path_factory):
-    model = build_untrained(tmp_path_factory.mktemp("model") / "tiny", seed=0)
-    e = VllmEngine(model, tmp_path_factory.mktemp("vllm"), seed=0,
-                   settings=VllmSettings(python=vllm_python, max_model_len=1024))
-    yield e
-    asyncio.run(e.close())
+@pytest.fixture
+def engine(vllm_engine):
+    """The session's shared vLLM (conftest)."""
+    return vllm_engine
 
 
 def _prompt(engine) -> list[int]:

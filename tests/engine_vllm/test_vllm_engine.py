@@ -25,10 +25,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
-from swarm.engine.vllm.engine import VllmEngine, VllmEngineError
-from swarm.engine.vllm.server import VllmSettings
+from swarm.engine.vllm.engine import VllmEngineError
 from swarm.engine.vllm.weights import CheckpointRefused, unique_state, validate, write_atomic
-from swarm.model.build import build_untrained
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,14 +34,10 @@ FRESH_TOL = 1e-5
 HF_TOL = 0.05
 
 
-@pytest.fixture(scope="module")
-def engine(vllm_python, tmp_path_factory):
-    model = build_untrained(tmp_path_factory.mktemp("model") / "tiny", seed=0)
-    e = VllmEngine(model, tmp_path_factory.mktemp("vllm"), seed=0,
-                   settings=VllmSettings(python=vllm_python, max_model_len=1024))
-    yield e
-    asyncio.run(e.close())
-    assert not e.process.alive()
+@pytest.fixture
+def engine(vllm_engine):
+    """The session's shared vLLM (conftest)."""
+    return vllm_engine
 
 
 def _prompt(engine, text: str = "What is 2+3?") -> list[int]:
