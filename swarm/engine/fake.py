@@ -33,6 +33,7 @@ import hashlib
 import json
 import random
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -66,6 +67,7 @@ class FakeEngine:
         token_delay_s: float = 0.0,
         train_delay_s: float = 0.0,
         chunk_tokens: int = 3,
+        history: int | None = None,
     ) -> None:
         from transformers import AutoTokenizer  # lazy: transformers takes seconds; test fixtures import this module
 
@@ -78,8 +80,11 @@ class FakeEngine:
         self.train_delay_s = train_delay_s
         self.chunk_tokens = max(1, chunk_tokens)
         self.policy_version = 0
-        self.batches: list[TrainBatch] = []
-        self.requests: list[GenerateRequest] = []
+        # what tests inspect: every request and batch in process (history=None), or the last `history`
+        # of each where a long-running server must not keep them all (`swarm serve --engine fake`)
+        self.batches: deque[TrainBatch] = deque(maxlen=history)
+        self.requests: deque[GenerateRequest] = deque(maxlen=history)
+        self.steps = 0
         self._rng = random.Random(f"fake-engine:{seed}")
         special = set(self.tokenizer.all_special_ids)
         self.eos_id = self.tokenizer.eos_token_id
@@ -188,6 +193,7 @@ class FakeEngine:
         if self.train_delay_s:
             time.sleep(self.train_delay_s)
         self.batches.append(batch)
+        self.steps += 1
         self.policy_version += 1
         tokens = sum(sum(s.loss_mask) for s in batch.samples)
         return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": float(tokens)}
@@ -200,7 +206,7 @@ class FakeEngine:
         config = self.model_dir / "config.json"
         if config.exists():
             (path / "config.json").write_bytes(config.read_bytes())
-        state = {"policy_version": self.policy_version, "seed": self.seed, "steps": len(self.batches)}
+        state = {"policy_version": self.policy_version, "seed": self.seed, "steps": self.steps}
         (path / STATE_FILE).write_text(json.dumps(state))
 
     def load(self, path: Path) -> None:

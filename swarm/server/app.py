@@ -40,7 +40,7 @@ log = logging.getLogger("swarm.server")
 def make_engine(config: ServerConfig) -> Engine:
     """The engine named by `config.engine`."""
     if config.engine == "fake":
-        return FakeEngine(config.model_dir, seed=config.seed)
+        return FakeEngine(config.model_dir, seed=config.seed, history=8)  # a served fake keeps no growing log
     if config.engine == "torch":
         from swarm.engine.torch_engine import TorchEngine  # lazy: importing torch takes seconds
 

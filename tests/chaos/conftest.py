@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,12 @@ import pytest
 from swarm.server.testing import tiny_model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # chaos_harness, chaos_agent (--import-mode=importlib)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak-full", action="store_true", default=False,
+                     help="test_soak.py at the issue's full size (64 clients x 600 s) instead of the CI size")
 
 
 @pytest.fixture(autouse=True)
