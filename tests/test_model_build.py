@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from swarm.model.build import (MARKER, build_tokenizer, build_untrained, init_model,
                                is_complete, task_corpus)
 from swarm.model.evaluate import evaluate
-from swarm.model.tokenizer import ENDOFTEXT, IM_END, IM_START, render_chat
+from swarm.model.tokenizer import ENDOFTEXT, IM_END, IM_START, TOOL_TOKENS, render_chat
 from swarm.model.warmstart import WarmStartConfig, encode_transcript
 from swarm.tasks import get_task
 
@@ -60,6 +60,17 @@ def test_special_tokens(tokenizer):
     assert tokenizer.eos_token == IM_END and tokenizer.pad_token == ENDOFTEXT
     for token in (ENDOFTEXT, IM_START, IM_END):
         assert len(tokenizer.encode(token)) == 1
+    assert len(tokenizer) <= 512
+
+
+def test_tool_tags_are_single_tokens_that_decoding_keeps(tokenizer, untrained):
+    loaded = AutoTokenizer.from_pretrained(untrained)
+    text = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_response>\n6\n</tool_response>'
+    for tok in (tokenizer, loaded):
+        for tag in TOOL_TOKENS:
+            assert len(tok.encode(tag)) == 1 and tok.encode(tag) == loaded.encode(tag)
+        ids = tok.encode(text)
+        assert tok.decode(ids, skip_special_tokens=True) == text == tok.decode(ids)
     assert len(tokenizer) <= 512
 
 

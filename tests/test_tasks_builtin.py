@@ -228,6 +228,23 @@ def test_calc_bad_calls_get_errors_and_endless_calls_end_at_zero():
     assert looping.requests[-1]["messages"][-1]["content"].startswith("Error:")
 
 
+def test_calc_pays_half_for_the_right_call_and_nothing_for_a_miscopied_one():
+    item = calc.dataset(0, 1)[0]
+    a, b = map(int, re.fullmatch(r"What is (\d+)\*(\d+)\?", item["question"]).groups())
+
+    def agent(args: str, answer: str):
+        return lambda m: answer if m[-1]["role"] == "tool" else \
+            {"content": None, "tool_calls": [_call("c", "multiply", args)]}
+
+    right = f'{{"a": {a}, "b": {b}}}'
+    assert calc.workflow(item, ScriptedEpisode(agent(right, "1234"))) == calc.RIGHT_CALL_REWARD == 0.5
+    miscopied = f'{{"a": {a}, "b": {b + 1}}}'
+    assert calc.workflow(item, ScriptedEpisode(agent(miscopied, str(a * (b + 1))))) == 0.0
+    looping_right = ScriptedEpisode(lambda m: {"content": None, "tool_calls": [_call("c", "multiply", right)]})
+    assert calc.workflow(item, looping_right) == 0.5  # called right, never answered
+    assert calc.reward(" 12 ", "12") == 1.0 and calc.reward("13", "12", right_call=True) == 0.5
+
+
 @pytest.mark.parametrize("name, arguments, expected", [
     ("multiply", '{"a": 47, "b": 85}', "3995"),
     ("multiply", {"a": 2, "b": 3}, "6"),
@@ -260,7 +277,7 @@ def test_calc_transcripts_are_the_ideal_episode_or_a_direct_estimate():
         else:  # one digit of one argument off by one
             kinds["slipped"] += 1
             assert sorted([abs(x - a), abs(y - b)]) in ([0, 1], [0, 10]) and 10 <= min(x, y) <= max(x, y) <= 99
-    assert 100 < kinds["direct"] < 200 and 20 < kinds["slipped"] < 80 and kinds["clean"] > 150
+    assert 80 < kinds["direct"] < 170 and 40 < kinds["slipped"] < 130 and kinds["clean"] > 150
     assert all(len(c) == 4 for c in calc.transcripts(0, 100, noise=0.0))
     # the ideal agent replays every clean transcript's conversation exactly
     for conv in calc.transcripts(1, 20):

@@ -23,13 +23,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                        pre_tokenizers, trainers)
 from transformers import PreTrainedTokenizerFast
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+#: The tool-calling tags are one token each, as in Qwen2.5's vocabulary: a call is a few tokens
+#: shorter and its markers are single decisions. Added, not special: decoding (with or without
+#: `skip_special_tokens`) keeps them, so the server's parser still finds them in the text.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 #: Qwen2's pre-tokenizer regex (transformers' `tokenization_qwen2.PRETOKENIZE_REGEX`).
 PRETOKENIZE_REGEX = (
@@ -161,6 +166,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512) -> PreTrainedToken
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer, length=len(corpus))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,

@@ -7,11 +7,14 @@ embedded 1M-parameter model cannot multiply two 2-digit numbers (it can barely a
 a digit), but it can learn to copy the numbers into a call and the tool's result
 into its answer: the reward needs the tool.
 
-Reward: 1.0 for exactly the right final answer, else 0.0 (a missing, malformed or
-wrong call ends with a wrong answer, so it earns nothing). No partial credit for a
-well-formed call: the warm start makes well-formed calls common enough (see
-`transcripts`) that the plain outcome reward already varies within a group, which
-is all GRPO needs; a shaped reward would also pay for calls the answer then ignores.
+Reward: 1.0 for exactly the right final answer; 0.5 when the answer is wrong but a call
+returned the right product (the model called `multiply` with the question's numbers and then
+did not repeat the result); else 0.0. Why partial credit: the two copies (question -> call
+arguments, tool result -> answer) are learned separately, and the 1M warm-started model
+samples both right in one episode only rarely, so the plain outcome reward is almost always 0
+and a GRPO group has nothing to compare. Paying for the right call gives a graded signal:
+calls first, then the answer that repeats them. The credit is for a call whose *result* is the
+product, so a malformed call or a miscopied argument earns nothing.
 
 The tool spec is exactly what LangChain derives from the `@tool` function in
 `examples/calc_langgraph.py`, so the model sees the same prompt whichever client
@@ -58,9 +61,16 @@ def dataset(seed: int, size: int) -> list[dict]:
     return out
 
 
-def reward(completion: str, answer: str) -> float:
-    """1.0 when the final answer, stripped of whitespace, is exactly the product."""
-    return 1.0 if completion.strip() == answer else 0.0
+#: The reward of an episode whose call returned the product but whose answer is wrong.
+RIGHT_CALL_REWARD = 0.5
+
+
+def reward(completion: str, answer: str, right_call: bool = False) -> float:
+    """1.0 when the final answer, stripped of whitespace, is exactly the product; else
+    `RIGHT_CALL_REWARD` if a call returned the product; else 0.0."""
+    if completion.strip() == answer:
+        return 1.0
+    return RIGHT_CALL_REWARD if right_call else 0.0
 
 
 def run_tool(name: str, arguments: str | dict | None) -> str:
@@ -91,19 +101,21 @@ def workflow(task: dict, episode: Any) -> float:
     Written with the plain OpenAI client only, exactly as a user's tool agent would be.
     """
     messages: list[dict] = [{"role": "user", "content": task["question"]}]
+    right_call = False
     for _ in range(MAX_TURNS):
         response = episode.openai.chat.completions.create(
             model=episode.model, messages=messages, tools=TOOLS,
             max_tokens=MAX_TOKENS, temperature=1.0)
         message = response.choices[0].message
         if not message.tool_calls:
-            return reward(message.content or "", task["answer"])
+            return reward(message.content or "", task["answer"], right_call)
         messages.append({"role": "assistant", "content": message.content,
                          "tool_calls": [_call_dict(c) for c in message.tool_calls]})
-        messages += [{"role": "tool", "tool_call_id": c.id,
-                      "content": run_tool(c.function.name, c.function.arguments)}
-                     for c in message.tool_calls]
-    return 0.0
+        results = [run_tool(c.function.name, c.function.arguments) for c in message.tool_calls]
+        right_call = right_call or task["answer"] in results
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": r}
+                     for c, r in zip(message.tool_calls, results)]
+    return RIGHT_CALL_REWARD if right_call else 0.0
 
 
 def estimate(product: int) -> int:
@@ -133,9 +145,14 @@ def _slip(a: int, b: int, rng: random.Random) -> tuple[int, int]:
     return values[0], values[1]
 
 
+#: Of the flawed warm-start episodes, the share that answers at once without the tool (the
+#: rest miscopy an argument).
+DIRECT_SHARE = 0.6
+
+
 def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
-    """Warm-start conversations; with probability `noise` the episode goes wrong: three times in
-    four by answering at once without the tool (an estimate), else by miscopying an argument
+    """Warm-start conversations; with probability `noise` the episode goes wrong: `DIRECT_SHARE` of
+    the time by answering at once without the tool (an estimate), else by miscopying an argument
     (the answer then faithfully repeats the tool's wrong result).
 
     The noise is what leaves RL something to do: the warm-started policy calls the tool only
@@ -149,7 +166,7 @@ def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
     out = []
     for i in range(size):
         a, b = _problem(rng)
-        flawed, direct = rng.random() < noise, rng.random() < 0.75
+        flawed, direct = rng.random() < noise, rng.random() < DIRECT_SHARE
         if flawed and direct:
             out.append([{"role": "user", "content": question(a, b)},
                         {"role": "assistant", "content": str(estimate(a * b))}])
