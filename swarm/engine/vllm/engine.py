@@ -179,7 +179,11 @@ class VllmEngine:
                     finished = False
                     chunks: list[TokenChunk] = []
                     async for line in resp.aiter_lines():
-                        chunk = _parse_chunk(line, k)
+                        try:
+                            chunk = _parse_chunk(line, k)
+                        except json.JSONDecodeError:  # only the last line can be cut: vLLM closed the
+                            log.warning("vLLM closed a stream mid-line; ending the request as aborted")
+                            break  # stream early (a dying engine core), which ends as an abort below
                         if chunk is not None:
                             finished = chunk.finish_reason is not None
                             if raw:
