@@ -122,7 +122,7 @@ class Swarm:
         t = self.trainer
         t.batch_taken.subscribe(self.durability.apply_failed_policy)
         t.batch_resolved.subscribe(self.durability.resolved)  # buffer rows: trained at step s, or skipped
-        t.step_done.subscribe(self._after_step)  # checkpoint every k, stop after max_steps
+        t.step_recorded.subscribe(self._after_step)  # after the metrics row: checkpoint every k, max_steps
         t.step_done.subscribe(self.control.annotate_row)  # the live values the step ran with
         t.window_reopened.subscribe(lambda version: self.control.apply_pending())  # first: this window's B
         t.window_reopened.subscribe(self.durability.refill)  # restored groups that waited for room
@@ -345,9 +345,7 @@ class Swarm:
     async def _after_step(self, step: int, row: dict[str, Any]) -> None:
         k = self.config.checkpoint_every
         if k and step % k == 0:
-            t0 = time.monotonic()
             await self.checkpoint()
-            row["wall_checkpoint_s"] = time.monotonic() - t0
         if self.config.max_steps is not None and step >= self.config.max_steps:
             self.request_stop(f"reached max_steps={self.config.max_steps}")
 

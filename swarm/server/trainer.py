@@ -163,6 +163,8 @@ class Trainer:
         batch_resolved(batch, step)   trained as `step`, or None: skipped (no samples) or failed
         step_done(step, row)          after a trained step, before its metrics row is written;
                                       listeners may add fields to `row` (awaited; a failure fails the step)
+        step_recorded(step, row)      its metrics row is written: checkpoints listen here, so a kill -9
+                                      can never leave a checkpointed step without its metrics row
         window_reopened(version)      the next window is open; policy `version` will train it
                                       (k = 0: after the step; k >= 1: as the batch is taken)
 
@@ -184,6 +186,7 @@ class Trainer:
         self.batch_taken: Topic[[Batch]] = Topic("batch taken")
         self.batch_resolved: Topic[[Batch, int | None]] = Topic("batch resolved")
         self.step_done: StepTopic[[int, dict[str, Any]]] = StepTopic("step done")
+        self.step_recorded: StepTopic[[int, dict[str, Any]]] = StepTopic("step recorded")
         self.window_reopened: Topic[[int]] = Topic("window reopened")
         self._task: asyncio.Task | None = None
         self._halted = False
@@ -261,6 +264,7 @@ class Trainer:
                     record["redone"] = True
                 await self.step_done.publish(self.step, record)
                 self.metrics.write(record)
+                await self.step_recorded.publish(self.step, record)
                 log.info("step %d: reward %.3f over %d episodes, %d samples, %.2fs",
                          self.step, record["reward_mean"], record["episodes"], record["samples"],
                          record["wall_train_s"])
