@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from swarm.engine.vllm.server import VllmSettings, VllmUnavailable, find_python
+
+# helper modules beside this file (vllm_helpers) import by name under --import-mode=importlib
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def vllm_required() -> bool:

@@ -8,7 +8,6 @@ the recorded logprobs must equal the trainer's recompute (HF_TOL as in test_vllm
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import jsonschema_rs
@@ -16,6 +15,7 @@ import pytest
 
 from swarm.engine import GenerateRequest, SamplingParams
 from swarm.engine.base import UnsupportedRequest
+from vllm_helpers import chat_prompt, generate_all as _gen
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,16 +38,7 @@ def engine(vllm_engine):
 
 
 def _prompt(engine) -> list[int]:
-    s = engine.tokenizer.apply_chat_template([{"role": "user", "content": "JSON please"}], add_generation_prompt=True,
-                                             tokenize=False)
-    return engine.tokenizer.encode(s, add_special_tokens=False)
-
-
-def _gen(engine, reqs):
-    async def go():
-        return await asyncio.gather(*(engine.generate(r) for r in reqs))
-
-    return asyncio.run(go())
+    return chat_prompt(engine, "JSON please")
 
 
 def test_top_logprobs_ids_order_and_sampled_token(engine):

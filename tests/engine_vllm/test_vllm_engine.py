@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
 from swarm.engine.vllm.engine import VllmEngineError
 from swarm.engine.vllm.weights import CheckpointRefused, unique_state, validate, write_atomic
+from vllm_helpers import chat_prompt as _prompt, generate_all as _gen
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,19 +39,6 @@ HF_TOL = 0.05
 def engine(vllm_engine):
     """The session's shared vLLM (conftest)."""
     return vllm_engine
-
-
-def _prompt(engine, text: str = "What is 2+3?") -> list[int]:
-    s = engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
-    return engine.tokenizer.encode(s, add_special_tokens=False)
-
-
-def _gen(engine, reqs):
-    async def go():
-        return await asyncio.gather(*(engine.generate(r) for r in reqs))
-
-    return asyncio.run(go())
 
 
 def _batch(engine, n: int = 4, max_tokens: int = 12) -> TrainBatch:
