@@ -32,7 +32,7 @@ from swarm.server.anthropic_stream import MessageStream
 from swarm.server.auth import caller_of, current_swarm
 from swarm.server.auth_first import AuthFirstRoute
 from swarm.server.episodes import Episode
-from swarm.server.errors import status_of
+from swarm.server.errors import describe_validation, error_headers, status_of
 from swarm.server.exceptions import InvalidRequest, NotFound, SwarmError, Unauthorized
 from swarm.server.generation import (
     ChatTurn, Done, Finished, PreparedTurn, Sampling, Started, TextDelta, ToolCallDelta, agent_tag,
@@ -42,28 +42,8 @@ from swarm.server.generation import (
 log = logging.getLogger("swarm.server")
 
 
-def _headers(exc: SwarmError | None, status: int) -> dict[str, str]:
-    """As the OpenAI routes: Retry-After when known; `x-should-retry: false` (which Anthropic's SDK
-    honours too) for what a retry cannot fix."""
-    headers: dict[str, str] = {}
-    retry_after = getattr(exc, "retry_after", None)
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-    if (400 <= status < 500 and status not in (408, 429)) or status == 504:
-        headers["x-should-retry"] = "false"
-    return headers
-
-
 def _error(status: int, message: str, code: str | None, exc: SwarmError | None = None) -> JSONResponse:
-    return JSONResponse(error_payload(status, message, code), status_code=status, headers=_headers(exc, status))
-
-
-def _describe(errors: list[Any]) -> str:
-    parts = []
-    for e in errors[:5]:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"
+    return JSONResponse(error_payload(status, message, code), status_code=status, headers=error_headers(status, exc))
 
 
 class AnthropicRoute(AuthFirstRoute):
@@ -84,7 +64,7 @@ class AnthropicRoute(AuthFirstRoute):
             except RequestValidationError as exc:
                 errors = list(exc.errors())
                 code = "invalid_json" if any(e.get("type") == "json_invalid" for e in errors) else "invalid_request"
-                return _error(400, _describe(errors), code)
+                return _error(400, describe_validation(errors), code)
             except RecursionError:
                 return _error(400, "request body is nested too deeply", "invalid_json")
 

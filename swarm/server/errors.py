@@ -76,7 +76,7 @@ def batch_item_error(exc: SwarmError) -> dict[str, Any]:
 
 def batch_item_invalid(errors: list[dict[str, Any]]) -> dict[str, Any]:
     """A batch item that fails validation: the single route's 400 (as `_validation` renders it)."""
-    return {"status": 400, "body": error_body(400, _describe(errors), "invalid_request"), "retry_after": None}
+    return {"status": 400, "body": error_body(400, describe_validation(errors), "invalid_request"), "retry_after": None}
 
 
 def _headers(status: int, headers: dict[str, str] | None) -> dict[str, str]:
@@ -93,7 +93,14 @@ def error_response(status: int, message: str, code: str | None = None,
                         headers=_headers(status, headers))
 
 
-def _describe(errors: list[dict[str, Any]]) -> str:
+def error_headers(status: int, exc: SwarmError | None = None) -> dict[str, str]:
+    """Retry-After when the error knows it, and `x-should-retry: false` for what a retry cannot fix
+    (the OpenAI and Anthropic SDKs both honour it): one rule for every protocol's routes."""
+    return _headers(status, _domain_headers(exc) if exc is not None else None)
+
+
+def describe_validation(errors: list[dict[str, Any]]) -> str:
+    """Pydantic's errors as one line (at most five), the body's own prefix left out."""
     parts = []
     for e in errors[:5]:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
@@ -106,13 +113,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _domain(request: Request, exc: SwarmError) -> JSONResponse:
         status = status_of(exc)
         return JSONResponse(domain_error_body(exc), status_code=status,
-                            headers=_headers(status, _domain_headers(exc)))
+                            headers=error_headers(status, exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
         code = "invalid_json" if any(e.get("type") == "json_invalid" for e in errors) else "invalid_request"
-        return error_response(400, _describe(errors), code)
+        return error_response(400, describe_validation(errors), code)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
