@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -27,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from chaos_harness import buffer_rows, free_port, metric_rows
 
 HERE = Path(__file__).parent
 TOKEN = "crash-token"
@@ -46,12 +45,6 @@ serve(config, FakeEngine(Path(model), train_delay_s=0.4))
 CLIENT = "import typer; from swarm.client.cli import client_command; typer.run(client_command)"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _status(url: str) -> dict:
     try:
         r = httpx.get(f"{url}/swarm/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=2)
@@ -64,7 +57,7 @@ def _status(url: str) -> dict:
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_kill_9_mid_step_keeps_every_acknowledged_episode(tmp_path: Path, model_dir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_HOME": str(tmp_path / "home"),
@@ -112,13 +105,11 @@ def test_kill_9_mid_step_keeps_every_acknowledged_episode(tmp_path: Path, model_
                 p.wait(10)
 
     acks = {json.loads(x)["episode_id"] for log in tmp_path.glob("ack*.log") for x in log.read_text().splitlines()}
-    db = sqlite3.connect(out / "buffer.sqlite")
-    rows = {r[0]: (r[1], r[2]) for r in db.execute("SELECT id, state, trained_step FROM episodes")}
-    db.close()
+    rows = buffer_rows(out)  # id -> (state, trained_step, ...)
     assert acks and not acks - set(rows), "acknowledged but not in the buffer"
     states = Counter(rows[i][0] for i in acks)
     assert set(states) <= {"trained", "buffered"}, states  # nothing dropped as stale, nothing skipped
-    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = metric_rows(out)
     steps = [m["step"] for m in metrics]
     assert steps == list(range(1, MAX_STEPS + 1)), steps  # one row per step
     trained = [r for r in rows.values() if r[0] == "trained"]

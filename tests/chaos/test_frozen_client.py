@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from chaos_harness import free_port
 
 SERVE = "import typer; from swarm.server.cli import serve_command; typer.run(serve_command)"
 TOKEN = "frozen-token"
@@ -44,12 +44,6 @@ except SwarmAPIError as exc:
     result = {"status": exc.status_code, "code": exc.code}
 open(out, "w").write(json.dumps(result))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(cond, timeout: float, what: str) -> None:
@@ -81,7 +75,7 @@ def _step(url: str) -> int:
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_sigstopped_client_holds_training_at_most_the_stall_bound(tmp_path: Path, model_dir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     procs: list[subprocess.Popen] = []
