@@ -240,6 +240,10 @@ def test_init_model_default_recipe(tmp_path):
     assert greedy >= 0.6 and 0.1 <= sampled <= 0.4
     guess = evaluate(out, "guess", n=100, temperature=1.0)
     assert 0.1 <= guess["mean_reward"] <= 0.65 and guess["calls_per_episode"] >= 4
+    # The tool task: the model calls `multiply` well formed some of the time, with room to learn.
+    calc_greedy = evaluate(out, "calc", n=100, temperature=0.0)["mean_reward"]
+    calc_sampled = evaluate(out, "calc", n=200, temperature=1.0)["mean_reward"]
+    assert calc_greedy >= 0.3 and 0.05 <= calc_sampled <= 0.4
 
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate an expression",
