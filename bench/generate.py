@@ -9,7 +9,8 @@ hold on a noisy machine even where absolute tokens/s do not. Requests generate
 a fixed number of tokens (ignore_eos) so every configuration does the same work.
 
 The second table is one collection step of `swarm train --task arith` as the
-engine sees it: 128 arith prompts (8 max tokens, temperature 1, natural stop),
+engine sees it: 128 arith requests, 16 prompts x a group of 8 (8 max tokens, temperature 1,
+natural stop), with prompt reuse off and on (a group's prompt prefilled once),
 either all at once (the engine's own time to generate a step's tokens: the
 yardstick for the server's `wall_window_s`) or trickling in evenly over
 `--trickle-ms`, as episodes from a client fleet do. For the trickle the row shows
@@ -72,16 +73,19 @@ async def bench(engine: TorchEngine, max_tokens: int, repeats: int) -> list[dict
     return [{"concurrency": 0, "tokens_per_s": round(sequential, 1), "ratio_vs_sequential": 1.0}] + rows
 
 
-async def arith_step(engine: TorchEngine, episodes: int, trickle_s: float) -> dict:
-    """One step's worth of arith requests, all at once (trickle 0) or spread evenly over `trickle_s`."""
+async def arith_step(engine: TorchEngine, episodes: int, trickle_s: float, group: int, reuse: bool) -> dict:
+    """One step's worth of arith requests (`group` episodes per prompt, as GRPO sends them), all at
+    once (trickle 0) or spread evenly over `trickle_s`; `reuse`: prompts prefilled once per group."""
     batcher = engine.batcher
-    steps0, fused0, busy0 = batcher.steps, batcher.fused_steps, batcher.busy_s
+    batcher.weights_changed()  # as after a train step: nothing prefilled before counts
+    batcher.reuse_prompts = reuse
+    steps0, fused0, busy0, reused0 = batcher.steps, batcher.fused_steps, batcher.busy_s, batcher.prompts_reused
     tokens = 0
 
     async def one(i: int) -> float:
         nonlocal tokens
         await asyncio.sleep(trickle_s * i / episodes)
-        c = await engine.generate(GenerateRequest(_prompt(engine, 3 * i + 1), SamplingParams(max_tokens=8)))
+        c = await engine.generate(GenerateRequest(_prompt(engine, 3 * (i // group) + 1), SamplingParams(max_tokens=8)))
         tokens += len(c.token_ids)
         return time.perf_counter()
 
@@ -91,7 +95,7 @@ async def arith_step(engine: TorchEngine, episodes: int, trickle_s: float) -> di
     return {"episodes": episodes, "trickle_s": trickle_s, "tokens": tokens, "wall_s": round(wall, 4),
             "after_last_arrival_s": round(wall - trickle_s * (episodes - 1) / episodes, 4),
             "busy_s": round(batcher.busy_s - busy0, 4), "forwards": batcher.steps - steps0,
-            "fused": batcher.fused_steps - fused0}
+            "fused": batcher.fused_steps - fused0, "reuse": reuse, "reused": batcher.prompts_reused - reused0}
 
 
 def main() -> None:
@@ -100,6 +104,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--episodes", type=int, default=128, help="arith requests of one step")
+    ap.add_argument("--group-size", type=int, default=8, help="requests per prompt (a GRPO group)")
     ap.add_argument("--trickle-ms", type=float, default=500.0, help="arrival spread of the trickle row")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the engine's choice)")
     ap.add_argument("--json", type=Path, help="write the rows here")
@@ -128,8 +133,10 @@ def main() -> None:
         async def steps() -> list[dict]:
             out = []
             for trickle in (0.0, args.trickle_ms / 1000):
-                runs = [await arith_step(engine, args.episodes, trickle) for _ in range(args.repeats + 1)][1:]
-                out.append(min(runs, key=lambda r: r["wall_s"]))
+                for reuse in (False, True):
+                    runs = [await arith_step(engine, args.episodes, trickle, args.group_size, reuse)
+                            for _ in range(args.repeats + 1)][1:]
+                    out.append(min(runs, key=lambda r: r["wall_s"]))
             return out
 
         step_rows = asyncio.run(steps())
@@ -142,12 +149,14 @@ def main() -> None:
                       f"{r['tokens_per_s']:.0f}", f"{r['ratio_vs_sequential']:.2f}")
     Console().print(table)
     table = Table(title=f"one arith collection step: {args.episodes} requests, 8 max tokens, natural stop")
-    for col in ("arrivals", "tokens", "wall s", "after last arrival s", "engine busy s", "forwards", "fused"):
+    for col in ("arrivals", "prompt reuse", "tokens", "wall s", "after last arrival s", "engine busy s",
+                "forwards", "fused", "reused"):
         table.add_column(col, justify="right")
     for r in step_rows:
         table.add_row("all at once" if not r["trickle_s"] else f"over {r['trickle_s'] * 1000:.0f} ms",
-                      str(r["tokens"]), f"{r['wall_s']:.3f}", f"{r['after_last_arrival_s']:.3f}",
-                      f"{r['busy_s']:.3f}", str(r["forwards"]), str(r["fused"]))
+                      "on" if r["reuse"] else "off", str(r["tokens"]), f"{r['wall_s']:.3f}",
+                      f"{r['after_last_arrival_s']:.3f}", f"{r['busy_s']:.3f}", str(r["forwards"]),
+                      str(r["fused"]), str(r["reused"]))
     Console().print(table)
     rows = [r for r in rows if r["concurrency"] > 0]
     if args.json:

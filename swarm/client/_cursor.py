@@ -54,6 +54,7 @@ class JobCursor:
         self.pending: set[int] = set()
         self.replay: list[int] = []
         self._lock = threading.Lock()
+        self._dir_made = False
         if self.path is not None and self.path.exists():
             self._load()
 
@@ -107,7 +108,9 @@ class JobCursor:
         state = {"next": self.next, "pending": sorted(self.pending), "n": self.n,
                  "dataset_size": self.dataset_size, "updated_at": time.time(), **self.meta}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self._dir_made:  # once: a mkdir per save was a syscall per episode
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._dir_made = True
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(state))
             os.replace(tmp, self.path)

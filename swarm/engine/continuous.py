@@ -16,7 +16,8 @@ episodes queue up; every loop turn is ONE forward pass over every running row:
 
 A prefill whose prompts share a prefix (the chat template, a system prompt) of at
 least `min_shared_prefix` tokens computes that prefix once and copies its KV cache
-to every row.
+to every row. A whole prompt seen before with the same weights (a GRPO group's
+shared first turn, `swarm.engine.prompt_cache`) is not prefilled again at all.
 
 Finished rows leave the batch at once, and columns that are padding for every
 remaining row are dropped (wherever they are: masked columns carry nothing, and
@@ -50,6 +51,8 @@ from transformers import DynamicCache
 
 from swarm.engine.base import SamplingParams, TokenChunk, UnsupportedRequest
 from swarm.engine.constrained import Grammars
+from swarm.engine.kv_layout import cat_left_padded, common_prefix, left_padded, pad_left
+from swarm.engine.prompt_cache import PromptCache, split_rows, stack
 from swarm.engine.sampling import RowKnobs, sample_rows
 
 Emit = Callable[[TokenChunk], None]
@@ -96,6 +99,7 @@ class ContinuousBatcher:
         fuse_pad_tokens: int = 32,
         min_shared_prefix: int = 4,
         grammars: Grammars | None = None,
+        prompt_cache_tokens: int = 16384,
     ) -> None:
         self.vocab_size = vocab_size
         self.grammars = grammars  # compiles response_formats; None: constrained requests are refused
@@ -121,6 +125,9 @@ class ContinuousBatcher:
         self.fused_steps = 0  # steps that prefilled new rows while decoding running ones
         self.tokens_out = 0
         self.prefix_tokens_saved = 0  # prompt positions not recomputed thanks to a shared prefix
+        self.prompts = PromptCache(prompt_cache_tokens)  # whole prompts prefilled with these weights
+        self.reuse_prompts = True  # False: every row prefilled on its own (benchmarks compare)
+        self.prompts_reused = 0  # rows that took a prompt's prefill from the cache or a twin in the batch
         self.busy_s = 0.0  # time spent in forward passes and sampling (the engine's own generation time)
 
     # -- public -------------------------------------------------------------
@@ -212,59 +219,85 @@ class ContinuousBatcher:
             self._flush()
 
     def _fusable(self, new: list[_Row]) -> bool:
-        return len(self._rows) * (max(len(r.prompt_ids) for r in new) - 1) <= self.fuse_pad_tokens
-
-    @staticmethod
-    def _left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ids and attention mask [n, longest] with each prompt right-aligned."""
-        width = max(len(p) for p in prompts)
-        flat: list[int] = []
-        for p in prompts:
-            flat += [0] * (width - len(p))
-            flat += p
-        ids = torch.tensor(flat, dtype=torch.long).view(len(prompts), width)
-        lens = torch.tensor([len(p) for p in prompts])
-        attn = (torch.arange(width).unsqueeze(0) >= (width - lens).unsqueeze(1)).long()
-        return ids, attn
+        if len(self._rows) * (max(len(r.prompt_ids) for r in new) - 1) > self.fuse_pad_tokens:
+            return False
+        if not self.reuse_prompts:
+            return True
+        prompts = {tuple(r.prompt_ids) for r in new}  # a prompt to reuse is better than any fusing
+        return len(prompts) == len(new) and not any(p in self.prompts for p in prompts)
 
     def _prefill(self, new: list[_Row]) -> None:
-        """New rows alone: one forward over their prompts, then spliced into the running batch.
+        """New rows alone: their prompts prefilled, then spliced into the running batch.
+
+        A prompt prefilled before with these weights (`self.prompts`), or twice in this batch
+        (a GRPO group's first turn), is computed once: its rows share its KV and logits.
+        """
+        prompts = [tuple(r.prompt_ids) for r in new]
+        entries = {p: self.prompts.get(p) for p in dict.fromkeys(prompts)} if self.reuse_prompts else {}
+        missing = [p for p, e in entries.items() if e is None] if self.reuse_prompts else prompts
+        if len(missing) == len(new):  # all new and distinct: the batch's own forward as it is
+            cache, attn, logits = self._forward_prompts([r.prompt_ids for r in new])
+            if self.reuse_prompts and self.prompts.max_tokens:
+                for p, e in zip(missing, split_rows([l.keys for l in cache.layers],
+                                                    [l.values for l in cache.layers], attn, logits)):
+                    self.prompts.put(p, e)
+        else:
+            if missing:
+                done, attn, logits = self._forward_prompts([list(p) for p in missing])
+                for p, e in zip(missing, split_rows([l.keys for l in done.layers],
+                                                    [l.values for l in done.layers], attn, logits)):
+                    entries[p] = e
+                    self.prompts.put(p, e)
+            keys, values, attn, logits = stack([entries[p] for p in prompts])  # type: ignore[misc]
+            cache = DynamicCache()
+            for j, (k, v) in enumerate(zip(keys, values)):
+                cache.update(k, v, j)
+            self.prompts_reused += len(new) - len(missing)
+            self.prefix_tokens_saved += sum(len(p) for p in prompts) - sum(len(p) for p in missing)
+        offset = len(self._rows)
+        self._splice(new, cache, attn)
+        self._sample(logits, offset)
+
+    def _forward_prompts(self, prompts: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """One forward over `prompts`: (KV cache, attention [n, W], last-position logits [n, V]).
 
         When the prompts share a prefix of at least `min_shared_prefix` tokens (a chat
         template, a system prompt), the prefix is computed once and its KV cache copied
         to every row; the forward then covers only the rest of each prompt.
         """
         dev = self._device()
-        shared = _common_prefix([r.prompt_ids for r in new]) if len(new) > 1 else 0
+        shared = common_prefix(prompts) if len(prompts) > 1 else 0
         if shared < self.min_shared_prefix:
-            ids, attn = self._left_padded([r.prompt_ids for r in new])
+            ids, attn = left_padded(prompts)
             ids, attn = ids.to(dev), attn.to(dev)
             pos = (attn.cumsum(-1) - 1).clamp_min(0)
             cache = DynamicCache()
         else:
-            head = torch.tensor([new[0].prompt_ids[:shared]], dtype=torch.long, device=dev)
+            head = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=dev)
             cache = DynamicCache()
             self.model(input_ids=head, position_ids=torch.arange(shared, device=dev).unsqueeze(0),
                        past_key_values=cache, use_cache=True)
             for layer in cache.layers:
-                layer.keys = layer.keys.expand(len(new), -1, -1, -1).contiguous()
-                layer.values = layer.values.expand(len(new), -1, -1, -1).contiguous()
-            ids, tail_attn = self._left_padded([r.prompt_ids[shared:] for r in new])
+                layer.keys = layer.keys.expand(len(prompts), -1, -1, -1).contiguous()
+                layer.values = layer.values.expand(len(prompts), -1, -1, -1).contiguous()
+            ids, tail_attn = left_padded([p[shared:] for p in prompts])
             ids, tail_attn = ids.to(dev), tail_attn.to(dev)
             pos = shared + (tail_attn.cumsum(-1) - 1).clamp_min(0)
-            attn = torch.cat([tail_attn.new_ones(len(new), shared), tail_attn], dim=1)
-            self.prefix_tokens_saved += shared * (len(new) - 1)
+            attn = torch.cat([tail_attn.new_ones(len(prompts), shared), tail_attn], dim=1)
+            self.prefix_tokens_saved += shared * (len(prompts) - 1)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
-        offset = len(self._rows)
-        self._splice(new, out.past_key_values, attn)
-        self._sample(out.logits[:, -1, :], offset)
+        return out.past_key_values, attn, out.logits[:, -1, :]
+
+    def weights_changed(self) -> None:
+        """Forget prefilled prompts: their KV was computed with the old weights (call under `lock`)."""
+        self.prompts.clear()
 
     def _fused(self, new: list[_Row]) -> None:
         """Running rows decode their pending token while new rows prefill, in one forward."""
         assert self._cache is not None and self._attn is not None and self._pending is not None
         dev = self._device()
         b, n = len(self._rows), len(new)
-        new_ids, new_attn = self._left_padded([r.prompt_ids for r in new])
+        new_ids, new_attn = left_padded([r.prompt_ids for r in new])
         width = new_ids.shape[1]
         ids = torch.zeros(b + n, width, dtype=torch.long, device=dev)
         ids[:b, -1] = self._pending
@@ -305,9 +338,9 @@ class ContinuousBatcher:
         assert self._attn is not None
         width = max(self._attn.shape[1], attn.shape[1])
         for old_layer, new_layer in zip(self._cache.layers, cache.layers):
-            old_layer.keys = _cat_left_padded(old_layer.keys, new_layer.keys, width)
-            old_layer.values = _cat_left_padded(old_layer.values, new_layer.values, width)
-        self._attn = torch.cat([_pad_left(self._attn, width), _pad_left(attn, width)], dim=0)
+            old_layer.keys = cat_left_padded(old_layer.keys, new_layer.keys, width)
+            old_layer.values = cat_left_padded(old_layer.values, new_layer.values, width)
+        self._attn = torch.cat([pad_left(self._attn, width), pad_left(attn, width)], dim=0)
         self._rows.extend(new)
 
     def _sampling_knobs(self, device: torch.device) -> RowKnobs:
@@ -415,34 +448,3 @@ class ContinuousBatcher:
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-
-def _common_prefix(prompts: list[list[int]]) -> int:
-    """Tokens every prompt starts with, leaving each at least one token of its own (its last)."""
-    n = min(len(p) for p in prompts) - 1
-    first = prompts[0]
-    for i in range(n):
-        t = first[i]
-        if any(p[i] != t for p in prompts):
-            return i
-    return max(n, 0)
-
-
-def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
-    extra = width - t.shape[-1]
-    if extra <= 0:
-        return t
-    return torch.cat([torch.zeros(*t.shape[:-1], extra, dtype=t.dtype, device=t.device), t], dim=-1)
-
-
-def _cat_left_padded(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
-    """Concatenate two [B, H, L, D] caches along batch after left-padding L to `width`."""
-
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        extra = width - t.shape[2]
-        if extra <= 0:
-            return t
-        z = torch.zeros(t.shape[0], t.shape[1], extra, t.shape[3], dtype=t.dtype, device=t.device)
-        return torch.cat([z, t], dim=2)
-
-    return torch.cat([pad(a), pad(b)], dim=0)

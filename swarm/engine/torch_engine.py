@@ -83,7 +83,7 @@ class TorchEngine:
             fuse_pad_tokens=self.placement.fuse_pad_tokens,
             grammars=Grammars(self.tokenizer, vocab, eos),  # response_format: llguidance, built on first use
         )
-        self._gen_mark = (0.0, 0, 0)  # batcher busy seconds, forwards, tokens at the last train_step
+        self._gen_mark = (0.0, 0, 0, 0)  # batcher busy seconds, forwards, tokens, reused prompts at the last step
         if (self.model_dir / STATE_FILE).exists():
             self._load_state(self.model_dir)
 
@@ -143,15 +143,17 @@ class TorchEngine:
         with self._lock:
             ref = self.reference if batch.config.kl_coef else None
             metrics = policy_step(self.model, self.optimizer, batch.samples, batch.config, reference=ref)
+            self.batcher.weights_changed()
             self.policy_version += 1
             gen = self.batcher
-            busy, steps, tokens = gen.busy_s, gen.steps, gen.tokens_out
+            busy, steps, tokens, reused = gen.busy_s, gen.steps, gen.tokens_out, gen.prompts_reused
         metrics["policy_version"] = float(self.policy_version)
         # the engine's own generation work since the previous step, beside the server's wall_window_s
         metrics["gen_busy_s"] = busy - self._gen_mark[0]
         metrics["gen_forwards"] = float(steps - self._gen_mark[1])
         metrics["gen_tokens"] = float(tokens - self._gen_mark[2])
-        self._gen_mark = (busy, steps, tokens)
+        metrics["gen_prompts_reused"] = float(reused - self._gen_mark[3])  # prefills shared, not recomputed
+        self._gen_mark = (busy, steps, tokens, reused)
         return metrics
 
     def logprobs(self, ids: list[int]) -> list[float]:
@@ -188,6 +190,7 @@ class TorchEngine:
                                   f"unexpected {unexpected}")
             if getattr(self.model.config, "tie_word_embeddings", False):
                 self.model.tie_weights()
+            self.batcher.weights_changed()
             if isinstance(self.optimizer, MasterWeightAdamW):
                 self.optimizer.sync_from_model()  # masters follow the loaded weights (unless saved below)
             self._load_state(path)

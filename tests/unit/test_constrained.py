@@ -21,6 +21,7 @@ from swarm.engine.constrained import JSON_OPTIONS, Grammars, json_schema_of, unp
 from swarm.engine.fake import FakeEngine, token_logprob
 from swarm.engine.torch_engine import TorchEngine
 from swarm.server.testing import tiny_model_dir
+from torch_helpers import chat_prompt, generate_all as _gen
 
 SCHEMA = {
     "type": "object",
@@ -57,16 +58,7 @@ def engine(model_dir):
 
 
 def _prompt(engine, text: str = "Reply in JSON.") -> list[int]:
-    s = engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
-    return engine.tokenizer.encode(s, add_special_tokens=False)
-
-
-def _gen(engine, reqs: list[GenerateRequest]) -> list[Completion]:
-    async def go() -> list[Completion]:
-        return await asyncio.gather(*(engine.generate(r) for r in reqs))
-
-    return asyncio.run(go())
+    return chat_prompt(engine, text)
 
 
 def _text(engine, c: Completion) -> str:

@@ -11,6 +11,7 @@ import torch
 from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
 from swarm.engine.torch_engine import TorchEngine
 from swarm.model.build import build_untrained
+from torch_helpers import chat_prompt as _prompt, generate_all as _gen
 
 LOGPROB_TOL = 1e-4  # fp32 CPU: batched KV-cache decoding vs a full teacher-forced forward
 
@@ -25,19 +26,6 @@ def engine(model_dir):
     e = TorchEngine(model_dir, seed=0)
     yield e
     e.batcher.close()
-
-
-def _prompt(engine, text="What is 2+3?"):
-    s = engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
-    return engine.tokenizer.encode(s, add_special_tokens=False)
-
-
-def _gen(engine, reqs):
-    async def go():
-        return await asyncio.gather(*(engine.generate(r) for r in reqs))
-
-    return asyncio.run(go())
 
 
 def test_concurrent_generation_logprobs_match_recompute(engine):
@@ -289,7 +277,7 @@ def test_dead_columns_are_dropped(model_dir):
 
 
 def test_common_prefix_leaves_every_prompt_a_token():
-    from swarm.engine.continuous import _common_prefix
+    from swarm.engine.kv_layout import common_prefix as _common_prefix
 
     assert _common_prefix([[1, 2, 3, 4], [1, 2, 3, 9], [1, 2, 5]]) == 2
     assert _common_prefix([[1, 2, 3], [1, 2, 3]]) == 2  # identical: the last token is each row's own

@@ -1,0 +1,54 @@
+"""Row layout of a batched KV cache: left padding, splicing, shared prefixes.
+
+Rows of a batch are right-aligned (left-padded, the padding masked), so every row's next token
+lands in the same last column. These helpers build and join such layouts; the batcher owns
+when they are used.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids and attention mask [n, longest] with each prompt right-aligned."""
+    width = max(len(p) for p in prompts)
+    flat: list[int] = []
+    for p in prompts:
+        flat += [0] * (width - len(p))
+        flat += p
+    ids = torch.tensor(flat, dtype=torch.long).view(len(prompts), width)
+    lens = torch.tensor([len(p) for p in prompts])
+    attn = (torch.arange(width).unsqueeze(0) >= (width - lens).unsqueeze(1)).long()
+    return ids, attn
+
+
+def common_prefix(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with, leaving each at least one token of its own (its last)."""
+    n = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    for i in range(n):
+        t = first[i]
+        if any(p[i] != t for p in prompts):
+            return i
+    return max(n, 0)
+
+
+def pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    extra = width - t.shape[-1]
+    if extra <= 0:
+        return t
+    return torch.cat([torch.zeros(*t.shape[:-1], extra, dtype=t.dtype, device=t.device), t], dim=-1)
+
+
+def cat_left_padded(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
+    """Concatenate two [B, H, L, D] caches along batch after left-padding L to `width`."""
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        extra = width - t.shape[2]
+        if extra <= 0:
+            return t
+        z = torch.zeros(t.shape[0], t.shape[1], extra, t.shape[3], dtype=t.dtype, device=t.device)
+        return torch.cat([z, t], dim=2)
+
+    return torch.cat([pad(a), pad(b)], dim=0)
