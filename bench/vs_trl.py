@@ -36,9 +36,14 @@ LEVELS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 MATCHED = {"prompts_per_step": 8, "group_size": 8, "lr": 1e-4, "temperature": 1.0, "max_tokens": 8,
            "clip_eps": 0.2, "kl_coef": 0.0, "loss_agg": "token-mean (TRL: dapo)",
            "advantage": "grpo, group std (TRL: scale_rewards=group)", "updates_per_batch": 1}
+GROUP_CALL = ("generation: Roost samples through its server's continuous-batching torch engine over HTTP, "
+              "one episode per group whose one OpenAI-client call asks for n = group size (a reward per "
+              "choice, `swarm train --group-call`); TRL calls model.generate on the whole batch in-process")
+ONE_CALL_PER_SAMPLE = ("generation: Roost samples through its server's continuous-batching torch engine over HTTP "
+                       "(an episode and an OpenAI-client call per sample); TRL calls model.generate on the whole "
+                       "batch in-process")
 DIFFERENT = [
-    "generation: Roost samples through its server's continuous-batching torch engine over HTTP (an agent per "
-    "episode, OpenAI client); TRL calls model.generate on the whole batch in-process",
+    GROUP_CALL,
     "AdamW betas: Roost (0.9, 0.99); TRL/transformers default (0.9, 0.999)",
     "gradient clipping: both 1.0; Roost clips the whole step, TRL per optimiser step (the same here)",
     "Roost streams episodes from a client process and trains a step as soon as 8 groups are complete; "
@@ -52,7 +57,9 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 
 # ---------------------------------------------------------------- the TRL side (a subprocess)
 
-def trl_worker(model: Path, out: Path, seconds: float) -> None:
+def trl_worker(model: Path, out: Path, seconds: float, t0: float | None = None) -> None:
+    """TRL's run; its clock is the driver's launch time `t0`, as Roost's is (imports, model
+    loading and start-up count for both)."""
     import torch  # lazy: the TRL side runs in its own process
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -61,7 +68,7 @@ def trl_worker(model: Path, out: Path, seconds: float) -> None:
     from swarm.tasks import arith
 
     torch.set_num_threads(1)
-    started = time.time()
+    started = t0 if t0 is not None else time.time()
     rows = arith.dataset(0, 20_000)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
                               for r in rows])
@@ -167,10 +174,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/vs_trl"))
     ap.add_argument("--bin", type=float, default=60.0, help="seconds per reward bin")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--group-call", action=argparse.BooleanOptionalAction, default=True,
+                    help="Roost samples each group in one call (n = group size, a reward per choice), as TRL "
+                         "samples num_generations per prompt; --no-group-call: one episode (one call) per sample")
     ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_worker:
-        trl_worker(args.model, args.out, args.seconds)
+        trl_worker(args.model, args.out, args.seconds, args.t0)
         return
     from store.paths import default_model_dir
 
@@ -184,13 +195,14 @@ def main() -> None:
     roost_out = out / "roost"
     started = time.time()
     trl = _launch([sys.executable, __file__, "--trl-worker", "--model", str(model), "--out", str(out / "trl"),
-                   "--seconds", str(args.seconds)], 0, out / "trl.log")
+                   "--seconds", str(args.seconds), "--t0", repr(started)], 0, out / "trl.log")
     roost = _launch([sys.executable, "-m", "swarm", "train", "--task", "arith", "--model", str(model),
                      "--out", str(roost_out), "--fresh", "--steps", "1000000", "--group-size",
                      str(MATCHED["group_size"]), "--batch-groups", str(MATCHED["prompts_per_step"]),
                      "--lr", str(MATCHED["lr"]), "--kl-coef", "0", "--clip-eps", str(MATCHED["clip_eps"]),
                      "--loss-agg", "token-mean", "--advantage", "grpo", "--no-mlflow",
-                     "--concurrency", str(MATCHED["prompts_per_step"] * MATCHED["group_size"]),
+                     "--concurrency", str(MATCHED["prompts_per_step"] * (1 if args.group_call else MATCHED["group_size"])),
+                     *(["--group-call"] if args.group_call else []),
                      "--timeout", str(args.seconds + 600)], 1, out / "roost.log")
     try:
         while time.time() - started < args.seconds and (trl.poll() is None or roost.poll() is None):
@@ -202,11 +214,13 @@ def main() -> None:
     curves = {"trl": json.loads((out / "trl" / "curve.json").read_text()) if (out / "trl" / "curve.json").exists()
               else [], "roost": _roost_curve(roost_out / "server" / "metrics.jsonl", started)}
     finals = {"trl": out / "trl" / "final", "roost": roost_out / "server" / "checkpoints" / "latest"}
-    result = {"seconds": args.seconds, "matched": MATCHED, "different": DIFFERENT, "systems": {}}
+    different = DIFFERENT if args.group_call else [ONE_CALL_PER_SAMPLE, *DIFFERENT[1:]]
+    result = {"seconds": args.seconds, "matched": MATCHED, "different": different, "systems": {}}
     result["held_out_before"] = held_out(model)
     for name, curve in curves.items():
         result["systems"][name] = {
             "steps": len(curve), "steps_per_min": steps_per_min(curve),
+            "first_step_s": round(curve[0]["time"], 1) if curve else None,  # launch to the first step's log
             "reward_bins": per_bin(curve, args.bin, args.seconds),
             "first_reach_s": {str(level): first_reach(curve, level) for level in LEVELS},
             "held_out_after": held_out(finals[name].resolve()) if finals[name].exists() else None,
@@ -231,6 +245,7 @@ def _print(result: dict, width: float) -> None:
     r, t = result["systems"]["roost"], result["systems"]["trl"]
     table.add_row("steps", str(r["steps"]), str(t["steps"]), "")
     table.add_row("steps/min", str(r["steps_per_min"]), str(t["steps_per_min"]), "")
+    table.add_row("first step logged at s", str(r["first_step_s"]), str(t["first_step_s"]), "")
     for level in LEVELS:
         key = str(level)
         table.add_row(f"first MA5 >= {level}", str(r["first_reach_s"][key]), str(t["first_reach_s"][key]),

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 #: Rewards beyond this magnitude are refused: almost surely a bug in the workflow,
 #: and one such value would swamp a whole batch's advantages.
@@ -101,10 +101,21 @@ class HeartbeatResponse(_Response):
     lease_expires_at: float
 
 
+#: Most choices one call may be scored for (the OpenAI routes' bound on `n`).
+MAX_CHOICES = 128
+
+
 class FinishRequest(_Request):
-    reward: Number = Field(ge=-REWARD_ABS_MAX, le=REWARD_ABS_MAX)
+    #: Required unless `choice_rewards` is given (then it defaults to their mean, for the metrics).
+    reward: Number | None = Field(None, ge=-REWARD_ABS_MAX, le=REWARD_ABS_MAX)
     agent_rewards: dict[str, Number] | None = Field(
         None, description="per-agent-tag rewards overriding `reward` for those agents")
+    #: A group sampled in one call: the episode made one chat call with `n` choices and scores
+    #: each. Each choice trains as its own sample with its own reward, and the choices are
+    #: the GRPO group (the server's group size is then 1 episode): one HTTP call per group.
+    choice_rewards: list[Number] | None = Field(
+        None, min_length=1, max_length=MAX_CHOICES,
+        description="rewards of the choices of the episode's one call, in choice order")
     status: Literal["completed", "truncated", "failed"] = "completed"
     metrics: dict[str, Number] = Field(default_factory=dict)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
@@ -116,6 +127,24 @@ class FinishRequest(_Request):
             if abs(r) > REWARD_ABS_MAX:
                 raise ValueError(f"agent reward for {agent!r} is out of range")
         return value
+
+    @field_validator("choice_rewards")
+    @classmethod
+    def _choices_bounded(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and any(not abs(r) <= REWARD_ABS_MAX for r in value):
+            raise ValueError("a choice reward is out of range")
+        return value
+
+    @model_validator(mode="after")
+    def _a_reward(self) -> FinishRequest:
+        if self.choice_rewards is not None:
+            if self.agent_rewards:
+                raise ValueError("choice_rewards and agent_rewards do not go together")
+            if self.reward is None:
+                self.reward = sum(self.choice_rewards) / len(self.choice_rewards)
+        elif self.reward is None:
+            raise ValueError("reward is required (or choice_rewards, one per choice of a call with n choices)")
+        return self
 
 
 class FinishResponse(_Response):

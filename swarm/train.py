@@ -111,7 +111,8 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
                    "lr": server.train.lr, "advantage": str(server.train.advantage),
                    "loss_agg": str(server.train.loss_agg), "kl_coef": server.train.kl_coef, "seed": server.seed,
                    "clients": spec.clients, "concurrency": spec.concurrency, "temperature": server.temperature,
-                   "merge": server.merge, "per_episode_norm": server.per_episode_norm},
+                   "merge": server.merge, "per_episode_norm": server.per_episode_norm,
+                   "group_call": spec.group_call},
         "run_config": dump_config(spec),
         "steps": steps,
         "reward_first": reward_first,
@@ -125,6 +126,8 @@ def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -
     """The run's server settings with what `swarm train` orchestrates filled in."""
     update: dict = {"host": "127.0.0.1", "port": port, "out_dir": out / "server", "max_steps": spec.steps,
                     "mlflow_run_name": spec.server.mlflow_run_name or f"{spec.name}-{out.name}", "resume": resume}
+    if spec.group_call:  # a group is one episode whose one call samples group_size choices
+        update["group_size"] = 1
     mix = spec.mix
     if len(mix) > 1:  # one fleet per task; the server's quotas hold the shares in every batch
         update.update(quotas={_family(name): share for name, share in mix.items()}, quota_schedule=None)
@@ -140,7 +143,9 @@ def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
         for i in range(spec.clients):
             log_name = f"client{i}" if len(mix) == 1 else f"client-{name}-{i}"
             out.append((log_name, FleetConfig(url=url, task=name, workflow=spec.workflow, dataset=spec.dataset,
-                                              n=spec.server.group_size, concurrency=per_client,
+                                              n=1 if spec.group_call else spec.server.group_size,
+                                              choices=spec.server.group_size if spec.group_call else 1,
+                                              concurrency=per_client,
                                               seed=spec.server.seed * 1000 + i, dataset_size=spec.dataset_size)))
     return out
 

@@ -83,6 +83,10 @@ class RunConfig(BaseModel):
     concurrency: Annotated[int, Flag(study=(1, 512))] = Field(
         128, ge=1, description="episodes in flight, over all clients")
     dataset_size: Annotated[int, Flag(studied=False)] = Field(100_000, ge=1, description="tasks drawn per fleet")
+    group_call: bool = Field(
+        False, description="sample each group in one call (n = group size, a reward per choice) instead of "
+                           "one episode per member: 1 HTTP call per group. For one-call tasks whose workflow "
+                           "honours `episode.choices` (arith)")
     timeout_s: Annotated[float, Flag(name="--timeout", studied=False)] = Field(
         3600.0, gt=0, description="give up after this many seconds")
     server: ServerConfig = Field(default_factory=train_server_defaults)

@@ -14,7 +14,7 @@ import asyncio
 import os
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 import httpx
 
@@ -101,6 +101,11 @@ class AsyncEpisode(EpisodeBase):
     async def finish(self, reward: float, metrics: dict[str, float] | None = None,
                      agent_rewards: dict[str, float] | None = None) -> FinishResponse:
         return await self._finish(self._finish_body(reward, metrics, agent_rewards))
+
+    async def finish_choices(self, rewards: Sequence[float],
+                             metrics: dict[str, float] | None = None) -> FinishResponse:
+        """`Episode.finish_choices`: a reward per choice of the episode's one call."""
+        return await self._finish(self._choices_body(rewards, metrics))
 
     async def fail(self, reason: str | None = None, metrics: dict[str, float] | None = None) -> FinishResponse:
         """Finish as failed (environment crash, tool error): recorded, never trained."""

@@ -23,7 +23,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from functools import cached_property
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import httpx
 
@@ -206,6 +206,9 @@ class EpisodeBase:
         self.result: FinishResponse | None = None
         self.done = False
         self.lost = False  # gone on the server (lease moved on, server restarted): re-play, don't retry
+        #: Choices the fleet asks the episode's one call to sample (`n`); a workflow that honours it
+        #: returns a reward per choice (`run_fleet(..., choices=k)`). 1: an ordinary episode.
+        self.choices = 1
         self._timeout = timeout
         self._sync_clients: list[Any] = []
         self._shared_http: httpx.Client | None = None  # set by sync episodes: the SwarmClient's pool
@@ -257,6 +260,11 @@ class EpisodeBase:
         return {"reward": reward, "metrics": metrics or {}, "agent_rewards": agent_rewards,
                 "idempotency_key": uuid.uuid4().hex}
 
+    @staticmethod
+    def _choices_body(rewards: Sequence[float], metrics: dict[str, float] | None) -> dict:
+        return {"choice_rewards": [float(r) for r in rewards], "metrics": metrics or {},
+                "idempotency_key": uuid.uuid4().hex}
+
     async def aclose(self) -> None:
         """`close()`, plus the cached `async_openai` client (which needs the event loop)."""
         self.close()
@@ -301,6 +309,11 @@ class Episode(EpisodeBase):
                agent_rewards: dict[str, float] | None = None) -> FinishResponse:
         """Report the reward; retried safely (one idempotency key for all attempts)."""
         return self._finish(self._finish_body(reward, metrics, agent_rewards))
+
+    def finish_choices(self, rewards: Sequence[float], metrics: dict[str, float] | None = None) -> FinishResponse:
+        """Score each choice of the episode's one call (`n=len(rewards)`, in choice order): each
+        trains as its own sample, and the choices form the group (see `FinishRequest`)."""
+        return self._finish(self._choices_body(rewards, metrics))
 
     def fail(self, reason: str | None = None, metrics: dict[str, float] | None = None) -> FinishResponse:
         """Finish as failed (environment crash, tool error): recorded, never trained; the

@@ -27,7 +27,7 @@ from swarm.client._retry import ServerStopping, SwarmAPIError, SwarmError, Swarm
 from swarm.client._cursor import JobCursor
 
 log = logging.getLogger("swarm.client")
-Workflow = Callable[[dict, Episode], "float | None"]
+Workflow = Callable[[dict, Episode], "float | list[float] | None"]
 
 
 @dataclass
@@ -75,8 +75,9 @@ class _Fleet:
     def __init__(self, client: SwarmClient, workflow: Workflow, dataset: Sequence[dict], n: int,
                  epochs: int | None, stop: threading.Event, progress: Callable[[FleetStats], Any] | None,
                  max_episodes: int | None, max_attempts: int, task_family: str,
-                 cursor: JobCursor | None = None) -> None:
+                 cursor: JobCursor | None = None, choices: int = 1) -> None:
         self.client = client
+        self.choices = choices
         self.workflow = workflow
         self.dataset = dataset
         self.cursor = cursor if cursor is not None else JobCursor(len(dataset), n, epochs)
@@ -157,10 +158,17 @@ class _Fleet:
             with self.client.episode(task_id, family, {"attempt": attempt}, stop=self.stop) as ep:
                 with self.lock:
                     self.stats.policy_version = max(self.stats.policy_version, ep.policy_version)
+                ep.choices = self.choices
                 try:
                     reward = self.workflow(task, ep)
                     if reward is not None and not ep.done:
-                        ep.finish(float(reward))
+                        if isinstance(reward, (list, tuple)):  # one reward per choice of its one call
+                            ep.finish_choices(reward)
+                        elif self.choices > 1:
+                            raise TypeError(f"the workflow returned one reward; with choices={self.choices} "
+                                            "it must ask for n=episode.choices and return a reward per choice")
+                        else:
+                            ep.finish(float(reward))
                 except ServerStopping:
                     raise
                 except Exception as exc:
@@ -204,8 +212,14 @@ def run_fleet(
     max_attempts: int = 3,
     task_family: str = "default",
     cursor: JobCursor | None = None,
+    choices: int = 1,
 ) -> FleetStats:
     """Run `workflow(task, episode) -> reward | None` over `dataset`, each task `n` times.
+
+    `choices=k` (k > 1): each episode samples its group in one call. The fleet sets
+    `episode.choices = k`; a workflow that honours it asks for `n=k` and returns a list of
+    k rewards, which finish the episode with `choice_rewards` (the server then takes one
+    episode per group: run it with group size 1, and `n=1` here).
 
     `epochs=None` loops over the dataset until something else stops the fleet.
     Blocks until done; Ctrl-C (or SIGTERM under `swarm client`) sets `stop`, gives
@@ -215,11 +229,11 @@ def run_fleet(
     Lost episodes (404/409: the lease moved on or the server restarted; or the
     server unreachable mid-episode) are re-played without counting an attempt.
     """
-    if n < 1 or concurrency < 1:
-        raise ValueError("n and concurrency must be >= 1")
+    if n < 1 or concurrency < 1 or choices < 1:
+        raise ValueError("n, concurrency and choices must be >= 1")
     stop = stop if stop is not None else threading.Event()
     fleet = _Fleet(client, workflow, dataset, n, epochs, stop, progress, max_episodes, max_attempts,
-                   task_family, cursor)
+                   task_family, cursor, choices)
     threads = [threading.Thread(target=fleet.worker, name=f"fleet-{i}", daemon=True)
                for i in range(concurrency)]
     for t in threads:

@@ -114,7 +114,7 @@ def client_command(
         with _progress(console, total, quiet) as progress:
             stats = run_fleet(client, flow, items, n=n, concurrency=cfg.concurrency, epochs=epochs,
                               progress=progress, max_episodes=max_episodes, max_attempts=cfg.max_attempts,
-                              task_family=family, cursor=cursor)
+                              task_family=family, cursor=cursor, choices=cfg.choices)
     console.print(f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "
                   f"{stats.lost} lost and re-played, "
                   f"reward mean {stats.reward_mean:.3f}, {stats.elapsed:.1f}s, stopped by {stats.stopped_by}")

@@ -28,6 +28,9 @@ class FleetConfig(BaseModel):
     dataset: str | None = Field(None, description="module:function(seed, size) -> list of tasks")
     n: Annotated[int, Flag(name="--n", short="-n")] = Field(
         8, ge=1, description="episodes per task (the server's group size)")
+    choices: int = Field(1, ge=1, le=128, description="choices per call: k > 1 samples a group in one call "
+                         "(the workflow asks for n=k and returns a reward per choice; the server's group "
+                         "size is then 1)")
     concurrency: Annotated[int, Flag(short="-c")] = Field(8, ge=1, description="episodes in flight")
     dataset_size: int = Field(64, ge=1, description="tasks drawn from the dataset")
     seed: int = Field(0, description="dataset seed")

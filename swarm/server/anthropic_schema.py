@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from swarm.protocol import Count, Number
 from swarm.server.exceptions import InvalidRequest
 
 MAX_STOP = 16
@@ -122,12 +123,12 @@ class ToolChoice(_Body):
 
 class MessagesRequest(_Body):
     model: str = Field(min_length=1, max_length=256)
-    max_tokens: int = Field(ge=1)
+    max_tokens: Count = Field(ge=1)
     messages: list[Message] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
-    temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    temperature: Number | None = Field(None, ge=0, le=1)
+    top_p: Number | None = Field(None, gt=0, le=1)
+    top_k: Count | None = Field(None, ge=0)
     stop_sequences: list[str] | None = None
     stream: bool | None = False
     tools: list[Tool] | None = None

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible routes, and the knobs they map to.
 
 Unknown fields are accepted and ignored (OpenAI clients send many); the knobs we
-honour are validated (ranges, NaN) so a bad value is a 400, never an engine
+honour are validated (strict types: "8" is not 8; ranges; NaN) so a bad value is a 400, never an engine
 crash. Roost extensions: `return_token_ids` (vLLM's name) asks for
 `prompt_token_ids` and `token_ids` in the response. `to_sampling()` turns a body
 into the protocol-neutral `generation.Sampling`.
@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from swarm.protocol import Bool, Count, Number
 from swarm.server.exceptions import InvalidRequest, NotFound
 from swarm.server.generation import Sampling
 
@@ -34,11 +35,11 @@ class ChatMessage(_Body):
 
 class _Sampling(_Body):
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(None, ge=1, le=128)
-    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
+    max_tokens: Count | None = Field(None, ge=1)
+    temperature: Number | None = Field(None, ge=0, le=2)
+    top_p: Number | None = Field(None, gt=0, le=1)
+    n: Count | None = Field(None, ge=1, le=128)
+    seed: Count | None = Field(None, ge=-(1 << 63), lt=1 << 64)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
@@ -73,9 +74,9 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Count | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Count | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -115,9 +116,9 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | bool | None = Field(None, ge=0, le=20)
+    logprobs: Count | Bool | None = Field(None, ge=0, le=20)
     echo: bool | None = False
-    best_of: int | None = Field(None, ge=1, le=1)
+    best_of: Count | None = Field(None, ge=1, le=1)
     suffix: str | None = None
 
     def prompt_one(self) -> str | list[int]:

@@ -39,7 +39,7 @@ from swarm.server.checkpoint import Checkpointer
 from swarm.server.config import ServerConfig
 from swarm.server.control import LiveControl
 from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner
-from swarm.server.exceptions import Refused, SwarmError, Unavailable
+from swarm.server.exceptions import InvalidRequest, Refused, SwarmError, Unavailable
 from swarm.server.leases import LeaseKeeper
 from swarm.server.recovery import Durability
 from swarm.server.render import ChatRenderer
@@ -273,9 +273,13 @@ class Swarm:
     async def _commit_finish(self, ep: Episode, req: FinishRequest) -> FinishResponse:
         failed = req.status == "failed"  # an environment or tool crash: on record, never trained
         calls = ep.calls
-        samples = [] if failed else episode_samples(
-            calls, ep.id, ep.group_id, req.reward, agent_rewards=req.agent_rewards,
-            merge_enabled=self.config.merge, per_episode_norm=self.config.per_episode_norm)
+        try:
+            samples = [] if failed else episode_samples(
+                calls, ep.id, ep.group_id, req.reward, agent_rewards=req.agent_rewards,
+                merge_enabled=self.config.merge, per_episode_norm=self.config.per_episode_norm,
+                choice_rewards=req.choice_rewards)
+        except ValueError as exc:  # choice_rewards that do not fit the episode's calls
+            raise InvalidRequest("invalid_choice_rewards", str(exc)) from None
         generating = [c for c in calls if c.completion_ids]
         finished = FinishedEpisode(
             ep.id, req.reward, samples, dict(req.metrics), calls=len(generating),
@@ -305,6 +309,7 @@ class Swarm:
         record = {
             "episode_id": ep.id, "task_id": ep.task_id, "task_family": ep.task_family,
             "group_id": ep.group_id, "reward": req.reward, "agent_rewards": req.agent_rewards,
+            "choice_rewards": req.choice_rewards,
             "status": req.status, "metrics": req.metrics, "policy_version": ep.policy_version,
             "model_dir": str(self.config.model_dir), "created_at": ep.created_at, "finished_at": time.time(),
             "calls": [dataclasses.asdict(c) for c in ep.calls],

@@ -49,14 +49,22 @@ def reward(completion: str, answer: str) -> float:
     return 1.0 if completion.strip() == answer else 0.0
 
 
-def workflow(task: dict, episode) -> float:
-    """One call, one exact-match check. Written as a user would, with the plain client."""
+def workflow(task: dict, episode) -> float | list[float]:
+    """One call, one exact-match check. Written as a user would, with the plain client.
+
+    When the fleet samples a group in one call (`episode.choices` k > 1, `swarm train
+    --group-call`), the call asks for `n=k` and each choice gets its own reward.
+    """
+    k = getattr(episode, "choices", 1)
     response = episode.openai.chat.completions.create(
         model=episode.model,
         messages=[{"role": "user", "content": task["question"]}],
         max_tokens=MAX_TOKENS,
         temperature=1.0,
+        **({"n": k} if k > 1 else {}),
     )
+    if k > 1:
+        return [reward(c.message.content or "", task["answer"]) for c in response.choices]
     return reward(completion_text(response), task["answer"])
 
 

@@ -14,14 +14,20 @@ from swarm.model.build import build_untrained
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_train_writes_summary_and_cleans_up(tmp_path):
+def _train_arith(tmp_path, *args: str):
+    """`swarm train --task arith` for 2 steps on an untrained model under its own ROOST_HOME."""
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
     r = subprocess.run([sys.executable, "-m", "swarm", "train", "--task", "arith", "--model", str(model),
-                        "--steps", "2", "--group-size", "2", "--batch-groups", "2", "--concurrency", "4",
-                        "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+                        "--steps", "2", *args, "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       env=env)
     assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+def test_train_writes_summary_and_cleans_up(tmp_path):
+    out = _train_arith(tmp_path, "--group-size", "2", "--batch-groups", "2", "--concurrency", "4")
     summary = json.loads((out / "summary.json").read_text())
     assert [s["step"] for s in summary["steps"]] == [1, 2]
     assert all(0.0 <= s["reward_mean"] <= 1.0 for s in summary["steps"])
@@ -39,6 +45,16 @@ def test_train_writes_summary_and_cleans_up(tmp_path):
     assert [m.step for m in sorted(history, key=lambda m: m.step)] == [1, 2]
     assert [m.value for m in sorted(history, key=lambda m: m.step)] == [s["reward_mean"] for s in summary["steps"]]
     assert client.get_run(summary["mlflow"]["run_id"]).info.status == "FINISHED"
+
+
+def test_train_group_call_samples_each_group_in_one_call(tmp_path):
+    """`--group-call`: a group is one episode whose one call samples `group_size` choices."""
+    out = _train_arith(tmp_path, "--group-size", "4", "--batch-groups", "2", "--concurrency", "2", "--group-call",
+                       "--no-mlflow")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["group_call"] is True and summary["config"]["group_size"] == 4  # choices per group
+    for step in summary["steps"]:  # 2 groups a step: 2 episodes, each one call of 4 choices, 8 samples
+        assert (step["episodes"], step["calls"], step["samples"]) == (2, 8, 8)
 
 
 def test_train_rejects_bad_input(tmp_path):

@@ -64,6 +64,24 @@ def test_other_strict_fields(server: RunningServer) -> None:
     assert ok.status_code == 200, ok.text  # enums still take their string values
 
 
+@pytest.mark.parametrize("knob", [{"max_tokens": "8"}, {"max_tokens": 8.0}, {"n": "2"}, {"n": True},
+                                  {"temperature": "1"}, {"top_p": True}, {"seed": "3"}, {"top_logprobs": "2"}])
+def test_openai_and_anthropic_knobs_are_strict(server: RunningServer, knob: dict) -> None:
+    """`"8"` is not 8 (OpenAI answers 400 too): a knob of the wrong type is refused, not coerced."""
+    ep = _claim(server)
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = {"messages": msgs, "max_tokens": 4, **({"logprobs": True} if "top_logprobs" in knob else {}), **knob}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=chat, headers=_h(ep["api_key"]))
+    assert _code(r, 400) == "invalid_request"
+    if set(knob) <= {"max_tokens", "temperature", "top_p"}:
+        r = httpx.post(f"{server.url}/v1/messages", json={"model": "m", "max_tokens": 4, "messages": msgs, **knob},
+                       headers=_h(ep["api_key"]))
+        assert r.status_code == 400, r.text
+    ok = httpx.post(f"{server.url}/v1/chat/completions", headers=_h(ep["api_key"]),
+                    json={"messages": msgs, "max_tokens": 4, "n": 1, "temperature": 1, "top_p": 1, "seed": 3})
+    assert ok.status_code == 200, ok.text  # ints are numbers where a float is asked
+
+
 def test_the_credential_is_judged_before_the_body(server: RunningServer) -> None:
     """A malformed body gets 401/403 when the credential is wrong, 400 only when it is right."""
     ep = _claim(server)
