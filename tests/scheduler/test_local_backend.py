@@ -43,6 +43,9 @@ def test_queue_is_first_come_first_served(tmp_path: Path) -> None:
     release = tmp_path / "release"
     # holds the one slot until every other job is queued (a fixed sleep raced slow wrapper starts under load)
     gate = b.submit(_spec(tmp_path, "gate", ["bash", "-c", f"until [ -e {release} ]; do sleep 0.05; done"]))
+    # the gate must hold the slot before j0 is submitted: wrappers start asynchronously, and under load
+    # j0's could otherwise take the slot first and never be queued
+    wait_for(lambda: _state(b, gate) == JobState.RUNNING, 60, what="the gate holding the slot")
     hs = []
     for i in range(5):
         hs.append(b.submit(_spec(tmp_path, f"j{i}", ["bash", "-c", f"echo j{i} >> {order}; sleep 0.1"])))
