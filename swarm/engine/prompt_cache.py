@@ -36,10 +36,13 @@ class PrefilledPrompt:
 
 
 class PromptCache:
-    """LRU of `PrefilledPrompt`s keyed by the prompt's token ids, at most `max_tokens` in all."""
+    """LRU of `PrefilledPrompt`s keyed by the prompt's token ids: at most `max_tokens` prompt tokens
+    in all (the KV), and at most `max_entries` prompts (each keeps a vocabulary's worth of logits:
+    ~600 KB for Qwen2.5's 151,936 tokens in fp32)."""
 
-    def __init__(self, max_tokens: int = 16384) -> None:
+    def __init__(self, max_tokens: int = 16384, max_entries: int = 256) -> None:
         self.max_tokens = max_tokens
+        self.max_entries = max_entries
         self._entries: OrderedDict[tuple[int, ...], PrefilledPrompt] = OrderedDict()
         self._tokens = 0
         self.hits = 0
@@ -65,7 +68,7 @@ class PromptCache:
             return
         self._entries[prompt] = entry
         self._tokens += len(prompt)
-        while self._tokens > self.max_tokens:
+        while self._tokens > self.max_tokens or len(self._entries) > self.max_entries:
             old, _ = self._entries.popitem(last=False)
             self._tokens -= len(old)
 

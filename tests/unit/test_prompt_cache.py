@@ -97,6 +97,10 @@ def test_lru_bounded_by_prompt_tokens():
     cache.put(tuple(range(11)), entry)  # larger than the whole budget: never stored
     assert tuple(range(11)) not in cache
     assert PromptCache(max_tokens=0).max_tokens == 0
+    few = PromptCache(max_tokens=100, max_entries=2)  # the entry bound holds the logits down
+    for p in ((1,), (2,), (3,)):
+        few.put(p, entry)
+    assert len(few) == 2 and (1,) not in few
     cache.clear()
     assert len(cache) == 0
 
