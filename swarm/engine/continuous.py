@@ -235,19 +235,15 @@ class ContinuousBatcher:
         prompts = [tuple(r.prompt_ids) for r in new]
         entries = {p: self.prompts.get(p) for p in dict.fromkeys(prompts)} if self.reuse_prompts else {}
         missing = [p for p, e in entries.items() if e is None] if self.reuse_prompts else prompts
-        if len(missing) == len(new):  # all new and distinct: the batch's own forward as it is
-            cache, attn, logits = self._forward_prompts([r.prompt_ids for r in new])
-            if self.reuse_prompts and self.prompts.max_tokens:
+        every_row_fresh = len(missing) == len(new)  # then the forward's own batch is the rows' batch
+        if missing:
+            cache, attn, logits = self._forward_prompts([list(p) for p in missing])
+            if self.reuse_prompts and (self.prompts.max_tokens or not every_row_fresh):
                 for p, e in zip(missing, split_rows([l.keys for l in cache.layers],
                                                     [l.values for l in cache.layers], attn, logits)):
-                    self.prompts.put(p, e)
-        else:
-            if missing:
-                done, attn, logits = self._forward_prompts([list(p) for p in missing])
-                for p, e in zip(missing, split_rows([l.keys for l in done.layers],
-                                                    [l.values for l in done.layers], attn, logits)):
                     entries[p] = e
                     self.prompts.put(p, e)
+        if not every_row_fresh:
             keys, values, attn, logits = stack([entries[p] for p in prompts])  # type: ignore[misc]
             cache = DynamicCache()
             for j, (k, v) in enumerate(zip(keys, values)):

@@ -34,21 +34,16 @@ def common_prefix(prompts: list[list[int]]) -> int:
     return max(n, 0)
 
 
-def pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
-    extra = width - t.shape[-1]
+def pad_left(t: torch.Tensor, width: int, dim: int = -1) -> torch.Tensor:
+    """`t` with zeros (masked padding) prepended along `dim` up to `width`."""
+    extra = width - t.shape[dim]
     if extra <= 0:
         return t
-    return torch.cat([torch.zeros(*t.shape[:-1], extra, dtype=t.dtype, device=t.device), t], dim=-1)
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 def cat_left_padded(a: torch.Tensor, b: torch.Tensor, width: int) -> torch.Tensor:
     """Concatenate two [B, H, L, D] caches along batch after left-padding L to `width`."""
-
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        extra = width - t.shape[2]
-        if extra <= 0:
-            return t
-        z = torch.zeros(t.shape[0], t.shape[1], extra, t.shape[3], dtype=t.dtype, device=t.device)
-        return torch.cat([z, t], dim=2)
-
-    return torch.cat([pad(a), pad(b)], dim=0)
+    return torch.cat([pad_left(a, width, dim=2), pad_left(b, width, dim=2)], dim=0)

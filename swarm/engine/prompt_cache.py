@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from swarm.engine.kv_layout import pad_left
+
 
 @dataclass(frozen=True)
 class PrefilledPrompt:
@@ -45,8 +47,6 @@ class PromptCache:
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple[int, ...], PrefilledPrompt] = OrderedDict()
         self._tokens = 0
-        self.hits = 0
-        self.misses = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -56,11 +56,8 @@ class PromptCache:
 
     def get(self, prompt: tuple[int, ...]) -> PrefilledPrompt | None:
         entry = self._entries.get(prompt)
-        if entry is None:
-            self.misses += 1
-            return None
-        self._entries.move_to_end(prompt)
-        self.hits += 1
+        if entry is not None:
+            self._entries.move_to_end(prompt)
         return entry
 
     def put(self, prompt: tuple[int, ...], entry: PrefilledPrompt) -> None:
@@ -97,18 +94,9 @@ def stack(entries: list[PrefilledPrompt]) -> tuple[list[torch.Tensor], list[torc
     """Rows side by side, each left-padded (masked) to the widest: per-layer keys and values
     [n, H, W, D], attention [n, W], logits [n, V]."""
     width = max(e.width for e in entries)
-
-    def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
-        extra = width - t.shape[dim]
-        if extra <= 0:
-            return t
-        shape = list(t.shape)
-        shape[dim] = extra
-        return torch.cat([t.new_zeros(shape), t], dim=dim)
-
     layers = len(entries[0].keys)
-    keys = [torch.cat([pad(e.keys[j], 2) for e in entries], dim=0) for j in range(layers)]
-    values = [torch.cat([pad(e.values[j], 2) for e in entries], dim=0) for j in range(layers)]
-    attn = torch.cat([pad(e.attn, 1) for e in entries], dim=0)
+    keys = [torch.cat([pad_left(e.keys[j], width, dim=2) for e in entries], dim=0) for j in range(layers)]
+    values = [torch.cat([pad_left(e.values[j], width, dim=2) for e in entries], dim=0) for j in range(layers)]
+    attn = torch.cat([pad_left(e.attn, width) for e in entries], dim=0)
     logits = torch.stack([e.logits for e in entries])
     return keys, values, attn, logits
