@@ -11,9 +11,12 @@ clip, AdamW. The engine's step does everything a swarm server asks of it on top
 metrics). The two alternate step by step on two copies of the same weights in
 one process, so a noisy machine slows both alike; the ratio is of medians.
 
-Workloads (`--workload`): `arith` is a step of `swarm train --task arith` (128
-episodes of a ~20-token prompt and a 2-4 token answer); `long` is 32 samples of
-64 prompt + 64-192 generated tokens, where the forward/backward dominates.
+Workloads (`--workload`): `arith` is a step of `swarm train --task arith` (16
+groups of 8 samples, each group one ~20-token prompt, 2-4 token answers); `long`
+is 8 groups of 4 samples of a 64-token prompt + 64-192 generated tokens, where the
+forward/backward dominates. A third column runs the engine's step with its
+shared-prefix forward off (`engine.share_prefix`), so the table shows what
+computing each group's prompt once is worth next to the plain forward.
 """
 
 from __future__ import annotations
@@ -43,12 +46,13 @@ def make_samples(engine: TorchEngine, workload: str, seed: int = 0) -> list[Trai
     samples = []
     n, group = (128, 8) if workload == "arith" else (32, 4)
     for i in range(n):
-        text = engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"What is {rng.randint(10, 99)}+{rng.randint(1, 9)}?"}],
-            add_generation_prompt=True, tokenize=False)
-        prompt = engine.tokenizer.encode(text, add_special_tokens=False)
-        if workload == "long":
-            prompt = (prompt * 8)[:64]
+        if i % group == 0:  # a GRPO group: one prompt, `group` completions
+            text = engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"What is {rng.randint(10, 99)}+{rng.randint(1, 9)}?"}],
+                add_generation_prompt=True, tokenize=False)
+            prompt = engine.tokenizer.encode(text, add_special_tokens=False)
+            if workload == "long":
+                prompt = (prompt * 8)[:64]
         gen = rng.randint(2, 4) if workload == "arith" else rng.randint(64, 192)
         completion = [rng.randrange(vocab) for _ in range(gen)]
         ids = prompt + completion
@@ -104,19 +108,27 @@ def bench(engine: TorchEngine, workload: str, steps: int, config: TrainConfig) -
     batch = TrainBatch(samples, config)
     engine.train_step(batch)  # warm-up: allocator, kernels, optimizer state
     raw()
-    t_engine, t_raw = [], []
+    def engine_step(share: bool) -> None:
+        engine.share_prefix = share
+        engine.train_step(batch)
+
+    t_engine, t_plain, t_raw = [], [], []
     for _ in range(steps):
-        for fn, out in ((lambda: engine.train_step(batch), t_engine), (raw, t_raw)):
+        for fn, out in ((lambda: engine_step(True), t_engine), (lambda: engine_step(False), t_plain),
+                        (raw, t_raw)):
             _sync(engine.device)
             t0 = time.perf_counter()
             fn()
             _sync(engine.device)
             out.append(time.perf_counter() - t0)
-    e, r = statistics.median(t_engine), statistics.median(t_raw)
+    engine.share_prefix = True
+    e, p, r = statistics.median(t_engine), statistics.median(t_plain), statistics.median(t_raw)
     return {"workload": workload, "samples": len(samples), "tokens": raw.tokens,
             "micro_batches": len(raw.batches), "engine_tokens_per_s": round(raw.tokens / e, 1),
+            "plain_tokens_per_s": round(raw.tokens / p, 1),
             "raw_tokens_per_s": round(raw.tokens / r, 1), "engine_step_s": round(e, 5),
-            "raw_step_s": round(r, 5), "ratio": round(r / e, 3)}
+            "plain_step_s": round(p, 5), "raw_step_s": round(r, 5), "ratio": round(r / e, 3),
+            "plain_ratio": round(r / p, 3)}
 
 
 def main() -> None:
@@ -146,10 +158,12 @@ def main() -> None:
         finally:
             engine.batcher.close()
     print(f"device {engine.device}, dtype {next(engine.model.parameters()).dtype}, kl_coef {args.kl_coef}")
-    print(f"{'workload':>8} {'tokens':>7} {'mbs':>4} {'engine tok/s':>13} {'raw tok/s':>11} {'engine/raw':>10}")
+    print(f"{'workload':>8} {'tokens':>7} {'mbs':>4} {'engine tok/s':>13} {'no-share tok/s':>15} {'raw tok/s':>10} "
+          f"{'engine/raw':>10} {'no-share/raw':>12}")
     for r in rows:
         print(f"{r['workload']:>8} {r['tokens']:>7} {r['micro_batches']:>4} {r['engine_tokens_per_s']:>13.0f} "
-              f"{r['raw_tokens_per_s']:>11.0f} {r['ratio']:>10.2f}")
+              f"{r['plain_tokens_per_s']:>15.0f} {r['raw_tokens_per_s']:>10.0f} {r['ratio']:>10.2f} "
+              f"{r['plain_ratio']:>12.2f}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

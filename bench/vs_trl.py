@@ -46,8 +46,11 @@ DIFFERENT = [
     GROUP_CALL,
     "AdamW betas: Roost (0.9, 0.99); TRL/transformers default (0.9, 0.999)",
     "gradient clipping: both 1.0; Roost clips the whole step, TRL per optimiser step (the same here)",
-    "Roost streams episodes from a client process and trains a step as soon as 8 groups are complete; "
-    "TRL generates then trains in one loop",
+    "Roost streams episodes from a client process and trains a step as soon as 8 groups are complete, and "
+    "the next step's episodes are claimed while it trains (their calls wait for the new weights: still "
+    "on-policy); TRL generates then trains in one loop",
+    "Roost's training forward computes each group's shared prompt once (the same gradient up to float "
+    "rounding); TRL's computes every completion's prompt",
     "TRL's bf16 and gradient checkpointing (on by default in GRPOConfig) are turned off: fp32, no recomputation, "
     "its fastest settings on a CPU",
 ]

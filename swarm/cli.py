@@ -17,6 +17,7 @@ without them.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from store.paths import default_model_dir
 from swarm.client.cli import client_command, load_object
 from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
 from swarm.options import build_config, config_options, load_config_file, require_extra
-from swarm.plugins import mount_plugins
+from swarm.plugins import mount_plugins, needs_plugins
 from swarm.server.cli import serve_command
 from swarm.tasks import list_tasks
 from swarm.train import RUN_FILE, clear_run, previous_run, run
@@ -191,8 +192,16 @@ def inspect_command(
         typer.echo(f"wrote {html_out}")
 
 
-mount_plugins(app)
+_mounted: list[str] | None = None
+
+
+def full_app() -> typer.Typer:
+    """`app` with the plugin commands (`swarm sched`, `swarm db`, ...) mounted, once."""
+    global _mounted
+    if _mounted is None:
+        _mounted = mount_plugins(app)
+    return app
 
 
 def main() -> None:
-    app()
+    (full_app() if needs_plugins(app, sys.argv[1:]) else app)()

@@ -78,16 +78,37 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _read_metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
+class MetricsTail:
+    """The rows of a growing `metrics.jsonl`, read incrementally: each poll parses only the lines
+    appended since the last (a long run's file is re-read whole only if it shrank, as a
+    recovering server rewrites it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict] = []
+        self._offset = 0
+
+    def poll(self) -> list[dict]:
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line being written right now
-    return rows
+            with self.path.open("rb") as f:
+                if f.seek(0, 2) < self._offset:
+                    self.rows, self._offset = [], 0
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.rows
+        end = data.rfind(b"\n") + 1  # a line being written right now waits for the next poll
+        for line in data[:end].splitlines():
+            try:
+                self.rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+        self._offset += end
+        return self.rows
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    return MetricsTail(path).poll()
 
 
 def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5) -> dict:
@@ -102,6 +123,10 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
     for key in sorted({k for r in rows for k in r if k.startswith("reward_mean/")}):
         first, last, seen = first_last(key)
         families[key.partition("/")[2]] = {"reward_first": first, "reward_last": last, "steps_seen": seen}
+    def median(key: str) -> float | None:  # from step 2: step 1 also waits for the clients to start
+        vals = sorted(float(r[key]) for r in rows[1:] if isinstance(r.get(key), (int, float)))
+        return round(vals[len(vals) // 2], 4) if vals else None
+
     server = spec.server
     return {
         "task": spec.task or (None if spec.workflow else "arith"),
@@ -112,12 +137,14 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
                    "loss_agg": str(server.train.loss_agg), "kl_coef": server.train.kl_coef, "seed": server.seed,
                    "clients": spec.clients, "concurrency": spec.concurrency, "temperature": server.temperature,
                    "merge": server.merge, "per_episode_norm": server.per_episode_norm,
-                   "group_call": spec.group_call},
+                   "group_call": spec.grouped},
         "run_config": dump_config(spec),
         "steps": steps,
         "reward_first": reward_first,
         "reward_last": reward_last,
         "families": families,
+        "timing": {"collection_s": median("wall_window_s"), "engine_busy_s": median("gen_busy_s"),
+                   "train_s": median("wall_train_s")},  # per step, medians
         "wall_s": round(wall_s, 2),
     }
 
@@ -126,7 +153,7 @@ def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -
     """The run's server settings with what `swarm train` orchestrates filled in."""
     update: dict = {"host": "127.0.0.1", "port": port, "out_dir": out / "server", "max_steps": spec.steps,
                     "mlflow_run_name": spec.server.mlflow_run_name or f"{spec.name}-{out.name}", "resume": resume}
-    if spec.group_call:  # a group is one episode whose one call samples group_size choices
+    if spec.grouped:  # a group is one episode whose one call samples group_size choices
         update["group_size"] = 1
     mix = spec.mix
     if len(mix) > 1:  # one fleet per task; the server's quotas hold the shares in every batch
@@ -143,8 +170,8 @@ def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
         for i in range(spec.clients):
             log_name = f"client{i}" if len(mix) == 1 else f"client-{name}-{i}"
             out.append((log_name, FleetConfig(url=url, task=name, workflow=spec.workflow, dataset=spec.dataset,
-                                              n=1 if spec.group_call else spec.server.group_size,
-                                              choices=spec.server.group_size if spec.group_call else 1,
+                                              n=1 if spec.grouped else spec.server.group_size,
+                                              choices=spec.server.group_size if spec.grouped else 1,
                                               concurrency=per_client,
                                               seed=spec.server.seed * 1000 + i, dataset_size=spec.dataset_size)))
     return out
@@ -262,7 +289,7 @@ def _wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, tim
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.05)
     raise TimeoutError(f"server at {url} not healthy after {timeout:.0f}s; see {log}")
 
 
@@ -280,8 +307,9 @@ def _follow(spec: RunConfig, url: str, token: str, server: subprocess.Popen, met
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task(f"training {spec.name}", total=spec.steps, info="")
+        tail = MetricsTail(metrics)
         while True:
-            rows = _read_metrics(metrics)
+            rows = tail.poll()
             for r in rows[shown:]:
                 progress.console.print(
                     f"step {r.get('step')}: {_info(r)}  "

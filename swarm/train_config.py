@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from swarm.engine.base import TrainConfig
 from swarm.options import Flag, deep_merge
 from swarm.server.config import ServerConfig
-from swarm.tasks import list_tasks
+from swarm.tasks import get_task, list_tasks
 
 #: `swarm train` chooses these itself (a free port, tokens, the run's folders, the step count).
 ORCHESTRATED = frozenset({"server.host", "server.port", "server.public_url", "server.out_dir", "server.token",
@@ -83,10 +83,10 @@ class RunConfig(BaseModel):
     concurrency: Annotated[int, Flag(study=(1, 512))] = Field(
         128, ge=1, description="episodes in flight, over all clients")
     dataset_size: Annotated[int, Flag(studied=False)] = Field(100_000, ge=1, description="tasks drawn per fleet")
-    group_call: bool = Field(
-        False, description="sample each group in one call (n = group size, a reward per choice) instead of "
-                           "one episode per member: 1 HTTP call per group. For one-call tasks whose workflow "
-                           "honours `episode.choices` (arith)")
+    group_call: Annotated[bool | None, Flag(default_text="on for built-in tasks that support it (arith)")] = Field(
+        None, description="sample each group in one call (n = group size, a reward per choice) instead of "
+                          "one episode per member: 1 HTTP call per group, the same GRPO samples. For one-call "
+                          "workflows that honour `episode.choices` (arith); --no-group-call: an episode per member")
     timeout_s: Annotated[float, Flag(name="--timeout", studied=False)] = Field(
         3600.0, gt=0, description="give up after this many seconds")
     server: ServerConfig = Field(default_factory=train_server_defaults)
@@ -115,7 +115,19 @@ class RunConfig(BaseModel):
             raise ValueError("--workflow plays one dataset: give a single --task with it, not a mix")
         if self.workflow is None and self.dataset is not None:
             raise ValueError("--dataset goes with --workflow")
+        if self.group_call and self.workflow is None:
+            single = [t for t in self.mix if not get_task(t).group_call]
+            if single:
+                raise ValueError(f"--group-call: task {', '.join(single)} does not sample a group in one call "
+                                 "(its workflow makes several calls or ignores episode.choices)")
         return self
+
+    @property
+    def grouped(self) -> bool:
+        """Whether each group is one episode with one n-choice call (`group_call`, or its default)."""
+        if self.group_call is not None:
+            return self.group_call
+        return self.workflow is None and all(get_task(t).group_call for t in self.mix)
 
     @property
     def name(self) -> str:

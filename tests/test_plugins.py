@@ -36,7 +36,9 @@ def test_entry_points_are_registered() -> None:
 
 
 def test_swarm_sched_and_db_help() -> None:
-    from swarm.cli import app  # in the test: a broken swarm.cli fails this test, not the module
+    from swarm.cli import full_app  # in the test: a broken swarm.cli fails this test, not the module
+
+    app = full_app()
 
     top = runner.invoke(app, ["--help"])
     assert top.exit_code == 0, top.output
@@ -85,3 +87,27 @@ def test_plugin_cannot_shadow_a_builtin() -> None:
     app = _app()
     assert mount_plugins(app, [EntryPoint("serve", "store.cli:app", GROUP)]) == []
     assert runner.invoke(app, ["serve"]).exit_code == 0
+
+
+def test_builtin_commands_skip_loading_plugins() -> None:
+    from swarm.plugins import needs_plugins
+
+    app = _app()
+    assert not needs_plugins(app, ["serve", "--port", "8000"]) and not needs_plugins(app, ["client"])
+    assert needs_plugins(app, []) and needs_plugins(app, ["--help"]) and needs_plugins(app, ["sched", "status"])
+
+
+def test_swarm_serve_starts_without_importing_plugins() -> None:
+    """A real `python -m swarm serve --help`: no plugin module (SQLAlchemy, Alembic) is imported;
+    `swarm --help` still lists the plugins."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, runpy; sys.argv = ['swarm', 'serve', '--help']\n"
+             "try:\n    runpy.run_module('swarm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('LOADED', sorted(m for m in ('store.cli', 'scheduler.cli', 'alembic') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "LOADED []" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    top = subprocess.run([sys.executable, "-m", "swarm", "--help"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, env={**__import__("os").environ, "COLUMNS": "200"})
+    assert top.returncode == 0 and "sched" in top.stdout and "db" in top.stdout, top.stdout + top.stderr

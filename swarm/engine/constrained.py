@@ -32,7 +32,6 @@ from typing import Any, Iterable, Sequence
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 
 from swarm.engine.base import UnsupportedRequest
@@ -135,14 +134,17 @@ class Grammars:
         n = len(matchers)
         if self._bitmask.shape[0] < n:  # one buffer for every step (the batcher's worker is its only user)
             self._bitmask = torch.empty(max(n, 2 * self._bitmask.shape[0]), self._bitmask.shape[1], dtype=torch.int32)
-        bitmask = self._bitmask[:n]  # llguidance writes every word of each row
+        bitmask = self._bitmask[:n]  # llguidance writes every word of each row (contiguous: whole rows)
+        # What llguidance.torch's fill_next_token_bitmask(_par) do, called directly: importing that module
+        # costs ~0.8 s of every server's start (its torch.compile decorators import dynamo and inductor)
+        words = bitmask.shape[1]
         if n == 1:
-            llguidance.torch.fill_next_token_bitmask(matchers[0], bitmask, 0)
+            matchers[0].unsafe_compute_mask_ptr(bitmask.data_ptr(), words * 4)
         else:
             if self._executor is None:
                 self._executor = llguidance.LLExecutor()
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)],
-                                                         bitmask)
+            self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),
+                                                   words * 4, n)
         return unpack_bitmask(bitmask, self.width)
 
 

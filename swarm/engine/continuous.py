@@ -100,6 +100,8 @@ class ContinuousBatcher:
         min_shared_prefix: int = 4,
         grammars: Grammars | None = None,
         prompt_cache_tokens: int = 16384,
+        gather_s: float = 0.003,
+        gather_max_s: float = 0.02,
     ) -> None:
         self.vocab_size = vocab_size
         self.grammars = grammars  # compiles response_formats; None: constrained requests are refused
@@ -112,6 +114,7 @@ class ContinuousBatcher:
         self.fuse_pad_tokens = fuse_pad_tokens
         self.min_shared_prefix = min_shared_prefix
         self.shared_gen = torch.Generator().manual_seed(seed)
+        self.gather_s, self.gather_max_s = gather_s, gather_max_s  # an idle engine's wait for a burst's rest
         self._inbox: queue.Queue[_Row] = queue.Queue()
         self._rows: list[_Row] = []
         self._cache: DynamicCache | None = None
@@ -188,12 +191,36 @@ class ContinuousBatcher:
                 new.append(self._inbox.get(timeout=0.05))
             except queue.Empty:
                 return new
+            self._gather(new)
         while len(self._rows) + len(new) < self.max_batch:
             try:
                 new.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
         return [r for r in new if not r.cancelled]
+
+    def _gather(self, new: list[_Row]) -> None:
+        """An idle engine waits for the rest of a burst before its first prefill.
+
+        A training step's requests arrive together but not at once: the swarm admits a window's
+        claims in a wave or two, and each chat call is parsed on the event loop in turn. Prefilling
+        the first arrival alone puts the rest into a second prefill and out of step with it in
+        every decode after (measured: 13 forwards a step instead of 8, the engine busy 0.11 s
+        instead of 0.07). So while arrivals keep coming less than `gather_s` apart (and for at
+        most `gather_max_s`), they join. A lone request pays `gather_s` once; a running batch never
+        waits (newcomers join it at the next forward, as before).
+        """
+        if self.gather_s <= 0:
+            return
+        end = time.monotonic() + self.gather_max_s
+        while len(new) < self.max_batch:
+            wait = min(self.gather_s, end - time.monotonic())
+            if wait <= 0:
+                return
+            try:
+                new.append(self._inbox.get(timeout=wait))
+            except queue.Empty:
+                return
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -16,7 +16,10 @@ What keeps it at the speed of a bare forward/backward/AdamW step (measured by
 * the reference model runs only when `kl_coef` is set;
 * metrics stay on the device until the end of the step: one host sync, not
   several per micro-batch;
-* tensors are built from flat lists in one copy per field, not one per sample.
+* tensors are built from flat lists in one copy per field, not one per sample;
+* a prompt shared by several samples (a GRPO group's) runs once per micro-batch, its KV
+  cache indexed out to the samples (swarm/engine/shared_prefix.py), when that saves at
+  least a quarter of the positions.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 from swarm.algorithms import compute_advantages, kl_k3, loss_scales, ppo_clip_loss
 from swarm.engine.base import TrainConfig, TrainSample
 from swarm.engine.precision import grads_to_clip
+from swarm.engine.shared_prefix import SharedPrefixBatch, plan, shared_hidden, usable
 
 #: Model types whose logits are exactly `lm_head(final hidden state)` (no soft-capping,
 #: no logit scale): for these the head runs on trained positions only.
@@ -114,12 +118,24 @@ class MicroBatch:
         self.w = torch.tensor(row_w, dtype=torch.float32)[rows].to(device, non_blocking=True)
 
 
-def trained_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-    """Logits [N, V] at the trained positions only (N = trained tokens of the micro-batch)."""
+def _head_and_base(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(LM head, base model) when the logits are exactly `head(base(...))`, else None."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, "base_model", None)
     if head is not None and base is not None and base is not model \
             and getattr(model.config, "model_type", None) in PLAIN_HEAD_MODELS:
+        return head, base
+    return None
+
+
+def trained_logits(model: torch.nn.Module, mb: MicroBatch | SharedPrefixBatch) -> torch.Tensor:
+    """Logits [N, V] at the trained positions only (N = trained tokens of the micro-batch)."""
+    parts = _head_and_base(model)
+    if isinstance(mb, SharedPrefixBatch):
+        assert parts is not None, "shared-prefix batches are planned only for plain-head models"
+        return parts[0](shared_hidden(parts[1], mb))
+    if parts is not None:
+        head, base = parts
         hidden = base(input_ids=mb.ids, attention_mask=mb.attn, use_cache=False).last_hidden_state[:, :-1]
         return head(hidden.reshape(-1, hidden.shape[-1])[mb.pos])
     logits = model(input_ids=mb.ids, attention_mask=mb.attn, use_cache=False).logits[:, :-1]
@@ -132,8 +148,10 @@ def policy_step(
     samples: Sequence[TrainSample],
     config: TrainConfig,
     reference: torch.nn.Module | None = None,
+    share_prefix: bool = True,
 ) -> dict[str, float]:
-    """One optimisation step; returns its metrics. `optimizer` may be a `MasterWeightAdamW`."""
+    """One optimisation step; returns its metrics. `optimizer` may be a `MasterWeightAdamW`.
+    `share_prefix=False` always takes the plain forward (benchmarks and tests compare)."""
     if not samples:
         raise ValueError("empty batch")
     for s in samples:
@@ -150,8 +168,12 @@ def policy_step(
     optimizer.zero_grad(set_to_none=True)
     totals = torch.zeros(len(METRICS), device=device)
     tokens = trained = 0
-    for idx in micro_batches([len(s.input_ids) for s in samples], config.micro_batch_tokens):
-        mb = MicroBatch(samples, idx, adv, scales, device)
+    shared = plan(samples, config.micro_batch_tokens) \
+        if share_prefix and _head_and_base(model) is not None and usable(model) else None
+    parts = shared or micro_batches([len(s.input_ids) for s in samples], config.micro_batch_tokens)
+    for part in parts:
+        mb = SharedPrefixBatch(samples, part, adv, scales, device) if shared is not None \
+            else MicroBatch(samples, part, adv, scales, device)
         tokens += mb.tokens
         if mb.pos.numel() == 0:
             continue  # nothing trained in these samples (all-prompt): no gradient to take
@@ -192,6 +214,7 @@ def policy_step(
         "tokens": float(tokens),
         "trained_tokens": float(trained),
         "tokens_per_s": tokens / dt if dt > 0 else 0.0,
+        "shared_prefix": float(shared is not None),
         "step_s": dt,
         "adv_mean": sum(adv) / len(adv),
         "adv_abs_mean": sum(abs(x) for x in adv) / len(adv),

@@ -83,6 +83,7 @@ class TorchEngine:
             fuse_pad_tokens=self.placement.fuse_pad_tokens,
             grammars=Grammars(self.tokenizer, vocab, eos),  # response_format: llguidance, built on first use
         )
+        self.share_prefix = True  # a prompt shared by a group's samples runs once in training (benchmarks: off)
         self._gen_mark = (0.0, 0, 0, 0)  # batcher busy seconds, forwards, tokens, reused prompts at the last step
         if (self.model_dir / STATE_FILE).exists():
             self._load_state(self.model_dir)
@@ -142,7 +143,8 @@ class TorchEngine:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         with self._lock:
             ref = self.reference if batch.config.kl_coef else None
-            metrics = policy_step(self.model, self.optimizer, batch.samples, batch.config, reference=ref)
+            metrics = policy_step(self.model, self.optimizer, batch.samples, batch.config, reference=ref,
+                                  share_prefix=self.share_prefix)
             self.batcher.weights_changed()
             self.policy_version += 1
             gen = self.batcher

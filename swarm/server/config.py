@@ -157,6 +157,11 @@ class ServerConfig(BaseModel):
                              "opens as a step starts, so episodes are claimed and played while it trains (lag <= 1), "
                              "corrected by the PPO ratio against their recorded logprobs. An episode over it is "
                              "dropped whole and counted (dropped_stale). Each step logs policy_lag_mean/max")
+    claims_during_step: Annotated[bool, Flag(name="--claims-during-step", off="--no-claims-during-step")] = Field(
+        True, description="on-policy (k = 0): the next window's episodes are claimed while a step trains and "
+                          "their model calls wait for the new weights (lag stays 0; a step's calls reach the engine "
+                          "together). Off: claims get 429 `training` until the step ends (for agents whose model "
+                          "calls time out sooner than a step takes)")
     replay_staleness: Annotated[int | None, Flag(studied=False, default_text="every acknowledged episode")] = Field(
         None, ge=0, description="after a restart, episodes acknowledged before it may be this many versions from "
                                 "the policy that trains them (PPO ratio against their recorded logprobs); None: "

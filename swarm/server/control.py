@@ -125,10 +125,15 @@ class LiveControl:
         except Exception:  # never lose a metrics row over its decoration
             log.exception("could not add live config to a metrics row")
 
+    def _window_base_step(self) -> int:
+        """The step before the one that trains the open window (quota phases count from it): a window
+        opened while a step trains (claims_during_step, max_staleness >= 1) trains after that step."""
+        return self.trainer.step + (1 if self.batcher.stepping else 0)
+
     def _refresh_slots(self) -> None:
         b = self.batcher
         if self.book.enabled and not b.training:
-            self.book.window_slots(b.window, self.trainer.step, b.batch_groups)
+            self.book.window_slots(b.window, self._window_base_step(), b.batch_groups)
 
     def describe(self, changed: dict[str, Any] | None = None) -> LiveConfigResponse:
         groups = list(self.batcher.groups)
@@ -226,9 +231,11 @@ class LiveControl:
             self.book.set(q, s)
             update["quotas"], update["quota_schedule"] = q, s
         self.config = self.config.model_copy(update=update)
-        self._remember(self.trainer.step + 1)
-        self._event("config_applied", applied={k: _plain(v) for k, v in changes.items()},
-                    effective_step=self.trainer.step + 1)
+        # the step that trains the window opening now: the next one, or the one after it when the window
+        # opens while a step trains (claims_during_step, max_staleness >= 1)
+        step = self.trainer.step + (2 if self.batcher.stepping else 1)
+        self._remember(step)
+        self._event("config_applied", applied={k: _plain(v) for k, v in changes.items()}, effective_step=step)
         self.admission_changed.publish()
 
     # -- pause ----------------------------------------------------------------
@@ -257,7 +264,7 @@ class LiveControl:
             return  # the batcher refuses it anyway
         if any(g.task_id == req.task_id and g.free > 0 for g in b.groups.values()):
             return  # joining an open group takes no new slot
-        self.book.window_slots(b.window, self.trainer.step, b.batch_groups)
+        self.book.window_slots(b.window, self._window_base_step(), b.batch_groups)
         self._learn_families()
         try:
             self.book.check(req.task_family, b.groups.keys())

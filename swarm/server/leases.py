@@ -12,6 +12,10 @@ finish raise `StaleLease` (409 `stale_epoch`: a zombie never writes into anyone'
 data), and a call it had in flight lands on the old `Episode` object, already
 closed, and is dropped. A dead or frozen (SIGSTOP, a sleeping laptop) client is
 thus detected within one lease; the sweeper runs every min(1 s, lease/4).
+While an on-policy step holds generation back (`Batcher.gated`), leases and stall
+clocks stand still: the next window's episodes (`claims_during_step`) may be
+waiting at the gate with a call their holders cannot finish; the time the step
+took is added to every open lease once it ends.
 
 Stalled groups (`group_stall_s`, `stalled_group_policy`): a group without
 *progress* (a new claim or hand-over, a finish, an abort that gives the slot up;
@@ -78,6 +82,7 @@ class LeaseKeeper:
         self.reclaimable: dict[str, list[str]] = {}  # task_id -> expired episode ids, oldest first
         self._groups: dict[str, _Progress] = {}  # group_id -> its last progress
         self._waiting: tuple[int, float] | None = None  # (window, since when) the full window waits on stragglers
+        self._held_since: float | None = None  # a step holds generation back since (leases paused)
         self._task: asyncio.Task | None = None
 
     # -- renewal ------------------------------------------------------------------------------
@@ -118,7 +123,16 @@ class LeaseKeeper:
     def sweep(self, now: float | None = None) -> int:
         """Expire every open episode whose lease has passed; unstick stalled groups. Returns expiries."""
         now = time.time() if now is None else now
-        expired = [ep for ep in self.registry.open.values() if ep.lease_expires_at < now]
+        if self._held_since is not None and not self.batcher.gated:
+            held = now - self._held_since  # generation was held back for a step: not the holders' time
+            for ep in self.registry.open.values():
+                ep.lease_expires_at += held
+            self._held_since = None
+        if self.batcher.gated:  # an episode may be waiting at the gate, unable to renew through its call
+            self._held_since = now if self._held_since is None else self._held_since
+            expired = []
+        else:
+            expired = [ep for ep in self.registry.open.values() if ep.lease_expires_at < now]
         for ep in expired:
             self.expire(ep)
         stalled = self._stalls(time.monotonic())
@@ -130,7 +144,7 @@ class LeaseKeeper:
         """Resolve stalled groups (see the module doc); returns how many."""
         b = self.batcher
         full = len(b.groups) >= b.batch_groups
-        waiting = full and not b.ready() and any(g.complete for g in b.groups.values())
+        waiting = full and not b.gated and not b.ready() and any(g.complete for g in b.groups.values())
         if not waiting:
             self._waiting = None
         elif self._waiting is None or self._waiting[0] != b.window:
@@ -142,8 +156,9 @@ class LeaseKeeper:
             holders = {(i, ep.epoch) for i in g.claimed if (ep := self.registry.open.get(i)) is not None}
             old = self._groups.get(g.group_id)
             resolved = len(g.finished) + g.dropped
-            if old is None or old.window != b.window or resolved > old.resolved or not holders <= old.holders:
-                seen[g.group_id] = progress = _Progress(b.window, resolved, holders, mono)  # it moved on
+            moved = old is None or old.window != b.window or resolved > old.resolved or not holders <= old.holders
+            if moved or b.gated:  # it moved on, or its calls wait for a step: no clock runs
+                seen[g.group_id] = progress = _Progress(b.window, resolved, holders, mono)
             else:
                 seen[g.group_id] = progress = _Progress(b.window, resolved, old.holders | holders, old.since)
             since = progress.since

@@ -83,7 +83,8 @@ class Swarm:
         self.out_dir = Path(config.out_dir)
         self.counters: Counter[str] = Counter()
         self.gate = GenerationGate()
-        self.batcher = Batcher(config.group_size, config.batch_groups, config.max_staleness)
+        self.batcher = Batcher(config.group_size, config.batch_groups, config.max_staleness,
+                               config.claims_during_step)
         # finished episodes on disk before the ack; replay on restart
         self.durability = Durability(config, self.batcher, self.counters)
         self.registry = EpisodeRegistry(KeySigner(config.secret or ""), config.lease_seconds,

@@ -12,7 +12,11 @@ engine with generation depends on `max_staleness` (k, see batcher.py):
   in-flight ones finish before the step; with on-policy admission nothing should be
   generating by then anyway, but a call still in flight (a zombie of an expired
   lease, a slow stream) never sees the weights change under it. The next window
-  opens (`window_reopened`) after the step.
+  opens (`window_reopened`) when the batch is taken (`claims_during_step`): its
+  episodes are claimed and its agents run while the step trains, and their calls
+  wait here, to reach the engine together with the new weights; the window's
+  collection time (`wall_window_s`) counts from the step's end. Without
+  `claims_during_step` the window opens after the step.
 * k >= 1 (overlapped): the next window opens when the batch is taken
   (`window_reopened` is published then, naming the version that will train it), and
   the step holds the gate only `alongside` generation: calls keep being admitted.
@@ -217,7 +221,7 @@ class Trainer:
                             batch.window, len(stale), self.batcher.max_staleness, version)
             self.batch_taken.publish(batch)
             self._task = asyncio.get_running_loop().create_task(self._run(batch, self._window_opened))
-            if self.batcher.overlapped:  # the next window is open already; version+1 trains it
+            if self.batcher.opens_at_take:  # the next window is open already; version+1 trains it
                 self._opened(version + 1)
 
     def _opened(self, version: int) -> None:
@@ -276,7 +280,9 @@ class Trainer:
             log.exception("training step failed; the batch of window %d is dropped", batch.window)
         finally:
             self.batcher.reopen()
-            if overlapped:  # the window that filled meanwhile may be ready: step again at once
-                asyncio.get_running_loop().call_soon(self.kick)
-            else:
+            if not self.batcher.opens_at_take:
                 self._opened(self.engine.policy_version)
+            else:  # the window that filled meanwhile may be ready: step again at once
+                if not overlapped:  # its calls waited for this step: its collection starts now
+                    self._window_opened = time.monotonic()
+                asyncio.get_running_loop().call_soon(self.kick)

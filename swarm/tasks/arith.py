@@ -92,4 +92,4 @@ def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
 
 TASK = Task(name="arith", family="arith",
             description="single-turn two-digit addition/subtraction, exact match",
-            dataset=dataset, workflow=workflow, transcripts=transcripts)
+            dataset=dataset, workflow=workflow, transcripts=transcripts, group_call=True)

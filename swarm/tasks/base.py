@@ -32,6 +32,9 @@ class Task:
     of a larger dataset equal `dataset(seed, k)`.
     `tools`: the function specs the workflow sends (`tools=`), None for a task without
     tools; the warm start and the tokenizer corpus render `transcripts` with them.
+    `group_call`: the workflow makes one call and honours `episode.choices` (k > 1: it asks
+    for n = k and returns a reward per choice), so `swarm train` samples a GRPO group in
+    one call by default.
     """
 
     name: str
@@ -41,6 +44,7 @@ class Task:
     workflow: Workflow
     transcripts: Callable[[int, int], list[list[dict]]]
     tools: list[dict] | None = None
+    group_call: bool = False
 
 
 def completion_text(response: Any) -> str:

@@ -32,7 +32,11 @@ def test_train_writes_summary_and_cleans_up(tmp_path):
     assert [s["step"] for s in summary["steps"]] == [1, 2]
     assert all(0.0 <= s["reward_mean"] <= 1.0 for s in summary["steps"])
     assert summary["reward_first"] is not None and summary["reward_last"] is not None and summary["wall_s"] > 0
-    assert summary["steps"][0]["episodes"] == 4
+    assert summary["config"]["group_call"] is True  # arith's default: a group is one n-choice call
+    assert (summary["steps"][0]["episodes"], summary["steps"][0]["samples"]) == (2, 4)
+    timing = summary["timing"]  # medians of step 2 on (one step here)
+    assert timing["collection_s"] == pytest.approx(summary["steps"][1]["wall_window_s"], abs=1e-4)
+    assert timing["train_s"] > 0 and timing["engine_busy_s"] >= 0
     # every process it started is gone: the server wrote its pid
     pid = json.loads((out / "server" / "server.json").read_text())["pid"]
     with pytest.raises(ProcessLookupError):
@@ -55,6 +59,41 @@ def test_train_group_call_samples_each_group_in_one_call(tmp_path):
     assert summary["config"]["group_call"] is True and summary["config"]["group_size"] == 4  # choices per group
     for step in summary["steps"]:  # 2 groups a step: 2 episodes, each one call of 4 choices, 8 samples
         assert (step["episodes"], step["calls"], step["samples"]) == (2, 8, 8)
+
+
+def test_train_no_group_call_plays_an_episode_per_member(tmp_path):
+    out = _train_arith(tmp_path, "--group-size", "2", "--batch-groups", "2", "--concurrency", "4",
+                       "--no-group-call", "--no-mlflow")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["group_call"] is False
+    for step in summary["steps"]:
+        assert (step["episodes"], step["calls"], step["samples"]) == (4, 4, 4)
+
+
+def test_group_call_only_for_tasks_that_support_it() -> None:
+    from pydantic import ValidationError
+
+    from swarm.train_config import RunConfig
+
+    assert RunConfig(task="arith").grouped and not RunConfig(task="calc").grouped
+    assert not RunConfig(task="arith+guess").grouped and not RunConfig(task="arith", group_call=False).grouped
+    with pytest.raises(ValidationError, match="task calc does not sample a group in one call"):
+        RunConfig(task="calc", group_call=True)
+
+
+def test_metrics_tail_reads_only_new_complete_lines(tmp_path):
+    from swarm.train import MetricsTail
+
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    assert tail.poll() == []  # no file yet
+    path.write_text('{"step": 1}\n{"step": 2')  # the second row is still being written
+    assert [r["step"] for r in tail.poll()] == [1]
+    with path.open("a") as f:
+        f.write('}\n{"step": 3}\n')
+    assert [r["step"] for r in tail.poll()] == [1, 2, 3]
+    path.write_text('{"step": 1}\n')  # rewritten shorter (a recovering server): read again from the start
+    assert [r["step"] for r in tail.poll()] == [1]
 
 
 def test_train_rejects_bad_input(tmp_path):

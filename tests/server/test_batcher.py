@@ -36,7 +36,7 @@ def test_group_completes_with_n_finished_and_step_needs_b_groups() -> None:
 
 
 def test_admission_caps_tasks_and_slots_per_policy_version() -> None:
-    b = Batcher(group_size=2, batch_groups=1)
+    b = Batcher(group_size=2, batch_groups=1, claims_during_step=False)
     g = b.admit("a", "e1")
     b.admit("a", "e2")
     with pytest.raises(Refused) as r:

@@ -120,7 +120,7 @@ def test_failed_episodes_and_group_policy(make_server, tmp_path: Path, policy: s
     good = [_play(client, "t", float(i)).id for i in range(ok)]
     bad = _play(client, "t", status="failed")
     assert bad.result is not None and bad.result.samples == 0
-    wait_until(lambda: srv.swarm.batcher.window == 1 and not srv.swarm.batcher.training)
+    wait_until(lambda: srv.swarm.batcher.window == 1 and not srv.swarm.batcher.stepping)  # taken and resolved
     rows = _rows(tmp_path / "out")
     assert rows[bad.id][0] == "failed" and rows[bad.id][3] == "failed"
     trained_ids = {s.episode_id for b in srv.engine.batches for s in b.samples}

@@ -59,8 +59,8 @@ class _Rows:
         self.rows.append(record)
 
 
-def _ready_batcher() -> Batcher:
-    b = Batcher(group_size=1, batch_groups=1)
+def _ready_batcher(claims_during_step: bool = True) -> Batcher:
+    b = Batcher(group_size=1, batch_groups=1, claims_during_step=claims_during_step)
     g = b.admit("t", "e1")
     sample = TrainSample(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0.0, -1.0, -1.0],
                          episode_id="e1", group_id=g.group_id, reward=1.0)
@@ -68,9 +68,10 @@ def _ready_batcher() -> Batcher:
     return b
 
 
-def test_trainer_publishes_one_steps_events_in_order(model_dir: Path) -> None:
+@pytest.mark.parametrize("claims_during_step", [True, False])
+def test_trainer_publishes_one_steps_events_in_order(model_dir: Path, claims_during_step: bool) -> None:
     engine = FakeEngine(model_dir)
-    batcher = _ready_batcher()
+    batcher = _ready_batcher(claims_during_step)
     rows = _Rows()
     trainer = Trainer(engine, batcher, GenerationGate(), TrainConfig(), rows)
     heard: list[Any] = []
@@ -92,7 +93,10 @@ def test_trainer_publishes_one_steps_events_in_order(model_dir: Path) -> None:
         await trainer.wait()
 
     asyncio.run(run())
-    assert heard == [("taken", 0), ("resolved", 1), ("done", 1, True), ("reopened", engine.policy_version)]
+    if claims_during_step:  # the next window opens as the batch is taken, naming the version that trains it
+        assert heard == [("taken", 0), ("reopened", 1), ("resolved", 1), ("done", 1, True)]
+    else:
+        assert heard == [("taken", 0), ("resolved", 1), ("done", 1, True), ("reopened", engine.policy_version)]
     assert rows.rows[0]["extra"] == 1.0 and rows.rows[0]["step"] == 1  # listeners' fields reach the row
     assert batcher.window == 1 and not batcher.training
 

@@ -75,7 +75,7 @@ def test_screen_drops_whole_episodes_over_the_bound_and_reports_the_lag() -> Non
 
 
 def test_overlapped_batcher_opens_the_next_window_when_a_batch_is_taken() -> None:
-    on = Batcher(group_size=1, batch_groups=1, max_staleness=0)
+    on = Batcher(group_size=1, batch_groups=1, max_staleness=0, claims_during_step=False)
     over = Batcher(group_size=1, batch_groups=1, max_staleness=1)
     for b in (on, over):
         g = b.admit("a", "e1")
@@ -203,9 +203,10 @@ def test_max_steps_is_not_exceeded_by_a_window_that_filled_during_the_last_step(
     assert state == "buffered"  # acknowledged and kept for a restart, not trained past max_steps
 
 
-def test_on_policy_k0_still_refuses_claims_while_a_step_trains(make_server, model_dir) -> None:
-    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1)
-    assert srv.swarm.config.max_staleness == 0  # the default: today's on-policy behaviour
+def test_on_policy_k0_without_claims_during_step_refuses_claims_while_a_step_trains(make_server, model_dir) -> None:
+    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1,
+                      claims_during_step=False)
+    assert srv.swarm.config.max_staleness == 0  # the default: on-policy
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", wait=False)
     wait_until(lambda: srv.swarm.batcher.stepping)
@@ -215,6 +216,39 @@ def test_on_policy_k0_still_refuses_claims_while_a_step_trains(make_server, mode
     _play(client, "b")  # waits out the step
     wait_until(lambda: srv.swarm.trainer.step == 2)
     assert _trained_lags(srv.engine) == [0, 0] and [m["policy_lag_max"] for m in _rows(srv)] == [0, 0]
+
+
+def test_on_policy_claims_during_a_step_wait_at_the_gate_and_train_at_lag_0(make_server, model_dir) -> None:
+    """The default: the next window's episode is claimed while the step trains; its call waits
+    for the new weights, so what it generates trains at lag 0, as without early claims."""
+    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1)
+    assert srv.swarm.config.claims_during_step and srv.swarm.config.max_staleness == 0
+    client = SwarmClient(srv.url, srv.token)
+    _play(client, "a", wait=False)
+    wait_until(lambda: srv.swarm.batcher.stepping)
+    early = client.claim("b", wait=False)  # no 429: admitted into the next window at once
+    assert srv.swarm.batcher.stepping and srv.swarm.trainer.step == 0
+    early.openai.chat.completions.create(model=early.model, messages=MESSAGES, max_tokens=4)
+    assert srv.swarm.trainer.step == 1  # the call was answered only after the step
+    early.finish(1.0)
+    wait_until(lambda: srv.swarm.trainer.step == 2)
+    assert _trained_lags(srv.engine) == [0, 0] and [m["policy_lag_max"] for m in _rows(srv)] == [0, 0]
+    assert srv.swarm.counters["expired"] == 0
+
+
+def test_leases_stand_still_while_a_step_holds_generation_back(make_server, model_dir) -> None:
+    """An episode whose call waits at the gate cannot renew its lease through that call: the step's
+    time is not counted against it (a 0.5 s lease outlives a 2 s step without any heartbeat)."""
+    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=2.0), group_size=1, batch_groups=1,
+                      lease_seconds=0.5)
+    client = SwarmClient(srv.url, srv.token, heartbeats=False)
+    _play(client, "a", wait=False)
+    wait_until(lambda: srv.swarm.batcher.stepping)
+    early = client.claim("b", wait=False)
+    early.openai.chat.completions.create(model=early.model, messages=MESSAGES, max_tokens=4)
+    early.finish(1.0)  # not 409: the lease did not run out at the gate
+    wait_until(lambda: srv.swarm.trainer.step == 2)
+    assert srv.swarm.counters["expired"] == 0 and _trained_lags(srv.engine) == [0, 0]
 
 
 @pytest.mark.parametrize("k", [0, 1])

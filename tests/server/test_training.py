@@ -75,7 +75,8 @@ def test_dropped_slot_lets_a_group_complete_smaller(server: RunningServer) -> No
 
 
 def test_claims_get_429_while_training_and_generation_waits(make_server, model_dir) -> None:
-    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1)
+    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1,
+                      claims_during_step=False)
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", 1.0)
     wait_until(lambda: srv.swarm.batcher.training)

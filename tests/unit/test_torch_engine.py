@@ -309,7 +309,7 @@ def test_trained_positions_head_equals_full_logits(model_dir, config, monkeypatc
         monkeypatch.setattr(ps, "PLAIN_HEAD_MODELS", ps.PLAIN_HEAD_MODELS if plain else frozenset())
         model = copy.deepcopy(base)
         opt = torch.optim.AdamW(model.parameters(), lr=config.lr)
-        out[plain] = (ps.policy_step(model, opt, samples, config, reference=reference), model)
+        out[plain] = (ps.policy_step(model, opt, samples, config, reference=reference, share_prefix=False), model)
     (m1, a), (m2, b) = out[True], out[False]
     for key in ("loss", "pg_loss", "entropy", "kl_ref", "grad_norm", "trained_tokens"):
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
