@@ -87,4 +87,3 @@ def needs_plugins(app: typer.Typer, argv: list[str]) -> bool:
     """
     command = next((a for a in argv if not a.startswith("-")), None)
     return command is None or command not in _taken(app)
-
