@@ -133,7 +133,8 @@ class ServerConfig(BaseModel):
     lease_seconds: float = Field(30.0, gt=0, description="episode lease: the SDK heartbeats every third of it, so a dead or frozen "
                                  "client is detected within it; an agent without the SDK must call or heartbeat this often")
     retry_after_s: Annotated[float, Flag(studied=False)] = Field(1.0, gt=0, description="Retry-After sent with 429s")
-    stop_grace_s: Annotated[float, Flag(studied=False)] = Field(1.0, ge=0, description="answer 503 'stopping' this long before exit")
+    stop_grace_s: Annotated[float, Flag(studied=False)] = Field(1.0, ge=0, description="when stopping, let episodes in flight finish this long (new claims and "
+                                                "calls get 503 'stopping'), then take the last checkpoint and exit")
     closed_episodes_kept: Annotated[int, Flag(studied=False)] = Field(100_000, ge=1, description="finished ids kept for idempotency")
     # robustness (leases.py, recovery.py): what survives dead clients, hung engines and kill -9
     group_stall_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(

@@ -104,6 +104,7 @@ class Swarm:
         self.last_checkpoint: str | None = None
         self.checkpointed_step = 0
         self.stopping = False
+        self.sealed = False  # stopping, and past the grace: nothing more is acknowledged before the last checkpoint
         self.stop_callback: Callable[[], None] | None = None
         self._stop_task: asyncio.Task | None = None
         self._wire()
@@ -255,6 +256,8 @@ class Swarm:
             self.counters["finish_replays"] += 1
             return await asyncio.shield(pending)
         self.registry.require_open(ep)
+        if self.sealed:  # the last checkpoint's counters must match the buffer: a restart re-plays this one
+            raise Unavailable("stopping", "the server is taking its last checkpoint; this episode was not recorded")
         ep.finish_key = req.idempotency_key
         ep.finishing = asyncio.get_running_loop().create_task(self._finish(ep, req, ep.lease_expires_at))
         ep.finishing.add_done_callback(_retrieved)  # its caller may have hung up: no "never retrieved"
@@ -397,12 +400,20 @@ class Swarm:
         self._stop_task = asyncio.get_running_loop().create_task(self._stop())
 
     async def _stop(self) -> None:
+        """The running step ends; for `stop_grace_s` episodes in flight may still finish (new claims and
+        calls get 503 'stopping'; a window claimed during the last step plays out and is acknowledged);
+        then the server seals (a finish gets 503 'stopping'), waits for finishes being committed, and
+        takes the last checkpoint, whose counters therefore match the buffer."""
         try:
             await self.trainer.wait()
+            await asyncio.sleep(self.config.stop_grace_s)
+            self.sealed = True
+            committing = [ep.finishing for ep in list(self.registry.open.values()) if ep.finishing is not None]
+            if committing:
+                await asyncio.gather(*committing, return_exceptions=True)
             if self.config.checkpoint_on_stop and self.trainer.step > self.checkpointed_step:
                 async with self.gate.exclusive():
                     await self.checkpoint()
-            await asyncio.sleep(self.config.stop_grace_s)
         except Exception:
             log.exception("error while stopping")
         finally:

@@ -236,6 +236,30 @@ def test_on_policy_claims_during_a_step_wait_at_the_gate_and_train_at_lag_0(make
     assert srv.swarm.counters["expired"] == 0
 
 
+def test_a_window_claimed_during_the_last_step_is_acknowledged_before_the_last_checkpoint(make_server,
+                                                                                          model_dir) -> None:
+    """At max_steps the next window's episodes may already wait at the gate: they play out during
+    the stop grace and are acknowledged (kept for a restart), and the last checkpoint counts them."""
+    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1, max_steps=1,
+                      stop_grace_s=1.5)
+    client = SwarmClient(srv.url, srv.token)
+    _play(client, "a", wait=False)
+    wait_until(lambda: srv.swarm.batcher.stepping)
+    late = client.claim("b", wait=False)
+    late.openai.chat.completions.create(model=late.model, messages=MESSAGES, max_tokens=4)
+    late.finish(1.0)  # the server is stopping, but an episode in flight still finishes
+    srv.thread.join(15)
+    assert not srv.thread.is_alive() and srv.swarm.trainer.step == 1
+    db = sqlite3.connect(srv.swarm.out_dir / "buffer.sqlite")
+    try:
+        states = dict(db.execute("SELECT id, state FROM episodes").fetchall())
+    finally:
+        db.close()
+    assert states[late.id] == "buffered" and len(states) == 2
+    saved = json.loads((srv.swarm.out_dir / "checkpoints" / "latest" / "server_state.json").read_text())
+    assert saved["counters"]["finished"] == len(states)
+
+
 def test_leases_stand_still_while_a_step_holds_generation_back(make_server, model_dir) -> None:
     """An episode whose call waits at the gate cannot renew its lease through that call: the step's
     time is not counted against it (a 0.5 s lease outlives a 2 s step without any heartbeat)."""
