@@ -231,9 +231,7 @@ class LiveControl:
             self.book.set(q, s)
             update["quotas"], update["quota_schedule"] = q, s
         self.config = self.config.model_copy(update=update)
-        # the step that trains the window opening now: the next one, or the one after it when the window
-        # opens while a step trains (claims_during_step, max_staleness >= 1)
-        step = self.trainer.step + (2 if self.batcher.stepping else 1)
+        step = self._window_base_step() + 1  # the step that trains the window opening now
         self._remember(step)
         self._event("config_applied", applied={k: _plain(v) for k, v in changes.items()}, effective_step=step)
         self.admission_changed.publish()
