@@ -31,7 +31,7 @@ if "$VENV/bin/python" -c "import torch" 2>/dev/null; then echo "FAIL: torch is i
 work=$(mktemp -d)
 port=$("$FULL/bin/python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 token=client-ci-token
-"$FULL/bin/python" -c "from swarm.server.testing import tiny_model_dir; tiny_model_dir('$work')" >/dev/null 2>&1
+"$FULL/bin/python" -c "from swarm.testing import tiny_model_dir; tiny_model_dir('$work')" >/dev/null 2>&1
 ROOST_HOME="$work/home" "$FULL/bin/python" -m swarm serve --engine fake --model "$work/tiny-model" --port "$port" \
   --token "$token" --admin-token client-ci-admin --group-size 1 --batch-groups 4 --out "$work/server" \
   > "$work/server.log" 2>&1 &

@@ -34,8 +34,8 @@ from pathlib import Path
 import httpx
 
 from swarm.engine.fake import FakeEngine
-from swarm.server.config import ServerConfig
-from swarm.server.testing import running_server, tiny_model_dir
+from swarm.config.server import ServerConfig
+from swarm.testing import running_server, tiny_model_dir
 
 LIMIT_S = 2.0
 

@@ -84,7 +84,7 @@ def main() -> None:
         print(f"bench/gpu_engine.py needs a CUDA GPU; torch {torch.__version__} sees none on this machine "
               "(bench/generate.py and bench/train_step.py measure the CPU engine).", file=sys.stderr)
         sys.exit(2)
-    from swarm.engine.base import TrainConfig
+    from swarm.config.train import TrainConfig
     from swarm.engine.torch_engine import TorchEngine
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))

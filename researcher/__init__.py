@@ -1,4 +1,4 @@
-"""`researcher`: the autonomous study loop (DESIGN.md §5).
+"""`researcher`: the autonomous study loop (docs/design.md, "The researcher loop").
 
     researcher study "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
 

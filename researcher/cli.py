@@ -13,6 +13,12 @@ Expected failures (an unreachable LLM endpoint, a planner answer still invalid
 after its retries, a topic the planner cannot express, a budget too small for the
 design, a malformed duration) print one line and a hint and exit 1 (2 for a bad
 option); `researcher --debug ...` shows the traceback instead.
+
+The commands need the `research` extra (LangGraph, LangChain, APScheduler, SciPy), which
+`pip install 'roost[server]'` does not bring. So this module imports only what the
+options need (the StudyConfig fields): `researcher --help` and `researcher study --help`
+work without the extra, and each command first checks for it (`_require_research`) and
+says in one line what to install, exit 1, before importing the study machinery inside.
 """
 
 from __future__ import annotations
@@ -24,31 +30,36 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from sqlmodel import Session, select
 
-from researcher import daemon as study_daemon
-from researcher.config import Budget, StudyConfig, default_trial_program, parse_duration
-from researcher.experiment import MIN_SEEDS, Design, Frame, HypothesisSpec, swarm_train_flags
-from researcher.graph import build_graph
-from researcher.llm import BudgetExceeded, LLMUnreachable, StructuredOutputError, llm_settings
-from researcher.llm_planner import LLMPlanner
-from researcher.planning import BudgetTooSmall, PlanDefaults, UnsupportedTopic, fit_to_budget
-from researcher.report import planner_description, render
-from researcher.runner import (Step, advance, checkpointer, create_study, drive, make_context, make_planner,
-                               stop_study, store_engine)
-from scheduler import daemon as scheduler_daemon
-from scheduler.manager import default_backends
-from store.models import Study, StudyStatus, Trial
+from researcher.cli_options import (
+    CliOptions,
+    config_field,
+    deadline_param,
+    duration,
+    options_of,
+    parse_deadline,
+    setting,
+    usage_error,
+)
+from researcher.config import Budget, StudyConfig, default_trial_program, format_duration, parse_duration
+from researcher.experiment import MIN_SEEDS
+from researcher.planning import BudgetTooSmall, PlanDefaults, UnsupportedTopic
 from store.paths import default_model_dir
 from swarm.client.cli import load_object
+from swarm.config.options import require_extra
+
+if TYPE_CHECKING:
+    from researcher.graph import FirstRound
+    from researcher.runner import Step
 
 app = typer.Typer(help="Plan, run and report RL studies autonomously.", no_args_is_help=True,
                   add_completion=False)
@@ -57,19 +68,48 @@ err = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-HINTS: dict[type[Exception], str] = {
-    LLMUnreachable: "check that the endpoint is up and ROOST_LLM_BASE_URL / ROOST_LLM_MODEL / "
-                    "ROOST_LLM_API_KEY are right, or use --planner rules",
-    StructuredOutputError: "try a stronger model (ROOST_LLM_MODEL), or --planner rules",
-    UnsupportedTopic: "name one of these knobs and the values to compare, or use the LLM planner, which "
-                      "can use every knob (--planner llm; set ROOST_LLM_BASE_URL and ROOST_LLM_MODEL)",
-    BudgetTooSmall: "raise --max-trials (or leave it out), or name fewer values to compare",
-    BudgetExceeded: "raise --llm-tokens",
-}
+# What `researcher` needs beyond the `server` extra (roost[research] brings them with it): the study graph
+# and its checkpoints, the LLM planner, the scheduler daemon, the statistics. Top-level module names.
+RESEARCH_MODULES = ("langgraph", "langchain_core", "langchain_openai", "apscheduler", "scipy")
 
 
-class _Options:
-    debug = False
+def _require_research() -> None:
+    """Exit with one line naming the missing modules and `pip install 'roost[research]'`.
+
+    Every command calls it first, before it imports the study machinery: on a `[server]`
+    install the import would otherwise end in a ModuleNotFoundError traceback.
+    """
+    require_extra("research", *RESEARCH_MODULES)
+
+
+@functools.cache
+def hints() -> dict[type[Exception], str]:
+    """The expected failures and the hint printed under each.
+
+    Built on first use: the LLM errors live in researcher.llm, which needs the research extra.
+    """
+    from researcher.llm import BudgetExceeded, LLMUnreachable, StructuredOutputError  # lazy: research extra
+
+    return {
+        LLMUnreachable: "check that the endpoint is up and ROOST_LLM_BASE_URL / ROOST_LLM_MODEL / "
+                        "ROOST_LLM_API_KEY are right, or use --planner rules",
+        StructuredOutputError: "try a stronger model (ROOST_LLM_MODEL), or --planner rules",
+        UnsupportedTopic: "name one of these knobs and the values to compare, or use the LLM planner, which "
+                          "can use every knob (--planner llm; set ROOST_LLM_BASE_URL and ROOST_LLM_MODEL)",
+        BudgetTooSmall: "raise --max-trials (or leave it out), or name fewer values to compare",
+        BudgetExceeded: "raise --llm-tokens",
+    }
+
+
+def _hint_for(e: Exception) -> str | None:
+    """The hint of an expected failure; None for any other exception.
+
+    Expected failures are the researcher's own exceptions: anything else (typer's exit of
+    a missing extra included) passes through without importing researcher.llm.
+    """
+    if not type(e).__module__.startswith("researcher."):
+        return None
+    return next((hint for cls, hint in hints().items() if isinstance(e, cls)), None)
 
 
 def fail(message: str, hint: str | None = None, code: int = 1) -> typer.Exit:
@@ -84,68 +124,42 @@ def fail(message: str, hint: str | None = None, code: int = 1) -> typer.Exit:
 
 
 def expected_errors(fn: F) -> F:
-    """Known failures become `fail(...)`; anything else (or --debug) keeps its traceback."""
+    """Known failures become `fail(...)`; anything else (or --debug) keeps its traceback.
+
+    The command takes the invocation's `ctx: typer.Context`, which holds --debug.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except tuple(HINTS) as e:
-            if _Options.debug:
+        except Exception as e:
+            hint = _hint_for(e)
+            if hint is None or options_of(kwargs.get("ctx")).debug:  # typer passes parameters by name
                 raise
-            raise fail(str(e), HINTS[type(e)]) from None
+            raise fail(str(e), hint) from None
 
     return wrapper  # type: ignore[return-value]
 
 
 @app.callback()
-def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="log progress"),
+def _root(ctx: typer.Context,
+          verbose: bool = typer.Option(False, "--verbose", "-v", help="log progress"),
           debug: bool = typer.Option(False, "--debug", help="show tracebacks of expected errors")) -> None:
     """Autonomous RL research on top of the swarm."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    _Options.debug = debug
-
-
-# ---------------------------------------------------------------- option parsing
-
-
-def _duration(value: str | None) -> str | None:
-    """Typer callback: a malformed duration is a usage error naming the option, not a traceback."""
-    try:
-        parse_duration(value)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    return value
-
-
-def _deadline_param(value: str | None) -> str | None:
-    if value:
-        try:
-            _deadline(value)
-        except ValueError:
-            raise typer.BadParameter(f"not a time or a duration: {value!r} (use e.g. "
-                                     "2030-01-31T18:00, 90m, 6h)") from None
-    return value
-
-
-def _deadline(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        dt = datetime.fromisoformat(text)
-        return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-    except ValueError:
-        secs = parse_duration(text)
-        assert secs is not None
-        return datetime.now(UTC) + timedelta(seconds=secs)
+    ctx.obj = CliOptions(debug=debug)
 
 
 # ---------------------------------------------------------------- output
 
 
-def _print_plan(cfg: StudyConfig, frame: Frame, hyp: HypothesisSpec, design: Design, note: str) -> None:
+def _print_plan(cfg: StudyConfig, plan: FirstRound) -> None:
+    from researcher.report import planner_description  # lazy: research extra (checked by _require_research)
+
+    frame, hyp, design = plan.frame, plan.hypothesis, plan.design
     console.print(f"[bold]Planner:[/] {escape(planner_description(cfg))}")
     console.print(f"[bold]Question:[/] {escape(frame.question)}")
     console.print(f"[bold]Task:[/] {frame.task}   [bold]Metric:[/] {frame.metric} ({frame.metric_description()})")
@@ -156,20 +170,22 @@ def _print_plan(cfg: StudyConfig, frame: Frame, hyp: HypothesisSpec, design: Des
                   str(design.steps))
     console.print(t)
     console.print(f"{len(design.trial_configs())} trials")
-    if note:
-        console.print(f"[yellow]{escape(note)}[/]")
+    if plan.note:
+        console.print(f"[yellow]{escape(plan.note)}[/]")
 
 
-_last_shown: list[str] = []
+class _Progress:
+    """Prints a waiting study's trial counts when they change, not on every poll (one per drive)."""
 
+    def __init__(self) -> None:
+        self.last = ""
 
-def _on_step(step: Step) -> None:
-    """Print progress when it changes (not on every poll)."""
-    if step.state == "waiting" and step.detail.get("running") is not None:
-        line = f"trials running {step.detail.get('running')}, pending {step.detail.get('pending')}"
-        if _last_shown[-1:] != [line]:
-            _last_shown.append(line)
-            console.print(f"[dim]{datetime.now().strftime('%H:%M:%S')} {line}[/]")
+    def __call__(self, step: Step) -> None:
+        if step.state == "waiting" and step.detail.get("running") is not None:
+            line = f"trials running {step.detail.get('running')}, pending {step.detail.get('pending')}"
+            if line != self.last:
+                self.last = line
+                console.print(f"[dim]{datetime.now().strftime('%H:%M:%S')} {line}[/]")
 
 
 def _finish(study_id: int, step: Step) -> None:
@@ -187,6 +203,8 @@ def _finish(study_id: int, step: Step) -> None:
 
 
 def _show_report_path(study_id: int) -> None:
+    from researcher.runner import make_context  # lazy: research extra (checked by _require_research)
+
     ctx = make_context(study_id)
     study = ctx.study()
     console.print(f"[bold green]Study {study_id} {study.status.lower()}[/]; "
@@ -200,46 +218,45 @@ def _show_report_path(study_id: int) -> None:
 # ---------------------------------------------------------------- commands
 
 
-def _plan(cfg: StudyConfig) -> tuple[Frame, HypothesisSpec, Design, str]:
-    """The first round's plan as the study would make it, fitted to the trial budget.
+def _plan(cfg: StudyConfig) -> FirstRound:
+    """The first round's plan, by the graph's own planning steps, fitted to the trial budget.
 
     Asked before any study exists (a dry run, a pre-check), so an unreachable LLM fails within
     seconds here; inside a study the planner waits an endpoint out (ROOST_LLM_WAIT_S).
     """
+    from researcher.graph import first_round  # lazy: research extra (checked by _require_research)
+    from researcher.runner import make_planner  # lazy: research extra (checked by _require_research)
+
     p = make_planner(cfg)
     policy = getattr(p, "policy", None)
     if policy is not None:
         policy.wait_s = min(policy.wait_s, 10.0)
-    frame = p.frame(cfg.topic, cfg.defaults)
-    hyp = p.hypothesize(cfg.topic, frame, [])
-    if hyp is None:
-        raise UnsupportedTopic(f"the {p.name} planner has no hypothesis for this topic")
-    design, note = fit_to_budget(p.design(frame, hyp, cfg.defaults), cfg.budget.max_trials)
-    return frame, hyp, design, note
+    return first_round(p, cfg)
 
 
 @app.command()
 @expected_errors
 def study(
+    ctx: typer.Context,
     topic: str = typer.Argument(..., help="the research question, in words"),
-    max_trials: int = typer.Option(None, "--max-trials", min=1, show_default="no limit",
-                                   help="launch at most this many trials (a design is shrunk to fit, or refused)"),
-    cpu_hours: float = typer.Option(None, "--cpu-hours", show_default="no limit",
-                                    help="CPU-hour budget (trial wall time × CPUs)"),
-    gpu_hours: float = typer.Option(None, "--gpu-hours", show_default="no limit", help="GPU-hour budget"),
-    wall_clock: str = typer.Option(None, "--wall-clock", callback=_duration, show_default="no limit",
-                                   help="wall-clock budget, e.g. 20m, 6h, 2d"),
-    llm_tokens: int = typer.Option(None, "--llm-tokens", min=1, show_default="no limit",
-                                   help="planner token budget"),
-    deadline: str = typer.Option(None, "--deadline", callback=_deadline_param, show_default="none",
+    max_trials: int = setting("budget.max_trials", "--max-trials", show_default="no limit",
+                              help="launch at most this many trials (a design is shrunk to fit, or refused)"),
+    cpu_hours: float = setting("budget.cpu_hours", "--cpu-hours", show_default="no limit",
+                               help="CPU-hour budget (trial wall time × CPUs)"),
+    gpu_hours: float = setting("budget.gpu_hours", "--gpu-hours", show_default="no limit", help="GPU-hour budget"),
+    wall_clock: str = setting("budget.wall_clock_s", "--wall-clock", text=format_duration, callback=duration,
+                              show_default="no limit", help="wall-clock budget, e.g. 20m, 6h, 2d"),
+    llm_tokens: int = setting("budget.llm_tokens", "--llm-tokens", show_default="no limit",
+                              help="planner token budget"),
+    deadline: str = typer.Option(None, "--deadline", callback=deadline_param, show_default="none",
                                  help="no launches after this (ISO time or duration)"),
-    backend: str = typer.Option("local", "--backend", help="local | slurm"),
+    backend: str = setting("backend", "--backend", help="local | slurm"),
     planner: str = typer.Option(None, "--planner", show_default="llm if configured, else rules",
                                 help="llm | rules"),
-    seeds: int = typer.Option(MIN_SEEDS, "--seeds", min=MIN_SEEDS, help=f"seeds per arm (at least {MIN_SEEDS})"),
-    steps: int = typer.Option(PlanDefaults().steps, "--steps", min=1, help="training steps per trial"),
-    parallel: int = typer.Option(2, "--parallel", min=1, help="trials running at once"),
-    approve: bool = typer.Option(False, "--approve", show_default="off", help="pause for approval before launching"),
+    seeds: int = setting("defaults.seeds", "--seeds", help=f"seeds per arm (at least {MIN_SEEDS})"),
+    steps: int = setting("defaults.steps", "--steps"),
+    parallel: int = setting("parallel", "--parallel"),
+    approve: bool = setting("approve", "--approve", show_default="off"),
     dry_run: bool = typer.Option(False, "--dry-run", show_default="off", help="print the plan; launch nothing"),
     foreground: bool = typer.Option(True, "--foreground/--background",
                                     help="drive the study here until it ends, or leave it to `researcher daemon`"),
@@ -250,17 +267,25 @@ def study(
                                       "(the current directory is importable)"),
     dataset: str = typer.Option(None, "--dataset", show_default="the task's, else a `dataset` beside the workflow",
                                 help="module:function(seed, size) -> tasks, with --workflow"),
-    trial_time_limit: str = typer.Option("1h", "--trial-time-limit", callback=_duration,
-                                         help="per-trial time limit"),
-    trial_cpus: int = typer.Option(1, "--trial-cpus", min=1, help="CPUs per trial job"),
-    trial_gpus: int = typer.Option(0, "--trial-gpus", min=0, help="GPUs per trial job (Slurm)"),
-    partition: str = typer.Option(None, "--partition", show_default="the cluster's default",
-                                  help="Slurm partition for trial jobs"),
-    poll: float = typer.Option(5.0, "--poll", help="seconds between checks in the foreground"),
+    trial_time_limit: str = setting("trial_time_limit_s", "--trial-time-limit", text=format_duration,
+                                    callback=duration),
+    trial_cpus: int = setting("trial_cpus", "--trial-cpus"),
+    trial_gpus: int = setting("trial_gpus", "--trial-gpus"),
+    partition: str = setting("partition", "--partition", show_default="the cluster's default"),
+    poll: float = setting("poll_s", "--poll"),
     trial_program: str = typer.Option(None, "--trial-program", envvar="ROOST_TRIAL_PROGRAM", hidden=True,
                                       help="command run per trial instead of `python -m swarm train`"),
 ) -> None:
     """Plan a study of TOPIC, run its trials, analyse them and write a report."""
+    _require_research()
+    from researcher import daemon as study_daemon  # lazy: research extra (checked above)
+    from researcher.graph import check_program  # lazy: research extra (checked above)
+    from researcher.llm import llm_settings  # lazy: research extra (checked above)
+    from researcher.llm_planner import LLMPlanner  # lazy: research extra (checked above)
+    from researcher.report import planner_description  # lazy: research extra (checked above)
+    from researcher.runner import create_study, load_config, store_engine  # lazy: research extra (checked above)
+    from scheduler.manager import default_backends  # lazy: the store's SQLAlchemy models, on use only
+
     chosen = planner or ("llm" if llm_settings() else "rules")
     if chosen not in ("llm", "rules"):
         raise typer.BadParameter("llm or rules", param_hint="--planner")
@@ -276,31 +301,36 @@ def study(
             dataset = f"{module}:dataset"
         if dataset:
             load_object(dataset)
-    defaults = PlanDefaults(seeds=seeds, steps=steps)
-    cfg = StudyConfig(
-        topic=topic, planner=chosen, backend=backend, defaults=defaults, approve=approve, parallel=parallel,
-        budget=Budget(max_trials=max_trials, cpu_hours=cpu_hours, gpu_hours=gpu_hours,
-                      wall_clock_s=parse_duration(wall_clock), llm_tokens=llm_tokens, deadline=_deadline(deadline)),
-        trial_program=shlex.split(trial_program) if trial_program else default_trial_program(),
-        trial_time_limit_s=int(parse_duration(trial_time_limit) or 3600), poll_s=poll, model_dir=model,
-        trial_cpus=trial_cpus, trial_gpus=trial_gpus, partition=partition, workflow=workflow, dataset=dataset,
-        trial_env={"PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))}
-        if workflow else {},
-        llm_base_url=llm.get("base_url"), llm_model=llm.get("model"))
+    time_limit = parse_duration(trial_time_limit)
+    try:
+        cfg = StudyConfig(
+            topic=topic, planner=chosen, backend=backend, defaults=PlanDefaults(seeds=seeds, steps=steps),
+            approve=approve, parallel=parallel,
+            budget=Budget(max_trials=max_trials, cpu_hours=cpu_hours, gpu_hours=gpu_hours,
+                          wall_clock_s=parse_duration(wall_clock), llm_tokens=llm_tokens,
+                          deadline=parse_deadline(deadline)),
+            trial_program=shlex.split(trial_program) if trial_program else default_trial_program(),
+            trial_time_limit_s=int(time_limit) if time_limit else config_field("trial_time_limit_s").default,
+            poll_s=poll, model_dir=model, trial_cpus=trial_cpus, trial_gpus=trial_gpus, partition=partition,
+            workflow=workflow, dataset=dataset,
+            trial_env={"PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))}
+            if workflow else {},
+            llm_base_url=llm.get("base_url"), llm_model=llm.get("model"))
+    except ValidationError as e:
+        raise usage_error(e) from None
     if cfg.planner == "llm":
         cfg.prompt_versions = LLMPlanner.prompt_versions()
     if dry_run:
-        frame, hyp, design, note = _plan(cfg)
-        _print_plan(cfg, frame, hyp, design, note)
-        if cfg.uses_swarm_train:
-            try:
-                design.check_program(swarm_train_flags())
-            except ValueError as e:
-                console.print(f"[bold red]This design cannot run yet:[/] {escape(str(e))}")
+        plan = _plan(cfg)
+        _print_plan(cfg, plan)
+        try:
+            check_program(cfg, plan.design)
+        except ValueError as e:
+            console.print(f"[bold red]This design cannot run yet:[/] {escape(str(e))}")
         console.print("[dim]dry run: nothing launched[/]")
         return
     if cfg.planner == "rules":  # deterministic and free: refuse a topic or budget before creating anything
-        _, _, _, note = _plan(cfg)
+        note = _plan(cfg).note
         if note:
             console.print(f"[yellow]{escape(note)}[/]")
     if cfg.uses_swarm_train and cfg.model_dir is None:
@@ -309,18 +339,23 @@ def study(
         console.print("[dim]checking the embedded model (built once, takes a few minutes)…[/]")
         cfg.model_dir = str(init_model(default_model_dir()))
     sid = create_study(cfg)
+    study_dir = load_config(store_engine(), sid).study_dir  # chosen by create_study (ROOST_HOME/studies/study-N)
     console.print(f"[bold]Study {sid}[/] (planner: {escape(planner_description(cfg))}; {cfg.backend} backend): "
-                  f"{cfg.study_dir or ''}")
+                  f"{study_dir}")
     if not foreground:
         study_daemon.register()
         console.print(f"Left to the daemon (`researcher daemon`); follow with: researcher status {sid}")
         return
-    _drive_here(sid)
+    _drive_here(sid, options_of(ctx))
 
 
-def _drive_here(study_id: int, resume: object = None) -> None:
+def _drive_here(study_id: int, opts: CliOptions, resume: object = None) -> None:
+    from researcher.llm import LLMUnreachable  # lazy: research extra (the caller checked it)
+    from researcher.runner import drive, make_context  # lazy: research extra (the caller checked it)
+    from store.models import StudyStatus  # lazy: with the runner
+
     try:
-        _finish(study_id, drive(study_id, resume=resume, on_step=_on_step))
+        _finish(study_id, drive(study_id, resume=resume, on_step=_Progress()))
     except KeyboardInterrupt:
         console.print(f"\n[yellow]interrupted[/]: running trials go on; continue with "
                       f"`researcher resume {study_id}` or stop them with `researcher stop {study_id}`")
@@ -328,21 +363,25 @@ def _drive_here(study_id: int, resume: object = None) -> None:
     except LLMUnreachable as e:
         # FAILED: the daemon leaves it alone instead of retrying every tick; `resume` re-activates it
         make_context(study_id).set_study_status(StudyStatus.FAILED)
-        if _Options.debug:
+        if opts.debug:
             raise
-        raise fail(str(e), f"{HINTS[LLMUnreachable]}; then continue with: researcher resume {study_id}") from None
+        raise fail(str(e), f"{hints()[LLMUnreachable]}; then continue with: researcher resume {study_id}") from None
 
 
 @app.command()
 @expected_errors
-def approve(study_id: int = typer.Argument(...),
+def approve(ctx: typer.Context,
+            study_id: int = typer.Argument(...),
             reject: bool = typer.Option(False, "--reject", help="reject the plan: the study stops"),
             foreground: bool = typer.Option(True, "--foreground/--background",
                                             help="drive the study here, or leave it to the daemon")) -> None:
     """Approve (or reject) the plan of a study waiting at --approve, and continue it."""
+    _require_research()
+    from researcher.runner import advance  # lazy: research extra (checked above)
+
     answer = {"approved": not reject}
     if foreground:
-        _drive_here(study_id, resume=answer)
+        _drive_here(study_id, options_of(ctx), resume=answer)
     else:
         step = advance(study_id, resume=answer)
         console.print(f"study {study_id}: {step.state}")
@@ -350,22 +389,33 @@ def approve(study_id: int = typer.Argument(...),
 
 @app.command()
 @expected_errors
-def resume(study_id: int = typer.Argument(...),
+def resume(ctx: typer.Context,
+           study_id: int = typer.Argument(...),
            foreground: bool = typer.Option(True, "--foreground/--background",
                                            help="drive the study here, or leave it to the daemon")) -> None:
     """Continue a study after a crash or restart: running trials are reconciled, never resubmitted."""
-    ctx = make_context(study_id)
-    if ctx.study().status == StudyStatus.FAILED.value:
-        ctx.set_study_status(StudyStatus.ACTIVE)
+    _require_research()
+    from researcher.runner import advance, make_context  # lazy: research extra (checked above)
+    from store.models import StudyStatus  # lazy: with the runner
+
+    study_ctx = make_context(study_id)
+    if study_ctx.study().status == StudyStatus.FAILED.value:
+        study_ctx.set_study_status(StudyStatus.ACTIVE)
     if foreground:
-        _drive_here(study_id)
+        _drive_here(study_id, options_of(ctx))
     else:
-        console.print(f"study {study_id}: {advance(study_id, ctx=ctx).state}")
+        console.print(f"study {study_id}: {advance(study_id, ctx=study_ctx).state}")
 
 
 @app.command()
 def status(study_id: int = typer.Argument(None, show_default="every study")) -> None:
     """List studies, or show one study's trials."""
+    _require_research()
+    from sqlmodel import Session, select  # lazy: with the runner
+
+    from researcher.runner import store_engine  # lazy: research extra (checked above)
+    from store.models import Study, Trial  # lazy: with the runner
+
     engine = store_engine()
     with Session(engine) as s:
         if study_id is None:
@@ -389,6 +439,11 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
 @app.command()
 def report(study_id: int = typer.Argument(...)) -> None:
     """Print the study's report (for an unfinished study: what it has so far)."""
+    _require_research()
+    from researcher.graph import build_graph  # lazy: research extra (checked above)
+    from researcher.report import render  # lazy: research extra (checked above)
+    from researcher.runner import checkpointer, make_context  # lazy: research extra (checked above)
+
     ctx = make_context(study_id)
     st = ctx.study()
     if st.report:
@@ -403,6 +458,9 @@ def report(study_id: int = typer.Argument(...)) -> None:
 @app.command()
 def stop(study_id: int = typer.Argument(...)) -> None:
     """Cancel a study's running trials and write a report of what completed."""
+    _require_research()
+    from researcher.runner import stop_study  # lazy: research extra (checked above)
+
     path = stop_study(study_id)
     console.print(f"study {study_id} stopped; report: {path}")
 
@@ -410,6 +468,10 @@ def stop(study_id: int = typer.Argument(...)) -> None:
 @app.command()
 def daemon(interval: float = typer.Option(30.0, "--interval", help="seconds between study ticks")) -> None:
     """Run the scheduler daemon with the researcher's tick: every active study advances."""
+    _require_research()
+    from researcher import daemon as study_daemon  # lazy: research extra (checked above)
+    from scheduler import daemon as scheduler_daemon  # lazy: research extra (checked above)
+
     study_daemon.register(interval)
     console.print(f"researcher tick every {interval:g} s; Ctrl-C stops")
     scheduler_daemon.run_daemon()

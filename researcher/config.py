@@ -5,7 +5,6 @@ so a resumed study (another process, another day) runs with exactly what it star
 from __future__ import annotations
 
 import re
-import shlex
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -15,12 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from researcher.planning import PlanDefaults
 
-ENV_TRIAL_PROGRAM = "ROOST_TRIAL_PROGRAM"
-
 
 def default_trial_program() -> list[str]:
     """`python -m swarm train` with this interpreter (the trial's flags are appended)."""
     return [sys.executable, "-m", "swarm", "train"]
+
+
+UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}  # largest first: format_duration
 
 
 def parse_duration(text: str | None) -> float | None:
@@ -35,7 +35,17 @@ def parse_duration(text: str | None) -> float | None:
     parts = re.findall(r"(\d+(?:\.\d+)?)\s*([smhd])", s)
     if not parts or "".join(f"{a}{b}" for a, b in parts) != re.sub(r"\s+", "", s):
         raise ValueError(f"not a duration: {text!r} (use e.g. 90, 45m, 2h, 1d)")
-    return sum(float(a) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[b] for a, b in parts)
+    return sum(float(a) * UNITS[b] for a, b in parts)
+
+
+def format_duration(seconds: float) -> str:
+    """3600 → '1h', 5400 → '1h30m': how a user writes it, so a default shows as `parse_duration` reads it."""
+    left, out = int(seconds), ""
+    for unit, size in UNITS.items():
+        if left >= size:
+            out += f"{left // size}{unit}"
+            left %= size
+    return out or "0"
 
 
 class Budget(BaseModel):
@@ -62,12 +72,12 @@ class StudyConfig(BaseModel):
     approve: bool = Field(default=False, description="pause for approval before the first launch")
     parallel: int = Field(default=2, ge=1, description="trials running at once")
     trial_program: list[str] = Field(default_factory=default_trial_program)
-    trial_cpus: int = Field(default=1, ge=1)
-    trial_gpus: int = Field(default=0, ge=0)
-    trial_time_limit_s: int = Field(default=3600, ge=1)
+    trial_cpus: int = Field(default=1, ge=1, description="CPUs per trial job")
+    trial_gpus: int = Field(default=0, ge=0, description="GPUs per trial job (Slurm)")
+    trial_time_limit_s: int = Field(default=3600, ge=1, description="per-trial time limit")
     trial_env: dict[str, str] = Field(default_factory=dict)
-    partition: str | None = None
-    poll_s: float = Field(default=5.0, gt=0, description="foreground polling interval")
+    partition: str | None = Field(default=None, description="Slurm partition for trial jobs")
+    poll_s: float = Field(default=5.0, gt=0, description="seconds between checks in the foreground")
     study_dir: str = ""
     model_dir: str | None = Field(default=None, description="--model for every trial; None: embedded")
     workflow: str | None = Field(default=None, description="--workflow module:function for every trial (your own "
@@ -79,9 +89,10 @@ class StudyConfig(BaseModel):
 
     @property
     def uses_swarm_train(self) -> bool:
-        return self.trial_program[-3:] == ["-m", "swarm", "train"] or \
-            Path(self.trial_program[0]).name in ("swarm",) and self.trial_program[1:] == ["train"]
-
-
-def program_from_env(value: str | None) -> list[str] | None:
-    return shlex.split(value) if value else None
+        """`python -m swarm train` or `swarm train`, flags of its own after it or not (`... train --group-size 2`
+        still gets the study's --model, --workflow and MLflow flags)."""
+        prog = self.trial_program
+        if "-m" in prog:
+            i = prog.index("-m")
+            return prog[i + 1 : i + 3] == ["swarm", "train"]
+        return Path(prog[0]).name == "swarm" and prog[1:2] == ["train"]

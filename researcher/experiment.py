@@ -25,9 +25,9 @@ from typing import Any, Literal
 import typer.main
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swarm.options import Leaf, cli_leaves
+from swarm.config.options import Leaf, cli_leaves
 from swarm.tasks import list_tasks
-from swarm.train_config import ORCHESTRATED, RunConfig, parse_mix
+from swarm.config.run import ORCHESTRATED, RunConfig, parse_mix
 
 MIN_SEEDS = 3
 

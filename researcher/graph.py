@@ -23,6 +23,7 @@ wrong with the study, and `researcher resume` continues from the last checkpoint
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
@@ -30,12 +31,13 @@ from langgraph.types import interrupt
 from sqlmodel import Session, select
 
 from researcher import analysis as stats
+from researcher.config import StudyConfig
 from researcher.context import StudyContext
 from researcher.experiment import Design, Frame, HypothesisSpec, swarm_train_flags
 from researcher.llm import BudgetExceeded, StructuredOutputError
 from researcher.planning import BudgetTooSmall, UnsupportedTopic, fit_to_budget
 from researcher.report import write_report
-from store.models import Hypothesis, HypothesisStatus, Study, StudyStatus, Trial, TrialStatus
+from store.models import Hypothesis, HypothesisStatus, StudyStatus, Trial, TrialStatus
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,52 @@ def _cannot_plan(p: Any, e: Exception) -> str:
 
 
 PLANNING_STOPS = (StructuredOutputError, UnsupportedTopic)
+
+
+# ---------------------------------------------------------------- planning steps
+# What the planning nodes ask, without the rows they write: shared with `first_round`, so a
+# dry run plans exactly as the study would, not by a copy of the path that could drift.
+
+
+def plan_design(p: Any, cfg: StudyConfig, frame: Frame, hyp: HypothesisSpec,
+                trials_left: int | None) -> tuple[Design, str]:
+    """The planner's design fitted to the trials left, and what fitting cut ("" if nothing).
+
+    BudgetTooSmall when not even the smallest design fits.
+    """
+    return fit_to_budget(p.design(frame, hyp, cfg.defaults), trials_left)
+
+
+def check_program(cfg: StudyConfig, d: Design) -> None:
+    """ValueError when the trial program lacks a flag the design sets (only `swarm train`'s are known)."""
+    if cfg.uses_swarm_train:
+        d.check_program(swarm_train_flags())
+
+
+@dataclass(frozen=True)
+class FirstRound:
+    """What a dry run shows and a pre-check refuses on; a study keeps the same in its state."""
+
+    frame: Frame
+    hypothesis: HypothesisSpec
+    design: Design
+    note: str  # what fitting the design to the trial budget cut
+
+
+def first_round(p: Any, cfg: StudyConfig) -> FirstRound:
+    """The first round as frame → hypothesize → design would plan it, before any study exists.
+
+    Nothing is stored, and a planner that cannot go on raises (UnsupportedTopic,
+    StructuredOutputError, BudgetTooSmall, LLMUnreachable) where the nodes would end
+    the study, so the caller can refuse the topic up front. The trial program is not
+    checked: a dry run still shows a plan the program cannot run (`check_program`).
+    """
+    f = p.frame(cfg.topic, cfg.defaults)
+    hyp = p.hypothesize(cfg.topic, f, [])
+    if hyp is None:
+        raise UnsupportedTopic(f"the {p.name} planner has no hypothesis for this topic")
+    d, note = plan_design(p, cfg, f, hyp, cfg.budget.max_trials)
+    return FirstRound(f, hyp, d, note)
 
 
 # ---------------------------------------------------------------- nodes
@@ -176,10 +224,8 @@ def design(ctx: StudyContext, state: StudyState) -> dict:
     p = _planner(ctx, state)
     spec = HypothesisSpec.model_validate({k: v for k, v in hyp.items() if k != "id"})
     try:
-        d: Design = p.design(Frame.model_validate(state["frame"]), spec, ctx.cfg.defaults)
-        if ctx.cfg.uses_swarm_train:
-            d.check_program(swarm_train_flags())
-        d, note = fit_to_budget(d, ctx.trials_left())
+        d, note = plan_design(p, ctx.cfg, Frame.model_validate(state["frame"]), spec, ctx.trials_left())
+        check_program(ctx.cfg, d)
     except BudgetExceeded as e:
         return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used}
     except BudgetTooSmall as e:

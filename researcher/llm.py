@@ -20,6 +20,11 @@ each validation error back for another try. Unreachable or overloaded endpoints
 are retried with exponential backoff for up to `policy.wait_s` seconds, then
 `LLMUnreachable` says so (the study is resumable). Tokens come from each
 response's `usage`.
+
+An answer ends where its schema ends: the schema sent asks for compact JSON (no
+optional whitespace, which guided decoding otherwise lets a weak model emit until
+the token limit), and a schema that bounds itself (maxLength, maxItems, enums)
+caps the call's max_tokens at what its longest answer needs (`answer_token_limit`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -243,9 +249,96 @@ def _refuses_response_format(e: Exception) -> bool:
         w in str(e) for w in ("response_format", "json_schema", "structured output", "guided"))
 
 
+# ---------------------------------------------------------------- how long an answer can be
+
+# llguidance (vLLM's structured-output backend for these schemas: pattern + length rules out
+# xgrammar) reads this top-level key: fixed separators and no optional whitespace. Without it
+# an untrained model may pick whitespace after every value until max_tokens cuts it off.
+COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+NUMBER_CHARS = 24  # a JSON number's digits are unbounded in a schema; this covers any float's repr
+
+
+def compact(json_schema: dict) -> dict:
+    """The schema as sent: compact JSON asked for, unless the schema says otherwise itself."""
+    return json_schema if "x-guidance" in json_schema else {**json_schema, "x-guidance": COMPACT_JSON}
+
+
+def _bounded(sizes: list[int | None]) -> list[int] | None:
+    return None if any(n is None for n in sizes) else [n for n in sizes if n is not None]
+
+
+def max_answer_chars(schema: dict) -> int | None:
+    """Characters of the longest compact answer `schema` allows; None when it is unbounded.
+
+    A string counts its maxLength (escapes aside); `$ref`, open objects, arrays without
+    maxItems and strings without maxLength are unbounded.
+    """
+    if "enum" in schema or "const" in schema:
+        values = schema.get("enum", [schema.get("const")])
+        return max(len(json.dumps(v)) for v in values)
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            options = _bounded([max_answer_chars(s) for s in schema[key]])
+            return None if options is None else max(options)
+    if "$ref" in schema or "allOf" in schema:
+        return None
+    kind = schema.get("type")
+    if kind == "string":
+        return schema["maxLength"] + 2 if "maxLength" in schema else None
+    if kind == "integer":
+        ends = [schema.get(k) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")]
+        ends = [e for e in ends if e is not None]
+        return max(len(str(int(e))) for e in ends) + 1 if len(ends) >= 2 else NUMBER_CHARS
+    if kind == "number":
+        return NUMBER_CHARS
+    if kind in ("boolean", "null"):
+        return 5
+    sep = len(COMPACT_JSON["item_separator"])
+    if kind == "array":
+        prefix = _bounded([max_answer_chars(s) for s in schema.get("prefixItems", [])])
+        n_more = schema.get("maxItems", 0 if schema.get("items") is False else None)
+        if prefix is None or n_more is None:
+            return None
+        n_more = max(0, n_more - len(prefix))
+        item = max_answer_chars(schema["items"]) if n_more and isinstance(schema.get("items"), dict) else 0
+        if item is None:
+            return None
+        return 2 + sum(prefix) + n_more * item + sep * max(0, len(prefix) + n_more - 1)
+    if kind == "object":
+        if schema.get("additionalProperties", True) is not False:
+            return None
+        props = schema.get("properties", {})
+        values = _bounded([max_answer_chars(s) for s in props.values()])
+        if values is None:
+            return None
+        keys = sum(len(json.dumps(k)) + len(COMPACT_JSON["key_separator"]) for k in props)
+        return 2 + keys + sum(values) + sep * max(0, len(props) - 1)
+    return None
+
+
+def answer_token_limit(json_schema: dict, cap: int | None) -> int | None:
+    """max_tokens for one answer: what the schema's longest answer needs, at most `cap`.
+
+    A token almost always carries at least one character; the margin covers escapes
+    and characters a tokenizer splits into bytes. An unbounded schema keeps `cap`.
+    """
+    chars = max_answer_chars(json_schema)
+    if chars is None:
+        return cap
+    need = math.ceil(chars * 1.25) + 16
+    return need if cap is None else min(cap, need)
+
+
 def _structured_runnable(model: BaseChatModel, json_schema: dict, method: Method) -> Any:
-    # ChatOpenAI honours `method`; LangChain's base chat model drops it and uses tool calling
-    return model.with_structured_output(json_schema, method=method, include_raw=True)
+    """ChatOpenAI honours `method`; LangChain's base chat model drops it and uses tool calling.
+
+    The call's max_tokens follows the schema (`answer_token_limit`) on models that have one.
+    """
+    if "max_tokens" in type(model).model_fields:
+        limit = answer_token_limit(json_schema, getattr(model, "max_tokens", None))
+        if limit != getattr(model, "max_tokens", None):
+            model = model.model_copy(update={"max_tokens": limit})
+    return model.with_structured_output(compact(json_schema), method=method, include_raw=True)
 
 
 def _invoke(model: BaseChatModel, messages: list[BaseMessage], json_schema: dict, policy: CallPolicy,

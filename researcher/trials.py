@@ -57,11 +57,24 @@ def trial_dir(cfg: StudyConfig, trial_id: int) -> Path:
 
 
 def read_summary(out_dir: Path) -> dict[str, Any] | None:
+    """A trial's summary with its per-step rows as `steps`: inline (a trial program's own summary) or
+    read from the metrics file `swarm train`'s summary names (`metrics`, relative to `out_dir`)."""
     try:
         data = json.loads((out_dir / "summary.json").read_text())
+        if isinstance(data, dict) and "steps" not in data and isinstance(data.get("metrics"), str):
+            lines = (out_dir / data["metrics"]).read_text().splitlines()
+            data["steps"] = [row for row in map(_json_row, lines) if row is not None]
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("steps"), list) else None
+
+
+def _json_row(line: str) -> dict[str, Any] | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:  # a line still being written
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def step_rewards(summary: dict[str, Any]) -> tuple[list[float], list[float]]:

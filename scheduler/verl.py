@@ -5,8 +5,8 @@
                             nodes=2, gpus_per_node=8, cpus_per_node=64))
     shape = verl_trial_shape("trial-7", spec)          # submit_trial(manager, shape, backend="slurm")
 
-The batch script runs on the allocation's first node. Its `setup` (VERL.md §6, the
-documented "Ray on Slurm" recipe with its two known bugs fixed):
+The batch script runs on the allocation's first node. Its `setup` (docs/verl.md, "Ray and Slurm":
+verl's documented "Ray on Slurm" recipe with its two known bugs fixed):
 
 1. nodes from `scontrol show hostnames` split into an array (`nodes=($(...))`, not the
    quoted form of verl's example, which makes one element of all names);

@@ -22,6 +22,10 @@ training loop.
             run.log_metrics(step, {"reward": r, "loss": l})
         run.log_artifact(reward_curves({"lr-high": [(steps, values)]}))
     parent.set_terminated()
+
+A model logged with `mlflow.transformers.log_model` takes its card from `model_card(...)`
+(built here, from the base model's own card when it has one), so MLflow never looks a
+local checkpoint up on the Hugging Face Hub.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from store.paths import data_dir
+from store.paths import data_dir, default_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,32 @@ def _experiment_location(uri: str, experiment: str) -> str | None:
         return None
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", experiment).strip("-.")[:100] or "experiment"
     return f"{root}/{slug}"
+
+
+def model_card(base_model: Path | None, title: str, description: str) -> Any:
+    """A Hugging Face `ModelCard` to pass as `mlflow.transformers.log_model(model_card=...)`.
+
+    Without one MLflow looks the model up on the Hugging Face Hub by its `name_or_path`: for a
+    local checkpoint that is a warning on every run ("the model card could not be retrieved
+    from the hub"), and for a path that happens to look like a repo id a network round trip.
+    The card keeps the base model's metadata, its license above all, when the base directory
+    holds a card (README.md, as a Hub download does); the embedded model (`swarm model init`,
+    the project's own recipe) carries the project's license. Without a license MLflow still
+    warns that it found none, which is then true.
+    """
+    import huggingface_hub  # lazy: only logging a model needs it (it comes with transformers)
+
+    data = huggingface_hub.ModelCardData(library_name="transformers", pipeline_tag="text-generation")
+    body = f"# {title}\n\n{description}\n"
+    base = Path(base_model) if base_model is not None else None
+    readme = base / "README.md" if base is not None else None
+    if readme is not None and readme.is_file():
+        card = huggingface_hub.ModelCard.load(readme)  # a local file: never the network
+        data = huggingface_hub.ModelCardData(**{**card.data.to_dict(), **data.to_dict()})
+        body += f"\n## The base model's card\n\n{card.text}"
+    elif base is not None and base.resolve() == default_model_dir().resolve():
+        data.license = "apache-2.0"
+    return huggingface_hub.ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
 
 
 _clients: dict[str, MlflowClient] = {}

@@ -7,7 +7,7 @@
     swarm ctl set --lr 1e-4          # operate a running server
 
 `serve`, `client` and `train` take their options from the config models
-(`ServerConfig`, `FleetConfig`, `RunConfig`; see swarm/options.py). Other packages
+(`ServerConfig`, `FleetConfig`, `RunConfig`; see swarm/config/options.py). Other packages
 add sub-commands through the `roost.cli` entry points (`swarm sched`, `swarm db`:
 swarm/plugins.py), so this module imports none of them. torch and transformers
 are imported inside the commands that need them, so `swarm client` starts
@@ -28,18 +28,19 @@ from rich.table import Table
 
 import swarm.ctl as _ctl
 from store.paths import default_model_dir
-from swarm.client.cli import client_command, load_object
+from swarm.client.cli import client_command
 from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
-from swarm.options import build_config, config_options, load_config_file, require_extra
+from swarm.config.options import config_options, require_extra
 from swarm.plugins import mount_plugins, needs_plugins
+from swarm.run_checks import Problems, prepare
 from swarm.server.cli import serve_command
 from swarm.tasks import list_tasks
-from swarm.train import RUN_FILE, clear_run, previous_run, run
-from swarm.train_config import ORCHESTRATED, RunConfig
+from swarm.train import run
+from swarm.config.run import ORCHESTRATED, RunConfig
 
 app = typer.Typer(help="Swarm RL training: serve a trainable model, run agent fleets, train.",
                   no_args_is_help=True, add_completion=False)
-model_app = typer.Typer(help="The embedded model.", no_args_is_help=True)
+model_app = typer.Typer(help="The embedded model; a run's model as a plain directory.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.command("serve", help="Run a swarm server: OpenAI-compatible endpoint + episode API + trainer.")(serve_command)
 app.command("client", help="Run a client fleet: play a workflow over a dataset through a server.")(client_command)
@@ -65,92 +66,128 @@ def model_init(
     typer.echo(str(path))
 
 
+@model_app.command("export")
+def model_export(
+    source: Path = typer.Argument(..., help="a checkpoint (LoRA adapter or full) or a `swarm train` run folder "
+                                  "(its last checkpoint)"),
+    merge: Path = typer.Option(..., "--merge", help="write the base with the adapter merged in here, as a Hugging "
+                               "Face model directory (`swarm eval --model`, vLLM, transformers load it)"),
+) -> None:
+    """Export a run's policy as a whole Hugging Face model: a LoRA adapter merged into the base it records."""
+    require_extra("server", "torch", "transformers", "peft")
+    from swarm.model.export import export_merged  # lazy: torch, transformers and peft take seconds
+
+    try:
+        typer.echo(str(export_merged(source, merge)))
+    except FileExistsError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--merge") from None
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc), param_hint="SOURCE") from None
+
+
 @app.command("train")
 @config_options(RunConfig, RunConfig(), exclude=ORCHESTRATED)
 def train_command(
     overrides: dict[str, Any],
     config_file: Path = typer.Option(None, "--config", help="YAML/JSON file of RunConfig fields (a run's "
-                                     "run.yaml repeats it); flags given on the command line override it"),
+                                     "run.yaml repeats it, into a fresh sibling folder OUT-2 unless --out is "
+                                     "given); flags given on the command line override it"),
     resume: bool = typer.Option(False, "--resume", help="continue the run in --out (its run.yaml, flags on top) "
                                 "up to --steps steps in all"),
     fresh: bool = typer.Option(False, "--fresh", help="delete the earlier run in --out first and start over"),
 ) -> None:
-    """Train a model on a built-in task or your own workflow: one server and client fleets over loopback."""
+    """Train a model on a built-in task or your own workflow: one server and client fleets over loopback.
+
+    Every input is checked before anything starts (swarm/run_checks.py: one line per problem, exit 2);
+    `--config OUT/run.yaml` of an earlier run repeats it into a fresh sibling folder, OUT-2."""
     if resume and fresh:
         raise typer.BadParameter("give --resume or --fresh, not both")
-    out = Path(overrides.get("out") or (config_file and load_config_file(config_file).get("out"))
-               or RunConfig().out)
-    earlier = previous_run(out)
-    if earlier and not (resume or fresh):
-        raise typer.BadParameter(f"{out} holds an earlier run ({', '.join(earlier)}): pass --resume to continue "
-                                 "it, --fresh to replace it, or choose another --out", param_hint="--out")
-    if resume and not earlier:
-        raise typer.BadParameter(f"nothing to resume in {out}", param_hint="--resume")
-    if fresh:
-        clear_run(out)
-    if resume and config_file is None and (out / RUN_FILE).exists():
-        config_file = out / RUN_FILE  # the run's own settings; flags given now go on top
-    spec: RunConfig = build_config(RunConfig, overrides, config_file, defaults=RunConfig())
     require_extra("server", "fastapi", "uvicorn", "torch", "transformers")
+    try:
+        spec, notes = prepare(overrides, config_file, resume, fresh)
+    except Problems as exc:
+        for line in exc.lines:
+            typer.echo(f"swarm train: {line}", err=True)
+        raise typer.Exit(2) from None
+    except ValueError as exc:  # an unreadable --config file
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    for note in notes:
+        typer.echo(f"swarm train: {note}", err=True)
     model = Path(spec.server.model_dir)
     if model == default_model_dir() and not (model / "config.json").exists():
         from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
 
         with rich_progress("building the embedded model") as progress:
             init_model(model, progress=progress)
-    elif not (model / "config.json").exists():
-        raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)",
-                                 param_hint="--model")
-    for spec_text in filter(None, (spec.workflow, spec.dataset)):
-        load_object(spec_text)  # fail here, with the import error, not in every client's log
     try:
         summary = run(spec, resume=resume)
     except (RuntimeError, TimeoutError) as exc:
         typer.echo(f"swarm train: {exc}", err=True)
+        if (spec.out / "summary.json").exists():
+            typer.echo(f"summary: {spec.out / 'summary.json'} (status: failed)", err=True)
         raise typer.Exit(1) from None
-    typer.echo(json.dumps({k: summary[k] for k in ("reward_first", "reward_last", "wall_s")}))
-    typer.echo(f"summary: {spec.out.resolve() / 'summary.json'}")
+    typer.echo(json.dumps({k: summary[k] for k in ("reward_first_mean", "reward_last_mean", "wall_s")}))
+    typer.echo(f"summary: {spec.out / 'summary.json'}")
 
 
 @app.command("eval")
 def eval_command(
-    model: Path = typer.Option(None, "--model", help="Hugging Face causal-LM directory (a checkpoint too)",
-                               show_default="the embedded model"),
+    model: Path = typer.Option(None, "--model", help="Hugging Face causal-LM directory (a checkpoint too), or a "
+                               "`swarm train` run folder", show_default="the embedded model"),
     task: list[str] = typer.Option(None, "--task", help="built-in task, repeatable", show_default="every task"),
     n: int = typer.Option(200, "--n", min=1, help="episodes per task and temperature"),
     temperature: list[float] = typer.Option(None, "--temperature", "-t", min=0.0, max=2.0,
                                             help="repeatable; 0 is greedy", show_default="0 and 1"),
     seed: int = typer.Option(12345, "--seed", help="dataset and sampling seed (held out from training's)"),
     json_out: Path = typer.Option(None, "--json", help="also write the results here"),
+    baseline: bool = typer.Option(None, "--baseline/--no-baseline",
+                                  help="also score the model the run started from, side by side",
+                                  show_default="on for a run folder (its last checkpoint is evaluated)"),
 ) -> None:
-    """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled."""
-    require_extra("server", "torch", "transformers")
-    from swarm.model.evaluate import evaluate  # lazy: torch + transformers take seconds
+    """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled.
 
-    model = model or default_model_dir()
-    if not (model / "config.json").exists():
-        raise typer.BadParameter(f"{model} is not a Hugging Face model directory (no config.json)",
-                                 param_hint="--model")
+    Given a `swarm train` run folder (or one of its checkpoints with --baseline), the trained
+    model is scored beside the one it started from: training may sharpen sampling and dip greedy.
+    """
+    require_extra("server", "torch", "transformers")
+    from swarm.model.evaluate import comparison_table, evaluate, run_models  # lazy: torch, transformers: seconds
+
+    given = model or default_model_dir()
+    model, initial = run_models(given)
+    if baseline is None:  # a run folder (resolved to its last checkpoint) compares by itself
+        baseline = initial is not None and model != given
+    if baseline and initial is None:
+        raise typer.BadParameter(f"{model} is not a run folder or a run's checkpoint: no initial model to compare "
+                                 "with", param_hint="--baseline")
+    for path in (model, initial) if baseline else (model,):
+        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():  # a LoRA checkpoint
+            raise typer.BadParameter(f"{path} is not a Hugging Face model directory (no config.json)",
+                                     param_hint="--model")
     names = task or list_tasks()
     unknown = [t for t in names if t not in list_tasks()]
     if unknown:
         raise typer.BadParameter(f"unknown task {unknown[0]!r}; built-in tasks: {', '.join(list_tasks())}",
                                  param_hint="--task")
-    runs = [(name, t) for name in names for t in (temperature or [0.0, 1.0])]
+    models = [("initial", initial), ("trained", model)] if baseline else [("evaluated", model)]
+    runs = [(role, path, name, t) for role, path in models for name in names for t in (temperature or [0.0, 1.0])]
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True)) as progress:
         bar = progress.add_task("evaluating", total=len(runs))
-        for name, t in runs:
-            progress.update(bar, description=f"{name} at temperature {t:g}")
-            results.append(evaluate(model, name, n, t, seed=seed))
+        for role, path, name, t in runs:
+            progress.update(bar, description=f"{role} model: {name} at temperature {t:g}")
+            results.append({**evaluate(path, name, n, t, seed=seed), "model_role": role, "model": str(path)})
             progress.advance(bar)
-    table = Table(title=f"evaluation of {model}")
-    for column in ("task", "temperature", "n", "mean_reward", "solved", "calls_per_episode", "seconds"):
-        table.add_column(column, justify="right" if column != "task" else "left")
-    for r in results:
-        table.add_row(*(str(r[c]) for c in ("task", "temperature", "n", "mean_reward", "solved",
-                                            "calls_per_episode", "seconds")))
+    if baseline:
+        Console().print(f"initial model: {initial}\ntrained model: {model}")
+        table = comparison_table(results)
+    else:
+        table = Table(title=f"evaluation of {model}")
+        for column in ("task", "temperature", "n", "mean_reward", "solved", "calls_per_episode", "seconds"):
+            table.add_column(column, justify="right" if column != "task" else "left")
+        for r in results:
+            table.add_row(*(str(r[c]) for c in ("task", "temperature", "n", "mean_reward", "solved",
+                                                "calls_per_episode", "seconds")))
     Console().print(table)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))

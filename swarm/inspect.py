@@ -9,15 +9,18 @@ Reads the server's rollout log (`OUT/rollouts.jsonl`: one finished episode per
 line with its calls as token ids), merges it exactly as training did, and shows
 every token with its text, id, loss mask, rollout logprob and agent. Trained
 tokens are green (brighter = more likely under the policy that sampled them);
-context tokens are grey.
+context tokens are grey. Each sample shows the reward it trained with: in a
+group-call episode (one call with n choices, `choice_rewards`) that is its
+choice's own reward, in a team episode its agent's (`agent_rewards`), so the
+wrong choices are marked instead of all carrying the episode's mean.
 """
 
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.table import Table
@@ -119,6 +122,50 @@ def episode_calls(ep: dict) -> list[Call]:
                  c.get("policy_version", 0)) for c in ep["calls"]]
 
 
+def episode_segments(ep: dict) -> list[Segment]:
+    """The episode's samples as training built them: one per choice in a group-call episode.
+
+    A group-call episode trains each choice as its own sample (never merged), so
+    inspecting it must not merge them either, or the rewards would not line up.
+    """
+    calls = episode_calls(ep)
+    if ep.get("choice_rewards") is not None:
+        segs = [merge([c], enabled=False)[0] for c in calls]
+        for i, seg in enumerate(segs):
+            seg.calls = [i]  # the index in the episode, not in the one-call merge
+        return segs
+    return merge(calls)
+
+
+def segment_rewards(ep: dict, segs: list[Segment]) -> list[float | None]:
+    """The reward each sample trained with (the same rules as `swarm.timeline.episode_samples`).
+
+    A choice's own reward in a group-call episode, an agent's in a team episode,
+    else the episode's; None where nothing was recorded (a failed episode).
+    """
+    choices = ep.get("choice_rewards")
+    if choices is not None and len(choices) == len(segs):
+        return [float(r) for r in choices]
+    agents = ep.get("agent_rewards") or {}
+    reward = ep.get("reward")
+    return [float(agents[s.agent]) if s.agent in agents else (None if reward is None else float(reward))
+            for s in segs]
+
+
+def _verdict(reward: float | None, rewards: list[float | None]) -> str:
+    """'wrong' (no reward), 'partial' (below the episode's best sample) or 'best', for marking samples."""
+    known = [r for r in rewards if r is not None]
+    if reward is None or not known:
+        return ""
+    if reward <= 0:
+        return "wrong"
+    return "partial" if reward < max(known) else "best"
+
+
+def _fmt(reward: object) -> str:
+    return f"{reward:.3f}" if isinstance(reward, (int, float)) else str(reward)
+
+
 def _piece(decode: Callable[[list[int]], str], tid: int) -> str:
     return decode([tid])
 
@@ -126,13 +173,17 @@ def _piece(decode: Callable[[list[int]], str], tid: int) -> str:
 def render_terminal(ep: dict, decode: Callable[[list[int]], str], console: Console | None = None) -> None:
     console = console or Console()
     calls = episode_calls(ep)
-    segs = merge(calls)
+    segs = episode_segments(ep)
+    rewards = segment_rewards(ep, segs)
     st = merge_stats(calls, segs)
-    console.print(f"[bold]episode[/] {ep.get('episode_id')}  task {ep.get('task_id')}  reward {ep.get('reward')}  "
-                  f"calls {st.calls} → samples {st.samples} (merge ratio {st.merge_ratio:.2f}, "
-                  f"tokens {st.tokens_unmerged} → {st.tokens_merged})")
-    for k, seg in enumerate(segs):
-        console.rule(f"sample {k}: agent {seg.agent}, {len(seg.input_ids)} tokens, "
+    console.print(f"[bold]episode[/] {ep.get('episode_id')}  task {ep.get('task_id')}  "
+                  f"reward {_fmt(ep.get('reward'))}  calls {st.calls} → samples {st.samples} "
+                  f"(merge ratio {st.merge_ratio:.2f}, tokens {st.tokens_unmerged} → {st.tokens_merged})")
+    for k, (seg, reward) in enumerate(zip(segs, rewards)):
+        verdict = _verdict(reward, rewards)
+        color = {"wrong": "red", "partial": "yellow", "best": "green"}.get(verdict, "default")
+        console.rule(f"sample {k}: agent {seg.agent}, [{color}]reward {_fmt(reward)}[/]"
+                     f"{' (' + verdict + ')' if verdict == 'wrong' else ''}, {len(seg.input_ids)} tokens, "
                      f"{sum(seg.loss_mask)} trained, calls {seg.calls}")
         text = Text()
         for tid, m, lp in zip(seg.input_ids, seg.loss_mask, seg.logprobs):
@@ -156,7 +207,8 @@ def _style(mask: int, lp: float) -> str:
 
 def render_html(ep: dict, decode: Callable[[list[int]], str]) -> str:
     calls = episode_calls(ep)
-    segs: list[Segment] = merge(calls)
+    segs = episode_segments(ep)
+    rewards = segment_rewards(ep, segs)
     st = merge_stats(calls, segs)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>episode "
@@ -164,17 +216,21 @@ def render_html(ep: dict, decode: Callable[[list[int]], str]) -> str:
         "body{font-family:system-ui,sans-serif;margin:2em}"
         ".t{font-family:ui-monospace,monospace;white-space:pre-wrap;border-radius:3px}"
         ".m0{color:#888}.m1{background:#d7f5d7}.low{background:#fbecc0}"
-        "span.t:hover{outline:1px solid #333}</style></head><body>",
+        "span.t:hover{outline:1px solid #333}"
+        ".wrong{color:#b00020}.partial{color:#a06000}.best{color:#1b7a1b}</style></head><body>",
         f"<h1>Episode {html.escape(str(ep.get('episode_id')))}</h1>",
-        f"<p>task {html.escape(str(ep.get('task_id')))} &middot; reward {ep.get('reward')} &middot; "
+        f"<p>task {html.escape(str(ep.get('task_id')))} &middot; reward {html.escape(_fmt(ep.get('reward')))} &middot; "
         f"calls {st.calls} &rarr; samples {st.samples} (merge ratio {st.merge_ratio:.2f}) &middot; "
         f"tokens {st.tokens_unmerged} &rarr; {st.tokens_merged}</p>",
         "<p>Hover a token for its id, loss mask, rollout logprob and agent. Green: trained "
         "(generated) tokens; grey: context.</p>",
     ]
-    for k, seg in enumerate(segs):
-        parts.append(f"<h2>Sample {k} &middot; agent {html.escape(seg.agent)} &middot; {len(seg.input_ids)} tokens, "
-                     f"{sum(seg.loss_mask)} trained</h2><div>")
+    for k, (seg, reward) in enumerate(zip(segs, rewards)):
+        verdict = _verdict(reward, rewards)
+        badge = (f"<span class='{verdict}'>reward {html.escape(_fmt(reward))}</span>" if verdict
+                 else f"reward {html.escape(_fmt(reward))}")
+        parts.append(f"<h2>Sample {k} &middot; agent {html.escape(seg.agent)} &middot; {badge} &middot; "
+                     f"{len(seg.input_ids)} tokens, {sum(seg.loss_mask)} trained</h2><div>")
         for pos, (tid, m, lp) in enumerate(zip(seg.input_ids, seg.loss_mask, seg.logprobs)):
             cls = "m0" if not m else ("m1" if lp > -2 else "m1 low")
             title = f"pos {pos} | id {tid} | mask {m} | logprob {lp:.4f} | agent {seg.agent}"

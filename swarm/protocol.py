@@ -2,7 +2,7 @@
 
 Shared by the server (validation, OpenAPI spec) and the client SDK (parsing), so
 it imports nothing heavier than pydantic: a client machine needs no torch.
-DESIGN.md §3 sketches the routes; these models are the truth.
+docs/design.md ("Routes") sketches the routes; these models are the truth.
 
     POST /swarm/v1/episodes                  ClaimRequest   -> ClaimResponse   (worker token)
     POST /swarm/v1/episodes/{id}/heartbeat   -              -> HeartbeatResponse (episode key)

@@ -8,15 +8,19 @@ The server (`swarm serve`) owns the model and trains it; the fleet
 (`swarm client`, any number of processes) plays the task through the server's
 OpenAI-compatible endpoint. This command only orchestrates: it picks a port and
 tokens, writes the run's settings (`run.yaml`, from `RunConfig` in
-swarm/train_config.py) and each process's own (`server.yaml`, `fleet-*.yaml`),
+swarm/config/run.py) and each process's own (`server.yaml`, `fleet-*.yaml`),
 starts them with `--config`, shows progress from the server's metrics, stops
 everything by PID when the target step is reached (or on Ctrl-C), and writes
-`summary.json`. `swarm train --config OUT/run.yaml` repeats a run exactly.
+`summary.json` (also when the run fails: `status: failed`, and its MLflow run FAILED).
+`run.yaml` records what ran (the port, the server's group size...) and `swarm train
+--config OUT/run.yaml` repeats the run, into a fresh sibling folder (swarm/run_checks.py
+chooses the folder and checks every input before anything starts).
 
 A task mix runs one fleet per task and gives the server a quota per task family,
 so every batch holds the tasks in the given shares however fast each fleet is
 (the server enforces it; see docs/server-control.md). The metrics then carry
 `reward_mean/<family>` per step, and `summary.json` a first/last reward per family.
+Every field of `summary.json` is documented in the README ("The run folder").
 """
 
 from __future__ import annotations
@@ -24,23 +28,26 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from swarm.client.config import FleetConfig
-from swarm.options import dump_config, write_config
-from swarm.server.config import ServerConfig
+from swarm.config.fleet import FleetConfig
+from swarm.config.options import write_config
+from swarm.config.run import RunConfig, run_file_text, tracking_params
+from swarm.config.server import ServerConfig
+from swarm.run_checks import METRICS, RUN_FILE, MetricsTail, previous_run, read_metrics
+from swarm.server.tracking import EXTRA_FILE, MODEL_FILE
+from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.tasks import get_task
-from swarm.train_config import RunConfig, parse_mix
 
 console = Console(stderr=True)
 
@@ -78,41 +85,9 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-class MetricsTail:
-    """The rows of a growing `metrics.jsonl`, read incrementally: each poll parses only the lines
-    appended since the last (a long run's file is re-read whole only if it shrank, as a
-    recovering server rewrites it)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows: list[dict] = []
-        self._offset = 0
-
-    def poll(self) -> list[dict]:
-        try:
-            with self.path.open("rb") as f:
-                if f.seek(0, 2) < self._offset:
-                    self.rows, self._offset = [], 0
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return self.rows
-        end = data.rfind(b"\n") + 1  # a line being written right now waits for the next poll
-        for line in data[:end].splitlines():
-            try:
-                self.rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-        self._offset += end
-        return self.rows
-
-
-def _read_metrics(path: Path) -> list[dict]:
-    return MetricsTail(path).poll()
-
-
 def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5) -> dict:
-    steps = [{k: v for k, v in r.items() if isinstance(v, (int, float, str)) or v is None} for r in rows]
+    """The run in a few numbers; the per-step rows stay in `METRICS` (named, not copied).
+    Rewards are means over the first and the last `window` steps (`reward_window`)."""
     def first_last(key: str) -> tuple[float | None, float | None, int]:
         curve = [float(r[key]) for r in rows if r.get(key) is not None]
         head, tail = curve[:window], curve[-window:]
@@ -122,13 +97,15 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
     families = {}
     for key in sorted({k for r in rows for k in r if k.startswith("reward_mean/")}):
         first, last, seen = first_last(key)
-        families[key.partition("/")[2]] = {"reward_first": first, "reward_last": last, "steps_seen": seen}
+        families[key.partition("/")[2]] = {"reward_first_mean": first, "reward_last_mean": last,
+                                           "steps_seen": seen}
     def median(key: str) -> float | None:  # from step 2: step 1 also waits for the clients to start
         vals = sorted(float(r[key]) for r in rows[1:] if isinstance(r.get(key), (int, float)))
         return round(vals[len(vals) // 2], 4) if vals else None
 
     server = spec.server
     return {
+        "status": "finished",
         "task": spec.task or (None if spec.workflow else "arith"),
         "workflow": spec.workflow,
         "model": str(server.model_dir),
@@ -138,10 +115,12 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
                    "clients": spec.clients, "concurrency": spec.concurrency, "temperature": server.temperature,
                    "merge": server.merge, "per_episode_norm": server.per_episode_norm,
                    "group_call": spec.grouped},
-        "run_config": dump_config(spec),
-        "steps": steps,
-        "reward_first": reward_first,
-        "reward_last": reward_last,
+        "run_file": RUN_FILE,
+        "metrics": METRICS,
+        "steps_done": len(rows),
+        "reward_window": window,
+        "reward_first_mean": reward_first,
+        "reward_last_mean": reward_last,
         "families": families,
         "timing": {"collection_s": median("wall_window_s"), "engine_busy_s": median("gen_busy_s"),
                    "train_s": median("wall_train_s")},  # per step, medians
@@ -177,104 +156,174 @@ def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
     return out
 
 
-RUN_FILE = "run.yaml"
-#: what a run writes into its folder (and `--fresh` removes; nothing else there is touched)
-RUN_ENTRIES = ("server", "logs", "summary.json", RUN_FILE, "server.yaml")
-
-
-def previous_run(out: Path) -> list[str]:
-    """The traces of an earlier run in `out` (empty when there is none)."""
-    out = Path(out)
-    found = [name for name in RUN_ENTRIES if (out / name).exists()]
-    return found + sorted(p.name for p in out.glob("fleet-*.yaml")) if out.is_dir() else []
-
-
-def clear_run(out: Path) -> None:
-    """Remove an earlier run's files from `out`, and only those."""
-    out = Path(out)
-    for name in RUN_ENTRIES:
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-    for path in out.glob("fleet-*.yaml"):
-        path.unlink()
+def _open_log(path: Path, resume: bool, first_step: int, last_step: int) -> IO[str]:
+    """A process's log, appended to under a marker line: a resumed or replaced run never loses the
+    earlier part's log (the file is whole from the folder's first run on)."""
+    f = path.open("a")
+    f.write(f"--- swarm train{' --resume' if resume else ''} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+            f"steps {first_step}..{last_step} ---\n")
+    f.flush()
+    return f
 
 
 def run(spec: RunConfig, resume: bool = False) -> dict:
-    """Train until the server has done `spec.steps` steps (counting an earlier run's when resuming)."""
+    """Train until the server has done `spec.steps` steps (counting an earlier run's when resuming).
+
+    On a failure (a dead server or fleet, a timeout, Ctrl-C) every process is stopped, summary.json
+    says `status: failed` (or `interrupted`) with the error, the MLflow run is marked FAILED (KILLED),
+    and the error is raised again."""
     out = spec.out.resolve()
+    spec = spec.model_copy(update={"out": out})  # run.yaml records the folder the run really used
     out.mkdir(parents=True, exist_ok=True)
     if not resume and previous_run(out):
         raise RuntimeError(f"{out} holds an earlier run: resume it or clear it first")
-    done = len(_read_metrics(out / "server" / "metrics.jsonl")) if resume else 0
+    done = len(read_metrics(out / METRICS)) if resume else 0
     if done >= spec.steps:
         raise RuntimeError(f"the run in {out} already has {done} steps; ask for more with --steps")
-    write_config(out / RUN_FILE, spec)
     port, token, admin = free_port(), secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     url = f"http://127.0.0.1:{port}"
-    server_file = write_config(out / "server.yaml", server_config(spec, out, port, resume))
+    served = server_config(spec, out, port, resume)
+    fleets = dict(fleet_configs(spec, url))
+    (out / f".{RUN_FILE}.tmp").write_text(run_file_text(spec, served, fleets))
+    (out / f".{RUN_FILE}.tmp").replace(out / RUN_FILE)
+    server_file = write_config(out / "server.yaml", served)
+    if served.mlflow:
+        _hand_over_mlflow(spec, served, out)
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": token, "ROOST_ADMIN_TOKEN": admin}
     t0 = time.monotonic()
-    procs: list[subprocess.Popen] = []
+    procs: dict[Path, subprocess.Popen] = {}  # its log -> a process we started
     # SIGTERM (a scheduler's cancel) must still run the cleanup below: stop children by PID
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        server = subprocess.Popen(_swarm("serve", "--config", str(server_file)),
-                                  stdout=open(logs / "server.log", "w"),
-                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        procs.append(server)
-        # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
-        _wait_healthy(url, token, server, logs / "server.log", timeout=900.0 if spec.server.engine == "vllm" else 180.0)
-        for log_name, fleet in fleet_configs(spec, url):
-            fleet_file = write_config(out / f"fleet-{log_name}.yaml", fleet)
-            procs.append(subprocess.Popen(_swarm("client", "--config", str(fleet_file)),
-                                          stdout=open(logs / f"{log_name}.log", "w"),
-                                          stderr=subprocess.STDOUT, env=env, start_new_session=True))
-        _follow(spec, url, token, server, out / "server" / "metrics.jsonl", t0, procs[1:], done)
-    finally:
-        for p in reversed(procs):
-            _stop(p)
-        signal.signal(signal.SIGTERM, previous)
+        try:
+            server_log = logs / "server.log"
+            server = procs[server_log] = subprocess.Popen(
+                _swarm("serve", "--config", str(server_file)),
+                stdout=_open_log(server_log, resume, done + 1, spec.steps),
+                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
+            _wait_healthy(url, token, server, server_log, timeout=900.0 if spec.server.engine == "vllm" else 180.0)
+            for log_name, fleet in fleets.items():
+                fleet_file = write_config(out / f"fleet-{log_name}.yaml", fleet)
+                log = logs / f"{log_name}.log"
+                procs[log] = subprocess.Popen(_swarm("client", "--config", str(fleet_file)),
+                                              stdout=_open_log(log, resume, done + 1, spec.steps),
+                                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            clients = {log: p for log, p in procs.items() if p is not server}
+            _follow(spec, url, token, server, out / METRICS, t0, clients, done)
+            _await_exit(server, out / "server")
+        finally:
+            for p in reversed(procs.values()):  # the server last, given the time to open and close its
+                _stop(p, grace=45.0 if p is procs[server_log] else 10.0)  # MLflow run (it waits <= 30 s)
+            signal.signal(signal.SIGTERM, previous)
+    except BaseException as exc:
+        _record_failure(out, spec, time.monotonic() - t0, exc)
+        raise
     wall = time.monotonic() - t0
-    summary = summarize(_read_metrics(out / "server" / "metrics.jsonl"), wall, spec)
-    run_file = out / "server" / "mlflow_run.json"
-    if run_file.exists():
+    summary = summarize(read_metrics(out / METRICS), wall, spec)
+    run_file = out / "server" / MLFLOW_RUN_FILE
+    if run_file.exists():  # the server logged the run's params and the final model itself (no MLflow here)
         summary["mlflow"] = json.loads(run_file.read_text())
-        model_uri = log_final_model(summary["mlflow"], out / "server" / "checkpoints" / "latest", out / RUN_FILE)
+        model_uri = _logged_model(out / "server" / MODEL_FILE)
         if model_uri:
             summary["mlflow"]["model_uri"] = model_uri
+        elif _model_state(out / "server" / MODEL_FILE).get("state") == "logging":  # stopped while logging it
+            finish_mlflow_run(summary["mlflow"], tracking_params(spec), "FINISHED")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def log_final_model(mlflow_run: dict, checkpoint: Path, run_file: Path) -> str | None:
-    """Log the trained model (transformers flavour) and the run's config into the run's MLflow run.
+def _hand_over_mlflow(spec: RunConfig, served: ServerConfig, out: Path) -> None:
+    """What this command adds to the server's MLflow run, for the server to log (`EXTRA_FILE`): the run's
+    own params, run.yaml and the model card's words. The server has MLflow, torch and transformers loaded;
+    doing the same here cost ~15 s of imports and package scans after the last step. A model file of an
+    earlier part of a resumed run goes: `_await_exit` follows the new one."""
+    server_dir = out / "server"
+    server_dir.mkdir(parents=True, exist_ok=True)
+    (server_dir / MODEL_FILE).unlink(missing_ok=True)
+    base = served.model_dir
+    extra = {"params": tracking_params(spec), "artifacts": [str(out / RUN_FILE)],
+             "model_card": {"title": f"{out.name}: trained by `swarm train`",
+                            "description": f"Fine-tuned from `{base}` by Roost's `swarm train`; the run's settings "
+                                           f"are its MLflow run's `{RUN_FILE}` (`swarm train --config {RUN_FILE}`)."}}
+    (server_dir / f".{EXTRA_FILE}.tmp").write_text(json.dumps(extra, indent=2))
+    (server_dir / f".{EXTRA_FILE}.tmp").replace(server_dir / EXTRA_FILE)
 
-    Returns the model URI, or None (with a warning) when there is no HF checkpoint
-    (the fake engine) or MLflow refuses: the run itself has succeeded either way.
-    """
-    if not (checkpoint / "config.json").exists():
-        return None
+
+def _model_state(path: Path) -> dict:
+    """The server's `MODEL_FILE` (written whole, by rename), or {} before it writes one."""
     try:
-        import mlflow  # lazy: importing MLflow takes seconds
-        import transformers  # lazy: only needed to hand MLflow the model
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
-        mlflow.set_tracking_uri(mlflow_run["tracking_uri"])
-        with mlflow.start_run(run_id=mlflow_run["run_id"]):
-            mlflow.log_artifact(str(run_file))
-            model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint)
-            tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
-            info = mlflow.transformers.log_model(
-                transformers_model={"model": model, "tokenizer": tokenizer}, name="model", task="text-generation",
-                pip_requirements=["torch", "transformers"], model_config={"max_new_tokens": 64})
-        return str(info.model_uri)
-    except Exception as exc:  # noqa: BLE001 - tracking must never fail a finished run
-        console.print(f"[yellow]warning[/yellow]: could not log the model to MLflow: {exc}")
-        return None
+
+def _await_exit(server: subprocess.Popen, server_dir: Path, stop_s: float = 60.0, model_s: float = 900.0) -> None:
+    """Wait for the server, at its last step, to exit by itself (after --max-steps), with a status line of what
+    it is doing: its last checkpoint (within `stop_s`, else TimeoutError: the run failed), then, MLflow on,
+    logging the trained model (within `model_s` more: a large model takes minutes to write). Past that the
+    server is stopped with the run finished all the same: the model is only its record."""
+    deadline = time.monotonic() + stop_s
+    logging_model = False
+    with console.status("server: saving the last checkpoint…") as line:
+        while server.poll() is None:
+            if not logging_model and _model_state(server_dir / MODEL_FILE).get("state") == "logging":
+                logging_model, deadline = True, time.monotonic() + model_s
+                line.update("server: logging the trained model to MLflow…")
+            if time.monotonic() > deadline:
+                if logging_model:
+                    return  # `run` stops it, warns and ends the MLflow run
+                raise TimeoutError(f"the server did not exit within {stop_s:.0f}s of its last step")
+            time.sleep(0.2)
+
+
+def _logged_model(path: Path) -> str | None:
+    """The URI of the model the server logged (said in a line, with how long it took), or None (a warning when
+    it tried and failed; nothing when it had no Hugging Face checkpoint to log: the fake engine)."""
+    state = _model_state(path)
+    if state.get("state") == "logged":
+        console.print(f"logged the trained model to MLflow in {state.get('seconds', 0):.1f}s (by the server): "
+                      f"{state['model_uri']}", soft_wrap=True)
+        return str(state["model_uri"])
+    if state:
+        console.print(f"[yellow]warning[/yellow]: could not log the model to MLflow: "
+                      f"{state.get('error', 'the server was stopped while logging it')}; see logs/server.log")
+    return None
+
+
+def _record_failure(out: Path, spec: RunConfig, wall_s: float, exc: BaseException) -> None:
+    """summary.json of a run that did not reach its steps, and its MLflow run marked as ended badly."""
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    summary = {**summarize(read_metrics(out / METRICS), wall_s, spec), "status": "interrupted" if interrupted
+               else "failed", "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+    run_file = out / "server" / MLFLOW_RUN_FILE
+    if run_file.exists():
+        summary["mlflow"] = json.loads(run_file.read_text())
+        finish_mlflow_run(summary["mlflow"], tracking_params(spec), "KILLED" if interrupted else "FAILED")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def finish_mlflow_run(mlflow_run: dict, params: dict[str, str], status: str | None = None) -> None:
+    """End the MLflow run with `status` where the server could not (a failed run; a server stopped while
+    logging the model), adding the run's own parameters not there yet: the server logs them (`EXTRA_FILE`)
+    as it opens the run, which a server killed early may not have done (MLflow parameters never change).
+    Only these paths import MLflow here; a finished run's server did all of it. A warning, never an
+    error, when MLflow refuses."""
+    try:
+        from mlflow import MlflowClient  # lazy: importing MLflow takes seconds
+        from mlflow.entities import Param  # lazy: as above
+
+        client = MlflowClient(mlflow_run["tracking_uri"])
+        logged = client.get_run(mlflow_run["run_id"]).data.params
+        new = [Param(k, v) for k, v in params.items() if k not in logged]
+        if new:
+            client.log_batch(mlflow_run["run_id"], params=new)
+        if status is not None:
+            client.set_terminated(mlflow_run["run_id"], status)
+    except Exception as exc:  # noqa: BLE001 - tracking must never change how a run ends
+        console.print(f"[yellow]warning[/yellow]: could not update the MLflow run: {exc}")
 
 
 def _wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
@@ -293,6 +342,15 @@ def _wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, tim
     raise TimeoutError(f"server at {url} not healthy after {timeout:.0f}s; see {log}")
 
 
+def _tail(log: Path, lines: int = 8) -> str:
+    """The last lines of a log, indented, for an error message that names it."""
+    try:
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n".join(f"  {line}" for line in text)
+
+
 def _info(row: dict) -> str:
     per = {k.partition("/")[2]: v for k, v in row.items() if k.startswith("reward_mean/")}
     text = f"reward {row.get('reward_mean', 0):.3f}"
@@ -302,7 +360,7 @@ def _info(row: dict) -> str:
 
 
 def _follow(spec: RunConfig, url: str, token: str, server: subprocess.Popen, metrics: Path, t0: float,
-            clients: list[subprocess.Popen], shown: int = 0) -> None:
+            clients: dict[Path, subprocess.Popen], shown: int = 0) -> None:
     """Print each new metrics row (rows of an earlier part of a resumed run are not shown again)."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
@@ -320,14 +378,18 @@ def _follow(spec: RunConfig, url: str, token: str, server: subprocess.Popen, met
             progress.update(bar, completed=min(shown, spec.steps), info=info)
             if server.poll() is not None:
                 if shown < spec.steps:
+                    log = metrics.parent.parent / "logs" / "server.log"
                     raise RuntimeError(f"server stopped after {shown} of {spec.steps} steps "
-                                       f"(exit code {server.returncode}); see its log")
+                                       f"(exit code {server.returncode}); see its log, {log}:\n{_tail(log)}")
                 return
             if shown >= spec.steps:
-                server.wait(timeout=60)  # it exits by itself after --max-steps
-                return
-            if all(c.poll() is not None for c in clients):
-                raise RuntimeError("every client process exited; see the client logs")
+                return  # it exits by itself after --max-steps: `_await_exit`
+            if all(c.poll() is not None for c in clients.values()):
+                codes = sorted({c.returncode for c in clients.values()})
+                first = next(iter(clients))
+                raise RuntimeError(f"every client process exited (exit code {', '.join(map(str, codes))}) after "
+                                   f"{shown} of {spec.steps} steps; see their logs: "
+                                   f"{', '.join(map(str, clients))}\n{first.name}:\n{_tail(first)}")
             if time.monotonic() - t0 > spec.timeout_s:
                 raise TimeoutError(f"training did not reach {spec.steps} steps in {spec.timeout_s:.0f}s")
             time.sleep(0.5)

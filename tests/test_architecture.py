@@ -5,6 +5,9 @@
 * the pure cores, `swarm.timeline` and `swarm.algorithms`, import nothing of the
   project but the ground-floor `swarm.samples`;
 * packages depend one way: `researcher -> scheduler -> store`, `swarm -> store`;
+* inside `swarm`, sub-packages stand in layers (`SWARM_LAYERS`) and import only downward:
+  the config vocabulary below every user of it, the engines below the server, the
+  server below the commands that start it;
 * a function-local import says why it is lazy (`# lazy: <reason>`);
 * a default is written once: changing one line of a config model changes the CLI
   help, the config file a run writes, and the researcher's knob.
@@ -155,6 +158,62 @@ def test_swarm_samples_is_the_ground_floor() -> None:
     assert _graph().get("store.paths", set()) == set()
 
 
+#: swarm's sub-packages (and top-level modules), lowest first. A module may import its own
+#: sub-package and any sub-package of a lower layer; never one of its own layer or above.
+SWARM_LAYERS: list[set[str]] = [
+    {"swarm.samples"},  # the ground floor: calls and training samples
+    {"swarm.algorithms", "swarm.timeline"},  # the pure cores
+    {"swarm.tasks", "swarm.protocol"},  # built-in tasks; the wire protocol's bodies
+    {"swarm.config"},  # every settings model and the option derivation
+    {"swarm.chat"},  # tool-call parsing, shared by the model package and the server
+    {"swarm.engine"},  # models behind one interface
+    {"swarm.model"},  # building and evaluating the embedded model
+    {"swarm.client"},  # the SDK and fleets
+    {"swarm.server"},  # the swarm server
+    {"swarm.run_checks"},  # what `swarm train` checks before it starts anything
+    {"swarm.run_checks"},  # what `swarm train` checks before it starts anything, and its folder rules
+    {"swarm.testing", "swarm.train", "swarm.inspect", "swarm.ctl", "swarm.plugins"},  # what drives a server
+    {"swarm.cli"},  # the command line
+    {"swarm.__main__", "swarm"},  # `python -m swarm`; the package itself
+]
+
+
+def _swarm_part(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
+
+
+def _upward_imports(edges: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    layer = {part: i for i, parts in enumerate(layers) for part in parts}
+    bad = []
+    for module, targets in edges.items():
+        if not module.startswith("swarm"):
+            continue
+        here = _swarm_part(module)
+        for target in targets:
+            there = _swarm_part(target)
+            if target.startswith("swarm") and there != here and layer[there] >= layer[here]:
+                bad.append(f"{module} -> {target}")
+    return sorted(bad)
+
+
+def test_every_swarm_part_has_a_layer() -> None:
+    parts = {_swarm_part(m) for m in MODULES if m == "swarm" or m.startswith("swarm.")}
+    placed = set().union(*SWARM_LAYERS)
+    assert parts - placed == set(), "add the new sub-package to SWARM_LAYERS"
+    assert placed - parts == set(), "SWARM_LAYERS names a sub-package that no longer exists"
+
+
+def test_swarm_layers_import_only_downward() -> None:
+    assert _upward_imports(_graph(), SWARM_LAYERS) == []
+
+
+def test_the_layer_check_finds_upward_and_sideways_imports() -> None:
+    layers = [{"swarm.a"}, {"swarm.b", "swarm.c"}]
+    edges = {"swarm.a.x": {"swarm.b.y"}, "swarm.b.y": {"swarm.c", "swarm.a.z", "swarm.b.w"}}
+    assert _upward_imports(edges, layers) == ["swarm.a.x -> swarm.b.y", "swarm.b.y -> swarm.c"]
+
+
 def test_packages_depend_one_way() -> None:
     bad = []
     for module, targets in _graph().items():
@@ -189,7 +248,7 @@ def test_a_default_is_one_line(tmp_path: Path) -> None:
     """Change the lease's default in one line of a copy of the tree: help, config file and researcher follow."""
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    config = tmp_path / "swarm" / "server" / "config.py"
+    config = tmp_path / "swarm" / "config" / "server.py"
     text = config.read_text()
     assert text.count(DEFAULT_LINE) == 1, "the lease default is no longer written once"
     config.write_text(text.replace(DEFAULT_LINE, DEFAULT_LINE.replace("30.0", "42.5")))
@@ -197,9 +256,9 @@ def test_a_default_is_one_line(tmp_path: Path) -> None:
 import json, sys
 from typer.testing import CliRunner
 from swarm.cli import app
-from swarm.options import dump_config
-from swarm.server.config import ServerConfig
-from swarm.train_config import RunConfig
+from swarm.config.options import dump_config
+from swarm.config.server import ServerConfig
+from swarm.config.run import RunConfig
 from researcher.experiment import KNOBS
 runner = CliRunner()
 helps = {c: runner.invoke(app, [c, "--help"], env={"COLUMNS": "400"}).output for c in ("serve", "train")}

@@ -5,22 +5,26 @@
             reply = await ep.async_openai.chat.completions.create(model=ep.model, messages=[...])
             await ep.finish(1.0)
 
-Same retry rules as the sync client (`_retry.Policy`); no torch.
+Same retry rules as the sync client (`_retry.Policy`), the server's stop included
+(`stopping`); no torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Sequence
+from functools import partial
+from typing import Any
 
 import httpx
 
 from swarm.client._client import EpisodeBase
 from swarm.client._heartbeat import AsyncHeartbeats
-from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError
+from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError, amark_stopping
 from swarm.protocol import API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
 
 
@@ -34,7 +38,10 @@ class AsyncSwarmClient:
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
         self.policy = Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport)
+        #: Set for good by a 503 "stopping" on any response (SDK requests, heartbeats, model calls).
+        self.stopping_event = threading.Event()
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport, event_hooks={
+            "response": [partial(amark_stopping, stopping=self.stopping_event)]})
         self._connected = False
         self._heartbeats = AsyncHeartbeats(self._http, heartbeat_s) if heartbeats else None
 
@@ -51,6 +58,11 @@ class AsyncSwarmClient:
             except TRANSIENT as exc:
                 delay = tries.error(exc)
             await asyncio.sleep(delay)
+
+    @property
+    def stopping(self) -> bool:
+        """The server said it is stopping (a 503 "stopping" on any response)."""
+        return self.stopping_event.is_set()
 
     async def claim(self, task_id: str, task_family: str = "default", metadata: dict | None = None, *,
                     roles: list[str] | None = None, wait: bool = True,
@@ -96,6 +108,7 @@ class AsyncSwarmClient:
 class AsyncEpisode(EpisodeBase):
     def __init__(self, client: AsyncSwarmClient, claim: ClaimResponse) -> None:
         super().__init__(claim, client.timeout * 10)
+        self._stopping = client.stopping_event
         self._client = client
 
     async def finish(self, reward: float, metrics: dict[str, float] | None = None,

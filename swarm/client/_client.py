@@ -9,7 +9,10 @@ Every call is retry-safe: claims and finishes carry idempotency keys, so the
 client retries connection errors and 5xx with backoff; 429 (the server's
 on-policy window is full, or it is training) is waited out honouring
 `Retry-After`. A server that is stopping raises `ServerStopping`. With
-`reconnect_s`, a server reached once is waited for that long (a restart). Those
+`reconnect_s`, a server reached once is waited for that long (a restart), unless
+it said it is stopping: a 503 "stopping" on any response, the episodes' model
+calls included, marks the client `stopping`, and an unreachable server is then a
+finished stop (`ServerStopping` at once), not a restart to wait out. Those
 rules are in `_retry.py`. While an episode is open a background thread renews
 its lease (`_heartbeat.py`); an episode the server no longer knows (404/409) is
 marked `lost`. No torch here.
@@ -21,18 +24,27 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import cached_property
-from typing import Any, Iterator, Sequence
+from functools import cached_property, partial
+from typing import Any
 
 import httpx
 
 from swarm.client._coalesce import Coalescer, Item
 from swarm.client._heartbeat import Heartbeats
-from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError
-from swarm.protocol import (
-    AGENT_HEADER, API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse,
+from swarm.client._retry import (
+    STOPPED_MESSAGE,
+    TRANSIENT,
+    Attempts,
+    Policy,
+    ServerStopping,
+    SwarmAPIError,
+    SwarmError,
+    amark_stopping,
+    mark_stopping,
 )
+from swarm.protocol import AGENT_HEADER, API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
 
 #: Connection pools shared by a client's episodes' OpenAI calls (see `SwarmClient.openai_http`).
 OPENAI_POOLS = 16
@@ -53,7 +65,10 @@ class SwarmClient:
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
         self.policy = Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
+        #: Set for good by a 503 "stopping" on any response (SDK requests, heartbeats, model calls).
+        self.stopping_event = threading.Event()
+        self._hooks = {"response": [partial(mark_stopping, stopping=self.stopping_event)]}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, event_hooks=self._hooks)
         self._closed = threading.Event()
         self._connected = False  # reached the server once: connection errors now mean "reconnect"
         self._heartbeats = Heartbeats(self._http, self._closed, heartbeat_s) if heartbeats else None
@@ -89,13 +104,20 @@ class SwarmClient:
             except TRANSIENT as exc:
                 delay = tries.error(exc)
             if self._sleep(delay, stop):
+                if self.stopping_event.is_set():
+                    raise ServerStopping(STOPPED_MESSAGE)
                 raise SwarmError("cancelled while waiting to retry")
 
+    @property
+    def stopping(self) -> bool:
+        """The server said it is stopping (a 503 "stopping" on any response): a fleet ends."""
+        return self.stopping_event.is_set()
+
     def _sleep(self, delay: float, stop: threading.Event | None) -> bool:
-        """Sleep `delay`; True when `stop` (or `close()`) interrupted it."""
+        """Sleep `delay`; True when `stop`, `close()` or the server's stop interrupted it."""
         end = time.monotonic() + delay
         while True:
-            if self._closed.is_set() or (stop is not None and stop.is_set()):
+            if self._closed.is_set() or self.stopping_event.is_set() or (stop is not None and stop.is_set()):
                 return True
             left = end - time.monotonic()
             if left <= 0:
@@ -171,7 +193,7 @@ class SwarmClient:
                 if self._tls is None:
                     self._tls = httpx.create_ssl_context()
                 self._pools.append(httpx.Client(
-                    timeout=self.timeout * 10, verify=self._tls,
+                    timeout=self.timeout * 10, verify=self._tls, event_hooks=self._hooks,
                     limits=httpx.Limits(max_connections=None, max_keepalive_connections=32)))
                 return self._pools[-1]
             return self._pools[self._turn % OPENAI_POOLS]
@@ -212,6 +234,7 @@ class EpisodeBase:
         self._timeout = timeout
         self._sync_clients: list[Any] = []
         self._shared_http: httpx.Client | None = None  # set by sync episodes: the SwarmClient's pool
+        self._stopping: threading.Event | None = None  # the client's `stopping_event`, set by subclasses
 
     def _openai_kwargs(self, agent: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         base: dict[str, Any] = {"base_url": self.base_url, "api_key": self.api_key, "timeout": self._timeout}
@@ -239,7 +262,11 @@ class EpisodeBase:
         """A new `openai.AsyncOpenAI` for this episode (tagged with `agent` if given)."""
         import openai  # lazy: importing openai takes ~0.7 s; only episodes that call the model need it
 
-        return openai.AsyncOpenAI(**self._openai_kwargs(agent, kwargs))
+        kw = self._openai_kwargs(agent, kwargs)
+        if self._stopping is not None and "http_client" not in kw:  # its 503 "stopping" reaches the client
+            kw["http_client"] = openai.DefaultAsyncHttpxClient(
+                event_hooks={"response": [partial(amark_stopping, stopping=self._stopping)]})
+        return openai.AsyncOpenAI(**kw)
 
     @cached_property
     def openai(self) -> Any:
@@ -303,6 +330,7 @@ class Episode(EpisodeBase):
     def __init__(self, client: SwarmClient, claim: ClaimResponse) -> None:
         super().__init__(claim, client.timeout * 10)
         self._shared_http = client.openai_http()
+        self._stopping = client.stopping_event
         self._client = client
 
     def finish(self, reward: float, metrics: dict[str, float] | None = None,

@@ -10,7 +10,8 @@ it, to threads that are running them. A workflow exception aborts that episode,
 is counted, and the job is retried (up to `max_attempts`, so the group can still
 complete); the last attempt aborts without releasing the slot, so the group
 completes one smaller instead of waiting forever. The fleet never dies of a
-workflow error; it stops when the server says it is stopping or is gone, when
+workflow error; it stops when the server says it is stopping (on any response,
+a workflow's model call included: `SwarmClient.stopping`) or is gone, when
 `stop` is set, after `epochs`, or after `max_episodes` jobs.
 """
 
@@ -19,12 +20,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from swarm.client._client import Episode, SwarmClient
-from swarm.client._retry import ServerStopping, SwarmAPIError, SwarmError, SwarmUnavailable
 from swarm.client._cursor import JobCursor
+from swarm.client._retry import ServerStopping, SwarmAPIError, SwarmError, SwarmUnavailable
 
 log = logging.getLogger("swarm.client")
 Workflow = Callable[[dict, Episode], "float | list[float] | None"]
@@ -172,6 +174,9 @@ class _Fleet:
                 except ServerStopping:
                     raise
                 except Exception as exc:
+                    if getattr(self.client, "stopping", False):  # e.g. the model call met the 503 "stopping"
+                        ep._abort_quietly("server stopping")  # one try: no reconnecting to a stopped server
+                        raise ServerStopping(f"the server is stopping ({type(exc).__name__})") from exc
                     if self.stop.is_set():  # shutting down: the job stays pending for a restart
                         ep._abort_quietly("client stopping")
                         return False

@@ -6,11 +6,19 @@ backoff, 429 is waited out honouring `Retry-After` (when the caller asked to
 wait), a 503 "stopping" raises `ServerStopping`, anything else raises
 `SwarmAPIError`. With `reconnect_s`, a server reached once is retried past
 `max_retries` for that long: a restart.
+
+A 503 "stopping" seen on any response of a client, its SDK requests or its
+episodes' model calls (`mark_stopping`, an httpx response hook on their pools),
+marks the client stopping for good: from then on an unreachable server or a 5xx
+is that stop completing, not a restart, so requests raise `ServerStopping` at
+once instead of reconnecting for `reconnect_s` (an abort after the stop must not
+hold a fleet up for minutes).
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -75,6 +83,34 @@ def is_stopping(response: httpx.Response) -> bool:
     return response.status_code == 503 and error_of(response).code == "stopping"
 
 
+STOPPED_MESSAGE = "the server stopped (it answered 503 'stopping' earlier)"
+
+
+def mark_stopping(response: httpx.Response, stopping: threading.Event) -> None:
+    """httpx response hook of the episodes' OpenAI pools: note a 503 "stopping" on the client.
+
+    The model call is where a fleet usually meets the stop, and the OpenAI client would
+    retry a 503; `x-should-retry: false` (the header the openai package honours) makes it
+    raise at once, so the workflow ends and the fleet sees the stop.
+    """
+    if response.status_code != 503:
+        return
+    response.read()  # a short error body (streamed responses too); 2xx bodies are never touched
+    if is_stopping(response):
+        stopping.set()
+        response.headers["x-should-retry"] = "false"
+
+
+async def amark_stopping(response: httpx.Response, stopping: threading.Event) -> None:
+    """`mark_stopping` for an `httpx.AsyncClient` (the episodes' `async_openai`)."""
+    if response.status_code != 503:
+        return
+    await response.aread()
+    if is_stopping(response):
+        stopping.set()
+        response.headers["x-should-retry"] = "false"
+
+
 class Policy:
     """What to do with one response or error; shared by the sync and async clients."""
 
@@ -120,7 +156,9 @@ class Attempts:
 
     The sync and async clients' request loops differ only in how they send and
     sleep; every decision is here. `owner._connected` records that the server was
-    reached once: from then on, connection errors mean a restart to wait out.
+    reached once: from then on, connection errors mean a restart to wait out,
+    unless `owner.stopping_event` is set (the server said it is stopping): then
+    they mean the stop went through, and raise `ServerStopping`.
     """
 
     def __init__(self, owner: Any, wait_429: bool, wait_timeout: float | None) -> None:
@@ -137,15 +175,21 @@ class Attempts:
         self.owner._connected = self.owner._connected or r.status_code < 500
         if r.status_code >= 500 and self.since is None:
             self.since = time.monotonic()
+        if is_stopping(r):
+            self.owner.stopping_event.set()
         delay = self.policy.on_response(r, self.attempt, self.wait_429, self.deadline, self._reconnecting())
         if delay is not None and r.status_code == 429:
             self.attempt -= 1  # waiting for the window is not a failure
+        elif delay is not None and self.owner.stopping_event.is_set():  # a 5xx of a server on its way out
+            raise ServerStopping(STOPPED_MESSAGE)
         return delay
 
     def error(self, exc: Exception) -> float:
         """The delay before retrying a transport error (or raise `SwarmUnavailable`)."""
         self.attempt += 1
         self.since = self.since if self.since is not None else time.monotonic()
+        if self.owner.stopping_event.is_set():  # gone after saying it stops: no restart to wait for
+            raise ServerStopping(STOPPED_MESSAGE) from exc
         return self.policy.on_error(exc, self.attempt, self._reconnecting())
 
     def _reconnecting(self) -> float | None:

@@ -7,7 +7,7 @@ A built-in `--task` brings its dataset and workflow; `--workflow module:function
 brings your own (its dataset from `--dataset module:function(seed, size)`, the
 task's dataset if `--task` is also given, or a `dataset` function beside the
 workflow). Every option but `--config`, `--fresh` and `--quiet` is a field of
-`FleetConfig` (swarm/client/config.py). Registered by `swarm/cli.py`.
+`FleetConfig` (swarm/config/fleet.py). Registered by `swarm/cli.py`.
 Never imports torch.
 """
 
@@ -27,8 +27,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from swarm.client import FleetStats, SwarmClient, SwarmError, run_fleet
 from swarm.client._cursor import JobCursor, default_state_path
-from swarm.client.config import FleetConfig
-from swarm.options import build_config, config_options
+from swarm.config.fleet import FleetConfig
+from swarm.config.options import build_config, config_options
 from swarm.tasks import get_task
 
 

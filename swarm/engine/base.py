@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, AsyncIterator, Protocol, runtime_checkable
+from typing import AsyncIterator, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from swarm.algorithms.choices import Advantage, LossAgg
-from swarm.options import Flag
+from swarm.config.train import TrainConfig
 from swarm.samples import TrainSample
 
 
@@ -81,25 +78,6 @@ class Completion:
     finish_reason: str
     policy_version: int
     top_logprobs: list[list[tuple[int, float]]] | None = None  # as `TokenChunk.top_logprobs`
-
-
-class TrainConfig(BaseModel):
-    """Knobs of one optimisation step; live-editable on a running server (`swarm ctl set`)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    lr: Annotated[float, Flag(study=(0.0, 1e-2))] = Field(2e-4, ge=0.0, description="learning rate")
-    advantage: Advantage = Field(Advantage.grpo, description="group advantage estimator")
-    clip_eps: float = Field(0.2, gt=0.0, description="PPO clip epsilon (low side, and high unless clip_eps_high)")
-    clip_eps_high: float | None = Field(None, gt=0.0, description="PPO clip epsilon of the high side (DAPO)")
-    kl_coef: Annotated[float, Flag(study=(0.0, 10.0))] = Field(0.0, ge=0.0, description="KL penalty to the reference (initial) model")
-    entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
-    max_grad_norm: float = Field(1.0, gt=0.0, description="gradient-norm clip")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
-    micro_batch_tokens: Annotated[int, Flag(studied=False)] = Field(8192, ge=1, description="tokens per forward/backward micro-batch")
-    normalize_std: bool = Field(True, description="GRPO: divide advantages by the group's reward std")
-    loss_agg: LossAgg = Field(LossAgg.token_mean, description="token-mean: every trained token weighs the same; "
-                                                              "seq-mean-token-mean: every sample does (task mixes)")
 
 
 @dataclass

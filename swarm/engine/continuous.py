@@ -51,7 +51,7 @@ from transformers import DynamicCache
 
 from swarm.engine.base import SamplingParams, TokenChunk, UnsupportedRequest
 from swarm.engine.constrained import Grammars
-from swarm.engine.kv_layout import cat_left_padded, common_prefix, left_padded, pad_left
+from swarm.engine.kv_layout import cache_kwargs, cat_left_padded, common_prefix, left_padded, pad_left, returned_cache
 from swarm.engine.prompt_cache import PromptCache, split_rows, stack
 from swarm.engine.sampling import RowKnobs, sample_rows
 
@@ -299,7 +299,7 @@ class ContinuousBatcher:
             head = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=dev)
             cache = DynamicCache()
             self.model(input_ids=head, position_ids=torch.arange(shared, device=dev).unsqueeze(0),
-                       past_key_values=cache, use_cache=True)
+                       **cache_kwargs(self.model, cache), use_cache=True)
             for layer in cache.layers:
                 layer.keys = layer.keys.expand(len(prompts), -1, -1, -1).contiguous()
                 layer.values = layer.values.expand(len(prompts), -1, -1, -1).contiguous()
@@ -308,8 +308,9 @@ class ContinuousBatcher:
             pos = shared + (tail_attn.cumsum(-1) - 1).clamp_min(0)
             attn = torch.cat([tail_attn.new_ones(len(prompts), shared), tail_attn], dim=1)
             self.prefix_tokens_saved += shared * (len(prompts) - 1)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
-        return out.past_key_values, attn, out.logits[:, -1, :]
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kwargs(self.model, cache),
+                         use_cache=True)
+        return returned_cache(out), attn, out.logits[:, -1, :]
 
     def weights_changed(self) -> None:
         """Forget prefilled prompts: their KV was computed with the old weights (call under `lock`)."""
@@ -336,9 +337,9 @@ class ContinuousBatcher:
             layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(n, *layer.keys.shape[1:])], dim=0)
             layer.values = torch.cat([layer.values, layer.values.new_zeros(n, *layer.values.shape[1:])], dim=0)
         attn = torch.cat([torch.cat([self._attn, self._attn.new_zeros(n, old_width)], dim=0), step_attn], dim=1)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=self._cache,
-                         use_cache=True)
-        self._cache, self._attn = out.past_key_values, attn
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
+                         **cache_kwargs(self.model, self._cache), use_cache=True)
+        self._cache, self._attn = returned_cache(out), attn
         self._rows.extend(new)
         self._knobs = None
         self._sample(out.logits[:, -1, :], 0)
@@ -348,8 +349,8 @@ class ContinuousBatcher:
         pos = self._attn.sum(-1, keepdim=True)
         attn = torch.cat([self._attn, self._attn.new_ones(len(self._rows), 1)], dim=1)
         out = self.model(input_ids=self._pending.unsqueeze(-1), attention_mask=attn, position_ids=pos,
-                         past_key_values=self._cache, use_cache=True)
-        self._cache, self._attn = out.past_key_values, attn
+                         **cache_kwargs(self.model, self._cache), use_cache=True)
+        self._cache, self._attn = returned_cache(out), attn
         self._sample(out.logits[:, -1, :], 0)
 
     def _splice(self, new: list[_Row], cache: DynamicCache, attn: torch.Tensor) -> None:

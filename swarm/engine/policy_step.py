@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from swarm.algorithms import compute_advantages, kl_k3, loss_scales, ppo_clip_loss
 from swarm.engine.base import TrainConfig, TrainSample
+from swarm.engine.lora import adapters_off, unwrap
 from swarm.engine.precision import grads_to_clip
 from swarm.engine.shared_prefix import SharedPrefixBatch, plan, shared_hidden, usable
 
@@ -119,7 +120,9 @@ class MicroBatch:
 
 
 def _head_and_base(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
-    """(LM head, base model) when the logits are exactly `head(base(...))`, else None."""
+    """(LM head, base model) when the logits are exactly `head(base(...))`, else None.
+    Through a peft (LoRA) wrapper: the HF model inside, whose layers carry the adapter."""
+    model = unwrap(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, "base_model", None)
     if head is not None and base is not None and base is not model \
@@ -188,7 +191,7 @@ def policy_step(
             loss = loss - config.entropy_coef * ent
         kl_ref = torch.zeros((), device=device)
         if reference is not None and config.kl_coef:
-            with torch.no_grad():
+            with torch.no_grad(), adapters_off(reference):  # a LoRA model's reference: its base, adapters off
                 ref_logp = F.log_softmax(trained_logits(reference, mb).float(), -1)
                 ref_logp = ref_logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
             kl_ref = (kl_k3(logp, ref_logp) * mb.w).sum() / denom

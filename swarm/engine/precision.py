@@ -151,11 +151,14 @@ class MasterWeightAdamW:
 
 
 def build_optimizer(model: torch.nn.Module, placement: Placement) -> torch.optim.Optimizer | MasterWeightAdamW:
-    """AdamW as the engine has always used it; over fp32 masters when the weights are low precision."""
+    """AdamW as the engine has always used it, over the parameters that train (all of them in full
+    fine-tuning; a LoRA adapter's only, so the frozen base gets no state); over fp32 masters when
+    those are low precision (peft keeps adapters in fp32 on a bf16 base: no masters needed then)."""
     kw = {"lr": 1e-5, "betas": (0.9, 0.99), "eps": 1e-8}
-    if placement.master_weights:
-        return MasterWeightAdamW(model.parameters(), **kw)
-    return torch.optim.AdamW(model.parameters(), **kw)  # type: ignore[arg-type]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if placement.master_weights and any(p.dtype != torch.float32 for p in params):
+        return MasterWeightAdamW(params, **kw)
+    return torch.optim.AdamW(params, **kw)  # type: ignore[arg-type]
 
 
 def grads_to_clip(model: torch.nn.Module, optimizer: object) -> list[torch.Tensor]:

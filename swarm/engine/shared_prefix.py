@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache
 
 from swarm.engine.base import TrainSample
-from swarm.engine.kv_layout import left_padded
+from swarm.engine.kv_layout import cache_kwargs, left_padded, returned_cache
 
 #: use the shared forward when it saves at least this share of the positions
 MIN_SAVING = 0.25
@@ -140,12 +140,12 @@ def shared_hidden(base: torch.nn.Module, mb: SharedPrefixBatch) -> torch.Tensor:
     """Final hidden states [N, H] at the trained positions of `mb` (N = its trained tokens)."""
     cache = DynamicCache()
     head = base(input_ids=mb.prefix_ids, attention_mask=mb.prefix_attn, position_ids=mb.prefix_pos,
-                past_key_values=cache, use_cache=True)
+                **cache_kwargs(base, cache), use_cache=True)
     rows = DynamicCache()
-    for j, layer in enumerate(head.past_key_values.layers):  # each sample attends to its group's prefix
+    for j, layer in enumerate(returned_cache(head).layers):  # each sample attends to its group's prefix
         rows.update(layer.keys.index_select(0, mb.row_group), layer.values.index_select(0, mb.row_group), j)
     tail = base(input_ids=mb.suffix_ids, attention_mask=mb.attn, position_ids=mb.suffix_pos,
-                past_key_values=rows, use_cache=True).last_hidden_state
+                **cache_kwargs(base, rows), use_cache=True).last_hidden_state
     last = head.last_hidden_state[:, -1:].index_select(0, mb.row_group)  # predicts each suffix's first token
     hidden = torch.cat([last, tail[:, :-1]], dim=1)
     return hidden.reshape(-1, hidden.shape[-1])[mb.pos]

@@ -8,6 +8,12 @@ forward pass. Good for small models and for tests. Behind the same `Engine`
 interface, `swarm.engine.vllm` serves with a vLLM server (and trains with this
 engine's `train_step`), and `swarm.engine.verl` hands training to verl on GPU clusters.
 
+With `lora=LoraSettings(rank=r)` it trains a peft LoRA adapter instead of every weight
+(swarm/engine/lora.py): the base stays frozen and bit-identical, the optimizer holds the
+adapter's parameters only, the KL reference is the base with the adapter switched off (no
+second copy of the model), and `save` writes the adapter, its optimizer state and the base's
+directory, not the base. Rank 0 (the default) is full fine-tuning, exactly as before.
+
     engine = TorchEngine(Path("~/.cache/roost/models/tiny-qwen2").expanduser())
     completion = asyncio.run(engine.generate(GenerateRequest([1, 2, 3])))
 """
@@ -26,9 +32,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from swarm.config.lora import LoraSettings
 from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
 from swarm.engine.constrained import Grammars
 from swarm.engine.continuous import ContinuousBatcher
+from swarm.engine.lora import ADAPTER_CONFIG, LoraError, attach, is_adapter_dir, load_adapter, save_adapter, unwrap
 from swarm.engine.policy_step import policy_step
 from swarm.engine.precision import MasterWeightAdamW, build_optimizer, detect_placement
 
@@ -49,8 +57,15 @@ class TorchEngine:
         max_batch: int = 128,
         reference: bool = True,
         dtype: str | None = None,
+        lora: LoraSettings | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.lora = lora or LoraSettings()
+        if not (self.model_dir / "config.json").exists() and is_adapter_dir(self.model_dir):
+            raise FileNotFoundError(
+                f"{self.model_dir} is a LoRA adapter checkpoint, not a model: serve its base model with "
+                "--lora-rank (a run resumes its adapter from --out), or merge it first: "
+                f"swarm model export {self.model_dir} --merge DIR")
         if not (self.model_dir / "config.json").exists():
             raise FileNotFoundError(
                 f"no Hugging Face model at {self.model_dir} (missing config.json); "
@@ -65,19 +80,25 @@ class TorchEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         attn = self.placement.attn_implementation
         extra = {"attn_implementation": attn} if attn else {}  # None: the model's default, as on CPU always
-        self.model = AutoModelForCausalLM.from_pretrained(
+        base = AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=self.placement.torch_dtype, **extra).to(self.device)
-        self.model.eval()
-        self.reference = copy.deepcopy(self.model).requires_grad_(False) if reference else None
+        base.eval()
+        #: what trains and checkpoints: the HF model, or (LoRA) the peft wrapper around it
+        self.model: torch.nn.Module = attach(base, self.lora, self.model_dir) if self.lora.enabled else base
+        #: what generates: the HF model itself, base + adapter layers inside when LoRA (swarm/engine/lora.py)
+        self.network = unwrap(self.model)
+        # the KL reference: a frozen copy; with LoRA the peft model itself, its adapters off in that forward
+        self.reference = (self.model if self.lora.enabled else copy.deepcopy(self.model).requires_grad_(False)) \
+            if reference else None
         self.optimizer = build_optimizer(self.model, self.placement)
         self.policy_version = 0
         self._lock = threading.Lock()
-        cfg = self.model.config
+        cfg = self.network.config
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 2048))
-        vocab = int(self.model.get_input_embeddings().weight.shape[0])
+        vocab = int(self.network.get_input_embeddings().weight.shape[0])
         eos = self._eos_ids()
         self.batcher = ContinuousBatcher(
-            self.model, self._lock, eos, self.max_positions,
+            self.network, self._lock, eos, self.max_positions,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
             vocab_size=vocab, max_batch=max_batch, seed=seed,
             fuse_pad_tokens=self.placement.fuse_pad_tokens,
@@ -85,7 +106,7 @@ class TorchEngine:
         )
         self.share_prefix = True  # a prompt shared by a group's samples runs once in training (benchmarks: off)
         self._gen_mark = (0.0, 0, 0, 0)  # batcher busy seconds, forwards, tokens, reused prompts at the last step
-        if (self.model_dir / STATE_FILE).exists():
+        if (self.model_dir / STATE_FILE).exists() and not self.lora.enabled:  # a new adapter starts afresh on it
             self._load_state(self.model_dir)
 
     def _eos_ids(self) -> set[int]:
@@ -96,7 +117,7 @@ class TorchEngine:
                 ids.add(i)
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
-        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        gen_eos = getattr(getattr(self.network, "generation_config", None), "eos_token_id", None)
         if isinstance(gen_eos, int):
             ids.add(gen_eos)
         elif isinstance(gen_eos, list):
@@ -141,9 +162,12 @@ class TorchEngine:
 
     # -- training -------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        config = batch.config
+        if self.lora.enabled:  # the adapter's lr, explicit and logged (LoraSettings.lr_scale)
+            config = config.model_copy(update={"lr": config.lr * self.lora.lr_scale})
         with self._lock:
-            ref = self.reference if batch.config.kl_coef else None
-            metrics = policy_step(self.model, self.optimizer, batch.samples, batch.config, reference=ref,
+            ref = self.reference if config.kl_coef else None
+            metrics = policy_step(self.model, self.optimizer, batch.samples, config, reference=ref,
                                   share_prefix=self.share_prefix)
             self.batcher.weights_changed()
             self.policy_version += 1
@@ -162,22 +186,43 @@ class TorchEngine:
         """Teacher-forced logprob of each token after the first (for checks and tests)."""
         with self._lock, torch.inference_mode():
             t = torch.tensor([ids], device=self.device)
-            logits = self.model(input_ids=t).logits[0, :-1].float()
+            logits = self.network(input_ids=t).logits[0, :-1].float()
             lp = torch.log_softmax(logits, -1).gather(-1, t[0, 1:].unsqueeze(-1)).squeeze(-1)
         return lp.tolist()
 
     # -- persistence ----------------------------------------------------------
     def save(self, path: Path) -> None:
+        """Weights (LoRA: the adapter only), tokenizer, optimizer state and policy version; a LoRA
+        checkpoint also records its base model's directory and settings, so export and eval rebuild it."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        state: dict[str, object] = {"policy_version": self.policy_version}
         with self._lock:
-            self.model.save_pretrained(path, safe_serialization=True)
+            if self.lora.enabled:
+                save_adapter(self.model, path)
+                state.update(base_model=str(self.model_dir.resolve()), lora=self.lora.model_dump(mode="json"))
+            else:
+                self.model.save_pretrained(path, safe_serialization=True)
             self.tokenizer.save_pretrained(path)
             torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
-            (path / STATE_FILE).write_text(json.dumps({"policy_version": self.policy_version}))
+            (path / STATE_FILE).write_text(json.dumps(state))
 
     def load(self, path: Path) -> None:
         path = Path(path)
+        if self.lora.enabled:
+            with self._lock:
+                try:
+                    load_adapter(self.model, path, self.lora)
+                except LoraError as exc:
+                    raise EngineError(str(exc)) from None
+                self.batcher.weights_changed()
+                if isinstance(self.optimizer, MasterWeightAdamW):
+                    self.optimizer.sync_from_model()
+                self._load_state(path)
+            return
+        if is_adapter_dir(path):
+            raise EngineError(f"checkpoint {path} holds a LoRA adapter ({ADAPTER_CONFIG}), not a model: resume it "
+                              "with the --lora-* settings it was trained with")
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no safetensors weights in {path}")

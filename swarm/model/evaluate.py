@@ -1,6 +1,8 @@
 """Score a model directory on the built-in tasks, in process, with no server.
 
     swarm eval --model DIR --task arith --n 200     # greedy and T=1
+    swarm eval --model runs/train --task arith      # a run: its last checkpoint beside the model it started from
+    swarm eval --model CHECKPOINT --baseline        # a run's checkpoint, the same comparison
 
 The tasks' own workflows run unchanged, one thread per episode, against
 `LocalOpenAI`: a stand-in for `openai.OpenAI` (only `chat.completions.create`)
@@ -9,6 +11,10 @@ batched Hugging Face `generate` call; with `tools=` it renders them and parses
 tool calls with the server's Hermes parser, as `swarm serve` does. Temperature 1 is pure sampling (no
 top-k/top-p), what RL rollouts use; temperature 0 is greedy. Used to calibrate
 the warm start and as a quick sanity check of any checkpoint.
+
+RL on the embedded model mostly sharpens sampling (temperature 1 rises a lot)
+while greedy may dip a little; one number alone hides which, so a run is scored
+beside the model it started from (`run_models`, `comparison_table`).
 """
 
 from __future__ import annotations
@@ -19,11 +25,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import yaml
 from openai.types.chat import ChatCompletion
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from rich.table import Table
+from transformers import AutoTokenizer
 
-from swarm.server.tool_parsers import get_parser, parse
-from swarm.tasks import get_task, list_tasks
+from store.paths import default_model_dir
+from swarm.chat.tool_parsers import get_parser, parse
+from swarm.model.adapter import load_causal_lm, tokenizer_dir
+from swarm.tasks import get_task
+
+CHECKPOINT_STATE = "server_state.json"  # what marks a server checkpoint (swarm/server/checkpoint.py)
 
 
 class LocalOpenAI:
@@ -148,8 +160,8 @@ def run_workflows(client: LocalOpenAI, workflow, items: list[dict]) -> list[floa
 def evaluate(model_dir: Path | None, task_name: str, n: int = 200, temperature: float = 1.0,
              seed: int = 12345, model=None, tokenizer=None) -> dict:
     """Mean reward of `task_name`'s workflow over `n` items of `dataset(seed, n)`."""
-    model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_dir)
-    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_dir)
+    model = model if model is not None else load_causal_lm(model_dir)  # a LoRA checkpoint: merged into its base
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(tokenizer_dir(model_dir))
     model.eval()
     task = get_task(task_name)
     client = LocalOpenAI(model, tokenizer, temperature=temperature)
@@ -161,3 +173,67 @@ def evaluate(model_dir: Path | None, task_name: str, n: int = 200, temperature: 
             "solved": round(sum(r > 0 for r in rewards) / n, 4),
             "calls_per_episode": round(client.calls / n, 2),
             "seconds": round(time.monotonic() - started, 1)}
+
+
+def _latest_checkpoint(checkpoints: Path) -> Path | None:
+    """`checkpoints/latest` resolved, else the highest complete `step_*` (the server's own rule)."""
+    latest = checkpoints / "latest"
+    if (latest / CHECKPOINT_STATE).is_file():
+        return latest.resolve()
+    done = sorted(p for p in checkpoints.glob("step_*") if (p / CHECKPOINT_STATE).is_file())
+    return done[-1] if done else None
+
+
+def _initial_model(server_dir: Path) -> Path | None:
+    """The model a server started from, as its `config.yaml` records it (the embedded one by default)."""
+    config = server_dir / "config.yaml"
+    if not config.is_file():
+        return None
+    try:
+        settings = yaml.safe_load(config.read_text()) or {}
+    except yaml.YAMLError:
+        return None
+    return Path(settings.get("model_dir") or default_model_dir())
+
+
+def run_models(path: Path) -> tuple[Path, Path | None]:
+    """(the model to evaluate, the model its run started from or None) for a path given to `swarm eval`.
+
+    A `swarm train` run folder (OUT, holding `server/`) or a server's `--out` folder
+    means its last checkpoint, compared with the initial model named in the server's
+    `config.yaml`; a checkpoint directory of a run is evaluated itself, with that same
+    initial model; any other directory is a plain model with nothing to compare with.
+    """
+    path = Path(path)
+    for server_dir in (path / "server", path):
+        if (server_dir / "checkpoints").is_dir() and (server_dir / "config.yaml").is_file():
+            checkpoint = _latest_checkpoint(server_dir / "checkpoints")
+            if checkpoint is not None:
+                return checkpoint, _initial_model(server_dir)
+    if (path / CHECKPOINT_STATE).is_file():  # OUT/server/checkpoints/step_N (or latest)
+        return path, _initial_model(path.parent.parent)
+    return path, None
+
+
+def comparison_table(results: list[dict]) -> Table:
+    """Mean reward per model (rows) and temperature (columns), a task per block, with the change.
+
+    `results` are `evaluate` rows carrying `model_role` ("initial" or "trained").
+    Greedy and sampled side by side, because training may raise one and lower the other.
+    """
+    temps = sorted({r["temperature"] for r in results})
+    episodes = sorted({r["n"] for r in results})
+    table = Table(title=f"mean reward, the run's initial model and the trained one "
+                        f"({'/'.join(map(str, episodes))} episodes each)")
+    for column in ("model", "task"):
+        table.add_column(column)
+    for t in temps:
+        table.add_column("greedy" if t == 0 else f"sampled (T={t:g})", justify="right")
+    for task in dict.fromkeys(r["task"] for r in results):
+        reward = {(r["model_role"], r["temperature"]): r["mean_reward"] for r in results if r["task"] == task}
+        for role in ("initial", "trained"):
+            table.add_row(role, task, *(f"{reward[role, t]:.3f}" if (role, t) in reward else "-" for t in temps))
+        table.add_row("change", task, *(f"{reward['trained', t] - reward['initial', t]:+.3f}"
+                                        if ("trained", t) in reward and ("initial", t) in reward else "-"
+                                        for t in temps), end_section=True)
+    return table

@@ -31,6 +31,6 @@ Modules, one concept each, bottom up:
     app            FastAPI app, uvicorn; `bootstrap` (secrets), `cli` (`swarm serve`)
 """
 
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
 
 __all__ = ["ServerConfig"]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from typing import Any
+
+from swarm.server.counters import Counters
 
 log = logging.getLogger("swarm.server.access")
 MARKER = "HTTP-5XX"
@@ -22,7 +23,7 @@ MARKER = "HTTP-5XX"
 class ServerErrorCounter:
     """Pure ASGI middleware (no buffering, streaming untouched)."""
 
-    def __init__(self, app: Any, counters: Counter) -> None:
+    def __init__(self, app: Any, counters: Counters) -> None:
         self.app = app
         self.counters = counters
 
@@ -52,10 +53,10 @@ class ServerErrorCounter:
 
     def _count(self, scope: dict, status: int, code: str | None = None) -> None:
         if status == 503 and code == "stopping":
-            self.counters["http_503_stopping"] += 1
+            self.counters.add("http_503_stopping")
             return
-        self.counters["http_5xx"] += 1
-        self.counters[f"http_{status}"] += 1
+        self.counters.add("http_5xx")
+        self.counters.add(f"http_{status}")
         log.warning("%s %d %s %s", MARKER, status, scope.get("method"), scope.get("path"))
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm.algorithms.choices import Advantage, LossAgg
 from swarm.protocol import Count, Number
-from swarm.server.quotas import QuotaPhase, check_quotas, check_schedule
+from swarm.config.quotas import QuotaPhase, check_quotas, check_schedule
 
 TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "advantage", "loss_agg")
 WINDOW_KEYS = ("temperature", "default_temperature", "batch_groups", "quotas", "quota_schedule")

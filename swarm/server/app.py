@@ -15,7 +15,6 @@ import asyncio
 import json
 import logging
 import os
-import shlex
 import socket
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
@@ -28,7 +27,7 @@ from swarm.server.access import ServerErrorCounter
 from swarm.server.admin_routes import router as admin_router
 from swarm.server.anthropic_routes import router as anthropic_router
 from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
 from swarm.server.openai_routes import router as openai_router
 from swarm.server.state import Swarm
@@ -42,19 +41,20 @@ def make_engine(config: ServerConfig) -> Engine:
     if config.engine == "fake":
         return FakeEngine(config.model_dir, seed=config.seed, history=8)  # a served fake keeps no growing log
     if config.engine == "torch":
+        from swarm.engine.lora import LoraError  # lazy: beside the torch engine's import
         from swarm.engine.torch_engine import TorchEngine  # lazy: importing torch takes seconds
 
-        return TorchEngine(config.model_dir, seed=config.seed, device=config.device)
+        try:
+            return TorchEngine(config.model_dir, seed=config.seed, device=config.device, lora=config.lora)
+        except LoraError as exc:  # --lora-rank too large, --lora-targets matching nothing: one line saying why
+            raise SystemExit(f"swarm serve: {exc}") from None
     if config.engine == "vllm":
         from swarm.engine.vllm.engine import VllmEngine  # lazy: the trainer side imports torch
-        from swarm.engine.vllm.server import VllmSettings, VllmUnavailable
+        from swarm.engine.vllm.server import VllmUnavailable
 
-        settings = VllmSettings(python=config.vllm_python, port=config.vllm_port, kv_cache_gb=config.vllm_kv_cache_gb,
-                                max_model_len=config.vllm_max_model_len, start_timeout_s=config.vllm_start_timeout_s,
-                                drain_timeout_s=config.vllm_drain_timeout_s, extra_args=tuple(shlex.split(config.vllm_args)))
         try:
             return VllmEngine(config.model_dir, config.out_dir / "vllm", seed=config.seed, device=config.device,
-                              settings=settings, served_name=config.served_model_name)
+                              settings=config.vllm, served_name=config.served_model_name)
         except VllmUnavailable as exc:
             raise SystemExit(str(exc)) from None  # one line naming what to install, no traceback
     if config.engine == "verl":
@@ -121,6 +121,8 @@ def serve(config: ServerConfig, engine: Engine | None = None,
     """
     import uvicorn  # lazy: only a serving process needs the ASGI server
 
+    from swarm.server.http_protocol import json_error_protocol  # lazy: subclasses uvicorn's protocols
+
     config, source = ensure_secrets(config)  # env, out_dir/secrets.json, or generated (and saved)
     sock = _bind(config.host, config.port)
     port = sock.getsockname()[1]
@@ -130,7 +132,8 @@ def serve(config: ServerConfig, engine: Engine | None = None,
     app = create_app(config, engine)
     swarm: Swarm = app.state.swarm
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=10))
+                                           timeout_graceful_shutdown=10,
+                                           http=json_error_protocol()))  # unparsable request: a JSON 400 too
 
     def stop() -> None:
         server.should_exit = True

@@ -38,13 +38,23 @@ The same task may open a second group in one window once its first is full (a
 small dataset with several epochs still fills B groups). Clients that send each
 task n times in dataset order (`run_fleet`) never deadlock the window; a client
 that claims and vanishes holds its slot until its lease expires (leases.py).
+
+Owed slots: a holder fenced by the stall bound (leases.py) had its group trained
+without it; when it comes back, its fleet re-plays the job, which is one claim of
+that task and no more (the task's other copies finished). A fresh group of n
+slots would wait a second stall period for n - 1 claims nobody makes, so the
+stall records the slot as owed (`owe`, until a deadline) and the next group the
+task opens is sized to the owed slots: the replay fills it, and it completes.
+However the claims of the task interleave, they add up: k·n ordinary claims and
+one replay fill k groups of n and one of 1.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from swarm.samples import TrainSample
 from swarm.server.exceptions import Refused
@@ -87,6 +97,7 @@ class Group:
     claimed: set[str] = field(default_factory=set)  # open episode ids
     finished: list[FinishedEpisode] = field(default_factory=list)
     dropped: int = 0
+    owed: list[float] = field(default_factory=list)  # deadlines of the owed slots it was sized by (`Batcher.owe`)
 
     @property
     def free(self) -> int:
@@ -199,6 +210,7 @@ class Batcher:
         self.groups: dict[str, Group] = {}
         self._out = False  # a taken batch is training
         self._opened = 0  # groups opened in this window (names stay unique after deletions)
+        self._owed: dict[str, list[float]] = {}  # task_id -> deadlines (time.time()) of slots owed to replays
 
     @property
     def overlapped(self) -> bool:
@@ -225,7 +237,28 @@ class Batcher:
         return self._out and not self.opens_at_take
 
     # -- admission ------------------------------------------------------------
-    def admit(self, task_id: str, episode_id: str) -> Group:
+    def owe(self, task_id: str, until: float) -> None:
+        """A holder of `task_id` was fenced and its group completed without it: until `until`
+        (wall clock), the next group the task opens keeps a slot for its replay instead of n."""
+        now = time.time()
+        self._owed[task_id] = [t for t in self._owed.get(task_id, []) if t > now] + [until]
+        for task in [k for k, v in self._owed.items() if all(t <= now for t in v)]:
+            del self._owed[task]  # lapsed: their holders never came back
+
+    def owed(self, task_id: str, now: float | None = None) -> int:
+        """Slots of `task_id` owed to replays now."""
+        now = time.time() if now is None else now
+        return sum(1 for t in self._owed.get(task_id, ()) if t > now)
+
+    def _group_size(self, task_id: str, now: float) -> tuple[int, list[float]]:
+        """The size of a new group of `task_id` and the owed slots it takes: n, or the slots owed."""
+        live = sorted(t for t in self._owed.pop(task_id, ()) if t > now)
+        taken, rest = live[:self.group_size], live[self.group_size:]
+        if rest:
+            self._owed[task_id] = rest
+        return (len(taken) if taken else self.group_size), taken
+
+    def admit(self, task_id: str, episode_id: str, now: float | None = None) -> Group:
         """Give `episode_id` a slot for `task_id`, or raise `Refused`."""
         if self.training:
             raise Refused("training", "a training step is running; claims resume after it")
@@ -237,9 +270,10 @@ class Batcher:
             raise Refused("window_full",
                            f"all {self.batch_groups} groups of this policy version are taken; "
                            "claims for new tasks resume after the next step")
+        size, owed = self._group_size(task_id, time.time() if now is None else now)
         gid = f"{task_id}#w{self.window}g{self._opened}"
         self._opened += 1
-        g = Group(gid, task_id, self.group_size, claimed={episode_id})
+        g = Group(gid, task_id, size, claimed={episode_id}, owed=owed)
         self.groups[gid] = g
         return g
 
@@ -253,6 +287,8 @@ class Batcher:
             g.dropped += 1
         elif not g.finished and not g.claimed and not g.dropped:
             del self.groups[group_id]  # nobody left in it: let another task have the place
+            if g.owed:  # the replay gave its slot back: it is still owed to the next claim
+                self._owed.setdefault(g.task_id, []).extend(g.owed)
 
     def finish(self, group_id: str, episode: FinishedEpisode) -> None:
         g = self.groups.get(group_id)

@@ -1,4 +1,4 @@
-"""How a server's config is assembled at start: file, environment, flags, persisted secrets.
+"""How a server's config is assembled at start: file, environment, flags, persisted secrets, its port.
 
     swarm serve --config server.yaml --port 9000       # file values, flags on top
     ROOST_TOKEN=... ROOST_ADMIN_TOKEN=... ROOST_SECRET=... swarm serve
@@ -13,19 +13,24 @@ Any of them still missing after the above is taken from `out_dir/secrets.json`
 (a previous start) or generated and saved there (mode 0600, written atomically),
 so a restarted server keeps its tokens and its secret: clients keep working and
 episode keys it signed before the restart still verify.
+
+The port is checked before any of that is written (`port_problem`): a start that
+cannot bind leaves no config.yaml or secrets.json behind and says why in one line.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import secrets
+import socket
 import stat
 from pathlib import Path
 from typing import Any
 
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
 
 log = logging.getLogger("swarm.server")
 
@@ -99,6 +104,34 @@ def ensure_secrets(config: ServerConfig, env: dict[str, str] | None = None
     if generated:
         _write_secrets(path, {**stored, **generated})
     return config.model_copy(update=values), source
+
+
+# -- the port -----------------------------------------------------------------------
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be bound, as one line saying what to do; None when it can.
+
+    Binds the way the server will (swarm/server/app.py `_bind`: SO_REUSEADDR, so a
+    socket lingering in TIME_WAIT is no problem, a listening one is) and lets go at
+    once. Port 0 always works: the kernel picks a free one.
+    """
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return (f"port {port} on {host} is in use (another server?): stop what holds it, or pass "
+                    f"--port N (--port 0 picks a free one)")
+        if exc.errno == errno.EACCES:
+            return f"port {port} on {host} needs privileges: pass --port 1024 or above (--port 0 picks a free one)"
+        if exc.errno == errno.EADDRNOTAVAIL:
+            return f"cannot bind {host}: not an address of this machine; pass --host (default 127.0.0.1)"
+        return f"cannot bind {host}:{port}: {exc.strerror or exc}; pass another --host or --port"
+    return None
 
 
 # -- --quota -----------------------------------------------------------------------

@@ -105,14 +105,17 @@ class BufferedRow:
     payload: dict
 
     def samples(self) -> list[TrainSample]:
+        """The row's samples with their own episode ids: a group call's choices (`<episode>/<i>`) stay
+        separate members of their group (rows written without the ids load under the row's id)."""
         return [TrainSample(input_ids=s["input_ids"], loss_mask=s["loss_mask"],
-                            rollout_logprobs=s["logprobs"], episode_id=self.id, group_id=self.group_id,
+                            rollout_logprobs=s["logprobs"], episode_id=s.get("episode_id", self.id),
+                            group_id=self.group_id,
                             reward=s["reward"], weight=s["weight"], policy_version=s["policy_version"])
                 for s in self.payload.get("samples", [])]
 
 
 def encode_samples(samples: Iterable[TrainSample]) -> list[dict[str, Any]]:
-    return [{"input_ids": list(s.input_ids), "loss_mask": list(s.loss_mask),
+    return [{"input_ids": list(s.input_ids), "loss_mask": list(s.loss_mask), "episode_id": s.episode_id,
              "logprobs": list(s.rollout_logprobs), "reward": s.reward, "weight": s.weight,
              "policy_version": s.policy_version} for s in samples]
 

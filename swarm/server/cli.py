@@ -6,24 +6,27 @@
     swarm serve --config server.yaml --quota math=0.5 --quota code=0.5   # file + flags on top
 
 Every option but `--config`, `--quota` and `--log-level` is derived from a field of
-`ServerConfig` (swarm/server/config.py): its help text, default and bounds live
+`ServerConfig` (swarm/config/server.py): its help text, default and bounds live
 there once. The server writes the settings it runs with to `OUT/config.yaml`
 (secrets left out), so `swarm serve --config OUT/config.yaml` repeats the run. It
 resumes from `OUT/checkpoints/latest` when present; `--max-steps` exits 0 after
-that many optimisation steps.
+that many optimisation steps. A port that cannot be bound stops it before anything
+is written, with one line saying what to do.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from swarm.options import build_config, config_options, require_extra, write_config
-from swarm.server.bootstrap import parse_quotas
-from swarm.server.config import ServerConfig
+from swarm.config.options import build_config, config_options, require_extra, write_config
+from swarm.config.server import ServerConfig
+from swarm.server.bootstrap import parse_quotas, port_problem
 
 CONFIG_FILE = "config.yaml"
 
@@ -33,8 +36,9 @@ def serve_command(
     overrides: dict[str, Any],
     config_file: Path = typer.Option(None, "--config", help="YAML/JSON file of ServerConfig fields (`train:` "
                                      "nested); flags given on the command line (or by envvar) override it"),
-    quota: list[str] = typer.Option(None, "--quota", help="FAMILY=SHARE of each batch's groups, repeatable "
-                                    "(e.g. --quota math=0.4 --quota code=0.6); other families share the rest"),
+    quota: list[str] = typer.Option(None, "--quota", metavar="FAMILY=SHARE", help="FAMILY=SHARE of each batch's "
+                                    "groups, repeatable (e.g. --quota math=0.4 --quota code=0.6); other families "
+                                    "share the rest"),
     served_model_name: list[str] = typer.Option(None, "--served-model-name", metavar="NAME", help="a name requests may give as "
                                                  "`model` (repeatable; the first is reported); others get 404"),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning"),
@@ -53,7 +57,16 @@ def serve_command(
         typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)
         raise typer.Exit(2)
     require_extra("server", "fastapi", "uvicorn", *(("torch", "transformers") if config.engine == "torch" else ()))
+    problem = port_problem(config.host, config.port)  # before anything is written: a failed start leaves nothing
+    if problem:
+        typer.echo(f"swarm serve: {problem}", err=True)
+        raise typer.Exit(1)
     write_config(Path(config.out_dir) / CONFIG_FILE, config)
+    if not sys.stderr.isatty():
+        # under `swarm train` (or nohup, systemd) the output is a log file, where transformers' progress
+        # bars ("Loading weights", "Writing model shards" at every checkpoint) are only noise. Read by
+        # huggingface_hub when transformers first imports it, below; a user's own setting wins.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from swarm.server.app import serve  # lazy: FastAPI and the engines; `swarm client` must start light
 
     raise typer.Exit(serve(config))

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,8 @@ from swarm.protocol import ClaimRequest
 from swarm.server.admin_schema import TRAIN_KEYS, WINDOW_KEYS, LiveConfigResponse, LiveConfigUpdate
 from swarm.server.batcher import Batcher, Group
 from swarm.server.checkpoint import write_atomic
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
+from swarm.server.counters import Counters
 from swarm.server.episodes import EpisodeRegistry
 from swarm.server.events import Topic
 from swarm.server.exceptions import Refused
@@ -74,7 +74,7 @@ class LiveControl:
     """
 
     def __init__(self, config: ServerConfig, trainer: Trainer, batcher: Batcher, registry: EpisodeRegistry,
-                 counters: Counter[str], out_dir: Path) -> None:
+                 counters: Counters, out_dir: Path) -> None:
         self.config = config
         self.trainer = trainer
         self.batcher = batcher
@@ -271,7 +271,7 @@ class LiveControl:
             if borrow_s is not None and len(b.groups) < b.batch_groups:
                 age = self.trainer.window_age_s
                 if age >= borrow_s:  # a slot its own family left idle this long: lend it
-                    self.counters["quota_borrowed"] += 1
+                    self.counters.add("quota_borrowed")
                     log.info("window %d is %.0fs old: %s borrows an idle slot", b.window, age, req.task_family)
                     return
                 exc.message += (f"; or, if that slot is still unclaimed when this window is {borrow_s:g}s old "

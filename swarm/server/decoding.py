@@ -5,7 +5,8 @@
 engine chunks into neutral events: `TextDelta`, `ToolCallDelta` (a complete, valid call with a fresh
 id), and `Finished` (the whole `Choice`). `run_choices` generates all choices (one engine call each,
 concurrently); `stream_choices` streams them, interleaved by choice index. Both hold the generation
-gate (a train step never runs under a generation) and honour `generate_timeout_s` (504).
+gate (a train step never runs under a generation) and honour `generate_timeout_s` (504). They see
+the server only through a `GenerationContext` (engine, gate, limits, counters).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import AsyncIterator, Awaitable, Sequence, TypeVar, Union
 from swarm.engine.base import GenerateRequest, SamplingParams
 from swarm.server.exceptions import GenerateTimeout
 from swarm.server.render import ChatRenderer, OutputText
-from swarm.server.state import Swarm
-from swarm.server.tool_parsers import CallPiece, ContentPiece, Piece, ToolParser
+from swarm.server.generation_context import GenerationContext
+from swarm.chat.tool_parsers import CallPiece, ContentPiece, Piece, ToolParser
 
 log = logging.getLogger("swarm.server")
 T = TypeVar("T")
@@ -136,12 +137,12 @@ class ChoiceRun:
         return events + [Finished(self.index, choice)]
 
 
-def _deadline(swarm: Swarm) -> float | None:
-    limit = swarm.config.generate_timeout_s
+def _deadline(ctx: GenerationContext) -> float | None:
+    limit = ctx.limits().generate_timeout_s
     return None if limit is None else asyncio.get_running_loop().time() + limit
 
 
-async def _timed(swarm: Swarm, aw: Awaitable[T], deadline: float | None) -> T:
+async def _timed(ctx: GenerationContext, aw: Awaitable[T], deadline: float | None) -> T:
     """`aw`, or `GenerateTimeout` (504) once `generate_timeout_s` has passed: a hung engine call
     is cancelled and answered, never left holding the request (or the gate) forever."""
     if deadline is None:
@@ -149,16 +150,17 @@ async def _timed(swarm: Swarm, aw: Awaitable[T], deadline: float | None) -> T:
     try:
         return await asyncio.wait_for(aw, max(0.0, deadline - asyncio.get_running_loop().time()))
     except TimeoutError:
-        swarm.counters["generate_timeouts"] += 1
-        log.warning("generation exceeded generate_timeout_s=%s; cancelled", swarm.config.generate_timeout_s)
-        raise GenerateTimeout(swarm.config.generate_timeout_s) from None
+        ctx.counters.add("generate_timeouts")
+        limit = ctx.limits().generate_timeout_s
+        log.warning("generation exceeded generate_timeout_s=%s; cancelled", limit)
+        raise GenerateTimeout(limit) from None
 
 
-async def run_choices(swarm: Swarm, prompt_ids: list[int], runs: list[ChoiceRun]) -> list[Choice]:
+async def run_choices(ctx: GenerationContext, prompt_ids: list[int], runs: list[ChoiceRun]) -> list[Choice]:
     """Every choice generated at once (one engine request each); `UnsupportedRequest` propagates."""
-    async with swarm.gate.generating():
-        done = await _timed(swarm, asyncio.gather(
-            *(swarm.engine.generate(GenerateRequest(prompt_ids, r.params)) for r in runs)), _deadline(swarm))
+    async with ctx.gate.generating():
+        done = await _timed(ctx, asyncio.gather(
+            *(ctx.engine.generate(GenerateRequest(prompt_ids, r.params)) for r in runs)), _deadline(ctx))
     choices = []
     for r, c in zip(runs, done):
         r.version = c.policy_version
@@ -168,15 +170,15 @@ async def run_choices(swarm: Swarm, prompt_ids: list[int], runs: list[ChoiceRun]
     return choices
 
 
-async def _one(swarm: Swarm, prompt_ids: list[int], run: ChoiceRun,
+async def _one(ctx: GenerationContext, prompt_ids: list[int], run: ChoiceRun,
                deadline: float | None) -> AsyncIterator[ChoiceEvent]:
-    run.version = swarm.engine.policy_version
-    agen = swarm.engine.stream(GenerateRequest(prompt_ids, run.params))
+    run.version = ctx.engine.policy_version
+    agen = ctx.engine.stream(GenerateRequest(prompt_ids, run.params))
     reason = "length"
     try:
         while True:
             try:
-                c = await _timed(swarm, agen.__anext__(), deadline)
+                c = await _timed(ctx, agen.__anext__(), deadline)
             except StopAsyncIteration:
                 break
             for event in run.add(c.token_ids, c.logprobs, c.top_logprobs):
@@ -195,12 +197,13 @@ async def _one(swarm: Swarm, prompt_ids: list[int], run: ChoiceRun,
 _END = object()
 
 
-async def stream_choices(swarm: Swarm, prompt_ids: list[int], runs: list[ChoiceRun]) -> AsyncIterator[ChoiceEvent]:
+async def stream_choices(ctx: GenerationContext, prompt_ids: list[int],
+                         runs: list[ChoiceRun]) -> AsyncIterator[ChoiceEvent]:
     """Events of every choice as they come (one choice: directly; several: interleaved)."""
-    async with swarm.gate.generating():
-        deadline = _deadline(swarm)
+    async with ctx.gate.generating():
+        deadline = _deadline(ctx)
         if len(runs) == 1:
-            agen = _one(swarm, prompt_ids, runs[0], deadline)
+            agen = _one(ctx, prompt_ids, runs[0], deadline)
             try:
                 async for event in agen:
                     yield event
@@ -211,7 +214,7 @@ async def stream_choices(swarm: Swarm, prompt_ids: list[int], runs: list[ChoiceR
 
         async def pump(run: ChoiceRun) -> None:
             try:
-                async for event in _one(swarm, prompt_ids, run, deadline):
+                async for event in _one(ctx, prompt_ids, run, deadline):
                     await queue.put(event)
                 await queue.put(_END)
             except Exception as exc:  # handed to the reader, which raises it

@@ -34,22 +34,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Callable, TypeVar, Union
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from swarm.chat.tool_parsers import ToolParser, get_parser
 from swarm.engine.base import SamplingParams, UnsupportedRequest
 from swarm.protocol import AGENT_HEADER
-from swarm.server.episodes import Episode
-from swarm.server.exceptions import InvalidRequest
-from swarm.server.state import Swarm
-from swarm.server.tool_parsers import ToolParser, get_parser
 from swarm.samples import Call
 from swarm.server.decoding import (
     Choice, ChoiceRun, Finished, TextDelta, ToolCall, ToolCallDelta, new_tool_call_id, run_choices, stream_choices,
 )
+from swarm.server.episodes import Episode
+from swarm.server.exceptions import InvalidRequest
+from swarm.server.generation_context import GenerationContext, GenerationLimits
+from swarm.server.prompt_bound import LARGE_PROMPT_CHARS, LargePromptGate
 
 log = logging.getLogger("swarm.server")
 SEED_MOD = 1 << 63
@@ -112,23 +114,28 @@ class Done:
     policy_version: int
 
 
-Event = Union[Started, TextDelta, ToolCallDelta, Finished, Done]
+Event = Started | TextDelta | ToolCallDelta | Finished | Done
 
 
 class GenerationCore:
-    """Per app: the render thread pool and the ledger of tool-call ids issued per episode."""
+    """Per app: the render thread pool and the ledger of tool-call ids issued per episode.
 
-    def __init__(self, swarm: Swarm) -> None:
-        self.swarm = swarm
+    It sees the server only through its `GenerationContext` (engine, gate, renderer, limits,
+    counters, where calls are recorded), never the `Swarm` itself."""
+
+    def __init__(self, ctx: GenerationContext) -> None:
+        self.ctx = ctx
         # tokenizing a long prompt takes seconds: never on the event loop, and never in the default
         # executor that train steps and checkpoints use
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="roost-render")
+        self.large = LargePromptGate(self.pool)  # prompts over LARGE_PROMPT_CHARS: one at a time
         self._issued: dict[str, dict[str, str]] = {}  # "<episode>:<epoch>" -> call id -> text generated
-        swarm.trainer.step_done.subscribe(self._annotate_row)
+        if ctx.step_done is not None:
+            ctx.step_done.subscribe(self._annotate_row)
 
     def _annotate_row(self, step: int, row: dict[str, Any]) -> None:
-        row["eval_calls"] = self.swarm.counters["eval_calls"]
-        row["eval_completion_tokens"] = self.swarm.counters["eval_completion_tokens"]
+        row["eval_calls"] = self.ctx.counters["eval_calls"]
+        row["eval_completion_tokens"] = self.ctx.counters["eval_completion_tokens"]
 
     # -- tool-call ledger -----------------------------------------------------
     @staticmethod
@@ -137,8 +144,9 @@ class GenerationCore:
 
     def remember(self, ep: Episode, call_ids: list[str], text: str) -> None:
         """`call_ids` were issued in `ep` for a completion whose generated text is `text`."""
-        if len(self._issued) > 2 * len(self.swarm.registry.open) + 64:  # forget closed episodes
-            live = {self._key(e) for e in self.swarm.registry.open.values()}
+        open_episodes = self.ctx.open_episodes()
+        if len(self._issued) > 2 * len(open_episodes) + 64:  # forget closed episodes
+            live = {self._key(e) for e in open_episodes}
             self._issued = {k: v for k, v in self._issued.items() if k in live}
         book = self._issued.setdefault(self._key(ep), {})
         for cid in call_ids:
@@ -160,28 +168,30 @@ class GenerationCore:
         return out
 
     # -- preparing a turn ----------------------------------------------------
-    def _parser(self) -> ToolParser:
-        return get_parser(str(self.swarm.config.tool_parser))
-
     async def prepare_chat(self, turn: ChatTurn) -> PreparedTurn:
-        swarm = self.swarm
+        ctx, limits = self.ctx, self.ctx.limits()
         forced, parse_tools = _tool_mode(turn.tools, turn.tool_choice)
-        parser = self._parser() if parse_tools else None
+        parser = get_parser(limits.tool_parser) if parse_tools else None
         prefill = parser.prefill(forced or None) if parser is not None and forced is not None else ""
         messages = self.exact_history(turn.episode, turn.messages)
         chars = sum(len(str(m.get("content") or "")) for m in messages) + len(json.dumps(turn.tools or []))
-        _check_chars(swarm, chars)
+        _check_chars(limits, chars)
         history = list(turn.episode.calls) if turn.episode is not None else []
-        renderer, mode = swarm.renderer, swarm.config.continuity
+        renderer, mode = ctx.renderer, limits.continuity
 
-        def work() -> tuple[list[int], bool, bool]:
+        def render() -> str:
             text = renderer.render(messages, turn.tools)
+            self._refuse_past_context(renderer.past_context(text, history, turn.agent, ctx.context_length, mode))
+            return text
+
+        def tokenize(text: str) -> tuple[list[int], bool, bool]:
             got = renderer.chat_prompt(text, history, turn.agent, mode=mode)
             return got.ids + (renderer.encode(prefill) if prefill else []), got.continued, got.drift
 
-        ids, continued, drift = await self._off_loop(chars, work)
-        swarm.counters["prompt_continued"] += continued
-        swarm.counters["prompt_drift"] += drift
+        text = await self._off_loop(chars, render)
+        ids, continued, drift = await self._tokenize(len(text), lambda: tokenize(text))
+        ctx.counters.add("prompt_continued", continued)
+        ctx.counters.add("prompt_drift", drift)
         if turn.episode is not None:
             turn.episode.drift += int(drift)
         return PreparedTurn(self, turn.episode, turn.agent, ids, self.params(turn.sampling, len(ids)),
@@ -190,10 +200,11 @@ class GenerationCore:
     async def prepare_text(self, prompt: str | list[int], sampling: Sampling, n: int = 1,
                            episode: Episode | None = None, agent: str = "main") -> PreparedTurn:
         """A raw completion (`/v1/completions`): text or token ids, no template, no tools."""
-        renderer = self.swarm.renderer
+        renderer, limits = self.ctx.renderer, self.ctx.limits()
         if isinstance(prompt, str):
-            _check_chars(self.swarm, len(prompt))
-            ids = await self._off_loop(len(prompt), lambda: renderer.encode(prompt))
+            _check_chars(limits, len(prompt))
+            self._refuse_past_context(renderer.past_context(prompt, [], agent, self.ctx.context_length))
+            ids = await self._tokenize(len(prompt), lambda: renderer.encode(prompt))
         else:
             ids = renderer.check_ids(prompt)
         return PreparedTurn(self, episode, agent, ids, self.params(sampling, len(ids)), max(1, n), None, "")
@@ -208,15 +219,29 @@ class GenerationCore:
             return work()
         return await asyncio.get_running_loop().run_in_executor(self.pool, work)
 
+    async def _tokenize(self, chars: int, work: Callable[[], T]) -> T:
+        """`work()`, tokenizing a rendered prompt of `chars` characters, as `_off_loop` does; a large one
+        through the gate: one at a time, the heap trimmed after it (docs/server-control.md)."""
+        if chars <= LARGE_PROMPT_CHARS:
+            return await self._off_loop(chars, work)
+        return await self.large.run(work)
+
+    def _refuse_past_context(self, least: int | None) -> None:
+        """400 for a prompt that surely has `least` ids or more, no fewer than the context holds."""
+        if least is not None:
+            raise InvalidRequest("context_length_exceeded", f"prompt of at least {least} tokens leaves no room in "
+                                                            f"the model's {self.ctx.context_length}-token context")
+
     def params(self, s: Sampling, prompt_len: int) -> SamplingParams:
         """Engine params; 400 for an impossible `max_tokens` (never silently capped)."""
         if prompt_len == 0:
             raise InvalidRequest("invalid_prompt", "prompt must not be empty")
-        swarm, cfg = self.swarm, self.swarm.config
-        room = None if swarm.context_length is None else swarm.context_length - prompt_len
+        cfg = self.ctx.limits()  # live: a temperature change applies from the next window
+        context_length = self.ctx.context_length
+        room = None if context_length is None else context_length - prompt_len
         if room is not None and room < 1:
             raise InvalidRequest("context_length_exceeded", f"prompt of {prompt_len} tokens leaves no room in "
-                                                            f"the model's {swarm.context_length}-token context")
+                                                            f"the model's {context_length}-token context")
         if s.max_tokens is None:
             max_new = min(cfg.default_max_tokens, cfg.max_tokens_limit, room or cfg.max_tokens_limit)
         elif s.max_tokens > cfg.max_tokens_limit:
@@ -224,7 +249,7 @@ class GenerationCore:
                                                          f"limit of {cfg.max_tokens_limit}")
         elif room is not None and s.max_tokens > room:
             raise InvalidRequest("context_length_exceeded",
-                                 f"this model's context is {swarm.context_length} tokens; the prompt has "
+                                 f"this model's context is {context_length} tokens; the prompt has "
                                  f"{prompt_len} and max_tokens={s.max_tokens} asks for more than the {room} left")
         else:
             max_new = s.max_tokens
@@ -236,7 +261,7 @@ class GenerationCore:
             top_p=1.0 if s.top_p is None else s.top_p,
             seed=None if s.seed is None else s.seed % SEED_MOD,
             stop=s.stop,
-            stop_token_ids=swarm.renderer.stop_token_ids,
+            stop_token_ids=self.ctx.renderer.stop_token_ids,
             top_logprobs=s.top_logprobs,
             response_format=None if not fmt or fmt.get("type") == "text" else json.dumps(fmt, sort_keys=True),
         )
@@ -256,18 +281,18 @@ class PreparedTurn:
     prefill: str
 
     def _runs(self) -> list[ChoiceRun]:
-        swarm = self.core.swarm
+        renderer = self.core.ctx.renderer
         runs = []
         for i in range(self.n):
             params = self.params
             if i and params.seed is not None:  # n samples of one seed must still differ
                 params = replace(params, seed=(params.seed + i) % SEED_MOD)
-            runs.append(ChoiceRun(i, swarm.renderer, params, self.parser, self.prefill))
+            runs.append(ChoiceRun(i, renderer, params, self.parser, self.prefill))
         return runs
 
     async def run(self) -> TurnResult:
         try:
-            choices = await run_choices(self.core.swarm, self.prompt_ids, self._runs())
+            choices = await run_choices(self.core.ctx, self.prompt_ids, self._runs())
         except UnsupportedRequest as exc:
             raise InvalidRequest(exc.code, exc.message) from None
         version = min(c.policy_version for c in choices)
@@ -278,10 +303,10 @@ class PreparedTurn:
         """`Started` (after the engine's first tokens), deltas and `Finished` per choice, then `Done`.
 
         Recording happens at `Done`: a stream abandoned by its client records nothing."""
-        swarm = self.core.swarm
+        ctx = self.core.ctx
         choices: list[Choice] = []
-        version = swarm.engine.policy_version
-        agen = stream_choices(swarm, self.prompt_ids, self._runs())
+        version = ctx.engine.policy_version
+        agen = stream_choices(ctx, self.prompt_ids, self._runs())
         try:
             try:
                 event: Event | None = await agen.__anext__()
@@ -305,16 +330,16 @@ class PreparedTurn:
         return Usage(len(self.prompt_ids), sum(len(c.ids) for c in choices))
 
     def _record(self, choices: list[Choice]) -> None:
-        swarm = self.core.swarm
+        ctx = self.core.ctx
         if self.episode is None:  # an evaluation call: counted, never trained
-            swarm.counters["eval_calls"] += len(choices)
-            swarm.counters["eval_completion_tokens"] += sum(len(c.ids) for c in choices)
+            ctx.counters.add("eval_calls", len(choices))
+            ctx.counters.add("eval_completion_tokens", sum(len(c.ids) for c in choices))
             return
         for c in choices:
-            swarm.record(self.episode, Call(self.agent, self.prompt_ids, list(c.ids), list(c.logprobs),
-                                            c.policy_version))
+            ctx.record(self.episode, Call(self.agent, self.prompt_ids, list(c.ids), list(c.logprobs),
+                                          c.policy_version))
             if c.tool_calls:
-                text = self.prefill + swarm.renderer.decode(c.ids)
+                text = self.prefill + ctx.renderer.decode(c.ids)
                 self.core.remember(self.episode, [t.id for t in c.tool_calls], text)
 
 
@@ -326,8 +351,8 @@ def agent_tag(value: str | None) -> str:
     return agent
 
 
-def _check_chars(swarm: Swarm, chars: int) -> None:
-    limit = swarm.config.max_prompt_chars
+def _check_chars(limits: GenerationLimits, chars: int) -> None:
+    limit = limits.max_prompt_chars
     if chars > limit:
         raise InvalidRequest("prompt_too_long", f"the prompt has {chars} characters; this server takes at most "
                                                 f"{limit} (max_prompt_chars)")
@@ -355,11 +380,12 @@ def _tool_mode(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] 
 
 
 def generation_core(request: Request) -> GenerationCore:
-    """The app's core (made on first use): a FastAPI dependency, or call it with the request."""
+    """The app's core (made on first use, on the swarm's context): a FastAPI dependency, or call it
+    with the request."""
     state = request.app.state
     core = getattr(state, "generation", None)
     if core is None:
-        core = state.generation = GenerationCore(state.swarm)
+        core = state.generation = GenerationCore(state.swarm.generation_context)
     return core
 
 

@@ -33,7 +33,13 @@ A stalled group completes at once: its open episodes are fenced (epoch+1, closed
 trains the members that finished, `drop` trains none of them (`group_dropped`
 is published with their ids: the buffer marks them `dropped_stall`). Either
 way the group counts as complete, so one frozen client holds up the others'
-training for at most `group_stall_s` after the rest of the window is done.
+training for at most `group_stall_s` after the rest of the window is done, and
+only once: a fenced holder's slot is owed to its replay for one lease
+(`Batcher.owe`), so when it thaws and its fleet re-plays the job, that one claim
+gets a group of its own size instead of a fresh group of n that would wait a
+second stall period for claims nobody makes. A live holder learns of the fence
+at its next heartbeat (a third of a lease); one gone longer than a lease is taken
+for dead, and its task's next claims form ordinary groups.
 A sweep that freed anything publishes `slots_freed` (claims waiting for room
 retry, a group that just completed may train).
 """
@@ -43,11 +49,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass
 
+from swarm.config.server import ServerConfig
 from swarm.server.batcher import Batcher, Group
-from swarm.server.config import ServerConfig
+from swarm.server.counters import Counters
 from swarm.server.episodes import Episode, EpisodeRegistry
 from swarm.server.events import Topic
 
@@ -69,7 +75,7 @@ class LeaseKeeper:
     `group_stall_s` and `stalled_group_policy` of `config`."""
 
     def __init__(self, registry: EpisodeRegistry, batcher: Batcher, config: ServerConfig,
-                 counters: Counter[str]) -> None:
+                 counters: Counters) -> None:
         self.registry = registry
         self.batcher = batcher
         self.counters = counters
@@ -117,7 +123,7 @@ class LeaseKeeper:
         ids = self.reclaimable.setdefault(ep.task_id, [])
         ids.append(ep.id)
         del ids[:-max(1, self.batcher.group_size * self.batcher.batch_groups)]  # bounded
-        self.counters["expired"] += 1
+        self.counters.add("expired")
         log.info("episode %s (task %s) expired: lease not renewed; slot reopened", ep.id, ep.task_id)
 
     def sweep(self, now: float | None = None) -> int:
@@ -183,19 +189,20 @@ class LeaseKeeper:
             if ep is not None:
                 ep.epoch += 1  # its holder's key is stale now: 409 on a late call, heartbeat or finish
                 self.registry.close(ep, "expired")
+                self.batcher.owe(g.task_id, time.time() + self.lease_seconds)  # its replay: no new stall
                 fenced += 1
         free = g.free + len(g.claimed)
         g.claimed.clear()
         g.dropped += free
-        self.counters["groups_stalled"] += 1
-        self.counters["episodes_fenced_stalled"] += fenced
-        self.counters["slots_abandoned"] += free - fenced
+        self.counters.add("groups_stalled")
+        self.counters.add("episodes_fenced_stalled", fenced)
+        self.counters.add("slots_abandoned", free - fenced)
         dropped: list[str] = []
         if self.policy == "drop" and g.finished:
             dropped = [e.episode_id for e in g.finished]
             g.dropped += len(g.finished)
             g.finished = []
-            self.counters["episodes_dropped_stalled"] += len(dropped)
+            self.counters.add("episodes_dropped_stalled", len(dropped))
             self.group_dropped.publish(dropped)
         log.warning("group %s of %s made no progress for %.0fs: %d open episode(s) fenced, %d free slot(s) "
                     "given up; it %s", g.group_id, g.task_id, idle_s, fenced, free - fenced,

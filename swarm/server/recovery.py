@@ -37,7 +37,8 @@ from pathlib import Path
 from swarm.protocol import FinishRequest, FinishResponse
 from swarm.server.batcher import Batch, Batcher, FinishedEpisode, Group, episode_lag
 from swarm.server.buffer import BufferedRow, BufferError, DurableBuffer, encode_samples
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
+from swarm.server.counters import Counters
 from swarm.server.episodes import Episode
 from swarm.server.events import Topic
 from swarm.server.exceptions import Unavailable
@@ -55,7 +56,7 @@ class Durability:
     (`durable_buffer`, `out_dir`, `failed_group_policy`, `compact_buffer`, `group_size`,
     `replay_staleness`); it sets the batcher's bound of replayed episodes."""
 
-    def __init__(self, config: ServerConfig, batcher: Batcher, counters: Counter[str]) -> None:
+    def __init__(self, config: ServerConfig, batcher: Batcher, counters: Counters) -> None:
         self.config = config
         self.batcher = batcher
         self.counters = counters
@@ -84,7 +85,7 @@ class Durability:
                 idempotency_key=req.idempotency_key, response=response.model_dump(), payload=payload)
         except BufferError as exc:
             log.error("could not persist episode %s: %s", ep.id, exc)
-            self.counters["buffer_errors"] += 1
+            self.counters.add("buffer_errors")
             raise Unavailable("buffer_unavailable", "the episode buffer could not persist this finish; retry",
                               retry_after=1) from None
 
@@ -110,8 +111,8 @@ class Durability:
             failed = self.failed.pop(g.group_id, 0)
             if failed and g.finished and not (keep and len(g.finished) >= 2):
                 self._mark([e.episode_id for e in g.finished], "dropped_group")
-                self.counters["groups_dropped_failed"] += 1
-                self.counters["episodes_dropped_failed_group"] += len(g.finished)
+                self.counters.add("groups_dropped_failed")
+                self.counters.add("episodes_dropped_failed_group", len(g.finished))
                 g.dropped += len(g.finished)
                 g.finished = []
 
@@ -120,13 +121,13 @@ class Durability:
         ids = [e.episode_id for e in batch.episodes]
         if batch.stale:  # screened out by the staleness bound when the batch was taken
             self._mark([e.episode_id for e in batch.stale], "dropped_stale")
-            self.counters["dropped_stale"] += len(batch.stale)
+            self.counters.add("dropped_stale", len(batch.stale))
         if step is not None:
             self._mark(ids, "trained", step)
-            self.counters["episodes_trained"] += len(ids)
+            self.counters.add("episodes_trained", len(ids))
         else:
             self._mark(ids, "skipped")
-            self.counters["episodes_skipped"] += len(ids)
+            self.counters.add("episodes_skipped", len(ids))
 
     def dropped_stalled(self, ids: list[str]) -> None:
         """A stalled group was dropped whole (`stalled_group_policy: drop`): its finished rows never train."""
@@ -139,7 +140,7 @@ class Durability:
             self.buffer.mark(ids, state, step)
         except Exception:  # the in-memory truth stands; a restart may replay these rows once more
             log.exception("could not mark %d buffered episode(s) %s", len(ids), state)
-            self.counters["buffer_errors"] += 1
+            self.counters.add("buffer_errors")
 
     def compact(self, checkpointed_step: int) -> None:
         """After a checkpoint: drop the samples of rows no restart can replay (blocking: run in a thread)."""
@@ -150,7 +151,7 @@ class Durability:
         except Exception:  # compaction only saves space: never fail a checkpoint over it
             log.exception("could not compact the episode buffer")
             return
-        self.counters["buffer_compacted"] += n
+        self.counters.add("buffer_compacted", n)
 
     # -- restart ------------------------------------------------------------------------------------
     def recover(self, resumed: bool, step: int, policy_version: int) -> None:
@@ -166,7 +167,7 @@ class Durability:
             return
         rolled = self.buffer.rollback_to(step)
         rows = self.buffer.buffered()
-        self.counters["episodes_rolled_back"] += rolled
+        self.counters.add("episodes_rolled_back", rolled)
         self._rebuild_counters()
         groups: dict[str, Group] = {}
         for r in rows:
@@ -203,7 +204,7 @@ class Durability:
             stale = [e for e in g.finished if self._lag(e, version) > self._bound()]
             if stale:
                 self._mark([e.episode_id for e in stale], "dropped_stale")
-                self.counters["dropped_stale"] += len(stale)
+                self.counters.add("dropped_stale", len(stale))
                 g.finished = [e for e in g.finished if e not in stale]
             if not g.finished:
                 self.failed.pop(g.group_id, None)
@@ -214,7 +215,7 @@ class Durability:
             else:
                 waiting.append(g)
         self.backlog = waiting
-        self.counters["episodes_replayed"] += replayed
+        self.counters.add("episodes_replayed", replayed)
         if self._future_window is not None:
             if b.window <= self._future_window and self.buffer is not None:
                 # group ids must stay unique: this window may have been played before a rollback
@@ -244,10 +245,10 @@ class Durability:
         assert self.buffer is not None
         since = self.buffer.get_meta(RUN_STARTED)
         states, failed = self.buffer.tally(float(since) if since else None)
-        self.counters["finished"] = sum(states.values())
-        self.counters["finished_failed"] = failed
+        self.counters.set("finished", sum(states.values()))
+        self.counters.set("finished_failed", failed)
         for state, counter in REBUILT.items():
-            self.counters[counter] = states.get(state, 0)
+            self.counters.set(counter, states.get(state, 0))
 
     def _lag(self, e: FinishedEpisode, version: int) -> int:
         """A restored episode's lag: by its samples' versions, or its row's when it has none."""

@@ -16,14 +16,16 @@ stop string, `decode(token_ids, skip_special_tokens=True) == text` holds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from swarm.samples import Call
 from swarm.server.exceptions import InvalidRequest
+from swarm.server.prompt_bound import TokenBound
 from swarm.timeline import continue_prompt
 
-DIRECT_ENCODE_CHARS = 16384  # longer: through `encode_batch`, which lets the GIL go
+DIRECT_ENCODE_CHARS = 16384  # longer: through `encode_batch_fast`, which lets the GIL go
 REPLACEMENT = "\ufffd"  # an incomplete UTF-8 sequence decodes to this; wait for more bytes
 
 
@@ -41,16 +43,20 @@ class ChatRenderer:
         # A fast tokenizer's Rust core, called directly for short texts: `tok.encode` goes through
         # `encode_batch`, which costs ~50% more per short prompt and, unless
         # TOKENIZERS_PARALLELISM=false, wakes a rayon thread pool that spins on the cores the engine
-        # needs (the ids are the same). Long texts keep `encode_batch`: it releases the GIL, the
-        # single-text call does not, and a long prompt is tokenized in a pool beside the event loop.
+        # needs (the ids are the same). Long texts go through `encode_batch_fast`: it releases the GIL,
+        # the single-text call does not, and a long prompt is tokenized in a pool beside the event
+        # loop; unlike `encode_batch` it tracks no offsets: half the time and ~30% less memory for a
+        # long prompt (the ids are the same).
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._rust_encode = getattr(backend, "encode", None)
+        self._rust_encode_long = getattr(backend, "encode_batch_fast", None)  # tokenizers >= 0.21
         ids: list[int] = []
         for t in ("<|im_end|>", "<|endoftext|>", getattr(tokenizer, "eos_token", None)):
             i = tokenizer.convert_tokens_to_ids(t) if t else None
             if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id and i not in ids:
                 ids.append(i)
         self.stop_token_ids = tuple(ids)
+        self.bound = TokenBound.of(tokenizer)  # None: no cheap lower bound, prompts are always tokenized
 
     # -- prompts --------------------------------------------------------------
     def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
@@ -70,6 +76,8 @@ class ChatRenderer:
         try:
             if self._rust_encode is not None and len(text) <= DIRECT_ENCODE_CHARS:
                 return self._rust_encode(text, add_special_tokens=False).ids
+            if self._rust_encode_long is not None:
+                return self._rust_encode_long([text], add_special_tokens=False)[0].ids
             return list(self.tok.encode(text, add_special_tokens=False))
         except Exception as exc:  # e.g. lone surrogates that are not valid UTF-8
             raise InvalidRequest("invalid_prompt", f"cannot tokenize the prompt: {exc}") from exc
@@ -84,6 +92,31 @@ class ChatRenderer:
         got = continue_prompt(text, priors, self.encode,
                               lambda ids: self.tok.decode(ids, skip_special_tokens=False), mode=mode)
         return Prompt(list(got.prompt_ids), continued=got.extended is not None, drift=got.drift)
+
+    def past_context(self, text: str, history: Sequence[Call], agent: str, context_length: int | None,
+                     mode: str = "exact") -> int | None:
+        """A count the prompt of `text` surely reaches (whichever way `chat_prompt` builds it) when even
+        that leaves no room in `context_length`; None when it may fit, or nothing bounds it.
+
+        Counted from bytes (`TokenBound`), so such a prompt is refused before it is tokenized. A
+        continued prompt is an earlier call's exact ids plus the tokenized tail: where an earlier
+        call's text starts `text`, those ids are counted rather than their text (the model's own ids
+        may cover more bytes each than a re-tokenization could). Only a prompt past the context by
+        its bytes looks at the earlier calls, so an ordinary turn decodes nothing more.
+        """
+        if self.bound is None or context_length is None:
+            return None
+        least = self.bound.min_tokens(text)
+        if least < context_length or mode != "exact":
+            return least if least >= context_length else None
+        for c in history:  # the smallest over every call continuity could extend: whichever it picks
+            if c.agent != agent or not c.completion_ids:
+                continue
+            prefix = self.tok.decode(c.prompt_ids + c.completion_ids, skip_special_tokens=False)
+            if prefix and text.startswith(prefix):
+                tail = self.bound.min_tokens(text[len(prefix):])
+                least = min(least, len(c.prompt_ids) + len(c.completion_ids) + tail)
+        return least if least >= context_length else None
 
     def check_ids(self, ids: Sequence[int]) -> list[int]:
         bad = [i for i in ids if not 0 <= i < self.vocab_size]

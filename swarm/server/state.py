@@ -19,15 +19,14 @@ go to worker threads. The Swarm holds no math: samples come from
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
 import math
 import time
-from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from swarm.config.server import ServerConfig
 from swarm.engine.base import Engine
 from swarm.protocol import (
     AbortRequest, AbortResponse, ClaimRequest, ClaimResponse, FinishRequest, FinishResponse,
@@ -36,37 +35,20 @@ from swarm.protocol import (
 from swarm.samples import Call
 from swarm.server.batcher import Batcher, FinishedEpisode
 from swarm.server.checkpoint import Checkpointer
-from swarm.server.config import ServerConfig
 from swarm.server.control import LiveControl
+from swarm.server.counters import Counters
 from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner
 from swarm.server.exceptions import InvalidRequest, Refused, SwarmError, Unavailable
+from swarm.server.generation_context import GenerationContext, GenerationLimits, context_length, load_tokenizer
 from swarm.server.leases import LeaseKeeper
 from swarm.server.recovery import Durability
 from swarm.server.render import ChatRenderer
-from swarm.server.tracking import MlflowSink, TeeLog
+from swarm.server.rollouts import RolloutLog
+from swarm.server.tracking import TeeLog, server_sink
 from swarm.server.trainer import GenerationGate, MetricsLog, MetricsSink, Trainer
 from swarm.timeline import episode_samples
 
 log = logging.getLogger("swarm.server")
-
-
-def load_tokenizer(engine: Engine, model_dir: Path) -> Any:
-    tok = getattr(engine, "tokenizer", None)
-    if tok is not None:
-        return tok
-    from transformers import AutoTokenizer  # lazy: transformers takes seconds; engines usually bring one
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-def context_length(engine: Engine, model_dir: Path) -> int | None:
-    n = getattr(engine, "max_positions", None)
-    if isinstance(n, int):
-        return n
-    try:
-        return int(json.loads((Path(model_dir) / "config.json").read_text())["max_position_embeddings"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 class Swarm:
@@ -81,7 +63,7 @@ class Swarm:
         self.renderer = ChatRenderer(load_tokenizer(engine, config.model_dir))
         self.context_length = context_length(engine, config.model_dir)
         self.out_dir = Path(config.out_dir)
-        self.counters: Counter[str] = Counter()
+        self.counters = Counters()  # every component counts through this one object; status reads it
         self.gate = GenerationGate()
         self.batcher = Batcher(config.group_size, config.batch_groups, config.max_staleness,
                                config.claims_during_step)
@@ -92,14 +74,20 @@ class Swarm:
         # lease expiry, hand-over, stalled groups (a sweeper task)
         self.leases = LeaseKeeper(self.registry, self.batcher, config, self.counters)
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", config.keep_checkpoints)
-        self.tracking = _mlflow_sink(config, self.out_dir) if config.mlflow else None
+        self.tracking = server_sink(config, self.out_dir) if config.mlflow else None  # logs the model at the end
         self.metrics_log = MetricsLog(self.out_dir / "metrics.jsonl")
+        self.rollouts = RolloutLog(self.out_dir)  # a JSON line per finished episode, for `swarm inspect`
         metrics: MetricsSink = self.metrics_log
         if self.tracking is not None:
             metrics = TeeLog(metrics, self.tracking)
         self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics)
         # the settings in force, live changes, pause/resume, per-family quotas
         self.control = LiveControl(config, self.trainer, self.batcher, self.registry, self.counters, self.out_dir)
+        # what the generation core may touch: not this object, so it cannot reach the batcher or leases
+        self.generation_context = GenerationContext(
+            engine, self.gate, self.renderer, limits=lambda: GenerationLimits.of(self.config),
+            counters=self.counters, context_length=self.context_length, record=self.record,
+            open_episodes=lambda: self.registry.open.values(), step_done=self.trainer.step_done)
         self._admission = asyncio.Event()
         self.last_checkpoint: str | None = None
         self.checkpointed_step = 0
@@ -181,7 +169,7 @@ class Swarm:
             except TimeoutError:
                 pass
         for i, r in refused.items():
-            self.counters["claims_rejected"] += 1
+            self.counters.add("claims_rejected")
             # after a long poll, come straight back; otherwise give the window a moment
             retry = 0 if reqs[i].wait_s > 0 else max(1, round(self.config.retry_after_s))
             out[i] = Refused(r.code, r.message, retry_after=retry, details=r.details)
@@ -215,7 +203,7 @@ class Swarm:
             ep = self.registry.create(episode_id, req.task_id, req.task_family, group.group_id,
                                       req.metadata, self.engine.policy_version, req.claim_key,
                                       epoch=reuse.epoch if reuse is not None else 1)
-            self.counters["claims"] += 1
+            self.counters.add("claims")
         return ClaimResponse(
             episode_id=ep.id, base_url=base_url, api_key=self.registry.key_for(ep),
             lease_expires_at=ep.lease_expires_at, policy_version=ep.policy_version,
@@ -232,13 +220,13 @@ class Swarm:
     def record(self, ep: Episode, call: Call) -> None:
         """Keep a finished LLM call; a call that ends after its episode closed is dropped."""
         if ep.state != "open":
-            self.counters["calls_dropped"] += 1
+            self.counters.add("calls_dropped")
             return
         ep.calls.append(call)
         self.leases.touch(ep)
-        self.counters["calls"] += 1
-        self.counters["prompt_tokens"] += len(call.prompt_ids)
-        self.counters["completion_tokens"] += len(call.completion_ids)
+        self.counters.add("calls")
+        self.counters.add("prompt_tokens", len(call.prompt_ids))
+        self.counters.add("completion_tokens", len(call.completion_ids))
 
     async def finish(self, ep: Episode, req: FinishRequest) -> FinishResponse:
         """Finish `ep`: samples built, the row committed (group commit), then acknowledged.
@@ -249,11 +237,11 @@ class Swarm:
         up mid-commit cannot leave a durable row half-recorded.
         """
         if ep.state == "finished" and req.idempotency_key and req.idempotency_key == ep.finish_key:
-            self.counters["finish_replays"] += 1
+            self.counters.add("finish_replays")
             return FinishResponse.model_validate(ep.finish_response)
         pending = ep.finishing
         if pending is not None and req.idempotency_key and req.idempotency_key == ep.finish_key:
-            self.counters["finish_replays"] += 1
+            self.counters.add("finish_replays")
             return await asyncio.shield(pending)
         self.registry.require_open(ep)
         if self.sealed:  # the last checkpoint's counters must match the buffer: a restart re-plays this one
@@ -294,43 +282,27 @@ class Swarm:
             group_id=ep.group_id, policy_version=self.engine.policy_version, step=self.trainer.step)
         await self.durability.persist(ep, req, finished, response)  # on disk before the ack (else Unavailable)
         if self.config.log_rollouts:
-            self._log_rollout(ep, req)
+            self.rollouts.append(ep, req, self.config.model_dir)
         if failed:  # the slot is resolved without data; failed_group_policy decides the group at take
             self.batcher.release(ep.group_id, ep.id, drop=True)
             self.durability.failed_finish(ep.group_id)
-            self.counters["finished_failed"] += 1
+            self.counters.add("finished_failed")
         else:
             self.batcher.finish(ep.group_id, finished)
         ep.reward = req.reward
         ep.finish_response = response.model_dump()
         self.registry.close(ep, "finished")
-        self.counters["finished"] += 1
+        self.counters.add("finished")
         self.trainer.kick()
         return response
 
-    def _log_rollout(self, ep: Episode, req: FinishRequest) -> None:
-        """One JSON line per finished episode, calls as token ids (read by `swarm inspect`)."""
-        record = {
-            "episode_id": ep.id, "task_id": ep.task_id, "task_family": ep.task_family,
-            "group_id": ep.group_id, "reward": req.reward, "agent_rewards": req.agent_rewards,
-            "choice_rewards": req.choice_rewards,
-            "status": req.status, "metrics": req.metrics, "policy_version": ep.policy_version,
-            "model_dir": str(self.config.model_dir), "created_at": ep.created_at, "finished_at": time.time(),
-            "calls": [dataclasses.asdict(c) for c in ep.calls],
-        }
-        try:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.out_dir / "rollouts.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-        except OSError:
-            log.exception("could not append to rollouts.jsonl")
     def abort(self, ep: Episode, req: AbortRequest) -> AbortResponse:
         if ep.state == "aborted":
             return AbortResponse(episode_id=ep.id)
         self.registry.require_open(ep)
         self.batcher.release(ep.group_id, ep.id, drop=not req.release)
         self.registry.close(ep, "aborted")
-        self.counters["aborted"] += 1
+        self.counters.add("aborted")
         self.trainer.kick()  # a dropped slot may complete the last group
         self.wake_claims()
         return AbortResponse(episode_id=ep.id)
@@ -344,7 +316,7 @@ class Swarm:
             group_size=self.config.group_size, batch_groups=self.config.batch_groups,
             training=self.batcher.stepping, stopping=self.stopping,
             open_episodes=len(self.registry.open), buffered_groups=self.batcher.complete_groups(),
-            groups=groups, counters={**self.counters, **self.durability.counts(),
+            groups=groups, counters={**self.counters.snapshot(), **self.durability.counts(),
                                      "train_errors": self.trainer.errors,
                                      **(self.engine.counters() if hasattr(self.engine, "counters") else {})},
             last_checkpoint=self.last_checkpoint, max_steps=self.config.max_steps,
@@ -360,7 +332,7 @@ class Swarm:
 
     def _state(self) -> dict[str, Any]:
         return {"step": self.trainer.step, "policy_version": self.engine.policy_version,
-                "window": self.batcher.window + 1, "counters": dict(self.counters),
+                "window": self.batcher.window + 1, "counters": self.counters.snapshot(),
                 "model_name": self.model_name}
 
     async def checkpoint(self) -> Path:
@@ -382,8 +354,8 @@ class Swarm:
         self.engine.policy_version = int(state["policy_version"])
         self.trainer.step = self.checkpointed_step = int(state["step"])
         self.batcher.window = int(state.get("window", state["step"]))
-        self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
-        self.counters["resumes"] += 1
+        self.counters.merge({k: int(v) for k, v in state.get("counters", {}).items()})
+        self.counters.add("resumes")
         self.last_checkpoint = str(path)
         log.info("resumed from %s: step %d, policy version %d", path, self.trainer.step,
                  self.engine.policy_version)
@@ -425,10 +397,3 @@ def _retrieved(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()
 
-
-def _mlflow_sink(config: ServerConfig, out_dir: Path) -> MlflowSink:
-    """The run's MLflow view: every setting but the secrets as params (train knobs as `train.*`)."""
-    params = {**config.model_dump(mode="json", exclude={"token", "admin_token", "secret", "train"}),
-              **{f"train.{k}": v for k, v in config.train.model_dump(mode="json").items()}}
-    return MlflowSink(out_dir, config.mlflow_experiment, config.mlflow_run_name or out_dir.name, params,
-                      parent_run_id=config.mlflow_parent_run_id)

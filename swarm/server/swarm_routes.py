@@ -1,4 +1,6 @@
-"""The episode API (`/swarm/v1/*`, DESIGN.md §3): claim, heartbeat, finish, abort, status, stop, checkpoint.
+"""The episode API (`/swarm/v1/*`): claim, heartbeat, finish, abort, status, stop, checkpoint.
+
+What each route promises: docs/design.md, "Routes" and "Episode lifecycle".
 
 Thin: each route authenticates (`auth.py`), validates (pydantic models from
 `swarm.protocol`) and calls one `Swarm` operation. Worker token for claim/status,

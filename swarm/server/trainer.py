@@ -43,7 +43,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Protocol
 
-from swarm.engine.base import Engine, TrainBatch, TrainConfig
+from swarm.config.train import TrainConfig
+from swarm.engine.base import Engine, TrainBatch
 from swarm.server.batcher import Batch, Batcher
 from swarm.server.events import StepTopic, Topic
 

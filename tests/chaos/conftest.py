@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.server.testing import tiny_model_dir
+from swarm.testing import tiny_model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # chaos_harness, chaos_agent (--import-mode=importlib)

@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from swarm.engine.fake import FakeEngine
 from swarm.server.app import serve
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
 model, port, out, token = sys.argv[1:5]
 config = ServerConfig(engine="fake", model_dir=Path(model), port=int(port), out_dir=Path(out), group_size=2,
                       batch_groups=2, checkpoint_every=4, max_steps=%d, token=token, admin_token="crash-admin",

@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from swarm.client.cli import client_command
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer
 
 app = typer.Typer()
 app.command()(client_command)

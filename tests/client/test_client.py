@@ -12,7 +12,7 @@ import pytest
 from swarm.client import (
     AsyncSwarmClient, ServerStopping, SwarmAPIError, SwarmClient, SwarmUnavailable,
 )
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer
 
 CLAIM = {"episode_id": "e1", "base_url": "http://x/v1", "api_key": "rk.e1.1.s", "lease_expires_at": 0.0,
          "policy_version": 3, "model": "m", "group_id": "g", "task_id": "t"}

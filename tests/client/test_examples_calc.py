@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from swarm.client import SwarmClient, run_fleet
 from swarm.engine.fake import FakeEngine
 from swarm.model.tokenizer import tool_call_text
-from swarm.server.testing import RunningServer, wait_until
+from swarm.testing import RunningServer, wait_until
 from swarm.tasks import calc
 
 ITEMS = calc.dataset(0, 2)  # x 2 attempts = one step of the fixture's 2 groups of 2

@@ -22,8 +22,8 @@ from swarm.client import SwarmAPIError, SwarmClient
 from swarm.client._cursor import JobCursor
 from swarm.client.cli import client_command
 from swarm.engine.fake import FakeEngine
-from swarm.server.config import ServerConfig
-from swarm.server.testing import RunningServer, running_server
+from swarm.config.server import ServerConfig
+from swarm.testing import RunningServer, running_server
 
 
 def _wait(cond, timeout: float = 15.0) -> None:

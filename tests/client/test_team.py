@@ -10,10 +10,9 @@ from typing import Callable
 import httpx
 import pytest
 
-from swarm.server.testing import wait_until
 from swarm.client import SwarmAPIError, SwarmClient, TeamClient, TeamError
 from swarm.engine.fake import FakeEngine
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer, wait_until
 from swarm.tasks import duet, get_task
 
 _WORDS = re.compile(r"(Add|Subtract|Sum|Take|What is) (\d+) (to|from|and|away from|plus|minus) (\d+)")

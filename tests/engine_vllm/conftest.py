@@ -16,7 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from swarm.engine.vllm.server import VllmSettings, VllmUnavailable, find_python
+from swarm.config.vllm import VllmSettings
+from swarm.engine.vllm.server import VllmUnavailable, find_python
 
 # helper modules beside this file (vllm_helpers) import by name under --import-mode=importlib
 sys.path.insert(0, str(Path(__file__).resolve().parent))

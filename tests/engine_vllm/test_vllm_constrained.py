@@ -12,10 +12,11 @@ import json
 
 import jsonschema_rs
 import pytest
+from vllm_helpers import chat_prompt
+from vllm_helpers import generate_all as _gen
 
 from swarm.engine import GenerateRequest, SamplingParams
 from swarm.engine.base import UnsupportedRequest
-from vllm_helpers import chat_prompt, generate_all as _gen
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

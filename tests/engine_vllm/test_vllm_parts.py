@@ -9,11 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from swarm.engine.vllm.engine import _parse_chunk
-from swarm.engine.vllm.server import VllmSettings, VllmUnavailable, find_python
+from swarm.config.vllm import VllmSettings
+from swarm.engine.vllm.server import VllmUnavailable, find_python
+from swarm.engine.vllm.stream import parse_chunk
 from swarm.engine.vllm.weights import CheckpointRefused, ServingDir, layout_of, unique_state, validate, write_atomic
 from swarm.server.app import make_engine
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
 
 
 class Tied(torch.nn.Module):
@@ -78,11 +79,11 @@ def test_serving_dir_keeps_one_last_good_file(tmp_path):
 def test_stream_chunks_parse_and_mismatches_are_errors():
     line = ('data: {"choices":[{"index":0,"text":"x","logprobs":{"token_logprobs":[-1.5,-0.25]},'
             '"finish_reason":"length","token_ids":[5,6]}]}')
-    chunk = _parse_chunk(line)
+    chunk = parse_chunk(line)
     assert chunk.token_ids == [5, 6] and chunk.logprobs == [-1.5, -0.25] and chunk.finish_reason == "length"
-    assert _parse_chunk("data: [DONE]") is None and _parse_chunk("") is None
+    assert parse_chunk("data: [DONE]") is None and parse_chunk("") is None
     with pytest.raises(RuntimeError, match="2 tokens with 1 logprobs"):
-        _parse_chunk(line.replace("-1.5,-0.25", "-1.5"))
+        parse_chunk(line.replace("-1.5,-0.25", "-1.5"))
 
 
 def test_a_python_without_vllm_gives_one_line_naming_the_install(tmp_path):
@@ -93,16 +94,16 @@ def test_a_python_without_vllm_gives_one_line_naming_the_install(tmp_path):
         find_python(no_vllm)
     msg = str(err.value)
     assert "\n" not in msg and "roost[vllm]" in msg and ".ci/vllm.sh" in msg and "--vllm-python" in msg
-    config = ServerConfig(engine="vllm", vllm_python=no_vllm, out_dir=tmp_path, model_dir=tmp_path)
+    config = ServerConfig(engine="vllm", vllm={"python": no_vllm}, out_dir=tmp_path, model_dir=tmp_path)
     with pytest.raises(SystemExit) as exit_:  # `swarm serve --engine vllm` prints this line and exits 1
         make_engine(config)
     assert str(exit_.value) == msg
 
 
 def test_config_fields_reach_the_vllm_settings():
-    config = ServerConfig(engine="vllm", vllm_port=9, vllm_kv_cache_gb=3, vllm_max_model_len=256,
-                          vllm_args="--dtype bfloat16 --max-num-seqs 8")
-    assert config.engine == "vllm" and config.vllm_kv_cache_gb == 3
-    assert VllmSettings(extra_args=("--x",)).extra_args == ("--x",)
+    config = ServerConfig(engine="vllm", vllm={"port": 9, "kv_cache_gb": 3, "max_model_len": 256,
+                                                 "args": "--dtype bfloat16 --max-num-seqs 8"})
+    assert config.engine == "vllm" and config.vllm.kv_cache_gb == 3
+    assert VllmSettings(args="--x 'a b'").extra_args == ("--x", "a b")
     with pytest.raises(ValueError):
-        ServerConfig(engine="vllm", vllm_kv_cache_gb=0)
+        ServerConfig(engine="vllm", vllm={"kv_cache_gb": 0})

@@ -14,6 +14,12 @@ from swarm.model.build import build_untrained
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+def _steps(out) -> list[dict]:
+    """The run's metrics rows (summary.json names the file; it holds no copy of them)."""
+    summary = json.loads((out / "summary.json").read_text())
+    return [json.loads(line) for line in (out / summary["metrics"]).read_text().splitlines()]
+
+
 def _train_arith(tmp_path, *args: str):
     """`swarm train --task arith` for 2 steps on an untrained model under its own ROOST_HOME."""
     model = build_untrained(tmp_path / "model", seed=0)
@@ -29,13 +35,15 @@ def _train_arith(tmp_path, *args: str):
 def test_train_writes_summary_and_cleans_up(tmp_path):
     out = _train_arith(tmp_path, "--group-size", "2", "--batch-groups", "2", "--concurrency", "4")
     summary = json.loads((out / "summary.json").read_text())
-    assert [s["step"] for s in summary["steps"]] == [1, 2]
-    assert all(0.0 <= s["reward_mean"] <= 1.0 for s in summary["steps"])
-    assert summary["reward_first"] is not None and summary["reward_last"] is not None and summary["wall_s"] > 0
+    steps = _steps(out)
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(0.0 <= s["reward_mean"] <= 1.0 for s in steps)
+    assert summary["reward_first_mean"] is not None and summary["reward_last_mean"] is not None
+    assert summary["wall_s"] > 0
     assert summary["config"]["group_call"] is True  # arith's default: a group is one n-choice call
-    assert (summary["steps"][0]["episodes"], summary["steps"][0]["samples"]) == (2, 4)
+    assert (steps[0]["episodes"], steps[0]["samples"]) == (2, 4)
     timing = summary["timing"]  # medians of step 2 on (one step here)
-    assert timing["collection_s"] == pytest.approx(summary["steps"][1]["wall_window_s"], abs=1e-4)
+    assert timing["collection_s"] == pytest.approx(steps[1]["wall_window_s"], abs=1e-4)
     assert timing["train_s"] > 0 and timing["engine_busy_s"] >= 0
     # every process it started is gone: the server wrote its pid
     pid = json.loads((out / "server" / "server.json").read_text())["pid"]
@@ -47,8 +55,13 @@ def test_train_writes_summary_and_cleans_up(tmp_path):
     client = MlflowClient(summary["mlflow"]["tracking_uri"])
     history = client.get_metric_history(summary["mlflow"]["run_id"], "reward_mean")
     assert [m.step for m in sorted(history, key=lambda m: m.step)] == [1, 2]
-    assert [m.value for m in sorted(history, key=lambda m: m.step)] == [s["reward_mean"] for s in summary["steps"]]
-    assert client.get_run(summary["mlflow"]["run_id"]).info.status == "FINISHED"
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == [s["reward_mean"] for s in steps]
+    run = client.get_run(summary["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED"
+    # the parameters say what ran: the task, the server's group size under the group call, only this engine's
+    params = run.data.params
+    assert params["task"] == "arith" and params["group_call"] == "True" and params["group_size"] == "1"
+    assert params["engine"] == "torch" and not any(k.split(".")[0] in ("verl", "vllm") for k in params)
 
 
 def test_train_group_call_samples_each_group_in_one_call(tmp_path):
@@ -57,7 +70,7 @@ def test_train_group_call_samples_each_group_in_one_call(tmp_path):
                        "--no-mlflow")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["group_call"] is True and summary["config"]["group_size"] == 4  # choices per group
-    for step in summary["steps"]:  # 2 groups a step: 2 episodes, each one call of 4 choices, 8 samples
+    for step in _steps(out):  # 2 groups a step: 2 episodes, each one call of 4 choices, 8 samples
         assert (step["episodes"], step["calls"], step["samples"]) == (2, 8, 8)
 
 
@@ -66,14 +79,14 @@ def test_train_no_group_call_plays_an_episode_per_member(tmp_path):
                        "--no-group-call", "--no-mlflow")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["group_call"] is False
-    for step in summary["steps"]:
+    for step in _steps(out):
         assert (step["episodes"], step["calls"], step["samples"]) == (4, 4, 4)
 
 
 def test_group_call_only_for_tasks_that_support_it() -> None:
     from pydantic import ValidationError
 
-    from swarm.train_config import RunConfig
+    from swarm.config.run import RunConfig
 
     assert RunConfig(task="arith").grouped and not RunConfig(task="calc").grouped
     assert not RunConfig(task="arith+guess").grouped and not RunConfig(task="arith", group_call=False).grouped
@@ -82,7 +95,7 @@ def test_group_call_only_for_tasks_that_support_it() -> None:
 
 
 def test_metrics_tail_reads_only_new_complete_lines(tmp_path):
-    from swarm.train import MetricsTail
+    from swarm.run_checks import MetricsTail
 
     path = tmp_path / "metrics.jsonl"
     tail = MetricsTail(path)
@@ -114,7 +127,7 @@ def test_train_a_task_mix_holds_the_shares_in_every_batch(tmp_path):
                         "8", "--no-mlflow", "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
-    for step in summary["steps"]:  # the server's quotas: 3 arith groups and 1 guess group per batch
+    for step in _steps(out):  # the server's quotas: 3 arith groups and 1 guess group per batch
         assert (step["episodes/arith"], step["episodes/guess"]) == (6, 2), step
         assert 0.0 <= step["reward_mean/arith"] <= 1.0 and 0.0 <= step["reward_mean/guess"] <= 1.0
     assert set(summary["families"]) == {"arith", "guess"}

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from swarm.model.build import build_untrained
-from swarm.train import clear_run, previous_run
+from swarm.run_checks import clear_run, previous_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SWARM = [sys.executable, "-m", "swarm"]
@@ -78,19 +78,24 @@ def test_train_your_own_workflow_then_resume_it(tmp_path: Path) -> None:
     r = subprocess.run([*base, "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["workflow"] == "examples.arith_openai:workflow" and [s["step"] for s in summary["steps"]] == [1]
+    assert summary["workflow"] == "examples.arith_openai:workflow" and summary["steps_done"] == 1
     run_file = yaml.safe_load((out / "run.yaml").read_text())
     assert run_file["workflow"] == "examples.arith_openai:workflow" and run_file["server"]["group_size"] == 2
     assert "token" not in run_file["server"]  # secrets stay out of the run's config
     # the same folder again: refused; --resume continues to 2 steps in all and prints only the new one
     r = subprocess.run([*base, "--steps", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and "--resume" in r.stderr
+    first_part = {name: (out / "logs" / name).read_text() for name in ("server.log", "client0.log")}
     r = subprocess.run([*base, "--steps", "2", "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["config"]["steps"] == 2
+    rows = [json.loads(line) for line in (out / summary["metrics"]).read_text().splitlines()]
+    assert [s["step"] for s in rows] == [1, 2] and summary["config"]["steps"] == 2 and summary["steps_done"] == 2
     assert "step 1:" not in r.stderr and "step 2:" in r.stderr
+    for name, text in first_part.items():  # the resumed part's logs follow the first part's, under a marker
+        log = (out / "logs" / name).read_text()
+        assert log.startswith(text) and "--resume" in log[len(text):], name
 
 
 @pytest.mark.slow

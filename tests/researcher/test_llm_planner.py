@@ -12,10 +12,11 @@ from langchain_core.messages import HumanMessage
 from sqlmodel import Session, select
 
 from researcher.config import Budget, StudyConfig
-from researcher.experiment import Frame
-from researcher.llm import (ModelRequestsForbidden, ScriptedChatModel, StructuredOutputError, make_chat_model,
-                            override_model, structured)
-from researcher.llm_planner import LLMPlanner
+from researcher.experiment import Frame, HypothesisSpec
+from researcher.llm import (COMPACT_JSON, ModelRequestsForbidden, ScriptedChatModel, StructuredOutputError,
+                            answer_token_limit, make_chat_model, max_answer_chars, override_model, structured)
+from researcher.llm_planner import (LLMPlanner, decision_schema, design_schema, frame_schema, hypothesis_schema,
+                                    plannable_knobs)
 from researcher.planning import PlanDefaults
 from researcher.runner import create_study, drive, make_context, store_engine
 from store.models import Hypothesis, Study, Trial
@@ -222,11 +223,13 @@ def test_json_schema_mode_and_tokens_from_usage(endpoint):
     rf = ep.requests[0]["response_format"]
     assert rf["type"] == "json_schema" and rf["json_schema"]["name"] == "Frame"
     assert "lr" in rf["json_schema"]["schema"]["properties"]["knobs"]["items"]["enum"]
-    assert ep.requests[0]["max_completion_tokens"] == 1024 and "tools" not in ep.requests[0]
+    assert ep.requests[0]["max_completion_tokens"] == 1024 and "tools" not in ep.requests[0]  # the model's cap
+    assert rf["json_schema"]["schema"]["x-guidance"] == COMPACT_JSON  # no optional whitespace
     h = p.hypothesize("Does lr matter?", f, [])
     assert h.knob == "lr" and p.tokens_used == 2468
     # the hypothesis' schema knows the frame's knob, its range, and its baseline (the default: the
     # frame set none), and keeps every treatment off the baseline value
+    assert ep.requests[1]["max_completion_tokens"] < 1024  # one hypothesis needs less than the cap
     hs = ep.requests[1]["response_format"]["json_schema"]["schema"]["properties"]
     assert hs["knob"]["enum"] == ["lr"] and hs["baseline_value"] == {"enum": [3e-4]}
     assert hs["treatment_values"]["items"] == {"anyOf": [
@@ -312,3 +315,35 @@ def test_a_cut_off_answer_is_an_invalid_one(endpoint):
     p = LLMPlanner(_model(ep.url))
     assert p.frame("t", PlanDefaults()).knobs == ["lr"] and p.tokens_used == 2 * 1234
     assert "cut off at the token limit (234 tokens)" in ep.requests[1]["messages"][-1]["content"]
+
+
+def test_every_planner_schema_bounds_its_answer():
+    """Guided decoding ends an answer where its schema ends only if the schema ends: every
+    string has a maxLength, every array a maxItems, every object is closed."""
+    knobs = plannable_knobs()
+    hyp = HypothesisSpec.model_validate(HYP)
+    schemas = {"frame": frame_schema(knobs), "hypothesis": hypothesis_schema(["lr"], {}),
+               "hypotheses": hypothesis_schema(knobs), "decision": decision_schema(knobs),
+               "design": design_schema("arith", hyp, PlanDefaults(), ["kl_coef"])}
+    sizes = {name: max_answer_chars(js) for name, js in schemas.items()}
+    assert all(n is not None and n < 2000 for n in sizes.values()), sizes
+    scripted = {"frame": FRAME, "hypothesis": HYP, "hypotheses": HYP, "design": DESIGN}
+    for name, answer in scripted.items():  # the answers the planner's tests script fit their schema's bound
+        assert len(json.dumps(answer)) <= sizes[name], name
+    # max_tokens follows the bound (with room for escapes), under the model's own cap
+    assert answer_token_limit(schemas["design"], 2048) < 2 * sizes["design"] < 2048
+    assert answer_token_limit(schemas["decision"], 1024) == 1024
+    assert answer_token_limit(Frame.model_json_schema(), 256) == 256  # unbounded: the cap alone
+
+
+def test_the_answer_bound_counts_the_longest_answer():
+    text = {"type": "string", "maxLength": 10}
+    schema = {"type": "object", "additionalProperties": False, "properties": {
+        "a": text, "b": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "maxItems": 2},
+        "c": {"enum": ["xy", "long-one"]}, "d": {"anyOf": [{"type": "boolean"}, text]}}}
+    longest = {"a": "x" * 10, "b": [999, 999], "c": "long-one", "d": "y" * 10}
+    assert max_answer_chars(schema) >= len(json.dumps(longest))
+    assert max_answer_chars(schema) - len(json.dumps(longest)) <= 10  # tight, not a guess
+    for loose in ({"type": "string"}, {"type": "array", "items": text}, {"type": "object", "properties": {"a": text}},
+                  {"$ref": "#/$defs/X"}):
+        assert max_answer_chars(loose) is None, loose

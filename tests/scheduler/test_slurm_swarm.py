@@ -53,4 +53,4 @@ def test_swarm_train_trial_under_slurm(slurm: None, db_url: str, tmp_path: Path)
     assert (done.state, done.exit_code) == (JobState.COMPLETED, 0), done
     assert poll_trials(mgr, ["e2e"])["e2e"].state == JobState.COMPLETED
     summary = json.loads((out / "summary.json").read_text())
-    assert len(summary["steps"]) >= 2, summary
+    assert summary["steps_done"] >= 2, summary

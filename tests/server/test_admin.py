@@ -8,10 +8,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from swarm.server.testing import wait_until
 from swarm.cli import app as cli_app
 from swarm.engine.fake import FakeEngine
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer, wait_until
 
 MESSAGES = [{"role": "user", "content": "What is 1+1?"}]
 
@@ -224,8 +223,8 @@ def test_ctl_commands(server: RunningServer) -> None:
 # -- restarts ---------------------------------------------------------------------------
 
 def _restart(model_dir, out_dir, **overrides):
-    from swarm.server.config import ServerConfig
-    from swarm.server.testing import running_server
+    from swarm.config.server import ServerConfig
+    from swarm.testing import running_server
 
     fields = {"engine": "fake", "model_dir": model_dir, "out_dir": out_dir, "group_size": 2, "batch_groups": 2,
               "checkpoint_every": 0, "token": "worker-token", "admin_token": "admin-token", "stop_grace_s": 0.2}

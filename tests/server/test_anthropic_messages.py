@@ -17,7 +17,7 @@ import pytest
 
 from swarm.client import SwarmClient
 from swarm.engine.fake import FakeEngine, token_logprob
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer
 from swarm.timeline import Call, episode_samples
 
 TOOLS = [{"name": "add", "description": "Add two integers.",

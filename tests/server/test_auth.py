@@ -13,11 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from swarm.engine.fake import FakeEngine
-from swarm.options import load_config_file
+from swarm.config.options import load_config_file
 from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
 from swarm.server.episodes import KeySigner
-from swarm.server.testing import RunningServer, running_server
+from swarm.testing import RunningServer, running_server
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

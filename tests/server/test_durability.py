@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from swarm.server.testing import wait_until
+from swarm.testing import wait_until
 from swarm.client import SwarmAPIError, SwarmClient
 from swarm.engine.fake import FakeEngine
 

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer
 
 
 def _h(token: str) -> dict[str, str]:

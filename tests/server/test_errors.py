@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer
 
 
 def _h(token: str) -> dict[str, str]:
@@ -156,8 +156,8 @@ def _claim_or_reuse(srv: RunningServer) -> dict:
 @pytest.fixture(scope="module")
 def fuzz_server(model_dir, tmp_path_factory):
     from swarm.engine.fake import FakeEngine
-    from swarm.server.config import ServerConfig
-    from swarm.server.testing import running_server
+    from swarm.config.server import ServerConfig
+    from swarm.testing import running_server
 
     config = ServerConfig(engine="fake", model_dir=model_dir, out_dir=tmp_path_factory.mktemp("fuzz"),
                           group_size=1_000_000, batch_groups=1_000_000, token="w", admin_token="a")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from swarm.engine.base import TrainConfig
+from swarm.config.train import TrainConfig
 from swarm.engine.fake import FakeEngine
 from swarm.samples import TrainSample
 from swarm.server.batcher import Batch, Batcher, FinishedEpisode

@@ -9,10 +9,9 @@ import httpx
 import openai
 import pytest
 
-from swarm.server.testing import wait_until
 from swarm.client import SwarmClient
 from swarm.engine.fake import FakeEngine
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer, wait_until
 
 
 def _h(token: str) -> dict[str, str]:

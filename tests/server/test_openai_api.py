@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from swarm.client import SwarmClient
 from swarm.engine.fake import FakeEngine, token_logprob
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer
 
 MESSAGES = [{"role": "user", "content": "What is 12+30?"}]
 

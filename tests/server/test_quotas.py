@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swarm.server.testing import wait_until
-from swarm.server.config import ServerConfig
-from swarm.server.quotas import OTHER, QuotaBook, QuotaPhase, QuotaRejected, allocate, shares
-from swarm.server.testing import RunningServer
+from swarm.config.server import ServerConfig
+from swarm.config.quotas import OTHER, QuotaPhase
+from swarm.server.quotas import QuotaBook, QuotaRejected, allocate, shares
+from swarm.testing import RunningServer, wait_until
 
 
 def _h(token: str) -> dict[str, str]:

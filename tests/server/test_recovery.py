@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from swarm.server.testing import RunningServer, wait_until
+from swarm.testing import RunningServer, wait_until
 
 KW = dict(group_size=1, batch_groups=1, checkpoint_every=3, checkpoint_on_stop=False, max_staleness=0, secret="s")
 

@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from swarm.client import SwarmClient
-from swarm.engine.base import TrainConfig
+from swarm.config.train import TrainConfig
 from swarm.engine.fake import FakeEngine
 from swarm.samples import TrainSample
 from swarm.server.batcher import Batch, Batcher, FinishedEpisode, Group, episode_lag, policy_lag
 from swarm.server.exceptions import Refused
-from swarm.server.testing import RunningServer, wait_until
+from swarm.testing import RunningServer, wait_until
 from swarm.server.trainer import GenerationGate, Trainer
 
 MESSAGES = [{"role": "user", "content": "What is 1+1?"}]

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from swarm.server.testing import RunningServer, wait_until
+from swarm.testing import RunningServer, wait_until
 
 
 def _h(token: str) -> dict[str, str]:

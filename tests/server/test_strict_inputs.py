@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from swarm.server.testing import RunningServer, wait_until
+from swarm.testing import RunningServer, wait_until
 
 BAD_JSON = b'{"reward": 0.5'
 

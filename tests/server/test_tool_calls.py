@@ -19,7 +19,7 @@ from swarm.client import SwarmClient
 from swarm.engine.fake import FakeEngine
 from swarm.model.tokenizer import tool_call_text
 from swarm.samples import Call, TrainSample
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer
 
 TOOLS = [
     {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {

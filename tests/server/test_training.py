@@ -7,10 +7,9 @@ import threading
 
 import httpx
 
-from swarm.server.testing import wait_until
 from swarm.client import SwarmClient
 from swarm.engine.fake import FakeEngine
-from swarm.server.testing import RunningServer
+from swarm.testing import RunningServer, wait_until
 
 MESSAGES = [{"role": "user", "content": "What is 1+1?"}]
 

@@ -20,7 +20,7 @@ from swarm.engine.base import Completion, UnsupportedRequest
 from swarm.engine.constrained import JSON_OPTIONS, Grammars, json_schema_of, unpack_bitmask
 from swarm.engine.fake import FakeEngine, token_logprob
 from swarm.engine.torch_engine import TorchEngine
-from swarm.server.testing import tiny_model_dir
+from swarm.testing import tiny_model_dir
 from torch_helpers import chat_prompt, generate_all as _gen
 
 SCHEMA = {

@@ -1,4 +1,4 @@
-"""Tool-call parsers (swarm/server/tool_parsers.py): pure text in, content and calls out."""
+"""Tool-call parsers (swarm/chat/tool_parsers.py): pure text in, content and calls out."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarm.model.tokenizer import render_chat, tool_call_text
-from swarm.server.tool_parsers import PARSERS, ParsedCall, collect, get_parser, parse
+from swarm.chat.tool_parsers import PARSERS, ParsedCall, collect, get_parser, parse
 
 HERMES = get_parser("hermes")
 

@@ -7,10 +7,10 @@ import pytest
 pytest.importorskip("verl", reason="verl is not installed in this venv: run .ci/verl.sh (its own venv)")
 
 from swarm.algorithms.choices import Advantage, LossAgg
-from swarm.engine.base import TrainConfig
+from swarm.config.train import TrainConfig
 from swarm.engine.verl.config import ADV_ESTIMATOR, VerlConfigError, verl_config, verl_overrides
-from swarm.engine.verl.settings import VerlSettings
-from swarm.server.config import ServerConfig
+from swarm.config.verl import VerlSettings
+from swarm.config.server import ServerConfig
 
 
 def test_every_roost_estimator_is_registered_in_verl() -> None:

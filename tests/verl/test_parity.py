@@ -18,11 +18,11 @@ import torch
 
 from swarm.algorithms import kl_k3, loss_scales, ppo_clip_loss
 from swarm.algorithms.choices import Advantage, LossAgg
-from swarm.engine.base import TrainConfig
+from swarm.config.train import TrainConfig
 from swarm.engine.policy_step import sample_advantages
 from swarm.engine.verl.config import ADV_ESTIMATOR, verl_config
 from swarm.engine.verl.records import group_records, pad_samples, split_sample, to_dataproto
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
 from tests.verl.helpers import batch
 
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -1,4 +1,7 @@
-"""Roost's TrainSamples become verl's records and padded batches exactly (VERL.md §2.1, §2.3)."""
+"""Roost's TrainSamples become verl's records and padded batches exactly.
+
+The shapes are those of docs/verl.md, "Records" and "Padded layout".
+"""
 
 from __future__ import annotations
 

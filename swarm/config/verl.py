@@ -10,15 +10,15 @@ alone lives here: the cluster layout, the trainer mode and the memory split.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm.options import Flag
+from swarm.config.options import Flag
 
 
 class VerlMode(StrEnum):
-    """verl V1 trainer mode (`trainer.v1.trainer_mode`); VERL.md §3.4 says why colocate_async."""
+    """verl V1 trainer mode (`trainer.v1.trainer_mode`); docs/verl.md, "Trainer mode", says why colocate_async."""
 
     colocate_async = "colocate_async"
     sync = "sync"
@@ -35,6 +35,7 @@ class VerlSettings(BaseModel):
     """Cluster layout and verl-only knobs of `swarm serve --engine verl`."""
 
     model_config = ConfigDict(extra="forbid")
+    cli_panel: ClassVar[str] = "engine: verl"  # the --help panel of its fields (swarm/config/options.py)
 
     nodes: Annotated[int, Flag(name="--verl-nodes", studied=False)] = Field(
         1, ge=1, description="verl: nodes of the Ray cluster (trainer.nnodes)")

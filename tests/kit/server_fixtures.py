@@ -1,8 +1,10 @@
-"""Pytest fixtures shared by the server and client test suites (imported by their conftests).
+"""Pytest fixtures shared by the server and client test suites (re-exported by their conftests).
 
 A tiny model dir built once per session, ROOST_HOME in tmp, every SwarmClient and
 Episode a test made closed afterwards, and `make_server(engine=None, **config)` for
-a real loopback server (FakeEngine by default).
+a real loopback server (FakeEngine by default). Test code, so it lives under tests/
+and not in a shipped package; the conftests put this folder on sys.path
+(`--import-mode=importlib` does not) and import it by name.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from swarm.client import SwarmClient
-from swarm.client._client import EpisodeBase
+from swarm.client import AsyncEpisode, Episode, SwarmClient
+from swarm.config.server import ServerConfig
 from swarm.engine.fake import FakeEngine
-from swarm.server.config import ServerConfig
-from swarm.server.testing import RunningServer, running_server, tiny_model_dir
+from swarm.testing import RunningServer, running_server, tiny_model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -30,9 +31,13 @@ def _roost_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _close_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Close every SwarmClient and Episode a test made (their sockets), so no ResourceWarnings leak."""
+    """Close every SwarmClient and Episode a test made (their sockets), so no ResourceWarnings leak.
+
+    Patches the public classes one by one (each defines its own `__init__`), so the kit
+    needs no private base class of the client.
+    """
     made: list[Any] = []
-    for cls in (SwarmClient, EpisodeBase):
+    for cls in (SwarmClient, Episode, AsyncEpisode):
         def init(self: Any, *args: Any, __orig: Any = cls.__init__, **kwargs: Any) -> None:
             __orig(self, *args, **kwargs)
             made.append(self)

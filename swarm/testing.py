@@ -1,11 +1,15 @@
-"""Test helpers: a real uvicorn server on a free loopback port, in a thread.
+"""A real swarm server on loopback, in a thread: for tests, benchmarks and CI scripts.
 
     with running_server(ServerConfig(engine="fake", model_dir=d, out_dir=tmp), FakeEngine(d)) as srv:
         SwarmClient(srv.url, srv.token) ...
 
-The server binds its socket before the thread starts (no free-port race) and is
-shut down (and joined) on exit, also when the test fails. For a server in its own
-process, see `tests/server/test_checkpoint.py` (started with Popen, killed by PID).
+Production code, not test code: `bench/` and `.ci/` use it outside pytest, so it imports
+no test framework and no private client class. It sits on top of the server and
+imports it only inside the functions that serve, so `wait_until` and `RunningServer`
+load nothing heavy. The server binds its socket before the thread starts (no
+free-port race) and is shut down (and joined) on exit, also when the caller fails.
+For a server in its own process, see `tests/server/test_checkpoint.py` (started with
+Popen, killed by PID). The pytest fixtures built on this live in `tests/kit/`.
 """
 
 from __future__ import annotations
@@ -16,12 +20,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from swarm.engine.base import Engine
-from swarm.server.app import create_app
-from swarm.server.config import ServerConfig
-from swarm.server.state import Swarm
+if TYPE_CHECKING:
+    from swarm.config.server import ServerConfig
+    from swarm.engine.base import Engine
+    from swarm.server.state import Swarm
 
 
 @dataclass
@@ -47,7 +51,10 @@ class RunningServer:
 def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0,
                    port: int = 0) -> Iterator[RunningServer]:
     """`port` 0 picks a free one; a fixed port lets a test restart a server where clients expect it."""
-    import uvicorn  # lazy: only tests that serve need the ASGI server
+    import uvicorn  # lazy: only callers that serve need the ASGI server
+
+    from swarm.server.app import create_app  # lazy: FastAPI and the server, only when one is started
+    from swarm.server.http_protocol import json_error_protocol  # lazy: subclasses uvicorn's protocols
 
     config = config.with_secrets()
     app = create_app(config, engine)
@@ -58,7 +65,7 @@ def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0,
     sock.listen(256)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=5, http=json_error_protocol()))
     swarm.stop_callback = lambda: setattr(server, "should_exit", True)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
                               name=f"uvicorn-{port}")
@@ -77,11 +84,12 @@ def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0,
         sock.close()
 
 
-def wait_until(cond: Any, timeout: float = 10.0) -> None:
-    """Poll `cond()` every 20 ms until it is true; fail the test after `timeout` seconds."""
+def wait_until(cond: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Poll `cond()` every 20 ms until it is true; AssertionError after `timeout` seconds (fails a test)."""
     end = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < end, "timed out"
+        if time.monotonic() >= end:
+            raise AssertionError("timed out")  # not `assert`: still raised under `python -O`
         time.sleep(0.02)
 
 

@@ -1,0 +1,38 @@
+"""`TrainConfig`: the knobs of one optimisation step, defined once.
+
+Nested in `ServerConfig` as `train` and live-editable on a running server
+(`swarm ctl set`). Every engine reads it (`TrainBatch.config`), so it lives here,
+below the engines and the server, rather than in the engine interface.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from swarm.algorithms.choices import Advantage, LossAgg
+from swarm.config.options import Flag
+
+
+class TrainConfig(BaseModel):
+    """Knobs of one optimisation step; live-editable on a running server (`swarm ctl set`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    cli_panel: ClassVar[str] = "training"  # the --help panel of its fields (swarm/config/options.py)
+
+    lr: Annotated[float, Flag(study=(0.0, 1e-2))] = Field(2e-4, ge=0.0, description="learning rate")
+    advantage: Advantage = Field(Advantage.grpo, description="group advantage estimator")
+    clip_eps: float = Field(0.2, gt=0.0, description="PPO clip epsilon (low side, and high unless clip_eps_high)")
+    clip_eps_high: float | None = Field(None, gt=0.0, description="PPO clip epsilon of the high side (DAPO)")
+    kl_coef: Annotated[float, Flag(study=(0.0, 10.0))] = Field(0.0, ge=0.0, description="KL penalty to the reference (initial) model")
+    entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="gradient-norm clip")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    micro_batch_tokens: Annotated[int, Flag(studied=False)] = Field(8192, ge=1, description="tokens per forward/backward micro-batch")
+    normalize_std: bool = Field(True, description="GRPO: divide advantages by the group's reward std")
+    loss_agg: LossAgg = Field(LossAgg.token_mean, description="token-mean: every trained token weighs the same; "
+                                                              "seq-mean-token-mean: every sample does (task mixes)")
+
+
+__all__ = ["TrainConfig"]

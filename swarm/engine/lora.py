@@ -1,0 +1,149 @@
+"""LoRA for the torch engine through peft: attach an adapter, check it, find the model inside, save, load.
+
+    model = attach(AutoModelForCausalLM.from_pretrained(d), LoraSettings(rank=8), d)  # a peft model
+    with adapters_off(model): ...        # the frozen base: the KL reference, no second copy
+    unwrap(model)                        # the HF model inside (LoRA layers injected in place)
+
+peft injects its LoRA layers into the Hugging Face model in place, so the model *inside*
+the peft wrapper (`unwrap`) computes base + adapter with the plain HF forward: the continuous
+batcher and the shared-prefix training forward use it unchanged (its `lm_head`, its
+`base_model` transformer, its KV cache). `adapters_off` switches every adapter off for the
+length of a `with` (peft's `disable_adapter`): the torch engine runs its KL reference forward
+that way, under the lock that keeps generation out, so no forward ever sees a half-switched model.
+
+Nothing here imports peft until a LoRA engine is built: full fine-tuning (rank 0) never loads it,
+and `is_peft` asks `sys.modules`, so checking costs nothing either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarm.config.lora import LoraSettings
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+class LoraError(ValueError):
+    """An adapter that cannot be built or loaded as asked; the message says why and what to change."""
+
+
+def is_adapter_dir(path: Path) -> bool:
+    """A directory holding a peft adapter (a LoRA checkpoint), not a whole model."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def is_peft(model: Any) -> bool:
+    """Whether `model` is a peft wrapper (no peft import: nothing is one unless peft was loaded)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model a peft wrapper holds (its adapters live in its layers), else `model`."""
+    return model.get_base_model() if is_peft(model) else model
+
+
+def adapters_off(model: Any) -> AbstractContextManager[Any]:
+    """For a peft model: its adapters switched off inside the `with` (the base alone); else nothing."""
+    return model.disable_adapter() if is_peft(model) else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """peft asks transformers' deprecated `is_gradient_checkpointing` when wrapping: a FutureWarning per
+    engine start that says nothing to a Roost user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
+def attach(model: torch.nn.Module, settings: LoraSettings, base_dir: Path) -> torch.nn.Module:
+    """`model` wrapped by peft with a fresh adapter (B = 0: the policy starts equal to the base).
+
+    Only the adapter's parameters require grad afterwards. Raises `LoraError` when the targets
+    match no layer or the rank exceeds a target layer's width (a rank-r update of an
+    in x out layer has rank at most min(in, out): a larger r only wastes memory and misleads).
+    """
+    from peft import LoraConfig, get_peft_model  # lazy: peft (and accelerate) take seconds; rank 0 never needs them
+
+    config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=settings.target_modules, bias="none", task_type="CAUSAL_LM")
+    try:
+        with quiet_peft():
+            wrapped = get_peft_model(model, config)
+    except ValueError as exc:  # peft: target modules not found
+        raise LoraError(f"--lora-targets {settings.targets}: {exc}") from None
+    check_rank(wrapped, settings.rank)
+    wrapped.peft_config["default"].base_model_name_or_path = str(Path(base_dir).resolve())
+    return wrapped
+
+
+def adapted_layers(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """(in features, out features) of every layer an adapter wraps, by module name."""
+    from peft.tuners.lora import LoraLayer  # lazy: only ever called on a peft model (peft already loaded)
+
+    return {name: (int(m.in_features), int(m.out_features))
+            for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def check_rank(model: torch.nn.Module, rank: int) -> None:
+    """`LoraError` naming the narrowest target layer when `rank` exceeds its width."""
+    layers = adapted_layers(model)
+    if not layers:
+        raise LoraError("--lora-targets matched no linear layer of the model")
+    name, (fan_in, fan_out) = min(layers.items(), key=lambda kv: min(kv[1]))
+    if rank > min(fan_in, fan_out):
+        short = name.removeprefix("base_model.model.")
+        raise LoraError(f"--lora-rank {rank} is larger than the width of target layer {short} "
+                        f"({fan_in} in, {fan_out} out): a rank-r adapter of that layer can have rank at most "
+                        f"{min(fan_in, fan_out)}; choose --lora-rank <= {min(fan_in, fan_out)} or fewer "
+                        "--lora-targets")
+
+
+def save_adapter(model: torch.nn.Module, path: Path) -> None:
+    """The adapter's weights and peft config (adapter_model.safetensors, adapter_config.json), not the base."""
+    model.save_pretrained(str(path), safe_serialization=True, save_embedding_layers=False)
+
+
+def read_adapter_config(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+
+
+def load_adapter(model: torch.nn.Module, path: Path, settings: LoraSettings) -> None:
+    """Load a saved adapter into `model`'s (same shape) adapter; `LoraError` when it does not fit."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict  # lazy: peft already loaded (a LoRA engine)
+    from safetensors.torch import load_file  # lazy: beside peft's, only for a LoRA checkpoint
+
+    path = Path(path)
+    if not is_adapter_dir(path):
+        raise LoraError(f"checkpoint {path} holds no LoRA adapter ({ADAPTER_CONFIG} missing): a full-parameter "
+                        "checkpoint resumes without --lora-rank")
+    saved = read_adapter_config(path)
+    if int(saved.get("r", -1)) != settings.rank or float(saved.get("lora_alpha", -1)) != settings.alpha:
+        raise LoraError(f"checkpoint {path} holds a rank-{saved.get('r')} adapter with alpha "
+                        f"{saved.get('lora_alpha')}; this engine was started with --lora-rank {settings.rank} "
+                        f"--lora-alpha {settings.alpha:g}")
+    device = next(model.parameters()).device
+    state = load_file(str(path / ADAPTER_WEIGHTS), device=str(device))
+    expected = get_peft_model_state_dict(model)
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise LoraError(f"checkpoint {path} wraps other layers than --lora-targets {settings.targets}: "
+                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    set_peft_model_state_dict(model, {k: v.to(expected[k].dtype) for k, v in state.items()})
+
+
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LoraError", "adapted_layers", "adapters_off", "attach",
+           "check_rank", "is_adapter_dir", "is_peft", "load_adapter", "quiet_peft", "read_adapter_config",
+           "save_adapter", "unwrap"]

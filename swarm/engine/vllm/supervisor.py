@@ -1,0 +1,215 @@
+"""Keep one HTTP server child process alive: start it, check its health, watch it, restart it.
+
+vLLM dies sometimes (a crash, a kill, OOM, and a failed in-place reload leaves it
+unusable), and the swarm server must go on serving. `ServerProcess` is one child
+server on loopback, started in a session of its own (so stopping it kills its whole
+group: vLLM forks an engine-core process) and counted as started once `/health`
+answers. `Supervisor` keeps one running: a watchdog thread, or the next request or
+weight sync that finds it gone, restarts it (holding the drain gate, so no request
+is sent meanwhile), and `on_start` runs after every start (the engine relabels the
+served weights' version there). Neither knows what the server is: server.py says how
+to run vLLM, and the tests supervise a small Python server the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from swarm.engine.vllm.errors import ServerStartError
+from swarm.engine.vllm.gate import DrainGate
+
+log = logging.getLogger("swarm.engine.vllm")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """One child HTTP server on 127.0.0.1 (`command()` started with `env()`); restartable.
+
+    `port` 0 picks a free port, and a new one on each restart (the dead server's may
+    linger in TIME_WAIT), so read `url` each time.
+    """
+
+    label = "server"
+
+    def __init__(self, log_path: Path, *, port: int = 0, start_timeout_s: float = 300.0) -> None:
+        self.log_path = Path(log_path)
+        self.fixed_port = port
+        self.port = port or free_port()
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self, timeout_s: float = 10.0) -> bool:
+        """Running, and `/health` answers 200."""
+        if not self.alive():
+            return False
+        try:
+            return httpx.get(self.url + "/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start(self) -> None:
+        """Start and wait until `/health` answers; `ServerStartError` (with the log's tail) otherwise."""
+        if self.alive():
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.starts and not self.fixed_port:
+            self.port = free_port()  # the dead server's port may linger in TIME_WAIT
+        with open(self.log_path, "ab") as out:
+            out.write(f"\n==== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.starts += 1
+        t0 = time.monotonic()
+        deadline = t0 + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServerStartError(f"{self.label} exited with {self.proc.returncode} while starting; "
+                                       f"log {self.log_path}:\n{self.log_tail()}")
+            if self.healthy(timeout_s=2.0):
+                log.info("%s pid %s healthy on %s after %.1fs", self.label, self.pid, self.url, time.monotonic() - t0)
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise ServerStartError(f"{self.label} not healthy after {self.start_timeout_s:.0f}s; "
+                               f"log {self.log_path}:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL what is left after `grace_s`."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)  # our own session: the server and its children
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                # the group may outlive its leader by a moment: make sure the children go too
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            break
+        if proc.poll() is None:
+            proc.wait(timeout=5)
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class Supervisor:
+    """Keeps `process` serving: health, restart on death (watchdog or on demand), `restarts` counted.
+
+    `lock` serialises the exclusive work on the server (a restart, a weight sync); it is
+    re-entrant so that a sync that fails can restart under it.
+    """
+
+    def __init__(self, process: ServerProcess, gate: DrainGate, *, on_start: Callable[[], None] = lambda: None,
+                 watch_s: float = 2.0) -> None:
+        self.process = process
+        self.gate = gate
+        self.on_start = on_start
+        self.watch_s = watch_s
+        self.lock = threading.RLock()
+        self.restarts = 0
+        self._closing = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    @property
+    def closing(self) -> bool:
+        return self._closing.is_set()
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def healthy(self) -> bool:
+        return self.process.healthy()
+
+    def start(self) -> None:
+        """Start the process, run `on_start`, and watch it from then on."""
+        with self.lock:
+            self.process.start()
+            self.on_start()
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name=f"roost-{self.process.label}-watchdog",
+                                              daemon=True)
+            self._watchdog.start()
+
+    def recover(self, reason: str) -> None:
+        """Restart the process unless it is healthy (another thread already did) or closing."""
+        if self.closing:
+            return
+        with self.lock:
+            if self.closing or self.healthy():
+                return
+            self.gate.hold()
+            try:
+                self.restart(reason)
+            finally:
+                self.gate.reopen()
+
+    def restart(self, reason: str) -> None:
+        """Stop and start the process now, then `on_start` (the caller holds the gate)."""
+        with self.lock:
+            self.restarts += 1
+            log.warning("restarting %s (%s)", self.process.label, reason)
+            self.process.stop()
+            self.process.start()
+            self.on_start()
+
+    def _watch(self) -> None:
+        while not self._closing.wait(self.watch_s):
+            if not self.process.alive() and not self.closing:
+                try:
+                    self.recover(f"process exited with {self.process.proc and self.process.proc.poll()}")
+                except Exception:  # noqa: BLE001 - the watchdog must live on; the next request retries
+                    log.exception("restarting %s failed", self.process.label)
+
+    def close(self) -> None:
+        """Stop watching and stop the process (after any sync or restart under way)."""
+        self._closing.set()
+        with self.lock:
+            self.process.stop()

@@ -1,0 +1,245 @@
+"""What `swarm train` settles before it starts anything: the run's folder, and every input it can check.
+
+A run that would fail on its inputs fails here, before a folder, a server or an MLflow run
+exists: every problem found is one line naming the flag (`Problems`), all of them at once.
+Checked: the model directory, the workflow (importable, callable), the dataset (given,
+the task's, or a `dataset` function beside the workflow; importable, callable), the output
+folder (a folder, creatable, its earlier run), `--resume` (something to resume, steps left),
+and `--vllm-python` when given.
+
+The run folder follows one set of rules (the README's "The run folder" and each run.yaml's
+header say the same):
+
+* a folder holding a run is never mixed with another: `--resume` continues it, `--fresh`
+  replaces it, anything else is refused with those choices;
+* `swarm train --config OUT/run.yaml` (a run's own file, no `--out`) repeats that run into the
+  first sibling folder holding no run, OUT-2, OUT-3, ... (said on stderr);
+* a folder whose run ended before its first step (summary.json `status: failed` or
+  `interrupted`, `steps_done: 0`) is replaced by the next run into it, its `logs/` kept (the
+  new run's logs are appended).
+
+The folder's files are named here (`RUN_FILE`, `METRICS`, `RUN_ENTRIES`), and its metrics read
+(`MetricsTail`: `swarm train` follows them, these checks count the steps done).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from store.paths import default_model_dir
+from swarm.config.options import build_config, load_config_file
+from swarm.config.run import RunConfig, sibling
+
+RUN_FILE = "run.yaml"
+#: the server's per-step metrics, relative to the run folder (summary.json points here)
+METRICS = "server/metrics.jsonl"
+#: what a run writes into its folder (and `--fresh` removes; nothing else there is touched)
+RUN_ENTRIES = ("server", "logs", "summary.json", RUN_FILE, "server.yaml")
+
+
+class Problems(Exception):
+    """Inputs that would make the run fail: one line each, naming the flag."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def previous_run(out: Path) -> list[str]:
+    """The traces of an earlier run in `out` (empty when there is none; `logs/` alone is what a replaced
+    run left for the next one to append to, not a run)."""
+    out = Path(out)
+    found = [name for name in RUN_ENTRIES if (out / name).exists()]
+    found += sorted(p.name for p in out.glob("fleet-*.yaml")) if out.is_dir() else []
+    return [] if found == ["logs"] else found
+
+
+def clear_run(out: Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove an earlier run's files from `out`, and only those (but the entries named in `keep`)."""
+    out = Path(out)
+    for name in RUN_ENTRIES:
+        if name in keep:
+            continue
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    for path in out.glob("fleet-*.yaml"):
+        path.unlink()
+
+
+class MetricsTail:
+    """The rows of a growing `metrics.jsonl`, read incrementally: each poll parses only the lines
+    appended since the last (a long run's file is re-read whole only if it shrank, as a
+    recovering server rewrites it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict] = []
+        self._offset = 0
+
+    def poll(self) -> list[dict]:
+        try:
+            with self.path.open("rb") as f:
+                if f.seek(0, 2) < self._offset:
+                    self.rows, self._offset = [], 0
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.rows
+        end = data.rfind(b"\n") + 1  # a line being written right now waits for the next poll
+        for line in data[:end].splitlines():
+            try:
+                self.rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+        self._offset += end
+        return self.rows
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The complete rows of a metrics file (none when there is no file)."""
+    return MetricsTail(path).poll()
+
+
+def steps_done(out: Path) -> int:
+    """The steps the run in `out` has trained: its metrics rows."""
+    return len(read_metrics(Path(out) / METRICS))
+
+
+def ended_before_training(out: Path) -> bool:
+    """Whether the run in `out` failed or was interrupted before its first step (its summary says so):
+    such a folder holds nothing worth keeping but its logs, and the next run into it replaces it."""
+    return _status(Path(out)) in ("failed", "interrupted") and steps_done(out) == 0
+
+
+def _load(spec: str, flag: str) -> tuple[Any, str | None]:
+    """`module:attr` -> (the object, None) or (None, the problem), importing as `swarm client` does
+    (the current directory importable)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        return None, f"{flag}: expected module:function, got {spec!r}"
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any error importing user code is the problem to report
+        return None, f"{flag}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            return None, f"{flag}: {module_name!r} has no attribute {attr!r}"
+        obj = getattr(obj, part)
+    if not callable(obj):
+        return None, f"{flag}: {spec} is not callable (it is a {type(obj).__name__})"
+    return obj, None
+
+
+def input_problems(spec: RunConfig) -> list[str]:
+    """What would fail in the server or in every client: the model, the workflow, the dataset."""
+    found: list[str] = []
+    model = Path(spec.server.model_dir)
+    if not (model / "config.json").exists() and model != default_model_dir():  # the default is built
+        found.append(f"--model: {model} is not a Hugging Face model directory (no config.json)")
+    python = spec.server.vllm.python
+    if spec.server.engine == "vllm" and python is not None and not Path(python).exists():
+        found.append(f"--vllm-python: {python} does not exist")
+    checks: list[tuple[str, str]] = []
+    if spec.workflow is not None:
+        checks.append((spec.workflow, "--workflow"))
+    if spec.dataset is not None:
+        checks.append((spec.dataset, "--dataset"))
+    loaded: dict[str, Callable] = {}
+    for text, flag in checks:
+        obj, problem = _load(text, flag)
+        if problem:
+            found.append(problem)
+        else:
+            loaded[flag] = obj
+    if spec.workflow is not None and spec.dataset is None and spec.task is None and "--workflow" in loaded:
+        module = spec.workflow.partition(":")[0]
+        beside = getattr(sys.modules.get(module), "dataset", None)
+        if not callable(beside):
+            found.append(f"--dataset: none given and {module!r} has no dataset(seed, size) function beside "
+                         f"{spec.workflow}: give --dataset module:function or --task NAME")
+    return found
+
+
+def out_problems(out: Path, resume: bool) -> list[str]:
+    """What is wrong with `out` itself: not a folder, not creatable, nothing to resume."""
+    if out.exists() and not out.is_dir():
+        return [f"--out: {out} is a file, not a folder"]
+    if not out.exists():
+        parent = next(p for p in out.absolute().parents if p.exists())
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return [f"--out: cannot create {out}: {parent} is not writable"]
+    if resume and not previous_run(out):
+        return [f"--resume: nothing to resume in {out}"]
+    return []
+
+
+def choose_out(requested: Path, config_file: Path | None, out_given: bool, resume: bool,
+               fresh: bool) -> tuple[Path, str | None, list[str]]:
+    """(the folder the run goes to, a note to print, problems) by the rules in the module docstring."""
+    earlier = previous_run(requested)
+    if not earlier or resume or fresh:
+        return requested, None, []
+    own_file = config_file is not None and config_file.resolve().parent == requested.resolve()
+    if own_file and not out_given:
+        n = 2
+        while previous_run(sibling(requested, n)):
+            n += 1
+        out = sibling(requested, n)
+        return out, f"repeating the run of {requested} into {out} (--out DIR chooses the folder)", []
+    status = _status(requested)
+    if ended_before_training(requested):
+        return requested, (f"replacing the {status} run in {requested} (it ended before its first step); "
+                           f"its logs stay in {requested / 'logs'}, appended to"), []
+    what = f"an unfinished run ({status} after {steps_done(requested)} steps)" \
+        if status not in (None, "finished") else "an earlier run"
+    return requested, None, [f"--out: {requested} holds {what} ({', '.join(earlier)}): pass --resume to continue "
+                             "it, --fresh to replace it, or choose another --out"]
+
+
+def _status(out: Path) -> str | None:
+    """summary.json's `status` of the run in `out` (None without a readable one)."""
+    try:
+        status = json.loads((out / "summary.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return status if isinstance(status, str) else None
+
+
+def prepare(overrides: dict[str, Any], config_file: Path | None, resume: bool,
+            fresh: bool) -> tuple[RunConfig, list[str]]:
+    """The run's settings and the notes to print, once every check has passed (`Problems` otherwise);
+    only then is an earlier run cleared (`--fresh`, or one that ended before its first step)."""
+    file_out = load_config_file(config_file).get("out") if config_file is not None else None
+    requested = Path(overrides.get("out") or file_out or RunConfig().out)
+    out, note, found = choose_out(requested, config_file, "out" in overrides, resume, fresh)
+    found += out_problems(out, resume)
+    if resume and config_file is None and (out / RUN_FILE).exists():
+        config_file = out / RUN_FILE  # the run's own settings; flags given now go on top
+    spec: RunConfig = build_config(RunConfig, {**overrides, "out": out}, config_file, defaults=RunConfig())
+    found += input_problems(spec)
+    if resume and not found and steps_done(out) >= spec.steps:
+        found.append(f"--steps: the run in {out} already has {steps_done(out)} steps; ask for more with --steps")
+    if found:
+        raise Problems(found)
+    if fresh:
+        clear_run(out)
+    elif not resume and previous_run(out) and ended_before_training(out):
+        clear_run(out, keep=("logs",))
+    return spec, [note] if note else []
+
+
+__all__ = ["METRICS", "MetricsTail", "Problems", "RUN_ENTRIES", "RUN_FILE", "choose_out", "clear_run",
+           "ended_before_training", "input_problems", "out_problems", "prepare", "previous_run", "read_metrics",
+           "steps_done"]

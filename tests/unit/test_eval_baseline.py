@@ -1,0 +1,69 @@
+"""`swarm eval` on a run: the trained model beside the one it started from, greedy and sampled.
+
+The demo (`swarm train --task arith`) sharpens sampling while greedy dips a little;
+one number alone hides that, so evaluating a run folder (or a checkpoint with
+`--baseline`) shows both models side by side (issue item 11).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from swarm.model.build import build_untrained
+
+
+@pytest.fixture(scope="module")
+def fake_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A `swarm train` run folder: OUT/server/config.yaml naming the initial model, one checkpoint."""
+    root = tmp_path_factory.mktemp("evalrun")
+    initial = build_untrained(root / "initial", seed=0)
+    run = root / "run"
+    ckpts = run / "server" / "checkpoints"
+    shutil.copytree(build_untrained(root / "trained", seed=1), ckpts / "step_000003")
+    (ckpts / "step_000003" / "server_state.json").write_text(json.dumps({"step": 3}))
+    os.symlink("step_000003", ckpts / "latest")
+    (run / "server" / "config.yaml").write_text(yaml.safe_dump({"model_dir": str(initial), "out_dir": "x"}))
+    (run / "run.yaml").write_text("task: arith\n")
+    return run, initial
+
+
+def test_run_models_found_from_run_folder_and_checkpoint(fake_run):
+    from swarm.model.evaluate import run_models
+
+    run, initial = fake_run
+    evaluated, start = run_models(run)
+    assert evaluated == run / "server" / "checkpoints" / "step_000003" and start == initial
+    assert run_models(run / "server" / "checkpoints" / "latest")[1] == initial  # a checkpoint of the run
+    assert run_models(initial) == (initial, None)  # a plain model directory: nothing to compare with
+
+
+def test_eval_of_a_run_folder_compares_with_the_initial_model(fake_run, tmp_path):
+    from swarm.cli import app
+
+    run, initial = fake_run
+    out = tmp_path / "eval.json"
+    r = CliRunner().invoke(app, ["eval", "--model", str(run), "--task", "arith", "--n", "4", "--json", str(out)],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    header = next(line for line in lines if "greedy" in line)
+    assert "sampled" in header
+    assert any(line.lstrip("│ ").startswith("initial") for line in lines), r.output
+    assert any(line.lstrip("│ ").startswith("trained") for line in lines), r.output
+    rows = json.loads(out.read_text())
+    assert {(row["model_role"], row["temperature"]) for row in rows} == {
+        ("initial", 0.0), ("initial", 1.0), ("trained", 0.0), ("trained", 1.0)}
+    # a checkpoint with --baseline does the same; without it, one model only
+    r = CliRunner().invoke(app, ["eval", "--model", str(run / "server" / "checkpoints" / "latest"), "--task", "arith",
+                                 "--n", "2", "--temperature", "0", "--baseline"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "initial" in r.output, r.output
+    r = CliRunner().invoke(app, ["eval", "--model", str(initial), "--task", "arith", "--n", "2", "--temperature", "0",
+                                 "--baseline"], env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and "initial model" in r.output, r.output
