@@ -8,7 +8,6 @@ shared with the packaged env: `store.migrate.run_env`. The database URL is
 """
 
 from alembic import context
-
 from store.migrate import run_env
 
 _url = context.get_x_argument(as_dictionary=True).get("url")

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import httpx
 
-from swarm.engine.fake import FakeEngine
 from swarm.config.server import ServerConfig
+from swarm.engine.fake import FakeEngine
 from swarm.testing import running_server, tiny_model_dir
 
 LIMIT_S = 2.0
@@ -52,13 +52,34 @@ def _claimed(http: httpx.Client, url: str, token: str) -> int:
     return sum(g["claimed"] for g in r.json()["groups"])  # batch_groups is never reached: groups stay listed
 
 
-def one_run(python: str, url: str, token: str, env: dict[str, str], http: httpx.Client,
-            state: Path) -> tuple[float, float, float]:
+def one_run(
+    python: str, url: str, token: str, env: dict[str, str], http: httpx.Client, state: Path
+) -> tuple[float, float, float]:
     """(claim_s, exit_s, cpu_s) of one `swarm client` launch."""
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     before = _claimed(http, url, token)
-    argv = [python, "-m", "swarm", "client", "--url", url, "--token", token, "--task", "arith",
-            "--max-episodes", "1", "--n", "1", "--concurrency", "1", "--quiet", "--fresh", "--state", str(state)]
+    argv = [
+        python,
+        "-m",
+        "swarm",
+        "client",
+        "--url",
+        url,
+        "--token",
+        token,
+        "--task",
+        "arith",
+        "--max-episodes",
+        "1",
+        "--n",
+        "1",
+        "--concurrency",
+        "1",
+        "--quiet",
+        "--fresh",
+        "--state",
+        str(state),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     claim_s = None
@@ -67,8 +88,10 @@ def one_run(python: str, url: str, token: str, env: dict[str, str], http: httpx.
             if _claimed(http, url, token) > before:
                 claim_s = time.perf_counter() - t0
             elif proc.poll() is not None:
-                raise RuntimeError(f"swarm client exited {proc.returncode} before claiming:\n"
-                                   f"{proc.stdout.read().decode() if proc.stdout else ''}")
+                raise RuntimeError(
+                    f"swarm client exited {proc.returncode} before claiming:\n"
+                    f"{proc.stdout.read().decode() if proc.stdout else ''}"
+                )
             elif time.perf_counter() - t0 > 30:
                 raise TimeoutError("no claim within 30 s")
             else:
@@ -97,8 +120,16 @@ def main() -> int:
         env = {**os.environ, "ROOST_HOME": str(base / "client-home"), "PYTHONUNBUFFERED": "1"}
         env.pop("PYTHONPATH", None)  # the client install's own packages only
         model = tiny_model_dir(base)  # the fake engine reads only its tokenizer
-        config = ServerConfig(engine="fake", model_dir=model, out_dir=base / "server", group_size=1,
-                              batch_groups=64, checkpoint_every=0, token="bench-token", admin_token="bench-admin")
+        config = ServerConfig(
+            engine="fake",
+            model_dir=model,
+            out_dir=base / "server",
+            group_size=1,
+            batch_groups=64,
+            checkpoint_every=0,
+            token="bench-token",
+            admin_token="bench-admin",
+        )
         rows: dict[str, list[float]] = {"python_s": [], "import_s": [], "claim_s": [], "exit_s": [], "cpu_s": []}
         with running_server(config, FakeEngine(model)) as srv, httpx.Client(timeout=10) as http:
             one_run(args.python, srv.url, srv.token, env, http, base / "warm.json")  # warm the page cache
@@ -111,13 +142,22 @@ def main() -> int:
                 rows["cpu_s"].append(cpu)
     med = {k: statistics.median(v) for k, v in rows.items()}
     torch_free = subprocess.run([args.python, "-c", "import torch"], capture_output=True).returncode != 0
-    result = {"python": args.python, "runs": args.runs, "median": med, "max_claim_s": max(rows["claim_s"]),
-              "torch_installed": not torch_free, "claim_over_bare_python": med["claim_s"] / med["python_s"],
-              "limit_s": LIMIT_S, "ok": med["claim_s"] < LIMIT_S}
+    result = {
+        "python": args.python,
+        "runs": args.runs,
+        "median": med,
+        "max_claim_s": max(rows["claim_s"]),
+        "torch_installed": not torch_free,
+        "claim_over_bare_python": med["claim_s"] / med["python_s"],
+        "limit_s": LIMIT_S,
+        "ok": med["claim_s"] < LIMIT_S,
+    }
     for k, v in med.items():
         print(f"{k:>9}: median {v:.3f} s  ({', '.join(f'{x:.2f}' for x in rows[k])})")
-    print(f"first claim {med['claim_s']:.2f} s after launch (limit {LIMIT_S:g} s; "
-          f"{result['claim_over_bare_python']:.1f}x a bare python start); torch installed there: {not torch_free}")
+    print(
+        f"first claim {med['claim_s']:.2f} s after launch (limit {LIMIT_S:g} s; "
+        f"{result['claim_over_bare_python']:.1f}x a bare python start); torch installed there: {not torch_free}"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0 if result["ok"] else 1

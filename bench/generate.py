@@ -53,9 +53,12 @@ async def _run(engine: TorchEngine, concurrency: int, requests: int, max_tokens:
     async def one(i: int) -> None:
         nonlocal produced
         async with sem:
-            c = await engine.generate(GenerateRequest(
-                _prompt(engine, i), SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True,
-                                                   **EXTRA)))
+            c = await engine.generate(
+                GenerateRequest(
+                    _prompt(engine, i),
+                    SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True, **EXTRA),
+                )
+            )
             produced += len(c.token_ids)
 
     t0 = time.perf_counter()
@@ -69,7 +72,9 @@ async def bench(engine: TorchEngine, max_tokens: int, repeats: int) -> list[dict
     rows = []
     for c in (1, 8, 32):
         tps = max([await _run(engine, c, max(c, 8) * repeats, max_tokens) for _ in range(repeats)])
-        rows.append({"concurrency": c, "tokens_per_s": round(tps, 1), "ratio_vs_sequential": round(tps / sequential, 2)})
+        rows.append(
+            {"concurrency": c, "tokens_per_s": round(tps, 1), "ratio_vs_sequential": round(tps / sequential, 2)}
+        )
     return [{"concurrency": 0, "tokens_per_s": round(sequential, 1), "ratio_vs_sequential": 1.0}] + rows
 
 
@@ -92,10 +97,18 @@ async def arith_step(engine: TorchEngine, episodes: int, trickle_s: float, group
     t0 = time.perf_counter()
     ends = await asyncio.gather(*(one(i) for i in range(episodes)))
     wall = max(ends) - t0
-    return {"episodes": episodes, "trickle_s": trickle_s, "tokens": tokens, "wall_s": round(wall, 4),
-            "after_last_arrival_s": round(wall - trickle_s * (episodes - 1) / episodes, 4),
-            "busy_s": round(batcher.busy_s - busy0, 4), "forwards": batcher.steps - steps0,
-            "fused": batcher.fused_steps - fused0, "reuse": reuse, "reused": batcher.prompts_reused - reused0}
+    return {
+        "episodes": episodes,
+        "trickle_s": trickle_s,
+        "tokens": tokens,
+        "wall_s": round(wall, 4),
+        "after_last_arrival_s": round(wall - trickle_s * (episodes - 1) / episodes, 4),
+        "busy_s": round(batcher.busy_s - busy0, 4),
+        "forwards": batcher.steps - steps0,
+        "fused": batcher.fused_steps - fused0,
+        "reuse": reuse,
+        "reused": batcher.prompts_reused - reused0,
+    }
 
 
 def main() -> None:
@@ -109,8 +122,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the engine's choice)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--top-logprobs", type=int, default=0, help="first table: k most likely tokens per position")
-    ap.add_argument("--json-object", action="store_true",
-                    help="first table: response_format json_object (a constrained row ends where its object does)")
+    ap.add_argument(
+        "--json-object",
+        action="store_true",
+        help="first table: response_format json_object (a constrained row ends where its object does)",
+    )
     args = ap.parse_args()
     if args.top_logprobs:
         EXTRA["top_logprobs"] = args.top_logprobs
@@ -134,8 +150,10 @@ def main() -> None:
             out = []
             for trickle in (0.0, args.trickle_ms / 1000):
                 for reuse in (False, True):
-                    runs = [await arith_step(engine, args.episodes, trickle, args.group_size, reuse)
-                            for _ in range(args.repeats + 1)][1:]
+                    runs = [
+                        await arith_step(engine, args.episodes, trickle, args.group_size, reuse)
+                        for _ in range(args.repeats + 1)
+                    ][1:]
                     out.append(min(runs, key=lambda r: r["wall_s"]))
             return out
 
@@ -145,18 +163,37 @@ def main() -> None:
     for col in ("concurrency", "tokens/s", "× sequential"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row("sequential" if r["concurrency"] == 0 else str(r["concurrency"]),
-                      f"{r['tokens_per_s']:.0f}", f"{r['ratio_vs_sequential']:.2f}")
+        table.add_row(
+            "sequential" if r["concurrency"] == 0 else str(r["concurrency"]),
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['ratio_vs_sequential']:.2f}",
+        )
     Console().print(table)
     table = Table(title=f"one arith collection step: {args.episodes} requests, 8 max tokens, natural stop")
-    for col in ("arrivals", "prompt reuse", "tokens", "wall s", "after last arrival s", "engine busy s",
-                "forwards", "fused", "reused"):
+    for col in (
+        "arrivals",
+        "prompt reuse",
+        "tokens",
+        "wall s",
+        "after last arrival s",
+        "engine busy s",
+        "forwards",
+        "fused",
+        "reused",
+    ):
         table.add_column(col, justify="right")
     for r in step_rows:
-        table.add_row("all at once" if not r["trickle_s"] else f"over {r['trickle_s'] * 1000:.0f} ms",
-                      "on" if r["reuse"] else "off", str(r["tokens"]), f"{r['wall_s']:.3f}",
-                      f"{r['after_last_arrival_s']:.3f}", f"{r['busy_s']:.3f}", str(r["forwards"]),
-                      str(r["fused"]), str(r["reused"]))
+        table.add_row(
+            "all at once" if not r["trickle_s"] else f"over {r['trickle_s'] * 1000:.0f} ms",
+            "on" if r["reuse"] else "off",
+            str(r["tokens"]),
+            f"{r['wall_s']:.3f}",
+            f"{r['after_last_arrival_s']:.3f}",
+            f"{r['busy_s']:.3f}",
+            str(r["forwards"]),
+            str(r["fused"]),
+            str(r["reused"]),
+        )
     Console().print(table)
     rows = [r for r in rows if r["concurrency"] > 0]
     if args.json:

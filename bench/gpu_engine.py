@@ -28,9 +28,18 @@ from pathlib import Path
 
 import torch
 
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                  tie_word_embeddings=True, rms_norm_eps=1e-6)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-6,
+)
 
 
 def build_model(out: Path, layers: int) -> int:
@@ -60,16 +69,22 @@ async def generation(engine, concurrency: int, requests: int, max_tokens: int, p
         nonlocal produced
         prompt = [(7 * i + j) % 300 + 3 for j in range(prompt_len)]
         async with sem:
-            c = await engine.generate(GenerateRequest(prompt, SamplingParams(
-                max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True)))
+            c = await engine.generate(
+                GenerateRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True))
+            )
             produced += len(c.token_ids)
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(requests)))
     dt = time.perf_counter() - t0
-    return {"concurrency": concurrency, "requests": requests, "new_tokens": produced,
-            "tokens_per_s": round(produced / dt, 1), "wall_s": round(dt, 3)}
+    return {
+        "concurrency": concurrency,
+        "requests": requests,
+        "new_tokens": produced,
+        "tokens_per_s": round(produced / dt, 1),
+        "wall_s": round(dt, 3),
+    }
 
 
 def main() -> None:
@@ -81,8 +96,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print(f"bench/gpu_engine.py needs a CUDA GPU; torch {torch.__version__} sees none on this machine "
-              "(bench/generate.py and bench/train_step.py measure the CPU engine).", file=sys.stderr)
+        print(
+            f"bench/gpu_engine.py needs a CUDA GPU; torch {torch.__version__} sees none on this machine "
+            "(bench/generate.py and bench/train_step.py measure the CPU engine).",
+            file=sys.stderr,
+        )
         sys.exit(2)
     from swarm.config.train import TrainConfig
     from swarm.engine.torch_engine import TorchEngine
@@ -94,13 +112,16 @@ def main() -> None:
         params = build_model(Path(tmp) / "model", args.layers)
         engine = TorchEngine(Path(tmp) / "model", device="cuda", max_batch=256)
         p = engine.placement
-        print(f"{torch.cuda.get_device_name()}: {params / 1e6:.0f}M params, {p.dtype} weights, "
-              f"attention {engine.model.config._attn_implementation}, master weights {p.master_weights}")
+        print(
+            f"{torch.cuda.get_device_name()}: {params / 1e6:.0f}M params, {p.dtype} weights, "
+            f"attention {engine.model.config._attn_implementation}, master weights {p.master_weights}"
+        )
 
         async def gen_rows() -> list[dict]:
             await generation(engine, 8, 8, 16, args.prompt_len)  # warm-up: kernels, allocator
-            return [await generation(engine, c, max(c, 8) * 2, args.max_tokens, args.prompt_len)
-                    for c in (1, 16, 64, 256)]
+            return [
+                await generation(engine, c, max(c, 8) * 2, args.max_tokens, args.prompt_len) for c in (1, 16, 64, 256)
+            ]
 
         gen = asyncio.run(gen_rows())
         train = [train_bench(engine, w, args.steps, TrainConfig(lr=1e-6)) for w in ("arith", "long")]
@@ -110,8 +131,10 @@ def main() -> None:
         print(f"{r['concurrency']:>11} {r['new_tokens']:>10} {r['tokens_per_s']:>10.0f}")
     print(f"{'workload':>8} {'tokens':>7} {'engine tok/s':>13} {'raw tok/s':>11} {'engine/raw':>10}")
     for r in train:
-        print(f"{r['workload']:>8} {r['tokens']:>7} {r['engine_tokens_per_s']:>13.0f} "
-              f"{r['raw_tokens_per_s']:>11.0f} {r['ratio']:>10.2f}")
+        print(
+            f"{r['workload']:>8} {r['tokens']:>7} {r['engine_tokens_per_s']:>13.0f} "
+            f"{r['raw_tokens_per_s']:>11.0f} {r['ratio']:>10.2f}"
+        )
     print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     if args.json:
         args.json.write_text(json.dumps({"params": params, "generation": gen, "train_step": train}, indent=2))

@@ -38,8 +38,12 @@ async def _episode(engine: TorchEngine, turns: int, seed: int, reply_tokens: int
         messages.append({"role": "user", "content": f"Turn {t}: guess again, {seed % 7 + t}?"})
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompt = continue_prompt(text, calls, encode, decode)
-        out = await engine.generate(GenerateRequest(prompt.prompt_ids, SamplingParams(
-            max_tokens=reply_tokens, temperature=1.0, seed=seed * 100 + t, ignore_eos=True)))
+        out = await engine.generate(
+            GenerateRequest(
+                prompt.prompt_ids,
+                SamplingParams(max_tokens=reply_tokens, temperature=1.0, seed=seed * 100 + t, ignore_eos=True),
+            )
+        )
         calls.append(Call("main", prompt.prompt_ids, out.token_ids, out.logprobs, out.policy_version))
         messages.append({"role": "assistant", "content": decode(out.token_ids)})
     return calls
@@ -71,10 +75,18 @@ def bench(engine: TorchEngine, turns_list: list[int], episodes: int, repeats: in
             t_off.append(_time_step(engine, off))
             t_on.append(_time_step(engine, on))
         m_off, m_on = statistics.median(t_off), statistics.median(t_on)
-        rows.append({"turns": turns, "samples_off": len(off), "samples_on": len(on),
-                     "step_s_per_episode_off": m_off / episodes, "step_s_per_episode_on": m_on / episodes,
-                     "speedup": round(m_off / m_on, 3), "bound": round(bound, 3),
-                     "fraction_of_bound": round((m_off / m_on) / bound, 3)})
+        rows.append(
+            {
+                "turns": turns,
+                "samples_off": len(off),
+                "samples_on": len(on),
+                "step_s_per_episode_off": m_off / episodes,
+                "step_s_per_episode_on": m_on / episodes,
+                "speedup": round(m_off / m_on, 3),
+                "bound": round(bound, 3),
+                "fraction_of_bound": round((m_off / m_on) / bound, 3),
+            }
+        )
     return rows
 
 
@@ -104,9 +116,15 @@ def main() -> None:
     for col in ("turns", "samples off/on", "s/episode off", "s/episode on", "speed-up", "bound", "of bound"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["turns"]), f"{r['samples_off']}/{r['samples_on']}",
-                      f"{r['step_s_per_episode_off']:.4f}", f"{r['step_s_per_episode_on']:.4f}",
-                      f"{r['speedup']:.2f}×", f"{r['bound']:.2f}×", f"{r['fraction_of_bound']:.2f}")
+        table.add_row(
+            str(r["turns"]),
+            f"{r['samples_off']}/{r['samples_on']}",
+            f"{r['step_s_per_episode_off']:.4f}",
+            f"{r['step_s_per_episode_on']:.4f}",
+            f"{r['speedup']:.2f}×",
+            f"{r['bound']:.2f}×",
+            f"{r['fraction_of_bound']:.2f}",
+        )
     Console().print(table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -81,22 +81,48 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def start_server(model: Path, out: Path, token: str, batch_groups: int, group_size: int) -> tuple[subprocess.Popen, str]:
+def start_server(
+    model: Path, out: Path, token: str, batch_groups: int, group_size: int
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    args = [sys.executable, "-m", "swarm", "serve", "--engine", "fake", "--model", str(model), "--port", str(port),
-            "--out", str(out), "--group-size", str(group_size), "--batch-groups", str(batch_groups),
-            "--no-mlflow", "--log-level", "warning", "--checkpoint-every", "0", "--no-log-rollouts"]
+    args = [
+        sys.executable,
+        "-m",
+        "swarm",
+        "serve",
+        "--engine",
+        "fake",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--out",
+        str(out),
+        "--group-size",
+        str(group_size),
+        "--batch-groups",
+        str(batch_groups),
+        "--no-mlflow",
+        "--log-level",
+        "warning",
+        "--checkpoint-every",
+        "0",
+        "--no-log-rollouts",
+    ]
     env = {**os.environ, "ROOST_TOKEN": token, "ROOST_ADMIN_TOKEN": token + "-admin", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".log"), "w"),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        args, env=env, stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".log"), "w"), start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {out.with_suffix('.log').read_text()[-2000:]}")
         try:
-            if httpx.get(f"{url}/swarm/v1/status", headers={"Authorization": f"Bearer {token}"},
-                         timeout=1).status_code == 200:
+            if (
+                httpx.get(f"{url}/swarm/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=1).status_code
+                == 200
+            ):
                 return proc, url
         except httpx.HTTPError:
             pass
@@ -124,8 +150,7 @@ def spy_args(out: Path) -> list[str]:
 
 def attach_spy(pid: int, out: Path) -> subprocess.Popen:
     """Sample a running process; stop it with `detach_spy` (SIGINT makes py-spy write its file)."""
-    return subprocess.Popen([*spy_args(out), "--pid", str(pid)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen([*spy_args(out), "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def detach_spy(spy: subprocess.Popen) -> None:
@@ -209,11 +234,29 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-def run_fleet_process(url: str, token: str, episodes: int, concurrency: int, n: int, server_pid: int,
-                      warmup: int, profile: Path | None = None) -> dict:
+def run_fleet_process(
+    url: str,
+    token: str,
+    episodes: int,
+    concurrency: int,
+    n: int,
+    server_pid: int,
+    warmup: int,
+    profile: Path | None = None,
+) -> dict:
     """The fleet in its own process; it measures its own CPU and the server's over the same window."""
-    args = [sys.executable, "-c", CLIENT, url, token, str(episodes), str(concurrency), str(n), str(server_pid),
-            str(warmup)]
+    args = [
+        sys.executable,
+        "-c",
+        CLIENT,
+        url,
+        token,
+        str(episodes),
+        str(concurrency),
+        str(n),
+        str(server_pid),
+        str(warmup),
+    ]
     if profile is not None:
         args = [*spy_args(profile / "client.raw"), "--", *args]
     r = subprocess.run(args, capture_output=True, text=True, timeout=1800)
@@ -272,14 +315,22 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--batch-groups", type=int, default=16)
-    ap.add_argument("--warmup", type=int, default=64,
-                    help="episodes played before measuring (imports, pools and schemas are per process)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=64,
+        help="episodes played before measuring (imports, pools and schemas are per process)",
+    )
     ap.add_argument("--open", type=int, default=1000, help="episodes held open for the claim/RSS measurement")
     ap.add_argument("--calls", type=int, default=300, help="sequential chat calls for the latency percentiles")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--profile", type=Path, default=None,
-                    help="sample the server and the client with py-spy during the fleet run; "
-                         "collapsed stacks and the top costs go to this folder")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="sample the server and the client with py-spy during the fleet run; "
+        "collapsed stacks and the top costs go to this folder",
+    )
     args = ap.parse_args()
     token = "bench-" + secrets.token_hex(8)
     results: dict = {}
@@ -293,21 +344,26 @@ def main() -> None:
                 args.profile.mkdir(parents=True, exist_ok=True)
                 spy = attach_spy(proc.pid, args.profile / "server.raw")
                 time.sleep(1.0)  # attached before the fleet starts
-            fleet = run_fleet_process(url, token, args.episodes, args.concurrency, args.group_size, proc.pid,
-                                      args.warmup, args.profile)
+            fleet = run_fleet_process(
+                url, token, args.episodes, args.concurrency, args.group_size, proc.pid, args.warmup, args.profile
+            )
             if spy is not None:
                 detach_spy(spy)
             episodes = fleet["finished"]
             http_requests = episodes + sum(b["requests"] for b in fleet["batches"].values())  # chat + batches
             results["fleet"] = {
-                "episodes": episodes, "failed": fleet["failed"], "wall_s": round(fleet["wall_s"], 3),
+                "episodes": episodes,
+                "failed": fleet["failed"],
+                "wall_s": round(fleet["wall_s"], 3),
                 "episodes_per_s": round(episodes / fleet["wall_s"], 1),
                 "requests_per_s": round(3 * episodes / fleet["wall_s"], 1),  # claim + chat + finish
                 "http_requests_per_s": round(http_requests / fleet["wall_s"], 1),
-                "claims_per_request": round(fleet["batches"]["claims"]["items"]
-                                            / max(1, fleet["batches"]["claims"]["requests"]), 2),
-                "finishes_per_request": round(fleet["batches"]["finishes"]["items"]
-                                              / max(1, fleet["batches"]["finishes"]["requests"]), 2),
+                "claims_per_request": round(
+                    fleet["batches"]["claims"]["items"] / max(1, fleet["batches"]["claims"]["requests"]), 2
+                ),
+                "finishes_per_request": round(
+                    fleet["batches"]["finishes"]["items"] / max(1, fleet["batches"]["finishes"]["requests"]), 2
+                ),
                 "server_cpu_ms_per_episode": round(1000 * fleet["server_cpu_s"] / max(1, episodes), 3),
                 "client_cpu_ms_per_episode": round(1000 * fleet["cpu_s"] / max(1, episodes), 3),
             }
@@ -316,8 +372,10 @@ def main() -> None:
             stop(proc)
         direct = engine_latency(model, args.calls)
         results["latency_ms"] = {
-            "chat_p50": round(1000 * pct(http, 0.5), 3), "chat_p99": round(1000 * pct(http, 0.99), 3),
-            "engine_p50": round(1000 * pct(direct, 0.5), 3), "engine_p99": round(1000 * pct(direct, 0.99), 3),
+            "chat_p50": round(1000 * pct(http, 0.5), 3),
+            "chat_p99": round(1000 * pct(http, 0.99), 3),
+            "engine_p50": round(1000 * pct(direct, 0.5), 3),
+            "engine_p99": round(1000 * pct(direct, 0.99), 3),
             "added_p50": round(1000 * (pct(http, 0.5) - pct(direct, 0.5)), 3),
             "added_p99": round(1000 * (pct(http, 0.99) - pct(direct, 0.99)), 3),
         }
@@ -329,11 +387,13 @@ def main() -> None:
                 claims, _keep = open_episodes(url, token, args.open)
                 held_http = chat_latency(url, token, min(args.calls, 100))
                 results["open"] = {
-                    "episodes": args.open, "claim_p50_ms": round(1000 * pct(claims, 0.5), 3),
+                    "episodes": args.open,
+                    "claim_p50_ms": round(1000 * pct(claims, 0.5), 3),
                     "claim_p99_ms": round(1000 * pct(claims, 0.99), 3),
                     "chat_p50_ms": round(1000 * pct(held_http, 0.5), 3),
                     "chat_p99_ms": round(1000 * pct(held_http, 0.99), 3),
-                    "rss_mb_before": round(rss0, 1), "rss_mb_after": round(rss_mb(proc.pid), 1),
+                    "rss_mb_before": round(rss0, 1),
+                    "rss_mb_after": round(rss_mb(proc.pid), 1),
                 }
             finally:
                 stop(proc)

@@ -49,17 +49,25 @@ def make_samples(engine: TorchEngine, workload: str, seed: int = 0) -> list[Trai
         if i % group == 0:  # a GRPO group: one prompt, `group` completions
             text = engine.tokenizer.apply_chat_template(
                 [{"role": "user", "content": f"What is {rng.randint(10, 99)}+{rng.randint(1, 9)}?"}],
-                add_generation_prompt=True, tokenize=False)
+                add_generation_prompt=True,
+                tokenize=False,
+            )
             prompt = engine.tokenizer.encode(text, add_special_tokens=False)
             if workload == "long":
                 prompt = (prompt * 8)[:64]
         gen = rng.randint(2, 4) if workload == "arith" else rng.randint(64, 192)
         completion = [rng.randrange(vocab) for _ in range(gen)]
         ids = prompt + completion
-        samples.append(TrainSample(
-            input_ids=ids, loss_mask=[0] * len(prompt) + [1] * gen,
-            rollout_logprobs=[0.0] * len(prompt) + [-rng.uniform(0.1, 3.0) for _ in range(gen)],
-            episode_id=f"e{i}", group_id=f"g{i // group}", reward=float(rng.random() < 0.4)))
+        samples.append(
+            TrainSample(
+                input_ids=ids,
+                loss_mask=[0] * len(prompt) + [1] * gen,
+                rollout_logprobs=[0.0] * len(prompt) + [-rng.uniform(0.1, 3.0) for _ in range(gen)],
+                episode_id=f"e{i}",
+                group_id=f"g{i // group}",
+                reward=float(rng.random() < 0.4),
+            )
+        )
     return samples
 
 
@@ -80,9 +88,9 @@ class RawStep:
             w = torch.zeros(len(idx), width)
             for r, i in enumerate(idx):
                 s = samples[i]
-                ids[r, :len(s.input_ids)] = torch.tensor(s.input_ids)
-                attn[r, :len(s.input_ids)] = 1
-                w[r, :len(s.input_ids)] = torch.tensor(s.loss_mask, dtype=torch.float32) * (s.reward - 0.4) / denom
+                ids[r, : len(s.input_ids)] = torch.tensor(s.input_ids)
+                attn[r, : len(s.input_ids)] = 1
+                w[r, : len(s.input_ids)] = torch.tensor(s.loss_mask, dtype=torch.float32) * (s.reward - 0.4) / denom
             self.batches.append((ids.to(device), attn.to(device), w[:, 1:].to(device)))
         self.tokens = sum(len(s.input_ids) for s in samples)
 
@@ -108,14 +116,14 @@ def bench(engine: TorchEngine, workload: str, steps: int, config: TrainConfig) -
     batch = TrainBatch(samples, config)
     engine.train_step(batch)  # warm-up: allocator, kernels, optimizer state
     raw()
+
     def engine_step(share: bool) -> None:
         engine.share_prefix = share
         engine.train_step(batch)
 
     t_engine, t_plain, t_raw = [], [], []
     for _ in range(steps):
-        for fn, out in ((lambda: engine_step(True), t_engine), (lambda: engine_step(False), t_plain),
-                        (raw, t_raw)):
+        for fn, out in ((lambda: engine_step(True), t_engine), (lambda: engine_step(False), t_plain), (raw, t_raw)):
             _sync(engine.device)
             t0 = time.perf_counter()
             fn()
@@ -123,12 +131,20 @@ def bench(engine: TorchEngine, workload: str, steps: int, config: TrainConfig) -
             out.append(time.perf_counter() - t0)
     engine.share_prefix = True
     e, p, r = statistics.median(t_engine), statistics.median(t_plain), statistics.median(t_raw)
-    return {"workload": workload, "samples": len(samples), "tokens": raw.tokens,
-            "micro_batches": len(raw.batches), "engine_tokens_per_s": round(raw.tokens / e, 1),
-            "plain_tokens_per_s": round(raw.tokens / p, 1),
-            "raw_tokens_per_s": round(raw.tokens / r, 1), "engine_step_s": round(e, 5),
-            "plain_step_s": round(p, 5), "raw_step_s": round(r, 5), "ratio": round(r / e, 3),
-            "plain_ratio": round(r / p, 3)}
+    return {
+        "workload": workload,
+        "samples": len(samples),
+        "tokens": raw.tokens,
+        "micro_batches": len(raw.batches),
+        "engine_tokens_per_s": round(raw.tokens / e, 1),
+        "plain_tokens_per_s": round(raw.tokens / p, 1),
+        "raw_tokens_per_s": round(raw.tokens / r, 1),
+        "engine_step_s": round(e, 5),
+        "plain_step_s": round(p, 5),
+        "raw_step_s": round(r, 5),
+        "ratio": round(r / e, 3),
+        "plain_ratio": round(r / p, 3),
+    }
 
 
 def main() -> None:
@@ -138,8 +154,12 @@ def main() -> None:
     ap.add_argument("--workload", choices=("arith", "long", "both"), default="both")
     ap.add_argument("--steps", type=int, default=15, help="timed steps of each, alternating")
     ap.add_argument("--kl-coef", type=float, default=0.0)
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch CPU threads for both steps (0: the engine's choice, half the cores)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads for both steps (0: the engine's choice, half the cores)",
+    )
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
     config = TrainConfig(lr=1e-5, kl_coef=args.kl_coef)
@@ -153,17 +173,23 @@ def main() -> None:
         if args.threads:  # after the engine, which sets its own (swarm.engine.precision.cpu_threads)
             torch.set_num_threads(args.threads)
         try:
-            rows = [bench(engine, w, args.steps, config)
-                    for w in (("arith", "long") if args.workload == "both" else (args.workload,))]
+            rows = [
+                bench(engine, w, args.steps, config)
+                for w in (("arith", "long") if args.workload == "both" else (args.workload,))
+            ]
         finally:
             engine.batcher.close()
     print(f"device {engine.device}, dtype {next(engine.model.parameters()).dtype}, kl_coef {args.kl_coef}")
-    print(f"{'workload':>8} {'tokens':>7} {'mbs':>4} {'engine tok/s':>13} {'no-share tok/s':>15} {'raw tok/s':>10} "
-          f"{'engine/raw':>10} {'no-share/raw':>12}")
+    print(
+        f"{'workload':>8} {'tokens':>7} {'mbs':>4} {'engine tok/s':>13} {'no-share tok/s':>15} {'raw tok/s':>10} "
+        f"{'engine/raw':>10} {'no-share/raw':>12}"
+    )
     for r in rows:
-        print(f"{r['workload']:>8} {r['tokens']:>7} {r['micro_batches']:>4} {r['engine_tokens_per_s']:>13.0f} "
-              f"{r['plain_tokens_per_s']:>15.0f} {r['raw_tokens_per_s']:>10.0f} {r['ratio']:>10.2f} "
-              f"{r['plain_ratio']:>12.2f}")
+        print(
+            f"{r['workload']:>8} {r['tokens']:>7} {r['micro_batches']:>4} {r['engine_tokens_per_s']:>13.0f} "
+            f"{r['plain_tokens_per_s']:>15.0f} {r['raw_tokens_per_s']:>10.0f} {r['ratio']:>10.2f} "
+            f"{r['plain_ratio']:>12.2f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

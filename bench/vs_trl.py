@@ -33,15 +33,28 @@ from rich.table import Table
 
 console = Console()
 LEVELS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-MATCHED = {"prompts_per_step": 8, "group_size": 8, "lr": 1e-4, "temperature": 1.0, "max_tokens": 8,
-           "clip_eps": 0.2, "kl_coef": 0.0, "loss_agg": "token-mean (TRL: dapo)",
-           "advantage": "grpo, group std (TRL: scale_rewards=group)", "updates_per_batch": 1}
-GROUP_CALL = ("generation: Roost samples through its server's continuous-batching torch engine over HTTP, "
-              "one episode per group whose one OpenAI-client call asks for n = group size (a reward per "
-              "choice, `swarm train --group-call`); TRL calls model.generate on the whole batch in-process")
-ONE_CALL_PER_SAMPLE = ("generation: Roost samples through its server's continuous-batching torch engine over HTTP "
-                       "(an episode and an OpenAI-client call per sample); TRL calls model.generate on the whole "
-                       "batch in-process")
+MATCHED = {
+    "prompts_per_step": 8,
+    "group_size": 8,
+    "lr": 1e-4,
+    "temperature": 1.0,
+    "max_tokens": 8,
+    "clip_eps": 0.2,
+    "kl_coef": 0.0,
+    "loss_agg": "token-mean (TRL: dapo)",
+    "advantage": "grpo, group std (TRL: scale_rewards=group)",
+    "updates_per_batch": 1,
+}
+GROUP_CALL = (
+    "generation: Roost samples through its server's continuous-batching torch engine over HTTP, "
+    "one episode per group whose one OpenAI-client call asks for n = group size (a reward per "
+    "choice, `swarm train --group-call`); TRL calls model.generate on the whole batch in-process"
+)
+ONE_CALL_PER_SAMPLE = (
+    "generation: Roost samples through its server's continuous-batching torch engine over HTTP "
+    "(an episode and an OpenAI-client call per sample); TRL calls model.generate on the whole "
+    "batch in-process"
+)
 DIFFERENT = [
     GROUP_CALL,
     "AdamW betas: Roost (0.9, 0.99); TRL/transformers default (0.9, 0.999)",
@@ -54,11 +67,11 @@ DIFFERENT = [
     "TRL's bf16 and gradient checkpointing (on by default in GRPOConfig) are turned off: fp32, no recomputation, "
     "its fastest settings on a CPU",
 ]
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-              "HF_HUB_OFFLINE": "1"}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
 
 # ---------------------------------------------------------------- the TRL side (a subprocess)
+
 
 def trl_worker(model: Path, out: Path, seconds: float, t0: float | None = None) -> None:
     """TRL's run; its clock is the driver's launch time `t0`, as Roost's is (imports, model
@@ -73,8 +86,9 @@ def trl_worker(model: Path, out: Path, seconds: float, t0: float | None = None) 
     torch.set_num_threads(1)
     started = t0 if t0 is not None else time.time()
     rows = arith.dataset(0, 20_000)
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
-                              for r in rows])
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows]
+    )
 
     def reward(completions: list, answer: list, **_: object) -> list[float]:
         return [arith.reward(c[0]["content"], a) for c, a in zip(completions, answer)]
@@ -92,20 +106,45 @@ def trl_worker(model: Path, out: Path, seconds: float, t0: float | None = None) 
                 control.should_training_stop = True
 
     config = GRPOConfig(
-        output_dir=str(out), per_device_train_batch_size=MATCHED["prompts_per_step"] * MATCHED["group_size"],
-        num_generations=MATCHED["group_size"], max_completion_length=MATCHED["max_tokens"],
-        temperature=MATCHED["temperature"], learning_rate=MATCHED["lr"], lr_scheduler_type="constant",
-        warmup_steps=0, beta=0.0, epsilon=MATCHED["clip_eps"], loss_type="dapo", scale_rewards="group",
-        num_iterations=1, steps_per_generation=1, max_steps=1_000_000, logging_steps=1, report_to=[],
-        save_strategy="no", use_cpu=True, seed=0, max_grad_norm=1.0, weight_decay=0.0,
-        dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(out),
+        per_device_train_batch_size=MATCHED["prompts_per_step"] * MATCHED["group_size"],
+        num_generations=MATCHED["group_size"],
+        max_completion_length=MATCHED["max_tokens"],
+        temperature=MATCHED["temperature"],
+        learning_rate=MATCHED["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        beta=0.0,
+        epsilon=MATCHED["clip_eps"],
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=1,
+        steps_per_generation=1,
+        max_steps=1_000_000,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        max_grad_norm=1.0,
+        weight_decay=0.0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
         # TRL 1.16 defaults both to True; on a CPU they make a 1M-parameter model several times slower
         # (bf16 autocast has no fast CPU kernels at this size, checkpointing recomputes every layer).
         # TRL's best CPU settings, so the comparison is against TRL at its fastest.
-        bf16=False, gradient_checkpointing=False)
+        bf16=False,
+        gradient_checkpointing=False,
+    )
     tokenizer = AutoTokenizer.from_pretrained(model)
-    trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=str(model),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     trainer.train()
     trainer.save_model(str(out / "final"))
     tokenizer.save_pretrained(out / "final")
@@ -113,10 +152,16 @@ def trl_worker(model: Path, out: Path, seconds: float, t0: float | None = None) 
 
 # ---------------------------------------------------------------- the driver
 
+
 def _launch(argv: list[str], core: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, **ONE_THREAD}
-    return subprocess.Popen(["taskset", "-c", str(core), *argv], env=env, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        ["taskset", "-c", str(core), *argv],
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen, grace: float = 60.0) -> None:
@@ -131,14 +176,17 @@ def _stop(proc: subprocess.Popen, grace: float = 60.0) -> None:
 
 def _roost_curve(metrics: Path, started: float) -> list[dict]:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
-    return [{"step": r["step"], "time": r["time"] - started, "reward": r["reward_mean"]} for r in rows
-            if "reward_mean" in r and "time" in r]
+    return [
+        {"step": r["step"], "time": r["time"] - started, "reward": r["reward_mean"]}
+        for r in rows
+        if "reward_mean" in r and "time" in r
+    ]
 
 
 def moving_average(curve: list[dict], window: int = 5) -> list[tuple[float, float]]:
     out = []
     for i in range(len(curve)):
-        part = curve[max(0, i - window + 1): i + 1]
+        part = curve[max(0, i - window + 1) : i + 1]
         out.append((curve[i]["time"], sum(p["reward"] for p in part) / len(part)))
     return out
 
@@ -177,9 +225,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/vs_trl"))
     ap.add_argument("--bin", type=float, default=60.0, help="seconds per reward bin")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--group-call", action=argparse.BooleanOptionalAction, default=True,
-                    help="Roost samples each group in one call (n = group size, a reward per choice), as TRL "
-                         "samples num_generations per prompt; --no-group-call: one episode (one call) per sample")
+    ap.add_argument(
+        "--group-call",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Roost samples each group in one call (n = group size, a reward per choice), as TRL "
+        "samples num_generations per prompt; --no-group-call: one episode (one call) per sample",
+    )
     ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -197,16 +249,62 @@ def main() -> None:
     (out / "trl").mkdir(parents=True, exist_ok=True)
     roost_out = out / "roost"
     started = time.time()
-    trl = _launch([sys.executable, __file__, "--trl-worker", "--model", str(model), "--out", str(out / "trl"),
-                   "--seconds", str(args.seconds), "--t0", repr(started)], 0, out / "trl.log")
-    roost = _launch([sys.executable, "-m", "swarm", "train", "--task", "arith", "--model", str(model),
-                     "--out", str(roost_out), "--fresh", "--steps", "1000000", "--group-size",
-                     str(MATCHED["group_size"]), "--batch-groups", str(MATCHED["prompts_per_step"]),
-                     "--lr", str(MATCHED["lr"]), "--kl-coef", "0", "--clip-eps", str(MATCHED["clip_eps"]),
-                     "--loss-agg", "token-mean", "--advantage", "grpo", "--no-mlflow",
-                     "--concurrency", str(MATCHED["prompts_per_step"] * (1 if args.group_call else MATCHED["group_size"])),
-                     *(["--group-call"] if args.group_call else []),
-                     "--timeout", str(args.seconds + 600)], 1, out / "roost.log")
+    trl = _launch(
+        [
+            sys.executable,
+            __file__,
+            "--trl-worker",
+            "--model",
+            str(model),
+            "--out",
+            str(out / "trl"),
+            "--seconds",
+            str(args.seconds),
+            "--t0",
+            repr(started),
+        ],
+        0,
+        out / "trl.log",
+    )
+    roost = _launch(
+        [
+            sys.executable,
+            "-m",
+            "swarm",
+            "train",
+            "--task",
+            "arith",
+            "--model",
+            str(model),
+            "--out",
+            str(roost_out),
+            "--fresh",
+            "--steps",
+            "1000000",
+            "--group-size",
+            str(MATCHED["group_size"]),
+            "--batch-groups",
+            str(MATCHED["prompts_per_step"]),
+            "--lr",
+            str(MATCHED["lr"]),
+            "--kl-coef",
+            "0",
+            "--clip-eps",
+            str(MATCHED["clip_eps"]),
+            "--loss-agg",
+            "token-mean",
+            "--advantage",
+            "grpo",
+            "--no-mlflow",
+            "--concurrency",
+            str(MATCHED["prompts_per_step"] * (1 if args.group_call else MATCHED["group_size"])),
+            *(["--group-call"] if args.group_call else []),
+            "--timeout",
+            str(args.seconds + 600),
+        ],
+        1,
+        out / "roost.log",
+    )
     try:
         while time.time() - started < args.seconds and (trl.poll() is None or roost.poll() is None):
             time.sleep(1.0)
@@ -214,15 +312,18 @@ def main() -> None:
         _stop(roost)  # SIGTERM: swarm train stops its server, which writes a last checkpoint
         trl.wait(max(60.0, args.seconds * 0.2))  # TRL stops itself after its step in flight
         _stop(trl)
-    curves = {"trl": json.loads((out / "trl" / "curve.json").read_text()) if (out / "trl" / "curve.json").exists()
-              else [], "roost": _roost_curve(roost_out / "server" / "metrics.jsonl", started)}
+    curves = {
+        "trl": json.loads((out / "trl" / "curve.json").read_text()) if (out / "trl" / "curve.json").exists() else [],
+        "roost": _roost_curve(roost_out / "server" / "metrics.jsonl", started),
+    }
     finals = {"trl": out / "trl" / "final", "roost": roost_out / "server" / "checkpoints" / "latest"}
     different = DIFFERENT if args.group_call else [ONE_CALL_PER_SAMPLE, *DIFFERENT[1:]]
     result = {"seconds": args.seconds, "matched": MATCHED, "different": different, "systems": {}}
     result["held_out_before"] = held_out(model)
     for name, curve in curves.items():
         result["systems"][name] = {
-            "steps": len(curve), "steps_per_min": steps_per_min(curve),
+            "steps": len(curve),
+            "steps_per_min": steps_per_min(curve),
             "first_step_s": round(curve[0]["time"], 1) if curve else None,  # launch to the first step's log
             "reward_bins": per_bin(curve, args.bin, args.seconds),
             "first_reach_s": {str(level): first_reach(curve, level) for level in LEVELS},
@@ -251,8 +352,12 @@ def _print(result: dict, width: float) -> None:
     table.add_row("first step logged at s", str(r["first_step_s"]), str(t["first_step_s"]), "")
     for level in LEVELS:
         key = str(level)
-        table.add_row(f"first MA5 >= {level}", str(r["first_reach_s"][key]), str(t["first_reach_s"][key]),
-                      str(result["time_ratio_roost_over_trl"][key]))
+        table.add_row(
+            f"first MA5 >= {level}",
+            str(r["first_reach_s"][key]),
+            str(t["first_reach_s"][key]),
+            str(result["time_ratio_roost_over_trl"][key]),
+        )
     for k, (a, b) in enumerate(zip(r["reward_bins"], t["reward_bins"])):
         table.add_row(f"reward {k * width:.0f}-{(k + 1) * width:.0f} s", str(a), str(b), "")
     table.add_row("held-out sampled accuracy after", str(r["held_out_after"]), str(t["held_out_after"]), "")

@@ -9,11 +9,13 @@ workflow, written against the plain OpenAI client.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
-def run_example(workflow: Callable[[dict, Any], float], dataset: Callable[[int, int], list[dict]],
-                task_family: str) -> None:
+def run_example(
+    workflow: Callable[[dict, Any], float], dataset: Callable[[int, int], list[dict]], task_family: str
+) -> None:
     from swarm.client import SwarmClient, run_fleet  # here: the examples' workflows import without swarm
 
     parser = argparse.ArgumentParser(description=f"run the {task_family} workflow through a swarm server")
@@ -23,6 +25,7 @@ def run_example(workflow: Callable[[dict, Any], float], dataset: Callable[[int, 
     parser.add_argument("-n", type=int, default=8, help="attempts per task (the group size)")
     args = parser.parse_args()
     with SwarmClient(args.url, args.token) as client:
-        stats = run_fleet(client, workflow, dataset(0, args.size), n=args.n, concurrency=8,
-                          epochs=1, task_family=task_family)
+        stats = run_fleet(
+            client, workflow, dataset(0, args.size), n=args.n, concurrency=8, epochs=1, task_family=task_family
+        )
     print(f"{stats.finished} episodes, mean reward {stats.reward_mean:.3f}")

@@ -25,8 +25,7 @@ def dataset(seed: int, size: int) -> list[dict]:
     items = []
     for i in range(size):
         a, b = rng.randint(10, 99), rng.randint(1, 9)
-        items.append({"task_id": f"arith-{seed}-{i}", "question": f"What is {a}+{b}?",
-                      "answer": str(a + b)})
+        items.append({"task_id": f"arith-{seed}-{i}", "question": f"What is {a}+{b}?", "answer": str(a + b)})
     return items
 
 

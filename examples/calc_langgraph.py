@@ -34,12 +34,19 @@ def multiply(a: int, b: int) -> int:
 
 
 def workflow(task: dict, episode) -> float:
-    llm = ChatOpenAI(base_url=episode.base_url, api_key=episode.api_key, model=episode.model,
-                     temperature=1.0, max_tokens=40, max_retries=0)
+    llm = ChatOpenAI(
+        base_url=episode.base_url,
+        api_key=episode.api_key,
+        model=episode.model,
+        temperature=1.0,
+        max_tokens=40,
+        max_retries=0,
+    )
     agent = create_react_agent(llm, [multiply])
     try:
-        state = agent.invoke({"messages": [{"role": "user", "content": task["question"]}]},
-                             {"recursion_limit": RECURSION_LIMIT})
+        state = agent.invoke(
+            {"messages": [{"role": "user", "content": task["question"]}]}, {"recursion_limit": RECURSION_LIMIT}
+        )
     except GraphRecursionError:  # kept calling tools: no answer
         return 0.0
     final = state["messages"][-1]

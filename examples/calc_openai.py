@@ -19,10 +19,20 @@ import json
 import random
 
 MAX_TURNS = 3
-TOOLS = [{"type": "function", "function": {
-    "name": "multiply", "description": "Multiply two integers.",
-    "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"], "type": "object"}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "multiply",
+            "description": "Multiply two integers.",
+            "parameters": {
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "type": "object",
+            },
+        },
+    }
+]
 
 
 def dataset(seed: int, size: int) -> list[dict]:
@@ -47,13 +57,25 @@ def workflow(task: dict, episode) -> float:
     messages: list[dict] = [{"role": "user", "content": task["question"]}]
     for _ in range(MAX_TURNS):
         response = episode.openai.chat.completions.create(
-            model=episode.model, messages=messages, tools=TOOLS, max_tokens=40, temperature=1.0)
+            model=episode.model, messages=messages, tools=TOOLS, max_tokens=40, temperature=1.0
+        )
         message = response.choices[0].message
         if not message.tool_calls:  # a final answer
             return 1.0 if (message.content or "").strip() == task["answer"] else 0.0
-        messages.append({"role": "assistant", "content": message.content, "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-            for c in message.tool_calls]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": message.content,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
+                    for c in message.tool_calls
+                ],
+            }
+        )
         for c in message.tool_calls:
             result = multiply(c.function.arguments) if c.function.name == "multiply" else "Error: unknown tool"
             messages.append({"role": "tool", "tool_call_id": c.id, "content": result})

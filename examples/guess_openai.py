@@ -20,8 +20,7 @@ LOW, HIGH, MAX_TURNS, FREE_TURNS = 1, 16, 8, 5
 
 def dataset(seed: int, size: int) -> list[dict]:
     rng = random.Random(f"guess:{seed}")
-    return [{"task_id": f"guess-{seed}-{i}", "secret": rng.randint(LOW, HIGH)}
-            for i in range(size)]
+    return [{"task_id": f"guess-{seed}-{i}", "secret": rng.randint(LOW, HIGH)} for i in range(size)]
 
 
 def workflow(task: dict, episode) -> float:
@@ -29,7 +28,8 @@ def workflow(task: dict, episode) -> float:
     messages = [{"role": "user", "content": f"Guess my number from {LOW} to {HIGH}."}]
     for turn in range(1, MAX_TURNS + 1):
         response = episode.openai.chat.completions.create(
-            model=episode.model, messages=messages, max_tokens=6, temperature=1.0)
+            model=episode.model, messages=messages, max_tokens=6, temperature=1.0
+        )
         text = response.choices[0].message.content or ""
         try:
             guess = int(text.strip())
@@ -41,8 +41,7 @@ def workflow(task: dict, episode) -> float:
             feedback = f"Say a number from {LOW} to {HIGH}."
         else:
             feedback = "Higher." if guess < secret else "Lower."
-        messages += [{"role": "assistant", "content": text},
-                     {"role": "user", "content": feedback}]
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": feedback}]
     return 0.0
 
 

@@ -55,7 +55,8 @@ VERDICT_RULE = (
     "the last {fraction:.0%} of a trial's steps (at least 1, at most {max_window}). With {min_n} seeds per arm "
     "a true difference of about {sds:g} seed-to-seed standard deviations is found at least 80 % of "
     "the time; smaller effects often come out inconclusive, so an inconclusive round is not evidence "
-    "of no effect.")
+    "of no effect."
+)
 
 
 def metric_window(steps: int) -> int:
@@ -65,8 +66,9 @@ def metric_window(steps: int) -> int:
 
 
 def verdict_rule(m: int, alpha: float = ALPHA) -> str:
-    return VERDICT_RULE.format(m=m, alpha=alpha, min_n=MIN_N, fraction=WINDOW_FRACTION,
-                               max_window=MAX_WINDOW, sds=DETECTABLE_SDS)
+    return VERDICT_RULE.format(
+        m=m, alpha=alpha, min_n=MIN_N, fraction=WINDOW_FRACTION, max_window=MAX_WINDOW, sds=DETECTABLE_SDS
+    )
 
 
 def trial_metric(rewards: Sequence[float], metric: str, window: int | None = None) -> float | None:
@@ -111,8 +113,9 @@ def welch_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL)
     return (diff - half, diff + half)
 
 
-def bootstrap_ci(values: Sequence[float], level: float = LEVEL, n: int = N_BOOTSTRAP,
-                 seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+def bootstrap_ci(
+    values: Sequence[float], level: float = LEVEL, n: int = N_BOOTSTRAP, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
     """BCa bootstrap interval of the mean (fixed seed: reproducible); nan below MIN_N values.
 
     Not used for verdicts (at 3 to 5 seeds the t-interval is the honest one); kept for a
@@ -125,8 +128,9 @@ def bootstrap_ci(values: Sequence[float], level: float = LEVEL, n: int = N_BOOTS
         return (math.nan, math.nan)
     if np.all(x == x[0]):
         return (float(x[0]), float(x[0]))
-    res = stats.bootstrap((x,), np.mean, confidence_level=level, n_resamples=n, method="BCa",
-                          random_state=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        (x,), np.mean, confidence_level=level, n_resamples=n, method="BCa", random_state=np.random.default_rng(seed)
+    )
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
@@ -194,9 +198,14 @@ def _g(x: float | None) -> float | str | None:
 def _arm_summary(values: Sequence[float]) -> dict[str, Any]:
     x = [float(v) for v in values]
     lo, hi = t_interval(x)
-    return {"n": len(x), "values": x, "mean": _clean(float(np.mean(x))) if x else None,
-            "std": _clean(float(np.std(x, ddof=1))) if len(x) > 1 else None,
-            "ci_low": _clean(lo), "ci_high": _clean(hi)}
+    return {
+        "n": len(x),
+        "values": x,
+        "mean": _clean(float(np.mean(x))) if x else None,
+        "std": _clean(float(np.std(x, ddof=1))) if len(x) > 1 else None,
+        "ci_low": _clean(lo),
+        "ci_high": _clean(hi),
+    }
 
 
 def _comparison(base: list[float], vals: list[float], a: dict, b: dict) -> dict[str, Any]:
@@ -207,13 +216,23 @@ def _comparison(base: list[float], vals: list[float], a: dict, b: dict) -> dict[
     overlap = None
     if None not in (a["ci_low"], a["ci_high"], b["ci_low"], b["ci_high"]):
         overlap = not (b["ci_low"] > a["ci_high"] or a["ci_low"] > b["ci_high"])
-    return {"diff": _clean(diff), "n": [len(base), len(vals)], "enough": enough,
-            "diff_ci_low": _clean(lo), "diff_ci_high": _clean(hi), "hedges_g": _g(hedges_g(base, vals)),
-            "t": _g(t), "p": _clean(p), "ci_overlap": overlap, "better": None}
+    return {
+        "diff": _clean(diff),
+        "n": [len(base), len(vals)],
+        "enough": enough,
+        "diff_ci_low": _clean(lo),
+        "diff_ci_high": _clean(hi),
+        "hedges_g": _g(hedges_g(base, vals)),
+        "t": _g(t),
+        "p": _clean(p),
+        "ci_overlap": overlap,
+        "better": None,
+    }
 
 
-def analyze(metrics: Mapping[str, Sequence[float]], baseline: str, direction: str = "two-sided",
-            alpha: float = ALPHA) -> dict[str, Any]:
+def analyze(
+    metrics: Mapping[str, Sequence[float]], baseline: str, direction: str = "two-sided", alpha: float = ALPHA
+) -> dict[str, Any]:
     """Per-arm summaries, each treatment compared with the baseline, and a verdict (`VERDICT_RULE`).
 
     The test is two-sided even for a directional hypothesis: "supported" and
@@ -246,8 +265,16 @@ def analyze(metrics: Mapping[str, Sequence[float]], baseline: str, direction: st
         overall = TOO_FEW
     else:
         overall = INCONCLUSIVE
-    return {"arms": arms, "baseline": baseline, "direction": direction, "alpha": alpha, "min_n": MIN_N,
-            "comparisons": comparisons, "verdict": overall, "rule": verdict_rule(len(tested), alpha)}
+    return {
+        "arms": arms,
+        "baseline": baseline,
+        "direction": direction,
+        "alpha": alpha,
+        "min_n": MIN_N,
+        "comparisons": comparisons,
+        "verdict": overall,
+        "rule": verdict_rule(len(tested), alpha),
+    }
 
 
 def _verdict(c: dict[str, Any], direction: str, alpha: float) -> str:
@@ -272,13 +299,20 @@ def metric_plot(result: Mapping[str, Any], out: Path, ylabel: str) -> Path:
     fig = Figure(figsize=(6, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for i, (name, a) in enumerate(arms.items()):
+    for i, a in enumerate(arms.values()):
         xs = np.full(len(a["values"]), i) + np.linspace(-0.08, 0.08, max(1, len(a["values"])))
         ax.scatter(xs, a["values"], s=18, alpha=0.6, color="gray")
         if a["mean"] is not None and a["ci_low"] is not None:
             lo, hi = a["ci_low"], a["ci_high"]
-            ax.errorbar([i], [a["mean"]], yerr=[[a["mean"] - lo], [hi - a["mean"]]], fmt="o",
-                        capsize=6, markersize=8, linewidth=2)
+            ax.errorbar(
+                [i],
+                [a["mean"]],
+                yerr=[[a["mean"] - lo], [hi - a["mean"]]],
+                fmt="o",
+                capsize=6,
+                markersize=8,
+                linewidth=2,
+            )
         elif a["mean"] is not None:
             ax.plot([i], [a["mean"]], "o", markersize=8)
     ax.set_xticks(range(len(arms)), list(arms), rotation=15)
@@ -295,5 +329,4 @@ def curves_plot(histories: Mapping[str, list[tuple[list[float], list[float]]]], 
     """Reward per step, mean over seeds with a ± SD band per arm (store's plot helper)."""
     from store.plots import reward_curves  # lazy: store.plots imports matplotlib
 
-    return Path(reward_curves(histories, out, title="Reward per step (mean ± SD over seeds)",
-                              ylabel="reward_mean"))
+    return Path(reward_curves(histories, out, title="Reward per step (mean ± SD over seeds)", ylabel="reward_mean"))

@@ -61,8 +61,7 @@ if TYPE_CHECKING:
     from researcher.graph import FirstRound
     from researcher.runner import Step
 
-app = typer.Typer(help="Plan, run and report RL studies autonomously.", no_args_is_help=True,
-                  add_completion=False)
+app = typer.Typer(help="Plan, run and report RL studies autonomously.", no_args_is_help=True, add_completion=False)
 console = Console()
 err = Console(stderr=True)
 
@@ -92,10 +91,10 @@ def hints() -> dict[type[Exception], str]:
 
     return {
         LLMUnreachable: "check that the endpoint is up and ROOST_LLM_BASE_URL / ROOST_LLM_MODEL / "
-                        "ROOST_LLM_API_KEY are right, or use --planner rules",
+        "ROOST_LLM_API_KEY are right, or use --planner rules",
         StructuredOutputError: "try a stronger model (ROOST_LLM_MODEL), or --planner rules",
         UnsupportedTopic: "name one of these knobs and the values to compare, or use the LLM planner, which "
-                          "can use every knob (--planner llm; set ROOST_LLM_BASE_URL and ROOST_LLM_MODEL)",
+        "can use every knob (--planner llm; set ROOST_LLM_BASE_URL and ROOST_LLM_MODEL)",
         BudgetTooSmall: "raise --max-trials (or leave it out), or name fewer values to compare",
         BudgetExceeded: "raise --llm-tokens",
     }
@@ -143,12 +142,15 @@ def expected_errors(fn: F) -> F:
 
 
 @app.callback()
-def _root(ctx: typer.Context,
-          verbose: bool = typer.Option(False, "--verbose", "-v", help="log progress"),
-          debug: bool = typer.Option(False, "--debug", help="show tracebacks of expected errors")) -> None:
+def _root(
+    ctx: typer.Context,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="log progress"),
+    debug: bool = typer.Option(False, "--debug", help="show tracebacks of expected errors"),
+) -> None:
     """Autonomous RL research on top of the swarm."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     ctx.obj = CliOptions(debug=debug)
 
@@ -166,8 +168,12 @@ def _print_plan(cfg: StudyConfig, plan: FirstRound) -> None:
     console.print(f"[bold]Hypothesis:[/] {escape(hyp.statement)} (direction: {hyp.direction})")
     t = Table("arm", "knobs", "seeds", "steps", title=f"Design (baseline: {escape(design.baseline)})")
     for a in design.arms:
-        t.add_row(escape(a.name), escape(json.dumps({**design.common, **a.knobs})), escape(str(design.seeds)),
-                  str(design.steps))
+        t.add_row(
+            escape(a.name),
+            escape(json.dumps({**design.common, **a.knobs})),
+            escape(str(design.seeds)),
+            str(design.steps),
+        )
     console.print(t)
     console.print(f"{len(design.trial_configs())} trials")
     if plan.note:
@@ -191,8 +197,10 @@ class _Progress:
 def _finish(study_id: int, step: Step) -> None:
     if step.state == "approval":
         d = step.detail
-        console.print(f"[bold yellow]Study {study_id} awaits approval[/] of round {d.get('round', 0) + 1} "
-                      f"({d.get('planner', '?')} planner): {escape(str(d.get('hypothesis')))}")
+        console.print(
+            f"[bold yellow]Study {study_id} awaits approval[/] of round {d.get('round', 0) + 1} "
+            f"({d.get('planner', '?')} planner): {escape(str(d.get('hypothesis')))}"
+        )
         for a in d.get("design", {}).get("arms", []):
             console.print(f"  arm {escape(a['name'])}: {escape(str(a['knobs']))} × seeds {d['design']['seeds']}")
         if d.get("note"):
@@ -207,8 +215,9 @@ def _show_report_path(study_id: int) -> None:
 
     ctx = make_context(study_id)
     study = ctx.study()
-    console.print(f"[bold green]Study {study_id} {study.status.lower()}[/]; "
-                  f"report: {ctx.cfg.study_dir}/report/report.md")
+    console.print(
+        f"[bold green]Study {study_id} {study.status.lower()}[/]; report: {ctx.cfg.study_dir}/report/report.md"
+    )
     if study.report:
         for line in study.report.splitlines():
             if line.startswith("- Round") or line.startswith("- **"):
@@ -239,42 +248,74 @@ def _plan(cfg: StudyConfig) -> FirstRound:
 def study(
     ctx: typer.Context,
     topic: str = typer.Argument(..., help="the research question, in words"),
-    max_trials: int = setting("budget.max_trials", "--max-trials", show_default="no limit",
-                              help="launch at most this many trials (a design is shrunk to fit, or refused)"),
-    cpu_hours: float = setting("budget.cpu_hours", "--cpu-hours", show_default="no limit",
-                               help="CPU-hour budget (trial wall time × CPUs)"),
+    max_trials: int = setting(
+        "budget.max_trials",
+        "--max-trials",
+        show_default="no limit",
+        help="launch at most this many trials (a design is shrunk to fit, or refused)",
+    ),
+    cpu_hours: float = setting(
+        "budget.cpu_hours", "--cpu-hours", show_default="no limit", help="CPU-hour budget (trial wall time × CPUs)"
+    ),
     gpu_hours: float = setting("budget.gpu_hours", "--gpu-hours", show_default="no limit", help="GPU-hour budget"),
-    wall_clock: str = setting("budget.wall_clock_s", "--wall-clock", text=format_duration, callback=duration,
-                              show_default="no limit", help="wall-clock budget, e.g. 20m, 6h, 2d"),
-    llm_tokens: int = setting("budget.llm_tokens", "--llm-tokens", show_default="no limit",
-                              help="planner token budget"),
-    deadline: str = typer.Option(None, "--deadline", callback=deadline_param, show_default="none",
-                                 help="no launches after this (ISO time or duration)"),
+    wall_clock: str = setting(
+        "budget.wall_clock_s",
+        "--wall-clock",
+        text=format_duration,
+        callback=duration,
+        show_default="no limit",
+        help="wall-clock budget, e.g. 20m, 6h, 2d",
+    ),
+    llm_tokens: int = setting(
+        "budget.llm_tokens", "--llm-tokens", show_default="no limit", help="planner token budget"
+    ),
+    deadline: str = typer.Option(
+        None,
+        "--deadline",
+        callback=deadline_param,
+        show_default="none",
+        help="no launches after this (ISO time or duration)",
+    ),
     backend: str = setting("backend", "--backend", help="local | slurm"),
-    planner: str = typer.Option(None, "--planner", show_default="llm if configured, else rules",
-                                help="llm | rules"),
+    planner: str = typer.Option(None, "--planner", show_default="llm if configured, else rules", help="llm | rules"),
     seeds: int = setting("defaults.seeds", "--seeds", help=f"seeds per arm (at least {MIN_SEEDS})"),
     steps: int = setting("defaults.steps", "--steps"),
     parallel: int = setting("parallel", "--parallel"),
     approve: bool = setting("approve", "--approve", show_default="off"),
     dry_run: bool = typer.Option(False, "--dry-run", show_default="off", help="print the plan; launch nothing"),
-    foreground: bool = typer.Option(True, "--foreground/--background",
-                                    help="drive the study here until it ends, or leave it to `researcher daemon`"),
-    model: str = typer.Option(None, "--model", show_default="the embedded model",
-                              help="model directory for every trial"),
-    workflow: str = typer.Option(None, "--workflow", show_default="the task's built-in workflow",
-                                 help="your own agent for every trial: module:function(task, episode) -> reward "
-                                      "(the current directory is importable)"),
-    dataset: str = typer.Option(None, "--dataset", show_default="the task's, else a `dataset` beside the workflow",
-                                help="module:function(seed, size) -> tasks, with --workflow"),
-    trial_time_limit: str = setting("trial_time_limit_s", "--trial-time-limit", text=format_duration,
-                                    callback=duration),
+    foreground: bool = typer.Option(
+        True, "--foreground/--background", help="drive the study here until it ends, or leave it to `researcher daemon`"
+    ),
+    model: str = typer.Option(
+        None, "--model", show_default="the embedded model", help="model directory for every trial"
+    ),
+    workflow: str = typer.Option(
+        None,
+        "--workflow",
+        show_default="the task's built-in workflow",
+        help="your own agent for every trial: module:function(task, episode) -> reward "
+        "(the current directory is importable)",
+    ),
+    dataset: str = typer.Option(
+        None,
+        "--dataset",
+        show_default="the task's, else a `dataset` beside the workflow",
+        help="module:function(seed, size) -> tasks, with --workflow",
+    ),
+    trial_time_limit: str = setting(
+        "trial_time_limit_s", "--trial-time-limit", text=format_duration, callback=duration
+    ),
     trial_cpus: int = setting("trial_cpus", "--trial-cpus"),
     trial_gpus: int = setting("trial_gpus", "--trial-gpus"),
     partition: str = setting("partition", "--partition", show_default="the cluster's default"),
     poll: float = setting("poll_s", "--poll"),
-    trial_program: str = typer.Option(None, "--trial-program", envvar="ROOST_TRIAL_PROGRAM", hidden=True,
-                                      help="command run per trial instead of `python -m swarm train`"),
+    trial_program: str = typer.Option(
+        None,
+        "--trial-program",
+        envvar="ROOST_TRIAL_PROGRAM",
+        hidden=True,
+        help="command run per trial instead of `python -m swarm train`",
+    ),
 ) -> None:
     """Plan a study of TOPIC, run its trials, analyse them and write a report."""
     _require_research()
@@ -304,18 +345,35 @@ def study(
     time_limit = parse_duration(trial_time_limit)
     try:
         cfg = StudyConfig(
-            topic=topic, planner=chosen, backend=backend, defaults=PlanDefaults(seeds=seeds, steps=steps),
-            approve=approve, parallel=parallel,
-            budget=Budget(max_trials=max_trials, cpu_hours=cpu_hours, gpu_hours=gpu_hours,
-                          wall_clock_s=parse_duration(wall_clock), llm_tokens=llm_tokens,
-                          deadline=parse_deadline(deadline)),
+            topic=topic,
+            planner=chosen,
+            backend=backend,
+            defaults=PlanDefaults(seeds=seeds, steps=steps),
+            approve=approve,
+            parallel=parallel,
+            budget=Budget(
+                max_trials=max_trials,
+                cpu_hours=cpu_hours,
+                gpu_hours=gpu_hours,
+                wall_clock_s=parse_duration(wall_clock),
+                llm_tokens=llm_tokens,
+                deadline=parse_deadline(deadline),
+            ),
             trial_program=shlex.split(trial_program) if trial_program else default_trial_program(),
             trial_time_limit_s=int(time_limit) if time_limit else config_field("trial_time_limit_s").default,
-            poll_s=poll, model_dir=model, trial_cpus=trial_cpus, trial_gpus=trial_gpus, partition=partition,
-            workflow=workflow, dataset=dataset,
+            poll_s=poll,
+            model_dir=model,
+            trial_cpus=trial_cpus,
+            trial_gpus=trial_gpus,
+            partition=partition,
+            workflow=workflow,
+            dataset=dataset,
             trial_env={"PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))}
-            if workflow else {},
-            llm_base_url=llm.get("base_url"), llm_model=llm.get("model"))
+            if workflow
+            else {},
+            llm_base_url=llm.get("base_url"),
+            llm_model=llm.get("model"),
+        )
     except ValidationError as e:
         raise usage_error(e) from None
     if cfg.planner == "llm":
@@ -340,8 +398,9 @@ def study(
         cfg.model_dir = str(init_model(default_model_dir()))
     sid = create_study(cfg)
     study_dir = load_config(store_engine(), sid).study_dir  # chosen by create_study (ROOST_HOME/studies/study-N)
-    console.print(f"[bold]Study {sid}[/] (planner: {escape(planner_description(cfg))}; {cfg.backend} backend): "
-                  f"{study_dir}")
+    console.print(
+        f"[bold]Study {sid}[/] (planner: {escape(planner_description(cfg))}; {cfg.backend} backend): {study_dir}"
+    )
     if not foreground:
         study_daemon.register()
         console.print(f"Left to the daemon (`researcher daemon`); follow with: researcher status {sid}")
@@ -357,8 +416,10 @@ def _drive_here(study_id: int, opts: CliOptions, resume: object = None) -> None:
     try:
         _finish(study_id, drive(study_id, resume=resume, on_step=_Progress()))
     except KeyboardInterrupt:
-        console.print(f"\n[yellow]interrupted[/]: running trials go on; continue with "
-                      f"`researcher resume {study_id}` or stop them with `researcher stop {study_id}`")
+        console.print(
+            f"\n[yellow]interrupted[/]: running trials go on; continue with "
+            f"`researcher resume {study_id}` or stop them with `researcher stop {study_id}`"
+        )
         raise typer.Exit(130) from None
     except LLMUnreachable as e:
         # FAILED: the daemon leaves it alone instead of retrying every tick; `resume` re-activates it
@@ -370,11 +431,14 @@ def _drive_here(study_id: int, opts: CliOptions, resume: object = None) -> None:
 
 @app.command()
 @expected_errors
-def approve(ctx: typer.Context,
-            study_id: int = typer.Argument(...),
-            reject: bool = typer.Option(False, "--reject", help="reject the plan: the study stops"),
-            foreground: bool = typer.Option(True, "--foreground/--background",
-                                            help="drive the study here, or leave it to the daemon")) -> None:
+def approve(
+    ctx: typer.Context,
+    study_id: int = typer.Argument(...),
+    reject: bool = typer.Option(False, "--reject", help="reject the plan: the study stops"),
+    foreground: bool = typer.Option(
+        True, "--foreground/--background", help="drive the study here, or leave it to the daemon"
+    ),
+) -> None:
     """Approve (or reject) the plan of a study waiting at --approve, and continue it."""
     _require_research()
     from researcher.runner import advance  # lazy: research extra (checked above)
@@ -389,10 +453,13 @@ def approve(ctx: typer.Context,
 
 @app.command()
 @expected_errors
-def resume(ctx: typer.Context,
-           study_id: int = typer.Argument(...),
-           foreground: bool = typer.Option(True, "--foreground/--background",
-                                           help="drive the study here, or leave it to the daemon")) -> None:
+def resume(
+    ctx: typer.Context,
+    study_id: int = typer.Argument(...),
+    foreground: bool = typer.Option(
+        True, "--foreground/--background", help="drive the study here, or leave it to the daemon"
+    ),
+) -> None:
     """Continue a study after a crash or restart: running trials are reconciled, never resubmitted."""
     _require_research()
     from researcher.runner import advance, make_context  # lazy: research extra (checked above)
@@ -431,8 +498,14 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
         console.print(f"[bold]Study {st.id}[/] {st.status}: {escape(st.question)}")
         t = Table("trial", "arm", "seed", "status", "job", "MLflow run")
         for tr in s.exec(select(Trial).where(Trial.study_id == study_id).order_by(Trial.id)).all():  # type: ignore[arg-type]
-            t.add_row(str(tr.id), escape(tr.arm), str(tr.seed), tr.status, str(tr.config.get("job_id", "–")),
-                      tr.mlflow_run_id or "–")
+            t.add_row(
+                str(tr.id),
+                escape(tr.arm),
+                str(tr.seed),
+                tr.status,
+                str(tr.config.get("job_id", "–")),
+                tr.mlflow_run_id or "–",
+            )
         console.print(t)
 
 
@@ -450,8 +523,7 @@ def report(study_id: int = typer.Argument(...)) -> None:
         typer.echo(st.report)
         return
     with checkpointer(ctx.engine) as saver:
-        snap = build_graph(ctx).compile(checkpointer=saver).get_state(
-            {"configurable": {"thread_id": str(study_id)}})
+        snap = build_graph(ctx).compile(checkpointer=saver).get_state({"configurable": {"thread_id": str(study_id)}})
     typer.echo(render(ctx, dict(snap.values or {}), Path(ctx.cfg.study_dir) / "report"))
 
 

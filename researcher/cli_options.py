@@ -83,8 +83,9 @@ def deadline_param(value: str | None) -> str | None:
         try:
             parse_deadline(value)
         except ValueError:
-            raise typer.BadParameter(f"not a time or a duration: {value!r} (use e.g. "
-                                     "2030-01-31T18:00, 90m, 6h)") from None
+            raise typer.BadParameter(
+                f"not a time or a duration: {value!r} (use e.g. 2030-01-31T18:00, 90m, 6h)"
+            ) from None
     return value
 
 

@@ -85,12 +85,16 @@ class StudyContext:
             ids = [t.id for t in trials if t.id is not None]
             used = self.launcher.usage(ids)
             done = [t for t in trials if t.status == TrialStatus.COMPLETED.value and t.started_at and t.finished_at]
-            est_h = (sum((t.finished_at - t.started_at).total_seconds() for t in done) / len(done) / 3600
-                     if done else 0.0)  # type: ignore[operator]
+            est_h = (
+                sum((t.finished_at - t.started_at).total_seconds() for t in done) / len(done) / 3600 if done else 0.0
+            )  # type: ignore[operator]
             if b.cpu_hours is not None and used["cpu_hours"] + est_h * self.cfg.trial_cpus > b.cpu_hours:
                 return f"CPU budget of {b.cpu_hours:g} h would be exceeded ({used['cpu_hours']:.3f} h used)"
-            if b.gpu_hours is not None and self.cfg.trial_gpus and \
-                    used["gpu_hours"] + est_h * self.cfg.trial_gpus > b.gpu_hours:
+            if (
+                b.gpu_hours is not None
+                and self.cfg.trial_gpus
+                and used["gpu_hours"] + est_h * self.cfg.trial_gpus > b.gpu_hours
+            ):
                 return f"GPU budget of {b.gpu_hours:g} h would be exceeded ({used['gpu_hours']:.3f} h used)"
         return None
 
@@ -128,10 +132,12 @@ class StudyContext:
                 continue
             summary = self.summary(t)
             rewards = step_rewards(summary)[1] if summary else []
-            metrics = {"final_reward": trial_metric(rewards, "final_reward"),
-                       "reward_gain": trial_metric(rewards, "reward_gain"),
-                       "mean_reward": trial_metric(rewards, "mean_reward"),
-                       "wall_s": (summary or {}).get("wall_s")}
+            metrics = {
+                "final_reward": trial_metric(rewards, "final_reward"),
+                "reward_gain": trial_metric(rewards, "reward_gain"),
+                "mean_reward": trial_metric(rewards, "mean_reward"),
+                "wall_s": (summary or {}).get("wall_s"),
+            }
             metrics = {k: float(v) for k, v in metrics.items() if v is not None}
             exp = t.config.get("experiment", {})
             params = {"task": exp.get("task"), "steps": exp.get("steps"), **exp.get("knobs", {})}
@@ -144,9 +150,17 @@ class StudyContext:
                 except (ValueError, KeyError):
                     own = None
             try:
-                run_id = tracking.log_trial(study.mlflow_run_id, t.id, t.arm, t.seed,  # type: ignore[arg-type]
-                                            {**params, "study_id": self.study_id}, summary, metrics, status,
-                                            own_run_id=own)
+                run_id = tracking.log_trial(
+                    study.mlflow_run_id,
+                    t.id,
+                    t.arm,
+                    t.seed,  # type: ignore[arg-type]
+                    {**params, "study_id": self.study_id},
+                    summary,
+                    metrics,
+                    status,
+                    own_run_id=own,
+                )
             except Exception as e:  # tracking must not stop the study; retried next time
                 log.warning("trial %s: MLflow logging failed: %s", t.id, e)
                 continue
@@ -171,8 +185,9 @@ class StudyContext:
                     histories.setdefault(t.arm, []).append(step_rewards(summary))
             if histories:
                 paths.append(curves_plot(histories, out_dir / f"round{rnd}_reward_curves.png"))
-            paths.append(metric_plot(result, out_dir / f"round{rnd}_{frame.metric}.png",
-                                     frame.metric.replace("_", " ")))
+            paths.append(
+                metric_plot(result, out_dir / f"round{rnd}_{frame.metric}.png", frame.metric.replace("_", " "))
+            )
         except Exception as e:  # a plot must not sink the analysis
             log.warning("round %s: plotting failed: %s", rnd, e)
         return [str(p) for p in paths]

@@ -26,8 +26,8 @@ import typer.main
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from swarm.config.options import Leaf, cli_leaves
-from swarm.tasks import list_tasks
 from swarm.config.run import ORCHESTRATED, RunConfig, parse_mix
+from swarm.tasks import list_tasks
 
 MIN_SEEDS = 3
 
@@ -118,8 +118,17 @@ def _knob(leaf: Leaf) -> Knob:
     if leaf.knob == "model":
         default = "embedded"
     false_flag = (leaf.flag.off or "--no-" + leaf.option[2:]) if kind == "bool" else None
-    return Knob(leaf.knob, kind, leaf.option, leaf.description, low, high, choices,  # type: ignore[arg-type]
-                false_flag, default)
+    return Knob(
+        leaf.knob,
+        kind,
+        leaf.option,
+        leaf.description,
+        low,
+        high,
+        choices,  # type: ignore[arg-type]
+        false_flag,
+        default,
+    )
 
 
 def derive_knobs() -> dict[str, Knob]:
@@ -261,8 +270,7 @@ class HypothesisSpec(BaseModel):
     knob: str
     baseline_value: Any
     treatment_values: list[Any] = Field(min_length=1)
-    direction: Direction = Field(default="two-sided",
-                                 description="expected sign of treatment minus baseline")
+    direction: Direction = Field(default="two-sided", description="expected sign of treatment minus baseline")
 
     @model_validator(mode="after")
     def _check(self) -> HypothesisSpec:
@@ -332,8 +340,7 @@ class Design(BaseModel):
         for a in self.arms:
             knobs = {**self.common, **a.knobs}
             task = str(knobs.get("task", self.task))
-            out += [ExperimentConfig(arm=a.name, seed=s, task=task, steps=self.steps, knobs=knobs)
-                    for s in self.seeds]
+            out += [ExperimentConfig(arm=a.name, seed=s, task=task, steps=self.steps, knobs=knobs) for s in self.seeds]
         return out
 
     def check_program(self, flags: frozenset[str] | None) -> None:

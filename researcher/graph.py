@@ -99,8 +99,10 @@ def _cannot_plan(p: Any, e: Exception) -> str:
     """The stop reason when the planner cannot go on (one line in the report)."""
     what = " ".join(str(e).split())
     if isinstance(e, StructuredOutputError):
-        return (f"the {p.name} planner gave no valid answer: {what} (hint: a stronger model via "
-                f"ROOST_LLM_MODEL, or --planner rules)")
+        return (
+            f"the {p.name} planner gave no valid answer: {what} (hint: a stronger model via "
+            f"ROOST_LLM_MODEL, or --planner rules)"
+        )
     return f"the {p.name} planner cannot plan this: {what}"
 
 
@@ -112,8 +114,9 @@ PLANNING_STOPS = (StructuredOutputError, UnsupportedTopic)
 # dry run plans exactly as the study would, not by a copy of the path that could drift.
 
 
-def plan_design(p: Any, cfg: StudyConfig, frame: Frame, hyp: HypothesisSpec,
-                trials_left: int | None) -> tuple[Design, str]:
+def plan_design(
+    p: Any, cfg: StudyConfig, frame: Frame, hyp: HypothesisSpec, trials_left: int | None
+) -> tuple[Design, str]:
     """The planner's design fitted to the trials left, and what fitting cut ("" if nothing).
 
     BudgetTooSmall when not even the smallest design fits.
@@ -165,10 +168,16 @@ def frame(ctx: StudyContext, state: StudyState) -> dict:
     except BudgetExceeded as e:
         return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used, "planner": p.name}
     except PLANNING_STOPS as e:
-        return {"route": "report", "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used,
-                "planner": p.name}
-    return {"frame": f.model_dump(mode="json"), "round": 0, "history": [], "follow_ups": [],
-            "llm_tokens": p.tokens_used, "route": "hypothesize", "planner": p.name}
+        return {"route": "report", "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used, "planner": p.name}
+    return {
+        "frame": f.model_dump(mode="json"),
+        "round": 0,
+        "history": [],
+        "follow_ups": [],
+        "llm_tokens": p.tokens_used,
+        "route": "hypothesize",
+        "planner": p.name,
+    }
 
 
 def _hypothesis_row(s: Session, study_id: int, rnd: int) -> Hypothesis | None:
@@ -202,13 +211,21 @@ def hypothesize(ctx: StudyContext, state: StudyState) -> dict:
             return {"route": "report", "llm_tokens": p.tokens_used}
         spec = got
     with Session(ctx.engine, expire_on_commit=False) as s:
-        row = Hypothesis(study_id=ctx.study_id, statement=spec.statement, rationale=spec.rationale,
-                         conclusion={"round": rnd, "spec": spec.model_dump(mode="json")})
+        row = Hypothesis(
+            study_id=ctx.study_id,
+            statement=spec.statement,
+            rationale=spec.rationale,
+            conclusion={"round": rnd, "spec": spec.model_dump(mode="json")},
+        )
         s.add(row)
         s.commit()
         hid = row.id
-    return {**updates, "hypothesis": {**spec.model_dump(mode="json"), "id": hid},
-            "llm_tokens": p.tokens_used, "route": "design"}
+    return {
+        **updates,
+        "hypothesis": {**spec.model_dump(mode="json"), "id": hid},
+        "llm_tokens": p.tokens_used,
+        "route": "design",
+    }
 
 
 def design(ctx: StudyContext, state: StudyState) -> dict:
@@ -219,8 +236,12 @@ def design(ctx: StudyContext, state: StudyState) -> dict:
         assert row is not None
         if "design" in (row.conclusion or {}):  # trials already created for this round
             ids = [t.id for t in s.exec(select(Trial).where(Trial.hypothesis_id == row.id).order_by(Trial.id)).all()]
-            return {"design": row.conclusion["design"], "trial_ids": ids, "route": "approve",
-                    "design_note": row.conclusion.get("design_note", "")}
+            return {
+                "design": row.conclusion["design"],
+                "trial_ids": ids,
+                "route": "approve",
+                "design_note": row.conclusion.get("design_note", ""),
+            }
     p = _planner(ctx, state)
     spec = HypothesisSpec.model_validate({k: v for k, v in hyp.items() if k != "id"})
     try:
@@ -237,9 +258,16 @@ def design(ctx: StudyContext, state: StudyState) -> dict:
     with Session(ctx.engine, expire_on_commit=False) as s:  # trials and marker in one transaction
         row = s.get(Hypothesis, hyp["id"])
         assert row is not None
-        trials = [Trial(study_id=ctx.study_id, hypothesis_id=row.id, arm=c.arm, seed=c.seed,
-                        config={"experiment": c.model_dump(mode="json"), "round": rnd})
-                  for c in d.trial_configs()]
+        trials = [
+            Trial(
+                study_id=ctx.study_id,
+                hypothesis_id=row.id,
+                arm=c.arm,
+                seed=c.seed,
+                config={"experiment": c.model_dump(mode="json"), "round": rnd},
+            )
+            for c in d.trial_configs()
+        ]
         s.add_all(trials)
         row.conclusion = {**row.conclusion, "design": d.model_dump(mode="json"), "design_note": note}
         s.add(row)
@@ -247,8 +275,13 @@ def design(ctx: StudyContext, state: StudyState) -> dict:
         ids = [t.id for t in trials]
     if note:
         log.warning("study %s: %s", ctx.study_id, note)
-    return {"design": d.model_dump(mode="json"), "trial_ids": ids, "llm_tokens": p.tokens_used,
-            "route": "approve", "design_note": note}
+    return {
+        "design": d.model_dump(mode="json"),
+        "trial_ids": ids,
+        "llm_tokens": p.tokens_used,
+        "route": "approve",
+        "design_note": note,
+    }
 
 
 def approve(ctx: StudyContext, state: StudyState) -> dict:
@@ -257,9 +290,16 @@ def approve(ctx: StudyContext, state: StudyState) -> dict:
     if not ctx.cfg.approve or rnd in done:
         return {"route": "launch"}
     ctx.set_study_status(StudyStatus.PAUSED)
-    answer = interrupt({"kind": "approval", "round": rnd, "design": state["design"],
-                        "hypothesis": state["hypothesis"]["statement"], "planner": ctx.planner.name,
-                        "note": state.get("design_note", "")})
+    answer = interrupt(
+        {
+            "kind": "approval",
+            "round": rnd,
+            "design": state["design"],
+            "hypothesis": state["hypothesis"]["statement"],
+            "planner": ctx.planner.name,
+            "note": state.get("design_note", ""),
+        }
+    )
     ctx.set_study_status(StudyStatus.ACTIVE)
     if isinstance(answer, dict) and answer.get("approved"):
         return {"approved_rounds": [*done, rnd], "route": "launch"}
@@ -285,8 +325,9 @@ def launch(ctx: StudyContext, state: StudyState) -> dict:
         over = ctx.over_budget(state, launching=True)
         if over:
             log.warning("study %s: %s; no more launches", ctx.study_id, over)
-            ctx.launcher.cancel([t for t in ids if statuses.get(t) == TrialStatus.PENDING.value],
-                                f"not launched: {over}")
+            ctx.launcher.cancel(
+                [t for t in ids if statuses.get(t) == TrialStatus.PENDING.value], f"not launched: {over}"
+            )
             updates["stop_reason"] = over
             break
         if ctx.launcher.launch(tid) in ("submitted", "adopted"):
@@ -336,7 +377,8 @@ def decide(ctx: StudyContext, state: StudyState) -> dict:
     rnd = state.get("round", 0)
     verdict = result["verdict"]
     status = {"supported": HypothesisStatus.SUPPORTED, "refuted": HypothesisStatus.REFUTED}.get(
-        verdict, HypothesisStatus.INCONCLUSIVE)
+        verdict, HypothesisStatus.INCONCLUSIVE
+    )
     with Session(ctx.engine, expire_on_commit=False) as s:
         row = s.get(Hypothesis, hyp["id"])
         if row is not None:
@@ -345,17 +387,30 @@ def decide(ctx: StudyContext, state: StudyState) -> dict:
             s.add(row)
             s.commit()
     history = [h for h in state.get("history", []) if h.get("round") != rnd]
-    history.append({"round": rnd, "statement": hyp["statement"], "verdict": verdict,
-                    "hypothesis_id": hyp["id"], "design": state["design"], "analysis": result,
-                    "trial_ids": state.get("trial_ids", []), "planner": ctx.planner.name,
-                    "design_note": state.get("design_note", "")})
+    history.append(
+        {
+            "round": rnd,
+            "statement": hyp["statement"],
+            "verdict": verdict,
+            "hypothesis_id": hyp["id"],
+            "design": state["design"],
+            "analysis": result,
+            "trial_ids": state.get("trial_ids", []),
+            "planner": ctx.planner.name,
+            "design_note": state.get("design_note", ""),
+        }
+    )
     p = _planner(ctx, state)
     can_continue = not state.get("stop_reason") and not ctx.over_budget(state, launching=True)
     updates: dict[str, Any] = {"history": history, "round": rnd + 1}
     try:
-        decision = p.decide(Frame.model_validate(state["frame"]),
-                            HypothesisSpec.model_validate({k: v for k, v in hyp.items() if k != "id"}),
-                            result, history[:-1], can_continue)
+        decision = p.decide(
+            Frame.model_validate(state["frame"]),
+            HypothesisSpec.model_validate({k: v for k, v in hyp.items() if k != "id"}),
+            result,
+            history[:-1],
+            can_continue,
+        )
     except BudgetExceeded as e:
         return {**updates, "stop_reason": str(e), "llm_tokens": p.tokens_used, "route": "report"}
     except PLANNING_STOPS as e:

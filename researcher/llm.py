@@ -139,8 +139,9 @@ def _guarded_chat_openai() -> type[BaseChatModel]:
 
         def _generate(self, *args: Any, **kwargs: Any) -> ChatResult:
             if not requests_allowed():
-                raise ModelRequestsForbidden("real model requests are switched off (tests); "
-                                             "use ScriptedChatModel or override_model()")
+                raise ModelRequestsForbidden(
+                    "real model requests are switched off (tests); use ScriptedChatModel or override_model()"
+                )
             return super()._generate(*args, **kwargs)
 
         async def _agenerate(self, *args: Any, **kwargs: Any) -> ChatResult:
@@ -151,18 +152,26 @@ def _guarded_chat_openai() -> type[BaseChatModel]:
     return GuardedChatOpenAI
 
 
-def make_chat_model(config: dict[str, Any] | None = None, *, timeout_s: float | None = None,
-                    temperature: float = 0.2, max_tokens: int | None = 1024) -> BaseChatModel:
+def make_chat_model(
+    config: dict[str, Any] | None = None,
+    *,
+    timeout_s: float | None = None,
+    temperature: float = 0.2,
+    max_tokens: int | None = 1024,
+) -> BaseChatModel:
     """The override if one is set, else `ChatOpenAI` on the configured endpoint."""
     if _override is not None:
         return _override
     settings = llm_settings(config)
     if settings is None:
-        raise RuntimeError(f"no LLM configured: set {ENV_BASE_URL} and {ENV_MODEL} (and {ENV_API_KEY}), "
-                           f"or OPENAI_BASE_URL / OPENAI_API_KEY and OPENAI_MODEL")
+        raise RuntimeError(
+            f"no LLM configured: set {ENV_BASE_URL} and {ENV_MODEL} (and {ENV_API_KEY}), "
+            f"or OPENAI_BASE_URL / OPENAI_API_KEY and OPENAI_MODEL"
+        )
     timeout = timeout_s if timeout_s is not None else float(os.environ.get(ENV_TIMEOUT, "120"))
-    return _guarded_chat_openai()(**settings, timeout=timeout, max_retries=0, temperature=temperature,
-                                  max_tokens=max_tokens)
+    return _guarded_chat_openai()(
+        **settings, timeout=timeout, max_retries=0, temperature=temperature, max_tokens=max_tokens
+    )
 
 
 # ---------------------------------------------------------------- the scripted model
@@ -189,8 +198,14 @@ class ScriptedChatModel(BaseChatModel):
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> Any:
         return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: Any = None, tools: list[dict] | None = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        tools: list[dict] | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         i = len(self.calls)
         self.calls.append(list(messages))
         if callable(self.script):
@@ -201,8 +216,7 @@ class ScriptedChatModel(BaseChatModel):
             raise IndexError(f"scripted model has {len(self.script)} replies; call {i + 1} asked for more")
         text = reply(list(messages)) if callable(reply) else reply
         n_in = sum(len(str(m.content)) for m in messages) // 4
-        meta = {"input_tokens": n_in, "output_tokens": len(text) // 4 + 1,
-                "total_tokens": n_in + len(text) // 4 + 1}
+        meta = {"input_tokens": n_in, "output_tokens": len(text) // 4 + 1, "total_tokens": n_in + len(text) // 4 + 1}
         msg = AIMessage(content=text, usage_metadata=meta)  # type: ignore[arg-type]
         if tools:
             name, call_id = tools[0]["function"]["name"], f"call_{i}"
@@ -210,12 +224,19 @@ class ScriptedChatModel(BaseChatModel):
                 args = json.loads(text)
                 if not isinstance(args, dict):
                     raise ValueError(f"expected a JSON object, got {type(args).__name__}")
-                msg = AIMessage(content="", usage_metadata=meta,  # type: ignore[arg-type]
-                                tool_calls=[{"name": name, "args": args, "id": call_id, "type": "tool_call"}])
+                msg = AIMessage(
+                    content="",
+                    usage_metadata=meta,  # type: ignore[arg-type]
+                    tool_calls=[{"name": name, "args": args, "id": call_id, "type": "tool_call"}],
+                )
             except ValueError as e:  # json.JSONDecodeError included
-                msg = AIMessage(content="", usage_metadata=meta,  # type: ignore[arg-type]
-                                invalid_tool_calls=[{"name": name, "args": text, "id": call_id, "error": str(e),
-                                                     "type": "invalid_tool_call"}])
+                msg = AIMessage(
+                    content="",
+                    usage_metadata=meta,  # type: ignore[arg-type]
+                    invalid_tool_calls=[
+                        {"name": name, "args": text, "id": call_id, "error": str(e), "type": "invalid_tool_call"}
+                    ],
+                )
         return ChatResult(generations=[ChatGeneration(message=msg)])
 
 
@@ -227,11 +248,16 @@ class CallPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Method = Field("json_schema", description="json_schema (response_format); switched to "
-                           "function_calling when the server refuses response_format")
-    wait_s: float = Field(default_factory=lambda: float(os.environ.get("ROOST_LLM_WAIT_S", "300")), ge=0,
-                          description="keep retrying an unreachable/overloaded endpoint this long "
-                                      "(ROOST_LLM_WAIT_S, default 300 s)")
+    method: Method = Field(
+        "json_schema",
+        description="json_schema (response_format); switched to "
+        "function_calling when the server refuses response_format",
+    )
+    wait_s: float = Field(
+        default_factory=lambda: float(os.environ.get("ROOST_LLM_WAIT_S", "300")),
+        ge=0,
+        description="keep retrying an unreachable/overloaded endpoint this long (ROOST_LLM_WAIT_S, default 300 s)",
+    )
     backoff_s: float = Field(1.0, gt=0, description="first wait; doubles up to backoff_max_s (±25 % jitter)")
     backoff_max_s: float = Field(30.0, gt=0)
     transport_retries: int = Field(0, ge=0, description="how many transport retries were made (a counter)")
@@ -246,7 +272,8 @@ def _transient(e: Exception) -> bool:
 
 def _refuses_response_format(e: Exception) -> bool:
     return isinstance(e, openai.BadRequestError) and any(
-        w in str(e) for w in ("response_format", "json_schema", "structured output", "guided"))
+        w in str(e) for w in ("response_format", "json_schema", "structured output", "guided")
+    )
 
 
 # ---------------------------------------------------------------- how long an answer can be
@@ -341,8 +368,13 @@ def _structured_runnable(model: BaseChatModel, json_schema: dict, method: Method
     return model.with_structured_output(compact(json_schema), method=method, include_raw=True)
 
 
-def _invoke(model: BaseChatModel, messages: list[BaseMessage], json_schema: dict, policy: CallPolicy,
-            sleep: Callable[[float], None]) -> dict:
+def _invoke(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    json_schema: dict,
+    policy: CallPolicy,
+    sleep: Callable[[float], None],
+) -> dict:
     """One answer {raw, parsed, parsing_error}, waiting out an unreachable endpoint (backoff)."""
     started, delay = time.monotonic(), policy.backoff_s
     while True:
@@ -357,12 +389,16 @@ def _invoke(model: BaseChatModel, messages: list[BaseMessage], json_schema: dict
                 continue
             base = getattr(model, "openai_api_base", None) or "the LLM endpoint"
             if not _transient(e):
-                raise LLMUnreachable(f"{base} refused the request for model "
-                                     f"{getattr(model, 'model_name', '?')!r}: {type(e).__name__}: {e}") from e
+                raise LLMUnreachable(
+                    f"{base} refused the request for model "
+                    f"{getattr(model, 'model_name', '?')!r}: {type(e).__name__}: {e}"
+                ) from e
             waited = time.monotonic() - started
             if waited + delay > policy.wait_s:
-                raise LLMUnreachable(f"cannot reach the LLM endpoint {base} ({type(e).__name__}: {e}); gave up after "
-                                     f"{policy.transport_retries} retries over {waited:.0f} s") from e
+                raise LLMUnreachable(
+                    f"cannot reach the LLM endpoint {base} ({type(e).__name__}: {e}); gave up after "
+                    f"{policy.transport_retries} retries over {waited:.0f} s"
+                ) from e
             policy.transport_retries += 1
             pause = delay * random.uniform(0.75, 1.25)
             log.warning("LLM endpoint %s: %s; retrying in %.1f s", base, type(e).__name__, pause)
@@ -373,14 +409,24 @@ def _invoke(model: BaseChatModel, messages: list[BaseMessage], json_schema: dict
 def _cut_off(e: openai.LengthFinishReasonError) -> dict:
     """A cut-off answer as an invalid one: its text and usage kept, the reason as its parsing error."""
     usage = e.completion.usage
-    meta = None if usage is None else {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
-                                       "total_tokens": usage.total_tokens}
+    meta = (
+        None
+        if usage is None
+        else {
+            "input_tokens": usage.prompt_tokens,
+            "output_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+        }
+    )
     text = e.completion.choices[0].message.content or "" if e.completion.choices else ""
     n = "?" if usage is None else usage.completion_tokens
-    return {"raw": AIMessage(content=text[:2000], usage_metadata=meta),  # type: ignore[arg-type]
-            "parsed": None,
-            "parsing_error": ValueError(f"the answer was cut off at the token limit ({n} tokens); "
-                                        "answer with a shorter JSON object")}
+    return {
+        "raw": AIMessage(content=text[:2000], usage_metadata=meta),  # type: ignore[arg-type]
+        "parsed": None,
+        "parsing_error": ValueError(
+            f"the answer was cut off at the token limit ({n} tokens); answer with a shorter JSON object"
+        ),
+    }
 
 
 def count_tokens(msg: BaseMessage, messages: Sequence[BaseMessage]) -> int:
@@ -412,11 +458,19 @@ def _answer(out: dict, schema: type[T]) -> T:
     return schema.model_validate(out["parsed"])
 
 
-def structured(model: BaseChatModel, messages: list[BaseMessage], schema: type[T], *,
-               json_schema: dict | None = None, check: Callable[[T], None] | None = None, retries: int = 2,
-               retry_prompt: Callable[[str], str] | None = None,
-               on_tokens: Callable[[int], None] | None = None, policy: CallPolicy | None = None,
-               sleep: Callable[[float], None] = time.sleep) -> T:
+def structured(
+    model: BaseChatModel,
+    messages: list[BaseMessage],
+    schema: type[T],
+    *,
+    json_schema: dict | None = None,
+    check: Callable[[T], None] | None = None,
+    retries: int = 2,
+    retry_prompt: Callable[[str], str] | None = None,
+    on_tokens: Callable[[int], None] | None = None,
+    policy: CallPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
     """Ask until the answer validates as `schema` (and passes `check`); at most 1 + retries answers.
 
     `json_schema` is what the server is asked to follow (default: `schema`'s own); a
@@ -440,7 +494,12 @@ def structured(model: BaseChatModel, messages: list[BaseMessage], schema: type[T
             return obj
         except (ValidationError, ValueError) as e:
             error = str(e)
-        messages += [AIMessage(content=_answer_text(raw)),
-                     HumanMessage(content=retry_prompt(error) if retry_prompt else
-                                  f"That output was invalid:\n{error}\nReply with corrected JSON only.")]
+        messages += [
+            AIMessage(content=_answer_text(raw)),
+            HumanMessage(
+                content=retry_prompt(error)
+                if retry_prompt
+                else f"That output was invalid:\n{error}\nReply with corrected JSON only."
+            ),
+        ]
     raise StructuredOutputError(f"no valid {schema.__name__} after {retries + 1} attempts; last error: {error}")

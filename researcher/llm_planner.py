@@ -25,8 +25,18 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from researcher import prompts
-from researcher.experiment import (KNOBS, MIN_SEEDS, STEPS_RANGE, Design, Frame, HypothesisSpec, Knob,
-                                   arm_name, known_tasks, swarm_train_flags)
+from researcher.experiment import (
+    KNOBS,
+    MIN_SEEDS,
+    STEPS_RANGE,
+    Design,
+    Frame,
+    HypothesisSpec,
+    Knob,
+    arm_name,
+    known_tasks,
+    swarm_train_flags,
+)
 from researcher.llm import BudgetExceeded, CallPolicy, structured
 from researcher.planning import Decision, PlanDefaults
 
@@ -51,8 +61,11 @@ def value_schema(knob: Knob) -> dict:
     if knob.kind == "choice":
         return {"type": "string", "enum": list(knob.choices)}
     if knob.kind == "str":
-        return {"type": "string", "enum": known_tasks()} if knob.name == "task" else \
-            {"type": "string", "minLength": 1, "maxLength": 200}
+        return (
+            {"type": "string", "enum": known_tasks()}
+            if knob.name == "task"
+            else {"type": "string", "minLength": 1, "maxLength": 200}
+        )
     out: dict[str, Any] = {"type": "integer" if knob.kind == "int" else "number"}
     if knob.low is not None:
         out["minimum"] = knob.low
@@ -62,22 +75,33 @@ def value_schema(knob: Knob) -> dict:
 
 
 def _settings(names: list[str]) -> dict:
-    return {"type": "object", "properties": {n: value_schema(KNOBS[n]) for n in names},
-            "additionalProperties": False}
+    return {"type": "object", "properties": {n: value_schema(KNOBS[n]) for n in names}, "additionalProperties": False}
 
 
 def _object(title: str, properties: dict, description: str = "") -> dict:
-    return {"title": title, "description": description or title, "type": "object", "properties": properties,
-            "required": list(properties), "additionalProperties": False}
+    return {
+        "title": title,
+        "description": description or title,
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
 
 
 def frame_schema(knobs: list[str]) -> dict:
-    return _object("Frame", {
-        "question": TEXT, "task": {"type": "string", "enum": known_tasks()},
-        "metric": {"type": "string", "enum": ["final_reward", "reward_gain", "mean_reward"]},
-        "metric_window": {"type": "integer", "minimum": 1, "maximum": 100},
-        "knobs": {"type": "array", "items": {"type": "string", "enum": knobs}, "minItems": 1, "maxItems": 3},
-        "baseline": _settings(knobs)}, "What the study asks and how it is measured.")
+    return _object(
+        "Frame",
+        {
+            "question": TEXT,
+            "task": {"type": "string", "enum": known_tasks()},
+            "metric": {"type": "string", "enum": ["final_reward", "reward_gain", "mean_reward"]},
+            "metric_window": {"type": "integer", "minimum": 1, "maximum": 100},
+            "knobs": {"type": "array", "items": {"type": "string", "enum": knobs}, "minItems": 1, "maxItems": 3},
+            "baseline": _settings(knobs),
+        },
+        "What the study asks and how it is measured.",
+    )
 
 
 def _one_of(schemas: list[dict]) -> dict:
@@ -94,8 +118,16 @@ def other_values(knob: Knob, baseline: Any) -> dict:
     if knob.kind in ("int", "float"):
         below = {k: v for k, v in value.items() if k != "maximum"} | {"exclusiveMaximum": baseline}
         above = {k: v for k, v in value.items() if k != "minimum"} | {"exclusiveMinimum": baseline}
-        return _one_of([s for s, ok in ((below, knob.low is None or baseline > knob.low),
-                                        (above, knob.high is None or baseline < knob.high)) if ok])
+        return _one_of(
+            [
+                s
+                for s, ok in (
+                    (below, knob.low is None or baseline > knob.low),
+                    (above, knob.high is None or baseline < knob.high),
+                )
+                if ok
+            ]
+        )
     return value
 
 
@@ -110,39 +142,76 @@ def hypothesis_schema(knobs: list[str], baseline: dict[str, Any] | None = None) 
     if fixed is not None:
         b = KNOBS[knobs[0]].validate(fixed)
         base, treat = {"enum": [b]}, other_values(KNOBS[knobs[0]], b)
-    return _object("HypothesisSpec", {
-        "statement": TEXT, "rationale": NOTE, "knob": {"type": "string", "enum": knobs},
-        "baseline_value": base, "treatment_values": {"type": "array", "items": treat, "minItems": 1, "maxItems": 3},
-        "direction": {"type": "string", "enum": ["greater", "less", "two-sided"]}},
-        "A falsifiable claim: the treatment values beat, trail or differ from the baseline value.")
+    return _object(
+        "HypothesisSpec",
+        {
+            "statement": TEXT,
+            "rationale": NOTE,
+            "knob": {"type": "string", "enum": knobs},
+            "baseline_value": base,
+            "treatment_values": {"type": "array", "items": treat, "minItems": 1, "maxItems": 3},
+            "direction": {"type": "string", "enum": ["greater", "less", "two-sided"]},
+        },
+        "A falsifiable claim: the treatment values beat, trail or differ from the baseline value.",
+    )
 
 
 def design_schema(task: str, hypothesis: HypothesisSpec, defaults: PlanDefaults, common: list[str]) -> dict:
     """The baseline arm is fixed by the hypothesis; the model names and sets the treatments."""
     knob = hypothesis.knob
     base_name = arm_name(knob, hypothesis.baseline_value)
-    base_arm = _object("BaselineArm", {"name": {"type": "string", "enum": [base_name]},
-                                       "knobs": _object("BaselineKnobs", {knob: {"enum": [hypothesis.baseline_value]}})})
-    arm = _object("Arm", {"name": {"type": "string", "minLength": 1, "maxLength": 40, "pattern": "^[A-Za-z0-9=._-]{1,40}$"},
-                          "knobs": _object("ArmKnobs", {knob: other_values(KNOBS[knob], hypothesis.baseline_value)})})
+    base_arm = _object(
+        "BaselineArm",
+        {
+            "name": {"type": "string", "enum": [base_name]},
+            "knobs": _object("BaselineKnobs", {knob: {"enum": [hypothesis.baseline_value]}}),
+        },
+    )
+    arm = _object(
+        "Arm",
+        {
+            "name": {"type": "string", "minLength": 1, "maxLength": 40, "pattern": "^[A-Za-z0-9=._-]{1,40}$"},
+            "knobs": _object("ArmKnobs", {knob: other_values(KNOBS[knob], hypothesis.baseline_value)}),
+        },
+    )
     n = max(defaults.seeds, MIN_SEEDS)
-    return _object("Design", {
-        "task": {"type": "string", "enum": [task]},
-        "steps": {"type": "integer", "minimum": STEPS_RANGE[0], "maximum": STEPS_RANGE[1]},
-        # seeds 0..n-1: which integers carry no meaning, and guided decoding cannot say "distinct"
-        "seeds": {"type": "array", "prefixItems": [{"type": "integer", "enum": [i]} for i in range(n)],
-                  "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": n, "maxItems": n},
-        "baseline": {"type": "string", "enum": [base_name]},
-        "arms": {"type": "array", "prefixItems": [base_arm], "items": arm, "minItems": 2,
-                 "maxItems": defaults.max_arms},
-        "common": _settings([k for k in common if k != knob])}, "Arms x seeds for one hypothesis.")
+    return _object(
+        "Design",
+        {
+            "task": {"type": "string", "enum": [task]},
+            "steps": {"type": "integer", "minimum": STEPS_RANGE[0], "maximum": STEPS_RANGE[1]},
+            # seeds 0..n-1: which integers carry no meaning, and guided decoding cannot say "distinct"
+            "seeds": {
+                "type": "array",
+                "prefixItems": [{"type": "integer", "enum": [i]} for i in range(n)],
+                "items": {"type": "integer", "minimum": 0, "maximum": 999},
+                "minItems": n,
+                "maxItems": n,
+            },
+            "baseline": {"type": "string", "enum": [base_name]},
+            "arms": {
+                "type": "array",
+                "prefixItems": [base_arm],
+                "items": arm,
+                "minItems": 2,
+                "maxItems": defaults.max_arms,
+            },
+            "common": _settings([k for k in common if k != knob]),
+        },
+        "Arms x seeds for one hypothesis.",
+    )
 
 
 def decision_schema(knobs: list[str], baseline: dict[str, Any] | None = None) -> dict:
-    return _object("Decision", {"stop": {"type": "boolean"}, "notes": NOTE,
-                                "follow_ups": {"type": "array", "items": hypothesis_schema(knobs, baseline),
-                                               "maxItems": 2}},
-                   "After a round: stop, or follow-up hypotheses to test next.")
+    return _object(
+        "Decision",
+        {
+            "stop": {"type": "boolean"},
+            "notes": NOTE,
+            "follow_ups": {"type": "array", "items": hypothesis_schema(knobs, baseline), "maxItems": 2},
+        },
+        "After a round: stop, or follow-up hypotheses to test next.",
+    )
 
 
 # ---------------------------------------------------------------- the planner
@@ -151,9 +220,16 @@ def decision_schema(knobs: list[str], baseline: dict[str, Any] | None = None) ->
 class LLMPlanner:
     name = "llm"
 
-    def __init__(self, model: BaseChatModel, token_budget: int | None = None, retries: int = 2,
-                 max_rounds: int = 3, check_program: bool = True, knobs: list[str] | None = None,
-                 policy: CallPolicy | None = None) -> None:
+    def __init__(
+        self,
+        model: BaseChatModel,
+        token_budget: int | None = None,
+        retries: int = 2,
+        max_rounds: int = 3,
+        check_program: bool = True,
+        knobs: list[str] | None = None,
+        policy: CallPolicy | None = None,
+    ) -> None:
         self.model = model
         self.token_budget = token_budget
         self.tokens_used = 0
@@ -177,13 +253,23 @@ class LLMPlanner:
     def _ask(self, prompt: str, schema: type, json_schema: dict, check: Any = None) -> Any:
         if self.token_budget is not None and self.tokens_used >= self.token_budget:
             raise BudgetExceeded(f"LLM token budget spent ({self.tokens_used} of {self.token_budget})")
-        system = prompts.render("system", knobs="\n".join(f"- {KNOBS[k].name} ({KNOBS[k].kind}): {KNOBS[k].help}"
-                                                          for k in self.knobs),
-                                tasks=", ".join(known_tasks()))
+        system = prompts.render(
+            "system",
+            knobs="\n".join(f"- {KNOBS[k].name} ({KNOBS[k].kind}): {KNOBS[k].help}" for k in self.knobs),
+            tasks=", ".join(known_tasks()),
+        )
         messages: list[BaseMessage] = [SystemMessage(content=system), HumanMessage(content=prompt)]
-        return structured(self.model, messages, schema, json_schema=json_schema, check=check,
-                          retries=self.retries, retry_prompt=lambda err: prompts.render("retry", error=err),
-                          on_tokens=self._charge, policy=self.policy)
+        return structured(
+            self.model,
+            messages,
+            schema,
+            json_schema=json_schema,
+            check=check,
+            retries=self.retries,
+            retry_prompt=lambda err: prompts.render("retry", error=err),
+            on_tokens=self._charge,
+            policy=self.policy,
+        )
 
     def _study_knobs(self, frame: Frame) -> list[str]:
         """The frame's knobs the planner may vary (all it may vary if none of them)."""
@@ -205,9 +291,16 @@ class LLMPlanner:
             return None
         knobs = self._study_knobs(frame)  # one knob a round, in the frame's order: exact value schemas
         js = hypothesis_schema([knobs[len(history) % len(knobs)]], frame.baseline)
-        text = prompts.render("hypothesize", question=frame.question, task=frame.task,
-                              metric=frame.metric_description(), topic=topic,
-                              history=_history(history), max_treatments=3, schema=json.dumps(js))
+        text = prompts.render(
+            "hypothesize",
+            question=frame.question,
+            task=frame.task,
+            metric=frame.metric_description(),
+            topic=topic,
+            history=_history(history),
+            max_treatments=3,
+            schema=json.dumps(js),
+        )
         return self._ask(text, HypothesisSpec, js)
 
     def design(self, frame: Frame, hypothesis: HypothesisSpec, defaults: PlanDefaults) -> Design:
@@ -225,30 +318,50 @@ class LLMPlanner:
             d.check_program(flags)
 
         js = design_schema(frame.task, hypothesis, defaults, list(frame.baseline))
-        text = prompts.render("design", question=frame.question, statement=hypothesis.statement,
-                              knob=hypothesis.knob, baseline_value=hypothesis.baseline_value,
-                              treatment_values=hypothesis.treatment_values, task=frame.task,
-                              seeds=defaults.seeds, steps=defaults.steps, max_arms=defaults.max_arms,
-                              schema=json.dumps(js))
+        text = prompts.render(
+            "design",
+            question=frame.question,
+            statement=hypothesis.statement,
+            knob=hypothesis.knob,
+            baseline_value=hypothesis.baseline_value,
+            treatment_values=hypothesis.treatment_values,
+            task=frame.task,
+            seeds=defaults.seeds,
+            steps=defaults.steps,
+            max_arms=defaults.max_arms,
+            schema=json.dumps(js),
+        )
         design: Design = self._ask(text, Design, js, check)
         return design.model_copy(update={"steps": defaults.steps})  # the user's trial length wins
 
-    def decide(self, frame: Frame, hypothesis: HypothesisSpec, analysis: dict, history: list[dict],
-               can_continue: bool) -> Decision:
+    def decide(
+        self, frame: Frame, hypothesis: HypothesisSpec, analysis: dict, history: list[dict], can_continue: bool
+    ) -> Decision:
         if not can_continue:
             return Decision(stop=True, notes="Budget or round limit reached.")
-        arms = "\n".join(f"- {name}: {a['mean']} [{a['ci_low']}, {a['ci_high']}] (n={a['n']})"
-                         for name, a in analysis.get("arms", {}).items())
-        comps = "\n".join(f"- {c['arm']} vs {c['baseline']}: diff {c['diff']} "
-                          f"[{c['diff_ci_low']}, {c['diff_ci_high']}], Hedges' g {c['hedges_g']}, "
-                          f"Welch p {c['p']}" for c in analysis.get("comparisons", []))
+        arms = "\n".join(
+            f"- {name}: {a['mean']} [{a['ci_low']}, {a['ci_high']}] (n={a['n']})"
+            for name, a in analysis.get("arms", {}).items()
+        )
+        comps = "\n".join(
+            f"- {c['arm']} vs {c['baseline']}: diff {c['diff']} "
+            f"[{c['diff_ci_low']}, {c['diff_ci_high']}], Hedges' g {c['hedges_g']}, "
+            f"Welch p {c['p']}"
+            for c in analysis.get("comparisons", [])
+        )
         js = decision_schema(self._study_knobs(frame), frame.baseline)
-        text = prompts.render("decide", question=frame.question, statement=hypothesis.statement,
-                              verdict=analysis.get("verdict"), metric=frame.metric_description(),
-                              arms=arms or "(no completed trials)", comparisons=comps or "(none)",
-                              history=_history(history),
-                              budget_note=f"Rounds left: {self.max_rounds - len(history) - 1}.",
-                              schema=json.dumps(js))
+        text = prompts.render(
+            "decide",
+            question=frame.question,
+            statement=hypothesis.statement,
+            verdict=analysis.get("verdict"),
+            metric=frame.metric_description(),
+            arms=arms or "(no completed trials)",
+            comparisons=comps or "(none)",
+            history=_history(history),
+            budget_note=f"Rounds left: {self.max_rounds - len(history) - 1}.",
+            schema=json.dumps(js),
+        )
         return self._ask(text, Decision, js)
 
 

@@ -42,8 +42,12 @@ class PlanDefaults(BaseModel):
     seeds: int = Field(default=MIN_SEEDS, ge=MIN_SEEDS, description="seeds per arm")
     # 40 steps: six trials, two at a time, take ~10 min on 2 CPU cores with the embedded model
     steps: int = Field(default=40, ge=1, description="optimisation steps per trial")
-    metric_window: int | None = Field(default=None, ge=1, description="steps averaged by the final-reward "
-                                      "metric; None: scaled with the trial length (analysis.metric_window)")
+    metric_window: int | None = Field(
+        default=None,
+        ge=1,
+        description="steps averaged by the final-reward "
+        "metric; None: scaled with the trial length (analysis.metric_window)",
+    )
     max_arms: int = Field(default=4, ge=2, description="most arms one hypothesis may have")
 
     def window(self) -> int:
@@ -72,8 +76,9 @@ class Planner(Protocol):
 
     def design(self, frame: Frame, hypothesis: HypothesisSpec, defaults: PlanDefaults) -> Design: ...
 
-    def decide(self, frame: Frame, hypothesis: HypothesisSpec, analysis: dict, history: list[dict],
-               can_continue: bool) -> Decision: ...
+    def decide(
+        self, frame: Frame, hypothesis: HypothesisSpec, analysis: dict, history: list[dict], can_continue: bool
+    ) -> Decision: ...
 
 
 def choose_direction(knob: str, baseline: Any, treatments: list[Any]) -> str:
@@ -91,10 +96,18 @@ def choose_direction(knob: str, baseline: Any, treatments: list[Any]) -> str:
 
 def default_design(frame: Frame, hypothesis: HypothesisSpec, defaults: PlanDefaults) -> Design:
     """Baseline + treatment arms of the hypothesis' knob, `defaults.seeds` seeds each."""
-    arms = [Arm(name=arm_name(hypothesis.knob, v), knobs={hypothesis.knob: v})
-            for v in [hypothesis.baseline_value, *hypothesis.treatment_values]]
-    return Design(task=frame.task, steps=defaults.steps, seeds=list(range(defaults.seeds)),
-                  baseline=arms[0].name, arms=arms[: defaults.max_arms], common=dict(frame.baseline))
+    arms = [
+        Arm(name=arm_name(hypothesis.knob, v), knobs={hypothesis.knob: v})
+        for v in [hypothesis.baseline_value, *hypothesis.treatment_values]
+    ]
+    return Design(
+        task=frame.task,
+        steps=defaults.steps,
+        seeds=list(range(defaults.seeds)),
+        baseline=arms[0].name,
+        arms=arms[: defaults.max_arms],
+        common=dict(frame.baseline),
+    )
 
 
 def fit_to_budget(design: Design, max_trials: int | None) -> tuple[Design, str]:
@@ -109,9 +122,11 @@ def fit_to_budget(design: Design, max_trials: int | None) -> tuple[Design, str]:
         return design, ""
     smallest = 2 * MIN_SEEDS
     if max_trials < smallest:
-        raise BudgetTooSmall(f"a trial budget of {max_trials} cannot cover even the smallest design "
-                             f"(2 arms × {MIN_SEEDS} seeds = {smallest} trials; {arms} arms × {seeds} seeds "
-                             f"= {arms * seeds} were planned)")
+        raise BudgetTooSmall(
+            f"a trial budget of {max_trials} cannot cover even the smallest design "
+            f"(2 arms × {MIN_SEEDS} seeds = {smallest} trials; {arms} arms × {seeds} seeds "
+            f"= {arms * seeds} were planned)"
+        )
     keep_arms = max(2, min(arms, max_trials // seeds))
     keep_seeds = min(seeds, max_trials // keep_arms)
     base = next(a for a in design.arms if a.name == design.baseline)
@@ -123,6 +138,8 @@ def fit_to_budget(design: Design, max_trials: int | None) -> tuple[Design, str]:
         cut.append(f"dropped arm(s) {', '.join(a.name for a in design.arms if a not in kept)}")
     if keep_seeds < seeds:
         cut.append(f"{keep_seeds} seeds instead of {seeds}")
-    note = (f"Shrunk to fit the trial budget of {max_trials}: {'; '.join(cut)} "
-            f"({keep_arms} arms × {keep_seeds} seeds = {keep_arms * keep_seeds} of {arms * seeds} planned trials).")
+    note = (
+        f"Shrunk to fit the trial budget of {max_trials}: {'; '.join(cut)} "
+        f"({keep_arms} arms × {keep_seeds} seeds = {keep_arms * keep_seeds} of {arms * seeds} planned trials)."
+    )
     return fitted, note

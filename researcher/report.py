@@ -50,8 +50,10 @@ def conclusion_sentence(result: dict) -> str:
             continue
         if c.get("verdict") == TOO_FEW:
             n_base, n_arm = c.get("n", ["?", "?"])
-            lines.append(f"{c['arm']} vs {c['baseline']}: too few seeds to say ({n_arm} and {n_base} completed "
-                         f"trials; at least {result.get('min_n', 3)} per arm needed).")
+            lines.append(
+                f"{c['arm']} vs {c['baseline']}: too few seeds to say ({n_arm} and {n_base} completed "
+                f"trials; at least {result.get('min_n', 3)} per arm needed)."
+            )
             continue
         worse = c["baseline"] if c["diff"] > 0 else c["arm"]
         better = c["arm"] if c["diff"] > 0 else c["baseline"]
@@ -59,44 +61,63 @@ def conclusion_sentence(result: dict) -> str:
         sig = p_adj is not None and p_adj < result.get("alpha", 0.05)
         overlap = "overlap" if c["ci_overlap"] else "do not overlap"
         if sig:
-            lines.append(f"**{worse} is worse than {better}**: {result.get('metric', 'metric')} differs by "
-                         f"{_num(abs(c['diff']))} (95 % CI of the difference [{_num(c['diff_ci_low'])}, "
-                         f"{_num(c['diff_ci_high'])}], Hedges' g {_num(c['hedges_g'], 2)}, "
-                         f"Welch p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); the arms' 95 % CIs {overlap}.")
+            lines.append(
+                f"**{worse} is worse than {better}**: {result.get('metric', 'metric')} differs by "
+                f"{_num(abs(c['diff']))} (95 % CI of the difference [{_num(c['diff_ci_low'])}, "
+                f"{_num(c['diff_ci_high'])}], Hedges' g {_num(c['hedges_g'], 2)}, "
+                f"Welch p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); the arms' 95 % CIs {overlap}."
+            )
         else:
-            lines.append(f"No significant difference between {c['arm']} and {c['baseline']} "
-                         f"(diff {_num(c['diff'])}, Welch p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); "
-                         f"the arms' 95 % CIs {overlap}.")
+            lines.append(
+                f"No significant difference between {c['arm']} and {c['baseline']} "
+                f"(diff {_num(c['diff'])}, Welch p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); "
+                f"the arms' 95 % CIs {overlap}."
+            )
     return "\n".join(f"- {x}" for x in lines)
 
 
 def render_round(h: dict, report_dir: Path, planner: str = "?") -> str:
     result = h["analysis"]
     d = h["design"]
-    out = [f"## Round {h['round'] + 1}: {h['statement']}", "",
-           f"**Verdict: {h['verdict'].upper()}** (α = {result.get('alpha', 0.05)}, "
-           f"expected direction of treatment − baseline: {result.get('direction')})", "",
-           conclusion_sentence(result), "",
-           f"Planned by the {h.get('planner') or planner} planner. "
-           f"Design: task `{d['task']}`, {d['steps']} steps per trial, seeds {d['seeds']}, "
-           f"baseline arm `{d['baseline']}`" + (f", shared knobs `{d['common']}`" if d.get("common") else "") + ".",
-           *([f"**{h['design_note']}**"] if h.get("design_note") else []),
-           "", f"### Per arm: {result.get('metric_description', result.get('metric'))}", "",
-           "| arm | knobs | n | mean | 95 % t-interval | SD | per-seed values |",
-           "|---|---|---:|---:|---|---:|---|"]
+    out = [
+        f"## Round {h['round'] + 1}: {h['statement']}",
+        "",
+        f"**Verdict: {h['verdict'].upper()}** (α = {result.get('alpha', 0.05)}, "
+        f"expected direction of treatment − baseline: {result.get('direction')})",
+        "",
+        conclusion_sentence(result),
+        "",
+        f"Planned by the {h.get('planner') or planner} planner. "
+        f"Design: task `{d['task']}`, {d['steps']} steps per trial, seeds {d['seeds']}, "
+        f"baseline arm `{d['baseline']}`" + (f", shared knobs `{d['common']}`" if d.get("common") else "") + ".",
+        *([f"**{h['design_note']}**"] if h.get("design_note") else []),
+        "",
+        f"### Per arm: {result.get('metric_description', result.get('metric'))}",
+        "",
+        "| arm | knobs | n | mean | 95 % t-interval | SD | per-seed values |",
+        "|---|---|---:|---:|---|---:|---|",
+    ]
     knobs = {a["name"]: a["knobs"] for a in d["arms"]}
     for name, a in result["arms"].items():
         vals = ", ".join(_num(v) for v in a["values"])
-        out.append(f"| {name} | `{knobs.get(name, {})}` | {a['n']} | {_num(a['mean'])} | "
-                   f"[{_num(a['ci_low'])}, {_num(a['ci_high'])}] | {_num(a['std'])} | {vals} |")
-    out += ["", "### Comparisons with the baseline", "",
-            "| arm | vs | diff | 95 % Welch CI of diff | Hedges' g | Welch t | p | Holm p | CIs overlap | verdict |",
-            "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+        out.append(
+            f"| {name} | `{knobs.get(name, {})}` | {a['n']} | {_num(a['mean'])} | "
+            f"[{_num(a['ci_low'])}, {_num(a['ci_high'])}] | {_num(a['std'])} | {vals} |"
+        )
+    out += [
+        "",
+        "### Comparisons with the baseline",
+        "",
+        "| arm | vs | diff | 95 % Welch CI of diff | Hedges' g | Welch t | p | Holm p | CIs overlap | verdict |",
+        "|---|---|---:|---|---:|---:|---:|---:|---|---|",
+    ]
     for c in result["comparisons"]:
         overlap = {True: "yes", False: "no", None: "–"}[c["ci_overlap"]]
-        out.append(f"| {c['arm']} | {c['baseline']} | {_num(c['diff'])} | [{_num(c['diff_ci_low'])}, "
-                   f"{_num(c['diff_ci_high'])}] | {_num(c['hedges_g'], 2)} | {_num(c['t'], 2)} | {_p(c['p'])} | "
-                   f"{_p(c.get('p_holm'))} | {overlap} | {c['verdict']} |")
+        out.append(
+            f"| {c['arm']} | {c['baseline']} | {_num(c['diff'])} | [{_num(c['diff_ci_low'])}, "
+            f"{_num(c['diff_ci_high'])}] | {_num(c['hedges_g'], 2)} | {_num(c['t'], 2)} | {_p(c['p'])} | "
+            f"{_p(c.get('p_holm'))} | {overlap} | {c['verdict']} |"
+        )
     tested = sum(1 for c in result["comparisons"] if c.get("p_holm") is not None)
     out += ["", f"*Verdict rule.* {result.get('rule') or verdict_rule(tested, result.get('alpha', 0.05))}", ""]
     for p in result.get("plots", []):
@@ -115,17 +136,19 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
     for t in trials:
         by_status[t.status] = by_status.get(t.status, 0) + 1
     usage = ctx.launcher.usage([t.id for t in trials if t.id is not None])
-    lines = [f"# Study {study.id}: {study.question}", "",
-             f"- Question: {frame.get('question', study.question)}",
-             f"- Task: `{frame.get('task', '?')}`; metric: {frame.get('metric', '?')} "
-             f"(window {frame.get('metric_window', '?')})",
-             f"- Planner: {planner_description(ctx.cfg)}; backend: {ctx.cfg.backend}; "
-             f"parallel trials: {ctx.cfg.parallel}",
-             f"- Trials: {len(trials)} ({', '.join(f'{k.lower()} {v}' for k, v in sorted(by_status.items()))}); "
-             f"CPU-hours {usage['cpu_hours']:.3f}; LLM tokens {state.get('llm_tokens', 0)}",
-             f"- MLflow: experiment `{experiment_name(study.id, study.name)}` "  # type: ignore[arg-type]
-             f"(id {study.mlflow_experiment_id}), parent run `{study.mlflow_run_id}`",
-             f"- Generated {utcnow().strftime('%Y-%m-%d %H:%M UTC')}"]
+    lines = [
+        f"# Study {study.id}: {study.question}",
+        "",
+        f"- Question: {frame.get('question', study.question)}",
+        f"- Task: `{frame.get('task', '?')}`; metric: {frame.get('metric', '?')} "
+        f"(window {frame.get('metric_window', '?')})",
+        f"- Planner: {planner_description(ctx.cfg)}; backend: {ctx.cfg.backend}; parallel trials: {ctx.cfg.parallel}",
+        f"- Trials: {len(trials)} ({', '.join(f'{k.lower()} {v}' for k, v in sorted(by_status.items()))}); "
+        f"CPU-hours {usage['cpu_hours']:.3f}; LLM tokens {state.get('llm_tokens', 0)}",
+        f"- MLflow: experiment `{experiment_name(study.id, study.name)}` "  # type: ignore[arg-type]
+        f"(id {study.mlflow_experiment_id}), parent run `{study.mlflow_run_id}`",
+        f"- Generated {utcnow().strftime('%Y-%m-%d %H:%M UTC')}",
+    ]
     if state.get("stop_reason"):
         lines.append(f"- **Stopped early:** {state['stop_reason']} (the report covers what completed)")
     lines.append("")
@@ -140,8 +163,10 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
         lines.append(render_round(h, report_dir, ctx.cfg.planner))
     lines += ["## Trials", "", "| trial | arm | seed | status | MLflow run | note |", "|---:|---|---:|---|---|---|"]
     for t in trials:
-        lines.append(f"| {t.id} | {t.arm} | {t.seed} | {t.status} | {t.mlflow_run_id or '–'} | "
-                     f"{t.config.get('reason', '') or ''} |")
+        lines.append(
+            f"| {t.id} | {t.arm} | {t.seed} | {t.status} | {t.mlflow_run_id or '–'} | "
+            f"{t.config.get('reason', '') or ''} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -163,8 +188,12 @@ def summary_metrics(ctx: StudyContext, state: dict) -> tuple[dict[str, float | N
     trials = ctx.trials()
     usage = ctx.launcher.usage([t.id for t in trials if t.id is not None])
     metrics: dict[str, float | None] = {
-        "trials": float(len(trials)), "cpu_hours": usage["cpu_hours"], "gpu_hours": usage.get("gpu_hours"),
-        "llm_tokens": float(state.get("llm_tokens", 0)), "rounds": float(len(state.get("history", [])))}
+        "trials": float(len(trials)),
+        "cpu_hours": usage["cpu_hours"],
+        "gpu_hours": usage.get("gpu_hours"),
+        "llm_tokens": float(state.get("llm_tokens", 0)),
+        "rounds": float(len(state.get("history", []))),
+    }
     for st in ("COMPLETED", "FAILED", "CANCELLED"):
         metrics[f"trials_{st.lower()}"] = float(sum(1 for t in trials if t.status == st))
     tags = {"roost.planner": ctx.cfg.planner, "roost.stop_reason": state.get("stop_reason", "")[:5000]}

@@ -23,8 +23,7 @@ import re
 from typing import Any
 
 from researcher.experiment import KNOBS, Design, Frame, HypothesisSpec, arm_name, known_tasks
-from researcher.planning import (Decision, PlanDefaults, UnsupportedTopic, choose_direction, default_design,
-                                 knob_list)
+from researcher.planning import Decision, PlanDefaults, UnsupportedTopic, choose_direction, default_design, knob_list
 from swarm.algorithms.choices import Advantage, LossAgg
 
 # keyword patterns per knob, most specific first
@@ -137,9 +136,15 @@ def check_scope(topic: str) -> list[str]:
 
 def natural_baseline(knob: str, values: list[Any]) -> Any:
     """The control arm: lr/KL 0, merging on, the embedded model; else the first value named."""
-    for control in {"lr": [0.0], "kl_coef": [0.0], "timeline_merge": [True], "model": ["embedded"],
-                    "advantage": [Advantage.grpo.value], "task": ["arith"],
-                    "loss_agg": [LossAgg.token_mean.value]}.get(knob, []):
+    for control in {
+        "lr": [0.0],
+        "kl_coef": [0.0],
+        "timeline_merge": [True],
+        "model": ["embedded"],
+        "advantage": [Advantage.grpo.value],
+        "task": ["arith"],
+        "loss_agg": [LossAgg.token_mean.value],
+    }.get(knob, []):
         if control in values:
             return control
     return values[0]
@@ -159,8 +164,13 @@ class RulesPlanner:
             metric = "reward_gain"
         elif re.search(r"\b(average|mean) reward\b", t):
             metric = "mean_reward"
-        return Frame(question=topic.strip(), task=detect_task(topic), metric=metric,
-                     metric_window=defaults.window(), knobs=knobs[:1])
+        return Frame(
+            question=topic.strip(),
+            task=detect_task(topic),
+            metric=metric,
+            metric_window=defaults.window(),
+            knobs=knobs[:1],
+        )
 
     def hypothesize(self, topic: str, frame: Frame, history: list[dict]) -> HypothesisSpec | None:
         if history:  # one round: the rules planner has nothing further to ask
@@ -179,15 +189,21 @@ class RulesPlanner:
         direction = choose_direction(knob, base, treatments)
         verb = {"greater": "a higher", "less": "a lower", "two-sided": "a different"}[direction]
         tv = ", ".join(arm_name(knob, v) for v in treatments)
-        statement = (f"{tv} gives {verb} {frame.metric.replace('_', ' ')} than {arm_name(knob, base)} "
-                     f"on {frame.task}")
-        rationale = (f"Ablation of {knob} named in the question; {arm_name(knob, base)} is the control.")
-        return HypothesisSpec(statement=statement, rationale=rationale, knob=knob, baseline_value=base,
-                              treatment_values=treatments, direction=direction)
+        statement = f"{tv} gives {verb} {frame.metric.replace('_', ' ')} than {arm_name(knob, base)} on {frame.task}"
+        rationale = f"Ablation of {knob} named in the question; {arm_name(knob, base)} is the control."
+        return HypothesisSpec(
+            statement=statement,
+            rationale=rationale,
+            knob=knob,
+            baseline_value=base,
+            treatment_values=treatments,
+            direction=direction,
+        )
 
     def design(self, frame: Frame, hypothesis: HypothesisSpec, defaults: PlanDefaults) -> Design:
         return default_design(frame, hypothesis, defaults)
 
-    def decide(self, frame: Frame, hypothesis: HypothesisSpec, analysis: dict, history: list[dict],
-               can_continue: bool) -> Decision:
+    def decide(
+        self, frame: Frame, hypothesis: HypothesisSpec, analysis: dict, history: list[dict], can_continue: bool
+    ) -> Decision:
         return Decision(stop=True, follow_ups=[], notes="The rules planner tests one ablation per study.")

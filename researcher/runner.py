@@ -92,8 +92,12 @@ def create_study(cfg: StudyConfig, engine: Any = None) -> int:
     """The Study row (config stored), its directory and its MLflow parent run."""
     engine = engine or store_engine()
     with Session(engine, expire_on_commit=False) as s:
-        row = Study(name=f"{_slug(cfg.topic)}-{os.urandom(3).hex()}", question=cfg.topic,
-                    status=StudyStatus.ACTIVE.value, config={})
+        row = Study(
+            name=f"{_slug(cfg.topic)}-{os.urandom(3).hex()}",
+            question=cfg.topic,
+            status=StudyStatus.ACTIVE.value,
+            config={},
+        )
         s.add(row)
         s.commit()
         sid = row.id
@@ -104,9 +108,17 @@ def create_study(cfg: StudyConfig, engine: Any = None) -> int:
         row.config = cfg.model_dump(mode="json")
         s.add(row)
         s.commit()
-    run_id = tracking.start_study_run(sid, row.name, {"topic": cfg.topic[:500], "planner": cfg.planner,
-                                                      "backend": cfg.backend, "seeds": cfg.defaults.seeds,
-                                                      "steps": cfg.defaults.steps})
+    run_id = tracking.start_study_run(
+        sid,
+        row.name,
+        {
+            "topic": cfg.topic[:500],
+            "planner": cfg.planner,
+            "backend": cfg.backend,
+            "seeds": cfg.defaults.seeds,
+            "steps": cfg.defaults.steps,
+        },
+    )
     with Session(engine, expire_on_commit=False) as s:
         row = s.get(Study, sid)
         assert row is not None
@@ -134,8 +146,9 @@ def make_planner(cfg: StudyConfig) -> Any:
     return LLMPlanner(model, token_budget=cfg.budget.llm_tokens, check_program=cfg.uses_swarm_train)
 
 
-def make_context(study_id: int, engine: Engine | None = None, manager: JobManager | None = None,
-                 planner: Any = None) -> StudyContext:
+def make_context(
+    study_id: int, engine: Engine | None = None, manager: JobManager | None = None, planner: Any = None
+) -> StudyContext:
     engine = engine or store_engine()
     cfg = load_config(engine, study_id)
     manager = manager or JobManager(StoreSink(engine=engine))
@@ -223,8 +236,14 @@ def _still_waiting(ctx: StudyContext, values: dict) -> bool:
     return ctx.over_budget(values, launching=False) is None
 
 
-def drive(study_id: int, *, ctx: StudyContext | None = None, poll_s: float | None = None,
-          resume: Any = None, on_step: Any = None) -> Step:
+def drive(
+    study_id: int,
+    *,
+    ctx: StudyContext | None = None,
+    poll_s: float | None = None,
+    resume: Any = None,
+    on_step: Any = None,
+) -> Step:
     """Advance until done or awaiting approval, sleeping between polls (the foreground tick)."""
     ctx = ctx or make_context(study_id)
     poll = poll_s if poll_s is not None else ctx.cfg.poll_s

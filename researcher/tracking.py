@@ -44,8 +44,9 @@ def start_study_run(study_id: int, name: str, params: dict[str, Any]) -> str:
     """Create the study's parent run; returns its id."""
     from store.tracking import RunLogger  # lazy: MLflow (see the module docstring)
 
-    run = RunLogger.start(experiment_name(study_id, name), run_name=name, tags={STUDY_TAG: study_id},
-                          flush_interval_s=0)
+    run = RunLogger.start(
+        experiment_name(study_id, name), run_name=name, tags={STUDY_TAG: study_id}, flush_interval_s=0
+    )
     run.log_params(params)
     return run.run_id
 
@@ -56,9 +57,17 @@ def _parent(run_id: str) -> Any:
     return RunLogger(get_client(), run_id, flush_interval_s=0)
 
 
-def log_trial(study_run_id: str, trial_id: int, arm: str, seed: int, params: dict[str, Any],
-              summary: dict[str, Any] | None, metrics: dict[str, float], status: str = "FINISHED",
-              own_run_id: str | None = None) -> str:
+def log_trial(
+    study_run_id: str,
+    trial_id: int,
+    arm: str,
+    seed: int,
+    params: dict[str, Any],
+    summary: dict[str, Any] | None,
+    metrics: dict[str, float],
+    status: str = "FINISHED",
+    own_run_id: str | None = None,
+) -> str:
     """The trial's child run, complete with per-step metrics; returns the run id.
 
     `own_run_id`: the run the trial program logged itself (`swarm train --mlflow-parent`
@@ -69,10 +78,16 @@ def log_trial(study_run_id: str, trial_id: int, arm: str, seed: int, params: dic
 
     parent = _parent(study_run_id)
     client = parent.client
-    found = client.search_runs([parent.experiment_id],
-                               filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'", max_results=1)
-    tags = {TRIAL_TAG: trial_id, STUDY_TAG: params.get("study_id", ""), "roost.arm": arm, "roost.seed": seed,
-            RUN_NAME_TAG: trial_run_name(arm, seed)}
+    found = client.search_runs(
+        [parent.experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'", max_results=1
+    )
+    tags = {
+        TRIAL_TAG: trial_id,
+        STUDY_TAG: params.get("study_id", ""),
+        "roost.arm": arm,
+        "roost.seed": seed,
+        RUN_NAME_TAG: trial_run_name(arm, seed),
+    }
     if found and found[0].data.tags.get("roost.partial") == "0":
         return str(found[0].info.run_id)  # logged completely before
     if found:
@@ -83,8 +98,9 @@ def log_trial(study_run_id: str, trial_id: int, arm: str, seed: int, params: dic
         child, copy_steps = RunLogger(client, own_run_id, flush_interval_s=0), False
         child.set_tags({**tags, "roost.partial": "1", "roost.source": "trial"})
     else:
-        child = parent.child(trial_run_name(arm, seed), tags={**tags, "roost.partial": "1",
-                                                         "roost.source": "researcher"})
+        child = parent.child(
+            trial_run_name(arm, seed), tags={**tags, "roost.partial": "1", "roost.source": "researcher"}
+        )
         child.log_params({**params, "arm": arm, "seed": seed})
         copy_steps = True
     if copy_steps:
@@ -92,9 +108,11 @@ def log_trial(study_run_id: str, trial_id: int, arm: str, seed: int, params: dic
             step = row.get("step")
             if step is None:
                 continue
-            values = {k: v for k, v in row.items()
-                      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
-                      and math.isfinite(float(v))}
+            values = {
+                k: v
+                for k, v in row.items()
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+            }
             child.log_metrics(int(step), values)
     for k, v in metrics.items():
         if v is not None and math.isfinite(float(v)):
@@ -117,8 +135,7 @@ def log_report(study_run_id: str, report_dir: Path, analysis: dict[str, Any] | N
 def log_summary(study_run_id: str, metrics: Mapping[str, float | None], tags: Mapping[str, Any]) -> None:
     """The study's summary on its parent run: metrics (step 0) and tags such as the verdicts."""
     parent = _parent(study_run_id)
-    parent.log_metrics(0, {k: float(v) for k, v in metrics.items()
-                           if v is not None and math.isfinite(float(v))})
+    parent.log_metrics(0, {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))})
     parent.set_tags(dict(tags))
     parent.flush()
 

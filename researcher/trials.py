@@ -103,11 +103,21 @@ class TrialLauncher:
         if self.cfg.workflow and self.cfg.uses_swarm_train:  # the user's agent plays every trial
             argv += ["--workflow", self.cfg.workflow] + (["--dataset", self.cfg.dataset] if self.cfg.dataset else [])
         argv += self._mlflow_args(f"{exp.arm} seed={exp.seed}")
-        return JobSpec(name=job_name(self.study_id, trial.id), command=argv,  # type: ignore[arg-type]
-                       env={"HF_HUB_OFFLINE": "1", "ROOST_STUDY_ID": str(self.study_id),
-                            "ROOST_TRIAL_ID": str(trial.id), **self.cfg.trial_env},
-                       time_limit_s=self.cfg.trial_time_limit_s, cpus=self.cfg.trial_cpus,
-                       gpus=self.cfg.trial_gpus, partition=self.cfg.partition, log_dir=str(tdir / "jobs"))
+        return JobSpec(
+            name=job_name(self.study_id, trial.id),
+            command=argv,  # type: ignore[arg-type]
+            env={
+                "HF_HUB_OFFLINE": "1",
+                "ROOST_STUDY_ID": str(self.study_id),
+                "ROOST_TRIAL_ID": str(trial.id),
+                **self.cfg.trial_env,
+            },
+            time_limit_s=self.cfg.trial_time_limit_s,
+            cpus=self.cfg.trial_cpus,
+            gpus=self.cfg.trial_gpus,
+            partition=self.cfg.partition,
+            log_dir=str(tdir / "jobs"),
+        )
 
     def shape(self, trial: Trial) -> TrialShape:
         """The trial as jobs: one job running the trial program (see the module docstring)."""
@@ -122,8 +132,13 @@ class TrialLauncher:
         if study is None or not study.mlflow_run_id:
             return []
         named = ["--mlflow-run-name", run_name] if "--mlflow-run-name" in (swarm_train_flags() or ()) else []
-        return ["--mlflow-parent", study.mlflow_run_id,
-                "--mlflow-experiment", experiment_name(self.study_id, study.name), *named]
+        return [
+            "--mlflow-parent",
+            study.mlflow_run_id,
+            "--mlflow-experiment",
+            experiment_name(self.study_id, study.name),
+            *named,
+        ]
 
     def launch(self, trial_id: int) -> str:
         """Submit the trial unless it already was: 'submitted', 'adopted', 'already' or 'failed'."""
@@ -132,9 +147,15 @@ class TrialLauncher:
             if trial is None or trial.status != TrialStatus.PENDING.value:
                 return "already"
             shape = self.shape(trial)
-            trial.config = {**trial.config, "launch": {"key": shape.key, "job_name": shape.jobs[0].name,
-                                                       "log_dir": shape.jobs[0].log_dir,
-                                                       "intent_at": utcnow().isoformat()}}
+            trial.config = {
+                **trial.config,
+                "launch": {
+                    "key": shape.key,
+                    "job_name": shape.jobs[0].name,
+                    "log_dir": shape.jobs[0].log_dir,
+                    "intent_at": utcnow().isoformat(),
+                },
+            }
             s.add(trial)
             s.commit()
         try:
@@ -172,8 +193,11 @@ class TrialLauncher:
     def refresh(self, trial_ids: list[int]) -> dict[int, str]:
         """Reconcile the running trials' jobs; update trial statuses; {trial id: status}."""
         with Session(self.engine, expire_on_commit=False) as s:
-            running = [t.id for t in (s.get(Trial, i) for i in trial_ids)
-                       if t is not None and t.status == TrialStatus.RUNNING.value]
+            running = [
+                t.id
+                for t in (s.get(Trial, i) for i in trial_ids)
+                if t is not None and t.status == TrialStatus.RUNNING.value
+            ]
         states = poll_trials(self.manager, [trial_key(tid) for tid in running])  # type: ignore[arg-type]
         out = {}
         with Session(self.engine, expire_on_commit=False) as s:
@@ -212,8 +236,9 @@ class TrialLauncher:
         SQLite's lock for the full busy timeout.
         """
         with Session(self.engine) as s:
-            live = [(t.id, t.status) for t in (s.get(Trial, i) for i in trial_ids)
-                    if t is not None and t.status in LIVE]
+            live = [
+                (t.id, t.status) for t in (s.get(Trial, i) for i in trial_ids) if t is not None and t.status in LIVE
+            ]
         for tid, status in live:
             if status == TrialStatus.RUNNING.value:
                 try:

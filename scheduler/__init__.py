@@ -14,7 +14,6 @@ jobs under one key, submitted exactly once, with one state), `daemon`, `cli`.
 
 from __future__ import annotations
 
-
 from store.lazy import lazy_attributes as _lazy_attributes
 
 # Public name -> module. Imported lazily (PEP 562): `python -m scheduler._wrap`, which

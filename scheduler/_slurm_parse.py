@@ -63,10 +63,25 @@ def map_state(raw: str | list[str] | None) -> tuple[JobState, str | None]:
     return JobState.UNKNOWN, f"unrecognised Slurm state {raw!r}"
 
 
-_SHORT = {"PD": "PENDING", "R": "RUNNING", "CG": "COMPLETING", "CD": "COMPLETED", "F": "FAILED",
-          "CA": "CANCELLED", "TO": "TIMEOUT", "OOM": "OUT_OF_MEMORY", "NF": "NODE_FAIL",
-          "PR": "PREEMPTED", "S": "SUSPENDED", "CF": "CONFIGURING", "BF": "BOOT_FAIL",
-          "DL": "DEADLINE", "RQ": "REQUEUED", "SE": "SPECIAL_EXIT", "ST": "STOPPED"}
+_SHORT = {
+    "PD": "PENDING",
+    "R": "RUNNING",
+    "CG": "COMPLETING",
+    "CD": "COMPLETED",
+    "F": "FAILED",
+    "CA": "CANCELLED",
+    "TO": "TIMEOUT",
+    "OOM": "OUT_OF_MEMORY",
+    "NF": "NODE_FAIL",
+    "PR": "PREEMPTED",
+    "S": "SUSPENDED",
+    "CF": "CONFIGURING",
+    "BF": "BOOT_FAIL",
+    "DL": "DEADLINE",
+    "RQ": "REQUEUED",
+    "SE": "SPECIAL_EXIT",
+    "ST": "STOPPED",
+}
 
 
 def _number(value: Any) -> int | None:
@@ -109,8 +124,7 @@ def decode_exit(value: Any) -> tuple[int | None, int | None]:
     return (status >> 8) & 0xFF, None
 
 
-def _make_status(raw_state: Any, exit_value: Any, start: Any, end: Any,
-                 slurm_reason: str | None = None) -> JobStatus:
+def _make_status(raw_state: Any, exit_value: Any, start: Any, end: Any, slurm_reason: str | None = None) -> JobStatus:
     state, reason = map_state(raw_state)
     code, signum = decode_exit(exit_value)
     exit_code: int | None = None
@@ -122,8 +136,13 @@ def _make_status(raw_state: Any, exit_value: Any, start: Any, end: Any,
             reason = f"exit code {code}"
     if state is JobState.PENDING and slurm_reason and slurm_reason not in ("None", "none"):
         reason = reason or slurm_reason
-    return JobStatus(state=state, exit_code=exit_code, reason=reason,
-                     started_at=ts(start), finished_at=ts(end) if state in _FINISHED else None)
+    return JobStatus(
+        state=state,
+        exit_code=exit_code,
+        reason=reason,
+        started_at=ts(start),
+        finished_at=ts(end) if state in _FINISHED else None,
+    )
 
 
 def parse_squeue_json(text: str) -> dict[str, JobStatus]:
@@ -132,8 +151,13 @@ def parse_squeue_json(text: str) -> dict[str, JobStatus]:
     out: dict[str, JobStatus] = {}
     for job in data.get("jobs", []):
         job_id = str(_number(job.get("job_id")))
-        out[job_id] = _make_status(job.get("job_state"), job.get("exit_code"),
-                                   job.get("start_time"), job.get("end_time"), job.get("state_reason"))
+        out[job_id] = _make_status(
+            job.get("job_state"),
+            job.get("exit_code"),
+            job.get("start_time"),
+            job.get("end_time"),
+            job.get("state_reason"),
+        )
     return out
 
 
@@ -151,8 +175,7 @@ def parse_scontrol_line(line: str) -> JobStatus:
         # scontrol prints local time without a zone.
         return datetime.fromisoformat(v).astimezone(UTC).timestamp()
 
-    return _make_status(kv.get("JobState"), kv.get("ExitCode"), _t("StartTime"), _t("EndTime"),
-                        kv.get("Reason"))
+    return _make_status(kv.get("JobState"), kv.get("ExitCode"), _t("StartTime"), _t("EndTime"), kv.get("Reason"))
 
 
 def parse_sacct_json(text: str) -> dict[str, JobStatus]:
@@ -164,8 +187,13 @@ def parse_sacct_json(text: str) -> dict[str, JobStatus]:
         st = job.get("state") or {}
         raw = st.get("current") if isinstance(st, dict) else st
         times = job.get("time") or {}
-        out[job_id] = _make_status(raw, job.get("exit_code"), times.get("start"), times.get("end"),
-                                   st.get("reason") if isinstance(st, dict) else None)
+        out[job_id] = _make_status(
+            raw,
+            job.get("exit_code"),
+            times.get("start"),
+            times.get("end"),
+            st.get("reason") if isinstance(st, dict) else None,
+        )
     return out
 
 

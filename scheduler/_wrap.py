@@ -51,7 +51,7 @@ def proc_start_ticks(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the command name may contain spaces
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
     if fields[0] in ("Z", "X"):  # exited, not yet reaped: as good as gone
         return None
     return int(fields[19])
@@ -177,20 +177,33 @@ def main(argv: list[str] | None = None) -> int:
     slot_fd = acquire_slot(args.slots, max(1, args.max), args.ticket)
     if slot_fd is None:  # cancelled while queued
         now = time.time()
-        write_json(job_dir / "exit.json", {"state": "CANCELLED", "exit_code": None,
-                                           "reason": "cancelled while pending",
-                                           "started_at": None, "finished_at": now})
+        write_json(
+            job_dir / "exit.json",
+            {
+                "state": "CANCELLED",
+                "exit_code": None,
+                "reason": "cancelled while pending",
+                "started_at": None,
+                "finished_at": now,
+            },
+        )
         return 143
 
     started_at = time.time()
     try:
         with open(job_dir / "stdout", "ab") as out, open(job_dir / "stderr", "ab") as err:
-            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                     process_group=0)
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, process_group=0)
     except OSError as e:  # command not found, not executable, ...
-        write_json(job_dir / "exit.json", {"state": "FAILED", "exit_code": 127,
-                                           "reason": f"could not start: {e}",
-                                           "started_at": started_at, "finished_at": time.time()})
+        write_json(
+            job_dir / "exit.json",
+            {
+                "state": "FAILED",
+                "exit_code": 127,
+                "reason": f"could not start: {e}",
+                "started_at": started_at,
+                "finished_at": time.time(),
+            },
+        )
         return 127
     # `child` before `started`: whoever sees RUNNING can also find (and force-kill) the job's group
     write_json(job_dir / "child", {"pid": child.pid, "pgid": child.pid})
@@ -207,8 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         state = "FAILED"
         reason = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
-    write_json(job_dir / "exit.json", {"state": state, "exit_code": exit_code, "reason": reason,
-                                       "started_at": started_at, "finished_at": time.time()})
+    write_json(
+        job_dir / "exit.json",
+        {
+            "state": state,
+            "exit_code": exit_code,
+            "reason": reason,
+            "started_at": started_at,
+            "finished_at": time.time(),
+        },
+    )
     os.close(slot_fd)
     return exit_code
 

@@ -24,8 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from scheduler.spec import JobSpec
 from store.models import JobState
 
-TERMINAL_STATES = frozenset(
-    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
 
 Stream = Literal["stdout", "stderr"]
 

@@ -19,14 +19,17 @@ import time
 
 import click
 import typer
-from typer.core import TyperCommand
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperCommand
 
 from scheduler.spec import JobSpec
 
-app = typer.Typer(help="Jobs on local processes or Slurm: submit, status, cancel, logs, daemon.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Jobs on local processes or Slurm: submit, status, cancel, logs, daemon.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 DbOption = typer.Option(None, "--db", help="database URL [default: ROOST_DATABASE_URL or the data dir]")
 
@@ -39,11 +42,20 @@ def _manager(db: str | None):  # noqa: ANN202 - typer-facing helper
 
 
 def _row(r) -> dict:  # noqa: ANN001
-    return {"id": r.id, "name": r.name, "backend": r.backend, "external_id": r.external_id,
-            "state": r.state.value, "exit_code": r.exit_code, "reason": r.reason,
-            "group_key": r.group_key, "started_at": r.started_at.isoformat() if r.started_at else None,
-            "finished_at": r.finished_at.isoformat() if r.finished_at else None,
-            "stdout": r.stdout_path, "stderr": r.stderr_path}
+    return {
+        "id": r.id,
+        "name": r.name,
+        "backend": r.backend,
+        "external_id": r.external_id,
+        "state": r.state.value,
+        "exit_code": r.exit_code,
+        "reason": r.reason,
+        "group_key": r.group_key,
+        "started_at": r.started_at.isoformat() if r.started_at else None,
+        "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+        "stdout": r.stdout_path,
+        "stderr": r.stderr_path,
+    }
 
 
 @app.command()
@@ -55,8 +67,9 @@ def daemon(
     """Run the scheduler daemon in the foreground (reconcile jobs, run registered ticks)."""
     from scheduler.daemon import DaemonAlreadyRunning, run_daemon  # lazy: APScheduler + SQLAlchemy, not for --help
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     if log_level.lower() != "debug":  # one line per run every few seconds is noise
         logging.getLogger("apscheduler.executors.default").setLevel(logging.WARNING)
     try:
@@ -79,8 +92,11 @@ class _CommandAfterDashes(TyperCommand):
 @app.command(cls=_CommandAfterDashes)
 def submit(
     name: str = typer.Argument(..., help="job name (letters, digits, _ . -)"),
-    command: list[str] = typer.Argument(..., help="the command to run: everything after `--` (then options "
-                                        "may go anywhere before it), else everything after NAME"),
+    command: list[str] = typer.Argument(
+        ...,
+        help="the command to run: everything after `--` (then options "
+        "may go anywhere before it), else everything after NAME",
+    ),
     backend: str = typer.Option("local", "--backend", "-b", help="local | slurm"),
     time_limit: int = typer.Option(3600, "--time-limit", "-t", min=1, help="seconds"),
     cpus: int = typer.Option(1, "--cpus", min=1),
@@ -102,8 +118,19 @@ def submit(
         if not sep:
             raise typer.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--env")
         pairs[key] = value
-    spec = JobSpec(name=name, command=command, env=pairs, cwd=cwd, time_limit_s=time_limit, cpus=cpus,
-                   mem_mb=mem_mb, gpus=gpus, nodes=nodes, partition=partition, log_dir=log_dir)
+    spec = JobSpec(
+        name=name,
+        command=command,
+        env=pairs,
+        cwd=cwd,
+        time_limit_s=time_limit,
+        cpus=cpus,
+        mem_mb=mem_mb,
+        gpus=gpus,
+        nodes=nodes,
+        partition=partition,
+        log_dir=log_dir,
+    )
     mgr = _manager(db)
     rec = mgr.submit(spec, backend=backend, group_key=group)
     typer.echo(rec.id)
@@ -132,13 +159,26 @@ def status(
             typer.echo(json.dumps(_row(r)))
         return
     table = Table("id", "name", "backend", "ext id", "state", "exit", "group", "reason")
-    colours = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow", "FAILED": "red",
-               "TIMEOUT": "red", "CANCELLED": "magenta"}
+    colours = {
+        "COMPLETED": "green",
+        "RUNNING": "cyan",
+        "PENDING": "yellow",
+        "FAILED": "red",
+        "TIMEOUT": "red",
+        "CANCELLED": "magenta",
+    }
     for r in recs:
         st = r.state.value
-        table.add_row(str(r.id), r.name, r.backend, r.external_id or "-",
-                      f"[{colours.get(st, 'white')}]{st}[/]", "" if r.exit_code is None else str(r.exit_code),
-                      r.group_key or "", (r.reason or "")[:60])
+        table.add_row(
+            str(r.id),
+            r.name,
+            r.backend,
+            r.external_id or "-",
+            f"[{colours.get(st, 'white')}]{st}[/]",
+            "" if r.exit_code is None else str(r.exit_code),
+            r.group_key or "",
+            (r.reason or "")[:60],
+        )
     Console().print(table)
 
 

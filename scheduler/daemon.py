@@ -98,8 +98,7 @@ def make_scheduler(db_url: str | None = None) -> BackgroundScheduler:
     """A BackgroundScheduler whose job store is the project database (not started)."""
     engine = get_engine(database_url(db_url))
     store = SQLAlchemyJobStore(engine=engine, tablename=JOBSTORE_TABLE)
-    return BackgroundScheduler(jobstores={"default": store}, job_defaults=dict(JOB_DEFAULTS),
-                               timezone="UTC")
+    return BackgroundScheduler(jobstores={"default": store}, job_defaults=dict(JOB_DEFAULTS), timezone="UTC")
 
 
 def _with_scheduler(db_url: str | None, scheduler: BackgroundScheduler | None, fn: Any) -> Any:
@@ -119,8 +118,15 @@ def _with_scheduler(db_url: str | None, scheduler: BackgroundScheduler | None, f
         temp.shutdown(wait=False)
 
 
-def register_tick(name: str, func_ref: str, interval_s: float, *, kwargs: dict[str, Any] | None = None,
-                  db_url: str | None = None, scheduler: BackgroundScheduler | None = None) -> str:
+def register_tick(
+    name: str,
+    func_ref: str,
+    interval_s: float,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    db_url: str | None = None,
+    scheduler: BackgroundScheduler | None = None,
+) -> str:
     """Persist a periodic call of `func_ref` ("package.module:function"); returns its job id.
 
     Re-registering a name replaces it (new interval or arguments). The function must be
@@ -132,15 +138,19 @@ def register_tick(name: str, func_ref: str, interval_s: float, *, kwargs: dict[s
     if interval_s <= 0:
         raise ValueError("interval_s must be positive")
     job_id = TICK_PREFIX + name
-    _with_scheduler(db_url, scheduler, lambda s: s.add_job(
-        func_ref, "interval", seconds=interval_s, id=job_id, name=name, kwargs=kwargs or {},
-        replace_existing=True))
+    _with_scheduler(
+        db_url,
+        scheduler,
+        lambda s: s.add_job(
+            func_ref, "interval", seconds=interval_s, id=job_id, name=name, kwargs=kwargs or {}, replace_existing=True
+        ),
+    )
     return job_id
 
 
-def unregister_tick(name: str, *, db_url: str | None = None,
-                    scheduler: BackgroundScheduler | None = None) -> bool:
+def unregister_tick(name: str, *, db_url: str | None = None, scheduler: BackgroundScheduler | None = None) -> bool:
     """Remove a tick; False if there was none of that name."""
+
     def _remove(s: BackgroundScheduler) -> bool:
         if s.get_job(TICK_PREFIX + name) is None:
             return False
@@ -152,10 +162,18 @@ def unregister_tick(name: str, *, db_url: str | None = None,
 
 def list_ticks(*, db_url: str | None = None) -> list[dict[str, Any]]:
     """Registered ticks: name, function reference, interval, next run."""
+
     def _list(s: BackgroundScheduler) -> list[dict[str, Any]]:
-        return [{"name": j.name, "func": j.func_ref, "interval_s": j.trigger.interval.total_seconds(),
-                 "next_run_time": j.next_run_time}
-                for j in s.get_jobs() if j.id.startswith(TICK_PREFIX)]
+        return [
+            {
+                "name": j.name,
+                "func": j.func_ref,
+                "interval_s": j.trigger.interval.total_seconds(),
+                "next_run_time": j.next_run_time,
+            }
+            for j in s.get_jobs()
+            if j.id.startswith(TICK_PREFIX)
+        ]
 
     return list(_with_scheduler(db_url, None, _list))
 
@@ -170,8 +188,9 @@ class DaemonAlreadyRunning(RuntimeError):
 class Daemon:
     """Reconciliation + registered ticks on a background thread pool."""
 
-    def __init__(self, db_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,
-                 manager: JobManager | None = None) -> None:
+    def __init__(
+        self, db_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S, manager: JobManager | None = None
+    ) -> None:
         self.db_url = database_url(db_url)
         self.interval_s = interval_s
         self.manager = manager
@@ -188,8 +207,9 @@ class Daemon:
         except BlockingIOError:
             other = os.pread(fd, 32, 0).decode(errors="replace").strip()
             os.close(fd)
-            raise DaemonAlreadyRunning(f"a scheduler daemon (pid {other or '?'}) already serves this "
-                                       f"database; lock {path}") from None
+            raise DaemonAlreadyRunning(
+                f"a scheduler daemon (pid {other or '?'}) already serves this database; lock {path}"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd
@@ -204,8 +224,14 @@ class Daemon:
         changed = self.manager.reconcile()  # reattach: before the first interval passes
         log.info("daemon started (db %s); reattached %d change(s)", redact(self.db_url), len(changed))
         self.scheduler = make_scheduler(self.db_url)
-        self.scheduler.add_job("scheduler.daemon:reconcile_tick", "interval", seconds=self.interval_s,
-                               id=RECONCILE_JOB_ID, name="reconcile", replace_existing=True)
+        self.scheduler.add_job(
+            "scheduler.daemon:reconcile_tick",
+            "interval",
+            seconds=self.interval_s,
+            id=RECONCILE_JOB_ID,
+            name="reconcile",
+            replace_existing=True,
+        )
         self.scheduler.start()
 
     def stop(self) -> None:
@@ -219,8 +245,9 @@ class Daemon:
         log.info("daemon stopped")
 
 
-def run_daemon(db_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,
-               stop_event: threading.Event | None = None) -> None:
+def run_daemon(
+    db_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S, stop_event: threading.Event | None = None
+) -> None:
     """Run in the foreground until SIGTERM/SIGINT (or `stop_event`), then stop cleanly."""
     stop = stop_event or threading.Event()
     if threading.current_thread() is threading.main_thread():

@@ -65,8 +65,9 @@ class FakeSlurm:
     calls: list[list[str]] = field(default_factory=list)
 
     # ---------------------------------------------------------------- setters
-    def set_state(self, job_id: str | int, state: str, exit_code: int = 0, signal: int = 0,
-                  reason: str = "None") -> None:
+    def set_state(
+        self, job_id: str | int, state: str, exit_code: int = 0, signal: int = 0, reason: str = "None"
+    ) -> None:
         job = self.jobs[int(job_id)]
         now = int(time.time())
         if state not in ("PENDING",) and not job.start_time:
@@ -92,8 +93,13 @@ class FakeSlurm:
         self.calls.append(argv)
         if self.down:
             return CommandResult(1, "", "slurm_load_jobs error: Unable to contact slurm controller")
-        handler = {"sbatch": self._sbatch, "squeue": self._squeue, "scontrol": self._scontrol,
-                   "sacct": self._sacct, "scancel": self._scancel}.get(argv[0])
+        handler = {
+            "sbatch": self._sbatch,
+            "squeue": self._squeue,
+            "scontrol": self._scontrol,
+            "sacct": self._sacct,
+            "scancel": self._scancel,
+        }.get(argv[0])
         if handler is None:
             return CommandResult(127, "", f"{argv[0]}: command not found")
         return handler(argv[1:])
@@ -107,20 +113,19 @@ class FakeSlurm:
         job_id = self.next_id
         self.next_id += 1
         name = re.search(r"--job-name=(\S+)", script)
-        self.jobs[job_id] = FakeJob(job_id, name.group(1) if name else "job", script, args[:-1],
-                                    path=script_path)
+        self.jobs[job_id] = FakeJob(job_id, name.group(1) if name else "job", script, args[:-1], path=script_path)
         if "--hold" in args:
             self.jobs[job_id].reason = "JobHeldUser"
-        return CommandResult(0, f"{job_id}\n" if "--parsable" in args else
-                             f"Submitted batch job {job_id}\n", "")
+        return CommandResult(0, f"{job_id}\n" if "--parsable" in args else f"Submitted batch job {job_id}\n", "")
 
     def _exit_field(self, job: FakeJob) -> object:
         if self.json_version == "0.0.38":
             return job.signal if job.signal else job.exit_code << 8
-        return {"status": ["SIGNALED" if job.signal else "EXITED"],
-                "return_code": {"set": True, "infinite": False, "number": job.exit_code},
-                "signal": {"id": {"set": bool(job.signal), "infinite": False, "number": job.signal},
-                           "name": ""}}
+        return {
+            "status": ["SIGNALED" if job.signal else "EXITED"],
+            "return_code": {"set": True, "infinite": False, "number": job.exit_code},
+            "signal": {"id": {"set": bool(job.signal), "infinite": False, "number": job.signal}, "name": ""},
+        }
 
     def _time_field(self, t: int) -> object:
         return t if self.json_version == "0.0.38" else {"set": bool(t), "infinite": False, "number": t}
@@ -132,15 +137,24 @@ class FakeSlurm:
         for job in self.jobs.values():
             if not job.in_squeue:
                 continue
-            jobs.append({
-                "job_id": job.job_id, "name": job.name,
-                "job_state": job.state if self.json_version == "0.0.38" else [job.state],
-                "exit_code": self._exit_field(job), "state_reason": job.reason,
-                "start_time": self._time_field(job.start_time),
-                "end_time": self._time_field(job.end_time),
-            })
-        return CommandResult(0, json.dumps({"meta": {"plugin": {"name": f"Slurm OpenAPI v{self.json_version}"}},
-                                            "errors": [], "jobs": jobs}), "")
+            jobs.append(
+                {
+                    "job_id": job.job_id,
+                    "name": job.name,
+                    "job_state": job.state if self.json_version == "0.0.38" else [job.state],
+                    "exit_code": self._exit_field(job),
+                    "state_reason": job.reason,
+                    "start_time": self._time_field(job.start_time),
+                    "end_time": self._time_field(job.end_time),
+                }
+            )
+        return CommandResult(
+            0,
+            json.dumps(
+                {"meta": {"plugin": {"name": f"Slurm OpenAPI v{self.json_version}"}}, "errors": [], "jobs": jobs}
+            ),
+            "",
+        )
 
     def _squeue_lines(self, args: list[str]) -> CommandResult:
         """`squeue -h [-t all] [--name N] -o "%i %o"`: id and script path per line."""
@@ -148,8 +162,11 @@ class FakeSlurm:
             return CommandResult(1, "", f"squeue: fake supports only -o '%i %o', got {args}")
         name = args[args.index("--name") + 1] if "--name" in args else None
         every = "-t" in args and args[args.index("-t") + 1] == "all"
-        lines = [f"{j.job_id} {j.path}" for j in self.jobs.values()
-                 if (name is None or j.name == name) and (j.in_squeue or every and j.in_scontrol)]
+        lines = [
+            f"{j.job_id} {j.path}"
+            for j in self.jobs.values()
+            if (name is None or j.name == name) and (j.in_squeue or every and j.in_scontrol)
+        ]
         return CommandResult(0, "".join(f"{line}\n" for line in lines), "")
 
     def _scontrol(self, args: list[str]) -> CommandResult:
@@ -164,9 +181,11 @@ class FakeSlurm:
             def _t(t: int) -> str:
                 return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) if t else "Unknown"
 
-            line = (f"JobId={job.job_id} JobName={job.name} JobState={job.state} Reason={job.reason} "
-                    f"ExitCode={job.exit_code}:{job.signal} StartTime={_t(job.start_time)} "
-                    f"EndTime={_t(job.end_time)} NtasksPerN:B:S:C=0:0:*:*")
+            line = (
+                f"JobId={job.job_id} JobName={job.name} JobState={job.state} Reason={job.reason} "
+                f"ExitCode={job.exit_code}:{job.signal} StartTime={_t(job.start_time)} "
+                f"EndTime={_t(job.end_time)} NtasksPerN:B:S:C=0:0:*:*"
+            )
             return CommandResult(0, line + "\n", "")
         return CommandResult(1, "", f"scontrol: unsupported {args}")
 
@@ -174,17 +193,28 @@ class FakeSlurm:
         if not self.accounting:
             return CommandResult(1, "", "sacct: error: Slurm accounting storage is disabled")
         ids = {int(x) for x in args[args.index("-j") + 1].split(",")}
-        jobs = [{"job_id": j.job_id, "state": {"current": j.state, "reason": j.reason},
-                 "exit_code": {"status": "SUCCESS" if not j.exit_code else "ERROR",
-                               "return_code": j.exit_code, "signal": {"signal_id": j.signal}},
-                 "time": {"start": j.start_time, "end": j.end_time}}
-                for j in self.jobs.values() if j.job_id in ids]
+        jobs = [
+            {
+                "job_id": j.job_id,
+                "state": {"current": j.state, "reason": j.reason},
+                "exit_code": {
+                    "status": "SUCCESS" if not j.exit_code else "ERROR",
+                    "return_code": j.exit_code,
+                    "signal": {"signal_id": j.signal},
+                },
+                "time": {"start": j.start_time, "end": j.end_time},
+            }
+            for j in self.jobs.values()
+            if j.job_id in ids
+        ]
         return CommandResult(0, json.dumps({"jobs": jobs}), "")
 
     def _scancel(self, args: list[str]) -> CommandResult:
         job = self.jobs.get(int(args[-1]))
         if job is None:
-            return CommandResult(1, "", f"scancel: error: Kill job error on job id {args[-1]}: Invalid job id specified")
+            return CommandResult(
+                1, "", f"scancel: error: Kill job error on job id {args[-1]}: Invalid job id specified"
+            )
         if job.state in ("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"):
             self.set_state(job.job_id, "CANCELLED", signal=15 if job.state != "PENDING" else 0)
         return CommandResult(0, "", "")

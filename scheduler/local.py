@@ -74,8 +74,13 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, max_concurrent: int | None = None, state_dir: Path | None = None,
-                 kill_wait_s: float = 5.0, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        max_concurrent: int | None = None,
+        state_dir: Path | None = None,
+        kill_wait_s: float = 5.0,
+        python: str = sys.executable,
+    ) -> None:
         if max_concurrent is None:
             max_concurrent = int(os.environ.get(ENV_MAX_JOBS) or os.cpu_count() or 1)
         self.max_concurrent = max(1, max_concurrent)
@@ -98,22 +103,48 @@ class LocalBackend:
         if spec.setup:  # setup lines run in bash, then the command replaces the shell
             script = "set -e\n" + "\n".join(spec.setup) + '\nexec "$@"\n'
             command = ["bash", "-c", script, spec.name, *command]
-        argv = [self.python, "-m", "scheduler._wrap", "--dir", str(job_dir),
-                "--slots", str(self.slots_dir), "--max", str(self.max_concurrent),
-                "--ticket", f"{time.time_ns():020d}-{job_dir.name}",  # queue order: submission order
-                "--time-limit", str(spec.time_limit_s), "--kill-wait", str(self.kill_wait_s),
-                "--", *command]
+        argv = [
+            self.python,
+            "-m",
+            "scheduler._wrap",
+            "--dir",
+            str(job_dir),
+            "--slots",
+            str(self.slots_dir),
+            "--max",
+            str(self.max_concurrent),
+            "--ticket",
+            f"{time.time_ns():020d}-{job_dir.name}",  # queue order: submission order
+            "--time-limit",
+            str(spec.time_limit_s),
+            "--kill-wait",
+            str(self.kill_wait_s),
+            "--",
+            *command,
+        ]
         env = {**os.environ, **spec.env}
         try:
             with open(job_dir / "wrapper.log", "ab") as wlog:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=wlog, stderr=wlog,
-                                        cwd=spec.cwd, env=env, start_new_session=True)
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=wlog,
+                    stderr=wlog,
+                    cwd=spec.cwd,
+                    env=env,
+                    start_new_session=True,
+                )
         except OSError as e:
             raise BackendError(f"could not start local job {spec.name!r}: {e}") from e
         ticks = proc_start_ticks(proc.pid)  # our unreaped child: the pid cannot be reused yet
         self._children[proc.pid] = proc
-        handle = JobHandle(backend=self.name, external_id=f"{proc.pid}:{ticks}", name=spec.name,
-                           stdout_path=str(job_dir / "stdout"), stderr_path=str(job_dir / "stderr"))
+        handle = JobHandle(
+            backend=self.name,
+            external_id=f"{proc.pid}:{ticks}",
+            name=spec.name,
+            stdout_path=str(job_dir / "stdout"),
+            stderr_path=str(job_dir / "stderr"),
+        )
         # Lets a submitter that crashed before recording the handle find it again.
         (job_dir / "handle.json").write_text(handle.model_dump_json())
         return handle
@@ -123,8 +154,10 @@ class LocalBackend:
         """The newest job directory of this spec that a wrapper was started for."""
         key = spec.env.get(ENV_JOB_ID)
         mine = re.compile(re.escape(spec.name) + r"-\d{8}-\d{6}-[0-9a-f]{6}")  # as `submit` names them
-        dirs = sorted((d for d in spec.resolved_log_dir().glob(f"{spec.name}-*")
-                       if d.is_dir() and mine.fullmatch(d.name)), reverse=True)
+        dirs = sorted(
+            (d for d in spec.resolved_log_dir().glob(f"{spec.name}-*") if d.is_dir() and mine.fullmatch(d.name)),
+            reverse=True,
+        )
         for job_dir in dirs:
             if key is not None and _submitted_env(job_dir).get(ENV_JOB_ID) != key:
                 continue
@@ -139,9 +172,13 @@ class LocalBackend:
                 return JobHandle.model_validate(saved)
             wrapper = _read_json(job_dir / WRAPPER_RECORD)
             if wrapper is not None:
-                return JobHandle(backend=self.name, external_id=f"{wrapper['pid']}:{wrapper['start_ticks']}",
-                                 name=name, stdout_path=str(job_dir / "stdout"),
-                                 stderr_path=str(job_dir / "stderr"))
+                return JobHandle(
+                    backend=self.name,
+                    external_id=f"{wrapper['pid']}:{wrapper['start_ticks']}",
+                    name=name,
+                    stdout_path=str(job_dir / "stdout"),
+                    stderr_path=str(job_dir / "stderr"),
+                )
             if time.monotonic() >= deadline:
                 return None  # the submitter died before the wrapper was started
             time.sleep(0.05)
@@ -170,20 +207,31 @@ class LocalBackend:
             return done
         started_at = _ts(started["started_at"]) if started else None
         if (job_dir / "cancel").exists():
-            return JobStatus(state=JobState.CANCELLED, reason="cancelled (killed)",
-                             started_at=started_at, finished_at=_ts(time.time()))
-        return JobStatus(state=JobState.FAILED, started_at=started_at,
-                         reason="the job's supervisor died without recording an exit code "
-                                "(killed with SIGKILL, or the machine rebooted)")
+            return JobStatus(
+                state=JobState.CANCELLED,
+                reason="cancelled (killed)",
+                started_at=started_at,
+                finished_at=_ts(time.time()),
+            )
+        return JobStatus(
+            state=JobState.FAILED,
+            started_at=started_at,
+            reason="the job's supervisor died without recording an exit code "
+            "(killed with SIGKILL, or the machine rebooted)",
+        )
 
     @staticmethod
     def _finished(job_dir: Path) -> JobStatus | None:
         rec = _read_json(job_dir / "exit.json")
         if rec is None:
             return None
-        return JobStatus(state=JobState(rec["state"]), exit_code=rec.get("exit_code"),
-                         reason=rec.get("reason"), started_at=_ts(rec.get("started_at")),
-                         finished_at=_ts(rec.get("finished_at")))
+        return JobStatus(
+            state=JobState(rec["state"]),
+            exit_code=rec.get("exit_code"),
+            reason=rec.get("reason"),
+            started_at=_ts(rec.get("started_at")),
+            finished_at=_ts(rec.get("finished_at")),
+        )
 
     @staticmethod
     def _pid(h: JobHandle) -> tuple[int, int | None]:

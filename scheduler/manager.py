@@ -53,8 +53,13 @@ def default_backends() -> dict[str, Callable[[], Backend]]:
 class JobManager:
     """Submits jobs to backends and keeps their records in a sink up to date."""
 
-    def __init__(self, sink: JobSink, backends: Mapping[str, Backend | Callable[[], Backend]] | None = None,
-                 runaway_grace_s: float = 120.0, submit_grace_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        sink: JobSink,
+        backends: Mapping[str, Backend | Callable[[], Backend]] | None = None,
+        runaway_grace_s: float = 120.0,
+        submit_grace_s: float = 300.0,
+    ) -> None:
         self.sink = sink
         self._factories: dict[str, Backend | Callable[[], Backend]] = dict(backends or default_backends())
         self._backends: dict[str, Backend] = {}
@@ -73,24 +78,36 @@ class JobManager:
             return self._backends[name]
 
     # ---------------------------------------------------------------- submit
-    def submit(self, spec: JobSpec, backend: str = "local", trial_id: int | None = None,
-               group_key: str | None = None) -> JobRecord:
+    def submit(
+        self, spec: JobSpec, backend: str = "local", trial_id: int | None = None, group_key: str | None = None
+    ) -> JobRecord:
         b = self.backend(backend)
-        rec = self.sink.create(name=spec.name, backend=backend, spec=spec.model_dump(),
-                               time_limit_s=spec.time_limit_s, trial_id=trial_id, group_key=group_key)
+        rec = self.sink.create(
+            name=spec.name,
+            backend=backend,
+            spec=spec.model_dump(),
+            time_limit_s=spec.time_limit_s,
+            trial_id=trial_id,
+            group_key=group_key,
+        )
         spec = spec.model_copy(update={"env": {**spec.env, ENV_JOB_ID: str(rec.id)}})
         try:
             with self._lock:
                 handle = b.submit(spec)
         except Exception as e:
-            self.sink.update(rec.id, state=JobState.FAILED, reason=f"submit failed: {e}",
-                             finished_at=utcnow())
+            self.sink.update(rec.id, state=JobState.FAILED, reason=f"submit failed: {e}", finished_at=utcnow())
             raise
-        return self.sink.update(rec.id, spec=spec.model_dump(), external_id=handle.external_id,
-                                stdout_path=handle.stdout_path, stderr_path=handle.stderr_path)
+        return self.sink.update(
+            rec.id,
+            spec=spec.model_dump(),
+            external_id=handle.external_id,
+            stdout_path=handle.stdout_path,
+            stderr_path=handle.stderr_path,
+        )
 
-    def submit_once(self, spec: JobSpec, backend: str = "local", *, group_key: str,
-                    trial_id: int | None = None) -> tuple[JobRecord, Submitted]:
+    def submit_once(
+        self, spec: JobSpec, backend: str = "local", *, group_key: str, trial_id: int | None = None
+    ) -> tuple[JobRecord, Submitted]:
         """Submit the job named `spec.name` in group `group_key`, unless an earlier call did.
 
         The key is (group_key, spec.name). Returns the record and how it came to be:
@@ -110,8 +127,12 @@ class JobManager:
                 return adopted, "adopted"
         for rec in earlier:  # nothing reached the backend: close the dangling rows
             if not rec.terminal:
-                self.sink.update(rec.id, state=JobState.CANCELLED, finished_at=utcnow(),
-                                 reason="submission interrupted before the backend got it")
+                self.sink.update(
+                    rec.id,
+                    state=JobState.CANCELLED,
+                    finished_at=utcnow(),
+                    reason="submission interrupted before the backend got it",
+                )
         return self.submit(spec, backend=backend, trial_id=trial_id, group_key=group_key), "submitted"
 
     def _adopt(self, rec: JobRecord) -> JobRecord | None:
@@ -126,10 +147,16 @@ class JobManager:
         if handle is None:
             return None
         log.warning("job %s (%s): adopted %s left by an interrupted submit", rec.id, rec.name, handle.external_id)
-        return self.sink.update(rec.id, spec=spec.model_dump(), external_id=handle.external_id,
-                                stdout_path=handle.stdout_path, stderr_path=handle.stderr_path,
-                                state=JobState.PENDING, finished_at=None,
-                                reason="adopted after an interrupted submit")
+        return self.sink.update(
+            rec.id,
+            spec=spec.model_dump(),
+            external_id=handle.external_id,
+            stdout_path=handle.stdout_path,
+            stderr_path=handle.stderr_path,
+            state=JobState.PENDING,
+            finished_at=None,
+            reason="adopted after an interrupted submit",
+        )
 
     # ---------------------------------------------------------------- reconcile
     def reconcile(self, job_ids: Iterable[int] | None = None) -> list[JobRecord]:
@@ -144,9 +171,15 @@ class JobManager:
         for rec in active:
             if rec.handle() is not None:
                 by_backend[rec.backend].append(rec)
-            elif (rec.created_at and now - rec.created_at > timedelta(seconds=self.submit_grace_s)):
-                changed.append(self.sink.update(rec.id, state=JobState.FAILED, finished_at=now,
-                                                reason="submission never completed (submitter crashed?)"))
+            elif rec.created_at and now - rec.created_at > timedelta(seconds=self.submit_grace_s):
+                changed.append(
+                    self.sink.update(
+                        rec.id,
+                        state=JobState.FAILED,
+                        finished_at=now,
+                        reason="submission never completed (submitter crashed?)",
+                    )
+                )
         for name, recs in by_backend.items():
             try:
                 b = self.backend(name)
@@ -186,8 +219,7 @@ class JobManager:
             fields["finished_at"] = st.finished_at or now
         if not fields:
             return None
-        log.info("job %s (%s %s): %s", rec.id, rec.backend, rec.external_id,
-                 {k: str(v) for k, v in fields.items()})
+        log.info("job %s (%s %s): %s", rec.id, rec.backend, rec.external_id, {k: str(v) for k, v in fields.items()})
         return self.sink.update(rec.id, **fields)
 
     def _runaway_guard(self, rec: JobRecord, now: datetime) -> JobRecord | None:
@@ -196,16 +228,18 @@ class JobManager:
         ran = (now - rec.started_at).total_seconds()
         if ran <= rec.time_limit_s + self.runaway_grace_s:
             return None
-        log.warning("runaway guard: job %s ran %.0f s past its %d s limit; killing it",
-                    rec.id, ran, rec.time_limit_s)
+        log.warning("runaway guard: job %s ran %.0f s past its %d s limit; killing it", rec.id, ran, rec.time_limit_s)
         try:
             with self._lock:
                 self.backend(rec.backend).cancel(rec.handle(), force=True)  # type: ignore[arg-type]
         except Exception as e:  # record anyway: the row must not claim it is fine
             log.error("runaway guard could not kill job %s: %s", rec.id, e)
-        return self.sink.update(rec.id, state=JobState.TIMEOUT, finished_at=now,
-                                reason=f"runaway guard: still running {ran:.0f} s after start, "
-                                       f"limit {rec.time_limit_s} s")
+        return self.sink.update(
+            rec.id,
+            state=JobState.TIMEOUT,
+            finished_at=now,
+            reason=f"runaway guard: still running {ran:.0f} s after start, limit {rec.time_limit_s} s",
+        )
 
     # ---------------------------------------------------------------- cancel, logs, wait
     def cancel(self, job_id: int, force: bool = False) -> JobRecord:
@@ -215,8 +249,9 @@ class JobManager:
             return rec
         handle = rec.handle()
         if handle is None:
-            return self.sink.update(job_id, state=JobState.CANCELLED, finished_at=utcnow(),
-                                    reason="cancelled before submission")
+            return self.sink.update(
+                job_id, state=JobState.CANCELLED, finished_at=utcnow(), reason="cancelled before submission"
+            )
         with self._lock:
             b = self.backend(rec.backend)
             b.cancel(handle, force=force)
@@ -232,8 +267,13 @@ class JobManager:
         handle = rec.handle()
         return "" if handle is None else self.backend(rec.backend).logs(handle, stream, tail_bytes)
 
-    def wait(self, job_ids: Iterable[int], timeout_s: float, poll_s: float = 0.25,
-             until: Callable[[JobRecord], bool] = lambda r: r.terminal) -> list[JobRecord]:
+    def wait(
+        self,
+        job_ids: Iterable[int],
+        timeout_s: float,
+        poll_s: float = 0.25,
+        until: Callable[[JobRecord], bool] = lambda r: r.terminal,
+    ) -> list[JobRecord]:
         """Reconcile until `until` holds for every job; TimeoutError otherwise."""
         ids = list(job_ids)
         end = time.monotonic() + timeout_s
@@ -243,8 +283,9 @@ class JobManager:
             if all(until(r) for r in recs):
                 return recs
             if time.monotonic() > end:
-                raise TimeoutError(f"jobs not done after {timeout_s:g} s: "
-                                   + ", ".join(f"{r.id}={r.state.value}" for r in recs))
+                raise TimeoutError(
+                    f"jobs not done after {timeout_s:g} s: " + ", ".join(f"{r.id}={r.state.value}" for r in recs)
+                )
             time.sleep(poll_s)
 
     def get(self, job_id: int) -> JobRecord | None:

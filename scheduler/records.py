@@ -56,16 +56,29 @@ class JobRecord:
         """The backend handle, once the job was submitted."""
         if not self.external_id:
             return None
-        return JobHandle(backend=self.backend, external_id=self.external_id, name=self.name,
-                         stdout_path=self.stdout_path or "", stderr_path=self.stderr_path or "")
+        return JobHandle(
+            backend=self.backend,
+            external_id=self.external_id,
+            name=self.name,
+            stdout_path=self.stdout_path or "",
+            stderr_path=self.stderr_path or "",
+        )
 
 
 _FIELDS = [f.name for f in dataclasses.fields(JobRecord)]
 
 
 class JobSink(Protocol):
-    def create(self, *, name: str, backend: str, spec: dict[str, Any], time_limit_s: int | None,
-               trial_id: int | None = None, group_key: str | None = None) -> JobRecord: ...
+    def create(
+        self,
+        *,
+        name: str,
+        backend: str,
+        spec: dict[str, Any],
+        time_limit_s: int | None,
+        trial_id: int | None = None,
+        group_key: str | None = None,
+    ) -> JobRecord: ...
 
     def update(self, job_id: int, **fields: Any) -> JobRecord: ...
 
@@ -93,14 +106,31 @@ class MemorySink:
         self._rows: dict[int, JobRecord] = {}
         self._lock = threading.Lock()
 
-    def create(self, *, name: str, backend: str, spec: dict[str, Any], time_limit_s: int | None,
-               trial_id: int | None = None, group_key: str | None = None) -> JobRecord:
+    def create(
+        self,
+        *,
+        name: str,
+        backend: str,
+        spec: dict[str, Any],
+        time_limit_s: int | None,
+        trial_id: int | None = None,
+        group_key: str | None = None,
+    ) -> JobRecord:
         with self._lock:
             job_id = max(self._rows, default=0) + 1
             now = utcnow()
-            rec = JobRecord(id=job_id, name=name, backend=backend, state=JobState.PENDING, spec=spec,
-                            time_limit_s=time_limit_s, trial_id=trial_id, group_key=group_key,
-                            created_at=now, updated_at=now)
+            rec = JobRecord(
+                id=job_id,
+                name=name,
+                backend=backend,
+                state=JobState.PENDING,
+                spec=spec,
+                time_limit_s=time_limit_s,
+                trial_id=trial_id,
+                group_key=group_key,
+                created_at=now,
+                updated_at=now,
+            )
             self._rows[job_id] = rec
             return rec
 
@@ -147,11 +177,26 @@ class StoreSink:
         with session_scope(self.engine) as s:
             return [self._record(r) for r in s.exec(stmt).all()]
 
-    def create(self, *, name: str, backend: str, spec: dict[str, Any], time_limit_s: int | None,
-               trial_id: int | None = None, group_key: str | None = None) -> JobRecord:
+    def create(
+        self,
+        *,
+        name: str,
+        backend: str,
+        spec: dict[str, Any],
+        time_limit_s: int | None,
+        trial_id: int | None = None,
+        group_key: str | None = None,
+    ) -> JobRecord:
         with session_scope(self.engine) as s:
-            row = Job(name=name, backend=backend, state=JobState.PENDING.value, spec=spec,
-                      time_limit_s=time_limit_s, trial_id=trial_id, group_key=group_key)
+            row = Job(
+                name=name,
+                backend=backend,
+                state=JobState.PENDING.value,
+                spec=spec,
+                time_limit_s=time_limit_s,
+                trial_id=trial_id,
+                group_key=group_key,
+            )
             s.add(row)
             s.flush()
             s.refresh(row)

@@ -58,8 +58,7 @@ Runner = Callable[[Sequence[str]], CommandResult]
 def subprocess_runner(argv: Sequence[str], timeout: float = 60.0) -> CommandResult:
     """Run a Slurm command; a missing binary or a hang becomes a non-zero result."""
     try:
-        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except FileNotFoundError as e:
         return CommandResult(127, "", str(e))
     except subprocess.TimeoutExpired:
@@ -107,9 +106,14 @@ def render_script(spec: JobSpec) -> str:
         opts.append(f"--chdir={spec.cwd}")
     opts += [f"--output={out}", f"--error={err}", "--open-mode=append", "--export=ALL"]
     exit_file = str(log_paths(spec, "${SLURM_JOB_ID}")[2])
-    lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in opts), "#",
-             f"# Rendered by scheduler.slurm for Roost job {spec.name!r}. The exit code is also",
-             "# written to a file so it is known after Slurm forgets the job.", ""]
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {o}" for o in opts),
+        "#",
+        f"# Rendered by scheduler.slurm for Roost job {spec.name!r}. The exit code is also",
+        "# written to a file so it is known after Slurm forgets the job.",
+        "",
+    ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
     if spec.setup:
         lines += ["set -e", *spec.setup, "set +e"]
@@ -125,8 +129,13 @@ class SlurmBackend:
 
     name = "slurm"
 
-    def __init__(self, runner: Runner | None = None, min_poll_s: float = 2.0,
-                 max_poll_s: float = 60.0, use_pyslurm: bool | None = None) -> None:
+    def __init__(
+        self,
+        runner: Runner | None = None,
+        min_poll_s: float = 2.0,
+        max_poll_s: float = 60.0,
+        use_pyslurm: bool | None = None,
+    ) -> None:
         self.run = runner or subprocess_runner
         self.min_poll_s = min_poll_s
         self.max_poll_s = max_poll_s
@@ -180,9 +189,11 @@ class SlurmBackend:
                 return self._handle(spec, job_id)
         written = min(scripts.values())
         exit_re = re.compile(re.escape(spec.name) + r"-(\d+)\.exit")
-        ended = sorted((p.stat().st_mtime, m.group(1))
-                       for p in spec.resolved_log_dir().glob(f"{spec.name}-*.exit")
-                       if (m := exit_re.fullmatch(p.name)) and p.stat().st_mtime >= written)
+        ended = sorted(
+            (p.stat().st_mtime, m.group(1))
+            for p in spec.resolved_log_dir().glob(f"{spec.name}-*.exit")
+            if (m := exit_re.fullmatch(p.name)) and p.stat().st_mtime >= written
+        )
         return self._handle(spec, ended[0][1]) if ended else None
 
     def _scripts(self, spec: JobSpec) -> dict[str, float]:
@@ -198,8 +209,9 @@ class SlurmBackend:
 
     def _handle(self, spec: JobSpec, job_id: str) -> JobHandle:
         out, err, _ = log_paths(spec, job_id)
-        return JobHandle(backend=self.name, external_id=job_id, name=spec.name,
-                         stdout_path=str(out), stderr_path=str(err))
+        return JobHandle(
+            backend=self.name, external_id=job_id, name=spec.name, stdout_path=str(out), stderr_path=str(err)
+        )
 
     # ---------------------------------------------------------------- status
     def status(self, handles: Sequence[JobHandle], force: bool = False) -> dict[str, JobStatus]:
@@ -227,8 +239,7 @@ class SlurmBackend:
         return self.status([handle], force=True)[handle.external_id]
 
     def _backoff(self, changed: bool) -> None:
-        self._interval = self.min_poll_s if changed else min(
-            self.max_poll_s, max(self.min_poll_s, self._interval * 2))
+        self._interval = self.min_poll_s if changed else min(self.max_poll_s, max(self.min_poll_s, self._interval * 2))
         self._next_poll = time.monotonic() + self._interval
 
     def _query_all(self) -> dict[str, JobStatus]:
@@ -253,16 +264,17 @@ class SlurmBackend:
         st = status_from_exit_file(Path(h.stdout_path).with_suffix(".exit"))
         if st is not None:
             return st
-        return JobStatus(state=JobState.UNKNOWN, reason="Slurm no longer knows this job and it "
-                                                        "left no exit-code file (killed?)")
+        return JobStatus(
+            state=JobState.UNKNOWN, reason="Slurm no longer knows this job and it left no exit-code file (killed?)"
+        )
 
     def _has_accounting(self) -> bool:
         if self._accounting is None:
             res = self.run(["scontrol", "show", "config"])
             self._accounting = res.returncode == 0 and any(
-                line.split("=", 1)[0].strip() == "AccountingStorageType"
-                and "accounting_storage/none" not in line
-                for line in res.stdout.splitlines())
+                line.split("=", 1)[0].strip() == "AccountingStorageType" and "accounting_storage/none" not in line
+                for line in res.stdout.splitlines()
+            )
         return self._accounting
 
     # ---------------------------------------------------------------- cancel, logs
@@ -308,6 +320,7 @@ def _query_pyslurm(pyslurm: object) -> dict[str, JobStatus]:  # pragma: no cover
     for job_id, job in jobs.items():
         state, reason = map_state(str(job.state))
         code = job.exit_code if state in (JobState.COMPLETED, JobState.FAILED) else None
-        out[str(job_id)] = JobStatus(state=state, exit_code=code, reason=reason,
-                                     started_at=ts(job.start_time), finished_at=ts(job.end_time))
+        out[str(job_id)] = JobStatus(
+            state=state, exit_code=code, reason=reason, started_at=ts(job.start_time), finished_at=ts(job.end_time)
+        )
     return out

@@ -37,33 +37,34 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=_NAME_PATTERN,
-                      description="job name; also names log files, so letters, digits, _ . - only")
+    name: str = Field(
+        pattern=_NAME_PATTERN, description="job name; also names log files, so letters, digits, _ . - only"
+    )
     command: list[str] = Field(min_length=1, description="argv of the job's main process")
-    env: dict[str, str] = Field(default_factory=dict,
-                                description="extra environment variables (added to the submitter's)")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="extra environment variables (added to the submitter's)"
+    )
     cwd: str | None = Field(default=None, description="working directory; None: the submitter's")
-    time_limit_s: int = Field(default=DEFAULT_TIME_LIMIT_S, ge=1,
-                              description="wall-clock limit; the job is killed (TIMEOUT) past it")
+    time_limit_s: int = Field(
+        default=DEFAULT_TIME_LIMIT_S, ge=1, description="wall-clock limit; the job is killed (TIMEOUT) past it"
+    )
     cpus: int = Field(default=1, ge=1, description="CPUs per node (Slurm --cpus-per-task)")
     mem_mb: int | None = Field(default=None, ge=1, description="memory per node in MB; None: cluster default")
     gpus: int = Field(default=0, ge=0, description="GPUs per node")
     nodes: int = Field(default=1, ge=1, description="nodes (Slurm only; the command runs on the first)")
     partition: str | None = Field(default=None, description="Slurm partition; None: the default one")
-    log_dir: str | None = Field(default=None,
-                                description="where stdout/stderr go; None: <data dir>/jobs")
-    setup: list[str] = Field(default_factory=list,
-                             description="shell lines run (bash, in the job) before the command, "
-                                         "e.g. starting a Ray head")
-    slurm_args: list[str] = Field(default_factory=list,
-                                  description="extra sbatch options, e.g. ['--begin=now+60']")
+    log_dir: str | None = Field(default=None, description="where stdout/stderr go; None: <data dir>/jobs")
+    setup: list[str] = Field(
+        default_factory=list,
+        description="shell lines run (bash, in the job) before the command, e.g. starting a Ray head",
+    )
+    slurm_args: list[str] = Field(default_factory=list, description="extra sbatch options, e.g. ['--begin=now+60']")
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         for key in env:
-            if not key or not (key[0].isalpha() or key[0] == "_") or not all(
-                    c.isalnum() or c == "_" for c in key):
+            if not key or not (key[0].isalpha() or key[0] == "_") or not all(c.isalnum() or c == "_" for c in key):
                 raise ValueError(f"not a valid environment variable name: {key!r}")
         return env
 

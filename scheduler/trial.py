@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.manager import JobManager, Submitted
 from scheduler.records import JobRecord, JobSink
 from scheduler.spec import JobSpec
 from store.models import JobState
+
 
 class TrialShape(BaseModel):
     """The jobs one trial runs, under a key that names the trial."""
@@ -64,8 +66,9 @@ class TrialState:
         return self.state.terminal
 
 
-def submit_trial(manager: JobManager, shape: TrialShape, backend: str = "local",
-                 trial_id: int | None = None) -> TrialLaunch:
+def submit_trial(
+    manager: JobManager, shape: TrialShape, backend: str = "local", trial_id: int | None = None
+) -> TrialLaunch:
     """Submit each job of the trial unless it already was; on a refusal cancel the others.
 
     Safe to call again after a crash at any point: jobs already recorded are returned,

@@ -30,7 +30,7 @@ from scheduler.spec import DEFAULT_TIME_LIMIT_S, JobSpec
 from scheduler.trial import TrialShape
 
 CPUS_PER_GPU = 3  # verl: max_colocate_count CPUs reserved per GPU bundle
-SPARE_CPUS = 4    # TransferQueue storage units, TaskRunner, reward workers, the swarm server
+SPARE_CPUS = 4  # TransferQueue storage units, TaskRunner, reward workers, the swarm server
 
 
 class VerlJob(BaseModel):
@@ -57,8 +57,10 @@ class VerlJob(BaseModel):
     def _enough_cpus(self) -> VerlJob:
         need = CPUS_PER_GPU * self.gpus_per_node + SPARE_CPUS
         if self.cpus_per_node < need:
-            raise ValueError(f"cpus_per_node {self.cpus_per_node} < {need}: verl reserves {CPUS_PER_GPU} CPUs per "
-                             f"GPU and needs {SPARE_CPUS} more for TransferQueue, its TaskRunner and the server")
+            raise ValueError(
+                f"cpus_per_node {self.cpus_per_node} < {need}: verl reserves {CPUS_PER_GPU} CPUs per "
+                f"GPU and needs {SPARE_CPUS} more for TransferQueue, its TaskRunner and the server"
+            )
         argv = self.serve_argv
         for flag, want in (("--verl-nodes", self.nodes), ("--verl-gpus-per-node", self.gpus_per_node)):
             if flag in argv and argv.index(flag) + 1 < len(argv) and argv[argv.index(flag) + 1] != str(want):
@@ -71,21 +73,21 @@ def ray_setup(job: VerlJob) -> list[str]:
     port, cpus, gpus = job.ray_port, job.cpus_per_node, job.gpus_per_node
     lines = [
         'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
-        'head=${nodes[0]}',
-        'head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head" hostname --ip-address | awk \'{print $1}\')',
+        "head=${nodes[0]}",
+        "head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w \"$head\" hostname --ip-address | awk '{print $1}')",
         f'ray start --head --node-ip-address="$head_ip" --port={port} --num-cpus={cpus} --num-gpus={gpus} '
-        '--disable-usage-stats',
+        "--disable-usage-stats",
         'for node in "${nodes[@]:1}"; do',
         f'  srun --overlap --nodes=1 --ntasks=1 -w "$node" ray start --address="$head_ip:{port}" '
-        f'--num-cpus={cpus} --num-gpus={gpus} --block --disable-usage-stats &',
-        'done',
+        f"--num-cpus={cpus} --num-gpus={gpus} --block --disable-usage-stats &",
+        "done",
         f'export RAY_ADDRESS="$head_ip:{port}"',
-        f'deadline=$((SECONDS + {job.ray_wait_s}))',
-        'until [ "$(python3 -c \'import ray; ray.init(); '
+        f"deadline=$((SECONDS + {job.ray_wait_s}))",
+        "until [ \"$(python3 -c 'import ray; ray.init(); "
         'print(sum(n["Alive"] for n in ray.nodes()))\' 2>/dev/null | tail -n1)" = "${#nodes[@]}" ]; do',
         '  if [ "$SECONDS" -ge "$deadline" ]; then echo "ray: not every node joined" >&2; exit 1; fi',
-        '  sleep 5',
-        'done',
+        "  sleep 5",
+        "done",
         'echo "ray: ${#nodes[@]} nodes up at $RAY_ADDRESS"',
     ]
     if job.network_interface:
@@ -96,10 +98,20 @@ def ray_setup(job: VerlJob) -> list[str]:
 
 def verl_job(job: VerlJob) -> JobSpec:
     """The `JobSpec` of one verl swarm-server job (submit with the Slurm backend)."""
-    return JobSpec(name=job.name, command=list(job.serve_argv), env=dict(job.env), cwd=job.cwd,
-                   time_limit_s=job.time_limit_s, cpus=job.cpus_per_node, mem_mb=job.mem_mb,
-                   gpus=job.gpus_per_node, nodes=job.nodes, partition=job.partition, log_dir=job.log_dir,
-                   setup=ray_setup(job))
+    return JobSpec(
+        name=job.name,
+        command=list(job.serve_argv),
+        env=dict(job.env),
+        cwd=job.cwd,
+        time_limit_s=job.time_limit_s,
+        cpus=job.cpus_per_node,
+        mem_mb=job.mem_mb,
+        gpus=job.gpus_per_node,
+        nodes=job.nodes,
+        partition=job.partition,
+        log_dir=job.log_dir,
+        setup=ray_setup(job),
+    )
 
 
 def verl_trial_shape(key: str, spec: JobSpec) -> TrialShape:

@@ -17,8 +17,7 @@ import typer
 
 from store import db, migrate, schema
 
-app = typer.Typer(help="The project database: migrations (upgrade, downgrade, current, check).",
-                 no_args_is_help=True)
+app = typer.Typer(help="The project database: migrations (upgrade, downgrade, current, check).", no_args_is_help=True)
 
 _state: dict[str, str | None] = {"url": None}
 

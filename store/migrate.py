@@ -25,14 +25,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from alembic import command, context
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
-from sqlalchemy.engine import Connection, Engine, URL
+from sqlalchemy.engine import URL, Connection, Engine
 
+from alembic import command, context
 from store import db
 from store.models import metadata
 from store.types import JSONType, UTCDateTime

@@ -63,9 +63,7 @@ class JobState(StrEnum):
         return self in _TERMINAL_JOB_STATES
 
 
-_TERMINAL_JOB_STATES = frozenset(
-    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT}
-)
+_TERMINAL_JOB_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
 
 
 class JobBackend(StrEnum):
@@ -146,9 +144,7 @@ class Job(StoreModel, table=True):
     """
 
     __tablename__ = "jobs"
-    __table_args__ = (
-        Index("ix_jobs_backend_external_id", "backend", "external_id"),
-    )
+    __table_args__ = (Index("ix_jobs_backend_external_id", "backend", "external_id"),)
 
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(default="", max_length=255)

@@ -86,9 +86,7 @@ def histories_frame(
     for run_id in run_ids:
         for key in key_list:
             steps, values, stamps = _history(c, run_id, key)
-            part = pd.DataFrame(
-                {"run_id": run_id, "key": key, "step": steps, "value": values, "timestamp_ms": stamps}
-            )
+            part = pd.DataFrame({"run_id": run_id, "key": key, "step": steps, "value": values, "timestamp_ms": stamps})
             for col in label_cols:
                 part[col] = (labels or {}).get(run_id, {}).get(col)
             parts.append(part)
@@ -98,16 +96,10 @@ def histories_frame(
     return frame[FRAME_COLUMNS + label_cols]
 
 
-def trial_histories_frame(
-    trials: Iterable[Trial], keys: str | Sequence[str], **kwargs: Any
-) -> pd.DataFrame:
+def trial_histories_frame(trials: Iterable[Trial], keys: str | Sequence[str], **kwargs: Any) -> pd.DataFrame:
     """`histories_frame` for trials (those with an MLflow run), labelled with
     `trial_id`, `arm` and `seed`."""
-    labels = {
-        t.mlflow_run_id: {"trial_id": t.id, "arm": t.arm, "seed": t.seed}
-        for t in trials
-        if t.mlflow_run_id
-    }
+    labels = {t.mlflow_run_id: {"trial_id": t.id, "arm": t.arm, "seed": t.seed} for t in trials if t.mlflow_run_id}
     return histories_frame(list(labels), keys, labels=labels, **kwargs)
 
 

@@ -63,8 +63,7 @@ def require_current(engine: Engine) -> str:
             f"Upgrade Roost, or run `swarm db downgrade {head}` with the newer version"
         )
     raise StoreNotMigrated(
-        f"the Roost database at {where} is at revision {current} but this code needs {head}; "
-        f"run `{UPGRADE_COMMAND}`"
+        f"the Roost database at {where} is at revision {current} but this code needs {head}; run `{UPGRADE_COMMAND}`"
     )
 
 
@@ -82,8 +81,9 @@ def init_db(url: str | URL | None = None, upgrade: bool | None = None) -> Engine
     if auto:
         current = migrate.current(engine)
         if current != migrate.head() and (current is None or migrate.is_known(current)):
-            log.info("migrating Roost database at %s from %s to %s",
-                     redact(engine.url), current or "empty", migrate.head())
+            log.info(
+                "migrating Roost database at %s from %s to %s", redact(engine.url), current or "empty", migrate.head()
+            )
             migrate.upgrade(engine)
     require_current(engine)
     return engine

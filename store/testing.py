@@ -74,9 +74,7 @@ class PostgresServer:
     def _admin(self):  # type: ignore[no-untyped-def]
         import psycopg  # lazy: an optional driver, only for PostgreSQL tests
 
-        return psycopg.connect(
-            host=self.host, port=self.port, user=self.user, dbname="postgres", autocommit=True
-        )
+        return psycopg.connect(host=self.host, port=self.port, user=self.user, dbname="postgres", autocommit=True)
 
     def create_database(self, name: str) -> str:
         """CREATE DATABASE `name` (dropping an old one); returns its SQLAlchemy URL."""
@@ -128,21 +126,55 @@ def start_postgres(attempts: int = 3) -> Iterator[PostgresServer]:
     server: PostgresServer | None = None
     try:
         init = subprocess.run(
-            _as_postgres([str(PG_BIN / "initdb"), "-D", str(root / "data"), "-A", "trust",
-                          "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C"]),
-            capture_output=True, text=True, timeout=120, check=False,
+            _as_postgres(
+                [
+                    str(PG_BIN / "initdb"),
+                    "-D",
+                    str(root / "data"),
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "--no-sync",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                ]
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
         if init.returncode != 0:
             raise RuntimeError(f"initdb failed: {init.stderr.strip() or init.stdout.strip()}")
         last_error = ""
         for _ in range(attempts):
             port = free_port()
-            opts = (f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                    "-c synchronous_commit=off -c full_page_writes=off")
+            opts = (
+                f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c synchronous_commit=off -c full_page_writes=off"
+            )
             start = subprocess.run(
-                _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(root / "data"), "-o", opts,
-                              "-l", str(root / "server.log"), "-w", "-t", "60", "start"]),
-                capture_output=True, text=True, timeout=90, check=False,
+                _as_postgres(
+                    [
+                        str(PG_BIN / "pg_ctl"),
+                        "-D",
+                        str(root / "data"),
+                        "-o",
+                        opts,
+                        "-l",
+                        str(root / "server.log"),
+                        "-w",
+                        "-t",
+                        "60",
+                        "start",
+                    ]
+                ),
+                capture_output=True,
+                text=True,
+                timeout=90,
+                check=False,
             )
             if start.returncode == 0:
                 server = PostgresServer(root=root, port=port)
@@ -186,11 +218,26 @@ class MlflowServer:
         env.pop("MLFLOW_TRACKING_URI", None)
         with open(self._log, "wb") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
-                 "--port", str(self.port), "--workers", "1",
-                 "--backend-store-uri", f"sqlite:///{self.workdir / 'server.db'}",
-                 "--artifacts-destination", str(self.workdir / "artifacts")],
-                cwd=self.workdir, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "mlflow",
+                    "server",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    "1",
+                    "--backend-store-uri",
+                    f"sqlite:///{self.workdir / 'server.db'}",
+                    "--artifacts-destination",
+                    str(self.workdir / "artifacts"),
+                ],
+                cwd=self.workdir,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: workers die with it
             )
         return self
@@ -201,9 +248,7 @@ class MlflowServer:
         deadline = time.monotonic() + timeout_s
         while not _healthy(f"{self.uri}/health"):
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited with {self.proc.returncode}: {self._log.read_text()[-2000:]}"
-                )
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}: {self._log.read_text()[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"mlflow server not healthy after {timeout_s:.0f} s")
             time.sleep(0.3)

@@ -147,7 +147,7 @@ def get_client(uri: str | None = None) -> MlflowClient:
 def _sqlite_file(uri: str) -> Path | None:
     if not uri.startswith("sqlite:///"):
         return None
-    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
     return Path(path) if path and path != ":memory:" else None
 
 
@@ -229,9 +229,7 @@ class RunLogger:
         self._kick = threading.Event()
         self._thread: threading.Thread | None = None
         if flush_interval_s > 0:
-            self._thread = threading.Thread(
-                target=self._sender, name=f"mlflow-metrics-{run_id[:8]}", daemon=True
-            )
+            self._thread = threading.Thread(target=self._sender, name=f"mlflow-metrics-{run_id[:8]}", daemon=True)
             self._thread.start()
         atexit.register(self._atexit)
 
@@ -271,8 +269,7 @@ class RunLogger:
         run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
         return cls(client, run.info.run_id, **options)
 
-    def child(self, run_name: str | None = None, *, tags: Mapping[str, Any] | None = None,
-              **options: Any) -> RunLogger:
+    def child(self, run_name: str | None = None, *, tags: Mapping[str, Any] | None = None, **options: Any) -> RunLogger:
         """A nested child run of this one, in the same experiment."""
         all_tags = {k: str(v) for k, v in (tags or {}).items()}
         all_tags[MLFLOW_PARENT_RUN_ID] = self.run_id

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, DateTime
@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def utcnow() -> datetime:
@@ -50,8 +50,7 @@ class UTCDateTime(TypeDecorator[datetime]):
             raise TypeError(f"UTCDateTime expects a datetime, got {type(value).__name__}")
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError(
-                "naive datetime given to a UTC timestamp column; "
-                "use store.utcnow() or datetime.now(timezone.utc)"
+                "naive datetime given to a UTC timestamp column; use store.utcnow() or datetime.now(timezone.utc)"
             )
         value = value.astimezone(UTC)
         # SQLite stores text; drop tzinfo so the stored string is plain UTC.

@@ -29,23 +29,29 @@ from rich.table import Table
 import swarm.ctl as _ctl
 from store.paths import default_model_dir
 from swarm.client.cli import client_command
-from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
 from swarm.config.options import config_options, require_extra
+from swarm.config.run import ORCHESTRATED, RunConfig
+from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
 from swarm.plugins import mount_plugins, needs_plugins
 from swarm.run_checks import Problems, prepare
 from swarm.server.cli import serve_command
 from swarm.tasks import list_tasks
 from swarm.train import run
-from swarm.config.run import ORCHESTRATED, RunConfig
 
-app = typer.Typer(help="Swarm RL training: serve a trainable model, run agent fleets, train.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Swarm RL training: serve a trainable model, run agent fleets, train.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 model_app = typer.Typer(help="The embedded model; a run's model as a plain directory.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.command("serve", help="Run a swarm server: OpenAI-compatible endpoint + episode API + trainer.")(serve_command)
 app.command("client", help="Run a client fleet: play a workflow over a dataset through a server.")(client_command)
-app.add_typer(_ctl.app, name="ctl", help="Operate a running server: live config (lr, temperature, quotas...), "
-                                         "pause, resume, checkpoint, stop.")
+app.add_typer(
+    _ctl.app,
+    name="ctl",
+    help="Operate a running server: live config (lr, temperature, quotas...), pause, resume, checkpoint, stop.",
+)
 
 
 @model_app.command("init")
@@ -68,10 +74,15 @@ def model_init(
 
 @model_app.command("export")
 def model_export(
-    source: Path = typer.Argument(..., help="a checkpoint (LoRA adapter or full) or a `swarm train` run folder "
-                                  "(its last checkpoint)"),
-    merge: Path = typer.Option(..., "--merge", help="write the base with the adapter merged in here, as a Hugging "
-                               "Face model directory (`swarm eval --model`, vLLM, transformers load it)"),
+    source: Path = typer.Argument(
+        ..., help="a checkpoint (LoRA adapter or full) or a `swarm train` run folder (its last checkpoint)"
+    ),
+    merge: Path = typer.Option(
+        ...,
+        "--merge",
+        help="write the base with the adapter merged in here, as a Hugging "
+        "Face model directory (`swarm eval --model`, vLLM, transformers load it)",
+    ),
 ) -> None:
     """Export a run's policy as a whole Hugging Face model: a LoRA adapter merged into the base it records."""
     require_extra("server", "torch", "transformers", "peft")
@@ -89,11 +100,16 @@ def model_export(
 @config_options(RunConfig, RunConfig(), exclude=ORCHESTRATED)
 def train_command(
     overrides: dict[str, Any],
-    config_file: Path = typer.Option(None, "--config", help="YAML/JSON file of RunConfig fields (a run's "
-                                     "run.yaml repeats it, into a fresh sibling folder OUT-2 unless --out is "
-                                     "given); flags given on the command line override it"),
-    resume: bool = typer.Option(False, "--resume", help="continue the run in --out (its run.yaml, flags on top) "
-                                "up to --steps steps in all"),
+    config_file: Path = typer.Option(
+        None,
+        "--config",
+        help="YAML/JSON file of RunConfig fields (a run's "
+        "run.yaml repeats it, into a fresh sibling folder OUT-2 unless --out is "
+        "given); flags given on the command line override it",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="continue the run in --out (its run.yaml, flags on top) up to --steps steps in all"
+    ),
     fresh: bool = typer.Option(False, "--fresh", help="delete the earlier run in --out first and start over"),
 ) -> None:
     """Train a model on a built-in task or your own workflow: one server and client fleets over loopback.
@@ -132,17 +148,25 @@ def train_command(
 
 @app.command("eval")
 def eval_command(
-    model: Path = typer.Option(None, "--model", help="Hugging Face causal-LM directory (a checkpoint too), or a "
-                               "`swarm train` run folder", show_default="the embedded model"),
+    model: Path = typer.Option(
+        None,
+        "--model",
+        help="Hugging Face causal-LM directory (a checkpoint too), or a `swarm train` run folder",
+        show_default="the embedded model",
+    ),
     task: list[str] = typer.Option(None, "--task", help="built-in task, repeatable", show_default="every task"),
     n: int = typer.Option(200, "--n", min=1, help="episodes per task and temperature"),
-    temperature: list[float] = typer.Option(None, "--temperature", "-t", min=0.0, max=2.0,
-                                            help="repeatable; 0 is greedy", show_default="0 and 1"),
+    temperature: list[float] = typer.Option(
+        None, "--temperature", "-t", min=0.0, max=2.0, help="repeatable; 0 is greedy", show_default="0 and 1"
+    ),
     seed: int = typer.Option(12345, "--seed", help="dataset and sampling seed (held out from training's)"),
     json_out: Path = typer.Option(None, "--json", help="also write the results here"),
-    baseline: bool = typer.Option(None, "--baseline/--no-baseline",
-                                  help="also score the model the run started from, side by side",
-                                  show_default="on for a run folder (its last checkpoint is evaluated)"),
+    baseline: bool = typer.Option(
+        None,
+        "--baseline/--no-baseline",
+        help="also score the model the run started from, side by side",
+        show_default="on for a run folder (its last checkpoint is evaluated)",
+    ),
 ) -> None:
     """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled.
 
@@ -157,22 +181,31 @@ def eval_command(
     if baseline is None:  # a run folder (resolved to its last checkpoint) compares by itself
         baseline = initial is not None and model != given
     if baseline and initial is None:
-        raise typer.BadParameter(f"{model} is not a run folder or a run's checkpoint: no initial model to compare "
-                                 "with", param_hint="--baseline")
+        raise typer.BadParameter(
+            f"{model} is not a run folder or a run's checkpoint: no initial model to compare with",
+            param_hint="--baseline",
+        )
     for path in (model, initial) if baseline else (model,):
         if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():  # a LoRA checkpoint
-            raise typer.BadParameter(f"{path} is not a Hugging Face model directory (no config.json)",
-                                     param_hint="--model")
+            raise typer.BadParameter(
+                f"{path} is not a Hugging Face model directory (no config.json)", param_hint="--model"
+            )
     names = task or list_tasks()
     unknown = [t for t in names if t not in list_tasks()]
     if unknown:
-        raise typer.BadParameter(f"unknown task {unknown[0]!r}; built-in tasks: {', '.join(list_tasks())}",
-                                 param_hint="--task")
+        raise typer.BadParameter(
+            f"unknown task {unknown[0]!r}; built-in tasks: {', '.join(list_tasks())}", param_hint="--task"
+        )
     models = [("initial", initial), ("trained", model)] if baseline else [("evaluated", model)]
     runs = [(role, path, name, t) for role, path in models for name in names for t in (temperature or [0.0, 1.0])]
     results = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=Console(stderr=True)) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    ) as progress:
         bar = progress.add_task("evaluating", total=len(runs))
         for role, path, name, t in runs:
             progress.update(bar, description=f"{role} model: {name} at temperature {t:g}")
@@ -186,8 +219,12 @@ def eval_command(
         for column in ("task", "temperature", "n", "mean_reward", "solved", "calls_per_episode", "seconds"):
             table.add_column(column, justify="right" if column != "task" else "left")
         for r in results:
-            table.add_row(*(str(r[c]) for c in ("task", "temperature", "n", "mean_reward", "solved",
-                                                "calls_per_episode", "seconds")))
+            table.add_row(
+                *(
+                    str(r[c])
+                    for c in ("task", "temperature", "n", "mean_reward", "solved", "calls_per_episode", "seconds")
+                )
+            )
     Console().print(table)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2))
@@ -196,15 +233,22 @@ def eval_command(
 @app.command("inspect")
 def inspect_command(
     run_dir: Path = typer.Argument(..., help="a server output dir (holds rollouts.jsonl) or the file itself"),
-    episode: str = typer.Option(None, "--episode", "-e", help="episode id",
-                                show_default="the last recorded (that passes the filters)"),
+    episode: str = typer.Option(
+        None, "--episode", "-e", help="episode id", show_default="the last recorded (that passes the filters)"
+    ),
     list_: bool = typer.Option(False, "--list", "-l", help="list the episodes (that pass the filters) instead"),
-    filters: list[str] = typer.Option(None, "--filter", "-f", help="FIELD OP VALUE, repeatable (all must hold): "
-                                      "fields episode_id task_id task_family group_id reward status policy_version "
-                                      "calls; ops = != > >= < <= ~ (contains); e.g. 'reward>0' task_family=arith"),
+    filters: list[str] = typer.Option(
+        None,
+        "--filter",
+        "-f",
+        help="FIELD OP VALUE, repeatable (all must hold): "
+        "fields episode_id task_id task_family group_id reward status policy_version "
+        "calls; ops = != > >= < <= ~ (contains); e.g. 'reward>0' task_family=arith",
+    ),
     limit: int = typer.Option(50, "--limit", min=1, help="rows of --list (the most recent)"),
-    model: Path = typer.Option(None, "--model", help="tokenizer dir",
-                               show_default="the run's model, else the embedded one"),
+    model: Path = typer.Option(
+        None, "--model", help="tokenizer dir", show_default="the run's model, else the embedded one"
+    ),
     html_out: Path = typer.Option(None, "--html", help="also write a standalone HTML page here"),
 ) -> None:
     """Show a recorded episode token by token (text, id, loss mask, logprob, agent), or list episodes."""

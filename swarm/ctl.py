@@ -23,8 +23,11 @@ from rich.markup import escape
 
 from swarm.server.admin_schema import LiveConfigUpdate
 
-app = typer.Typer(help="Operate a running swarm server: live config, pause/resume, checkpoint, stop.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Operate a running swarm server: live config, pause/resume, checkpoint, stop.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 ALIASES = {"kl": "kl_coef", "temp": "temperature", "B": "batch_groups", "batch-groups": "batch_groups"}
 
@@ -37,13 +40,19 @@ class _Ctx:
 
     def call(self, method: str, path: str, body: Any = None) -> dict:
         if not self.token:  # checked here, not in the callback, so `--help` of every command works without one
-            raise typer.BadParameter("an admin token is required (--admin-token or ROOST_ADMIN_TOKEN)",
-                                     param_hint="--admin-token")
+            raise typer.BadParameter(
+                "an admin token is required (--admin-token or ROOST_ADMIN_TOKEN)", param_hint="--admin-token"
+            )
         import httpx  # lazy: `swarm --help` mounts this CLI and should not pay for an HTTP stack
 
         try:
-            r = httpx.request(method, f"{self.url}/swarm/v1{path}", json=body, timeout=self.timeout,
-                              headers={"Authorization": f"Bearer {self.token}"})
+            r = httpx.request(
+                method,
+                f"{self.url}/swarm/v1{path}",
+                json=body,
+                timeout=self.timeout,
+                headers={"Authorization": f"Bearer {self.token}"},
+            )
         except httpx.HTTPError as exc:
             typer.echo(f"cannot reach {self.url}: {exc}", err=True)
             raise typer.Exit(1) from None
@@ -88,11 +97,12 @@ def parse_settings(items: list[str]) -> dict[str, Any]:
 
 
 @app.callback()
-def main(ctx: typer.Context,
-         url: str = typer.Option("http://127.0.0.1:8000", "--url", envvar="ROOST_URL", help="swarm server URL"),
-         admin_token: str = typer.Option(None, "--admin-token", envvar="ROOST_ADMIN_TOKEN",
-                                         help="the server's admin token"),
-         timeout: float = typer.Option(30.0, "--timeout", help="seconds per request")) -> None:
+def main(
+    ctx: typer.Context,
+    url: str = typer.Option("http://127.0.0.1:8000", "--url", envvar="ROOST_URL", help="swarm server URL"),
+    admin_token: str = typer.Option(None, "--admin-token", envvar="ROOST_ADMIN_TOKEN", help="the server's admin token"),
+    timeout: float = typer.Option(30.0, "--timeout", help="seconds per request"),
+) -> None:
     ctx.obj = _Ctx(url, admin_token, timeout)
 
 

@@ -46,9 +46,13 @@ def iter_episodes(run_dir: Path) -> Iterator[dict]:
 
 
 _OPS: dict[str, Callable[[object, str], bool]] = {
-    ">=": lambda a, b: _num(a) >= float(b), "<=": lambda a, b: _num(a) <= float(b),
-    "!=": lambda a, b: str(a) != b, ">": lambda a, b: _num(a) > float(b), "<": lambda a, b: _num(a) < float(b),
-    "~": lambda a, b: b in str(a), "=": lambda a, b: str(a) == b,
+    ">=": lambda a, b: _num(a) >= float(b),
+    "<=": lambda a, b: _num(a) <= float(b),
+    "!=": lambda a, b: str(a) != b,
+    ">": lambda a, b: _num(a) > float(b),
+    "<": lambda a, b: _num(a) < float(b),
+    "~": lambda a, b: b in str(a),
+    "=": lambda a, b: str(a) == b,
 }
 FIELDS = ("episode_id", "task_id", "task_family", "group_id", "reward", "status", "policy_version", "calls")
 
@@ -111,15 +115,23 @@ def render_list(episodes: list[dict], limit: int, console: Console | None = None
         table.add_column(column, justify="right" if column in ("reward", "calls", "policy_version") else "left")
     for ep in episodes[-limit:]:
         reward = ep.get("reward")
-        table.add_row(str(ep.get("episode_id")), str(ep.get("task_id")), str(ep.get("task_family")),
-                      "-" if reward is None else f"{reward:.3f}", str(ep.get("status") or "finished"),
-                      str(len(ep.get("calls", ()))), str(ep.get("policy_version")))
+        table.add_row(
+            str(ep.get("episode_id")),
+            str(ep.get("task_id")),
+            str(ep.get("task_family")),
+            "-" if reward is None else f"{reward:.3f}",
+            str(ep.get("status") or "finished"),
+            str(len(ep.get("calls", ()))),
+            str(ep.get("policy_version")),
+        )
     console.print(table)
 
 
 def episode_calls(ep: dict) -> list[Call]:
-    return [Call(c.get("agent", "main"), c["prompt_ids"], c["completion_ids"], c["logprobs"],
-                 c.get("policy_version", 0)) for c in ep["calls"]]
+    return [
+        Call(c.get("agent", "main"), c["prompt_ids"], c["completion_ids"], c["logprobs"], c.get("policy_version", 0))
+        for c in ep["calls"]
+    ]
 
 
 def episode_segments(ep: dict) -> list[Segment]:
@@ -148,8 +160,7 @@ def segment_rewards(ep: dict, segs: list[Segment]) -> list[float | None]:
         return [float(r) for r in choices]
     agents = ep.get("agent_rewards") or {}
     reward = ep.get("reward")
-    return [float(agents[s.agent]) if s.agent in agents else (None if reward is None else float(reward))
-            for s in segs]
+    return [float(agents[s.agent]) if s.agent in agents else (None if reward is None else float(reward)) for s in segs]
 
 
 def _verdict(reward: float | None, rewards: list[float | None]) -> str:
@@ -176,15 +187,19 @@ def render_terminal(ep: dict, decode: Callable[[list[int]], str], console: Conso
     segs = episode_segments(ep)
     rewards = segment_rewards(ep, segs)
     st = merge_stats(calls, segs)
-    console.print(f"[bold]episode[/] {ep.get('episode_id')}  task {ep.get('task_id')}  "
-                  f"reward {_fmt(ep.get('reward'))}  calls {st.calls} → samples {st.samples} "
-                  f"(merge ratio {st.merge_ratio:.2f}, tokens {st.tokens_unmerged} → {st.tokens_merged})")
+    console.print(
+        f"[bold]episode[/] {ep.get('episode_id')}  task {ep.get('task_id')}  "
+        f"reward {_fmt(ep.get('reward'))}  calls {st.calls} → samples {st.samples} "
+        f"(merge ratio {st.merge_ratio:.2f}, tokens {st.tokens_unmerged} → {st.tokens_merged})"
+    )
     for k, (seg, reward) in enumerate(zip(segs, rewards)):
         verdict = _verdict(reward, rewards)
         color = {"wrong": "red", "partial": "yellow", "best": "green"}.get(verdict, "default")
-        console.rule(f"sample {k}: agent {seg.agent}, [{color}]reward {_fmt(reward)}[/]"
-                     f"{' (' + verdict + ')' if verdict == 'wrong' else ''}, {len(seg.input_ids)} tokens, "
-                     f"{sum(seg.loss_mask)} trained, calls {seg.calls}")
+        console.rule(
+            f"sample {k}: agent {seg.agent}, [{color}]reward {_fmt(reward)}[/]"
+            f"{' (' + verdict + ')' if verdict == 'wrong' else ''}, {len(seg.input_ids)} tokens, "
+            f"{sum(seg.loss_mask)} trained, calls {seg.calls}"
+        )
         text = Text()
         for tid, m, lp in zip(seg.input_ids, seg.loss_mask, seg.logprobs):
             piece = _piece(decode, tid)
@@ -227,15 +242,21 @@ def render_html(ep: dict, decode: Callable[[list[int]], str]) -> str:
     ]
     for k, (seg, reward) in enumerate(zip(segs, rewards)):
         verdict = _verdict(reward, rewards)
-        badge = (f"<span class='{verdict}'>reward {html.escape(_fmt(reward))}</span>" if verdict
-                 else f"reward {html.escape(_fmt(reward))}")
-        parts.append(f"<h2>Sample {k} &middot; agent {html.escape(seg.agent)} &middot; {badge} &middot; "
-                     f"{len(seg.input_ids)} tokens, {sum(seg.loss_mask)} trained</h2><div>")
+        badge = (
+            f"<span class='{verdict}'>reward {html.escape(_fmt(reward))}</span>"
+            if verdict
+            else f"reward {html.escape(_fmt(reward))}"
+        )
+        parts.append(
+            f"<h2>Sample {k} &middot; agent {html.escape(seg.agent)} &middot; {badge} &middot; "
+            f"{len(seg.input_ids)} tokens, {sum(seg.loss_mask)} trained</h2><div>"
+        )
         for pos, (tid, m, lp) in enumerate(zip(seg.input_ids, seg.loss_mask, seg.logprobs)):
             cls = "m0" if not m else ("m1" if lp > -2 else "m1 low")
             title = f"pos {pos} | id {tid} | mask {m} | logprob {lp:.4f} | agent {seg.agent}"
-            parts.append(f"<span class='t {cls}' title='{html.escape(title)}'>"
-                         f"{html.escape(_piece(decode, tid))}</span>")
+            parts.append(
+                f"<span class='t {cls}' title='{html.escape(title)}'>{html.escape(_piece(decode, tid))}</span>"
+            )
         parts.append("</div>")
     parts.append("</body></html>")
     return "".join(parts)

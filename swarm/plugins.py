@@ -48,9 +48,11 @@ def _unavailable(app: typer.Typer, name: str, error: str) -> None:
         typer.echo(f"swarm {name}: unavailable ({error})", err=True)
         raise typer.Exit(1)
 
-    app.command(name, help=f"(unavailable: {error})",
-                context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                                  "help_option_names": []})(report)
+    app.command(
+        name,
+        help=f"(unavailable: {error})",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    )(report)
 
 
 def mount_plugins(app: typer.Typer, plugins: Iterable[EntryPoint] | None = None) -> list[str]:

@@ -74,11 +74,15 @@ class ClaimRequest(_Request):
     roles: list[str] | None = Field(None, max_length=64)
     metadata: dict[str, Any] = Field(default_factory=dict)
     claim_key: str | None = Field(
-        None, min_length=1, max_length=200,
+        None,
+        min_length=1,
+        max_length=200,
         description="idempotency key: a retried claim with the same key gets the same episode",
     )
     wait_s: Number = Field(
-        0.0, ge=0.0, le=30.0,
+        0.0,
+        ge=0.0,
+        le=30.0,
         description="long poll: wait up to this long for admission before answering 429",
     )
 
@@ -89,7 +93,8 @@ class ClaimResponse(_Response):
     api_key: str = Field(description="server-signed episode key; the Bearer token of its calls")
     lease_expires_at: float
     lease_seconds: float | None = Field(
-        None, description="lease length: heartbeats (or the episode's own calls) must come more often")
+        None, description="lease length: heartbeats (or the episode's own calls) must come more often"
+    )
     policy_version: int
     model: str
     group_id: str
@@ -109,13 +114,17 @@ class FinishRequest(_Request):
     #: Required unless `choice_rewards` is given (then it defaults to their mean, for the metrics).
     reward: Number | None = Field(None, ge=-REWARD_ABS_MAX, le=REWARD_ABS_MAX)
     agent_rewards: dict[str, Number] | None = Field(
-        None, description="per-agent-tag rewards overriding `reward` for those agents")
+        None, description="per-agent-tag rewards overriding `reward` for those agents"
+    )
     #: A group sampled in one call: the episode made one chat call with `n` choices and scores
     #: each. Each choice trains as its own sample with its own reward, and the choices are
     #: the GRPO group (the server's group size is then 1 episode): one HTTP call per group.
     choice_rewards: list[Number] | None = Field(
-        None, min_length=1, max_length=MAX_CHOICES,
-        description="rewards of the choices of the episode's one call, in choice order")
+        None,
+        min_length=1,
+        max_length=MAX_CHOICES,
+        description="rewards of the choices of the episode's one call, in choice order",
+    )
     status: Literal["completed", "truncated", "failed"] = "completed"
     metrics: dict[str, Number] = Field(default_factory=dict)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
@@ -163,7 +172,7 @@ class AbortRequest(_Request):
     release: Bool = Field(
         True,
         description="free the slot so another claim of this task may take it; "
-                    "false gives the slot up for this round (its group completes smaller)",
+        "false gives the slot up for this round (its group completes smaller)",
     )
 
 
@@ -179,14 +188,17 @@ MAX_BATCH = 256
 
 
 class ClaimBatch(_Request):
-    claims: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH,
-                                         description="`ClaimRequest` bodies, each validated on its own")
+    claims: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_BATCH, description="`ClaimRequest` bodies, each validated on its own"
+    )
 
 
 class FinishBatch(_Request):
     finishes: list[dict[str, Any]] = Field(
-        min_length=1, max_length=MAX_BATCH,
-        description="`FinishRequest` bodies plus `episode_id` and `api_key` (the episode's key)")
+        min_length=1,
+        max_length=MAX_BATCH,
+        description="`FinishRequest` bodies plus `episode_id` and `api_key` (the episode's key)",
+    )
 
 
 class BatchResult(_Response):

@@ -167,8 +167,10 @@ def input_problems(spec: RunConfig) -> list[str]:
         module = spec.workflow.partition(":")[0]
         beside = getattr(sys.modules.get(module), "dataset", None)
         if not callable(beside):
-            found.append(f"--dataset: none given and {module!r} has no dataset(seed, size) function beside "
-                         f"{spec.workflow}: give --dataset module:function or --task NAME")
+            found.append(
+                f"--dataset: none given and {module!r} has no dataset(seed, size) function beside "
+                f"{spec.workflow}: give --dataset module:function or --task NAME"
+            )
     return found
 
 
@@ -185,8 +187,9 @@ def out_problems(out: Path, resume: bool) -> list[str]:
     return []
 
 
-def choose_out(requested: Path, config_file: Path | None, out_given: bool, resume: bool,
-               fresh: bool) -> tuple[Path, str | None, list[str]]:
+def choose_out(
+    requested: Path, config_file: Path | None, out_given: bool, resume: bool, fresh: bool
+) -> tuple[Path, str | None, list[str]]:
     """(the folder the run goes to, a note to print, problems) by the rules in the module docstring."""
     earlier = previous_run(requested)
     if not earlier or resume or fresh:
@@ -200,12 +203,27 @@ def choose_out(requested: Path, config_file: Path | None, out_given: bool, resum
         return out, f"repeating the run of {requested} into {out} (--out DIR chooses the folder)", []
     status = _status(requested)
     if ended_before_training(requested):
-        return requested, (f"replacing the {status} run in {requested} (it ended before its first step); "
-                           f"its logs stay in {requested / 'logs'}, appended to"), []
-    what = f"an unfinished run ({status} after {steps_done(requested)} steps)" \
-        if status not in (None, "finished") else "an earlier run"
-    return requested, None, [f"--out: {requested} holds {what} ({', '.join(earlier)}): pass --resume to continue "
-                             "it, --fresh to replace it, or choose another --out"]
+        return (
+            requested,
+            (
+                f"replacing the {status} run in {requested} (it ended before its first step); "
+                f"its logs stay in {requested / 'logs'}, appended to"
+            ),
+            [],
+        )
+    what = (
+        f"an unfinished run ({status} after {steps_done(requested)} steps)"
+        if status not in (None, "finished")
+        else "an earlier run"
+    )
+    return (
+        requested,
+        None,
+        [
+            f"--out: {requested} holds {what} ({', '.join(earlier)}): pass --resume to continue "
+            "it, --fresh to replace it, or choose another --out"
+        ],
+    )
 
 
 def _status(out: Path) -> str | None:
@@ -217,8 +235,9 @@ def _status(out: Path) -> str | None:
     return status if isinstance(status, str) else None
 
 
-def prepare(overrides: dict[str, Any], config_file: Path | None, resume: bool,
-            fresh: bool) -> tuple[RunConfig, list[str]]:
+def prepare(
+    overrides: dict[str, Any], config_file: Path | None, resume: bool, fresh: bool
+) -> tuple[RunConfig, list[str]]:
     """The run's settings and the notes to print, once every check has passed (`Problems` otherwise);
     only then is an earlier run cleared (`--fresh`, or one that ended before its first step)."""
     file_out = load_config_file(config_file).get("out") if config_file is not None else None
@@ -240,6 +259,19 @@ def prepare(overrides: dict[str, Any], config_file: Path | None, resume: bool,
     return spec, [note] if note else []
 
 
-__all__ = ["METRICS", "MetricsTail", "Problems", "RUN_ENTRIES", "RUN_FILE", "choose_out", "clear_run",
-           "ended_before_training", "input_problems", "out_problems", "prepare", "previous_run", "read_metrics",
-           "steps_done"]
+__all__ = [
+    "METRICS",
+    "MetricsTail",
+    "Problems",
+    "RUN_ENTRIES",
+    "RUN_FILE",
+    "choose_out",
+    "clear_run",
+    "ended_before_training",
+    "input_problems",
+    "out_problems",
+    "prepare",
+    "previous_run",
+    "read_metrics",
+    "steps_done",
+]

@@ -17,10 +17,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from swarm.config.server import ServerConfig
@@ -48,8 +49,9 @@ class RunningServer:
 
 
 @contextmanager
-def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0,
-                   port: int = 0) -> Iterator[RunningServer]:
+def running_server(
+    config: ServerConfig, engine: Engine, timeout: float = 30.0, port: int = 0
+) -> Iterator[RunningServer]:
     """`port` 0 picks a free one; a fixed port lets a test restart a server where clients expect it."""
     import uvicorn  # lazy: only callers that serve need the ASGI server
 
@@ -64,19 +66,22 @@ def running_server(config: ServerConfig, engine: Engine, timeout: float = 30.0,
     sock.bind((config.host, port))
     sock.listen(256)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=5, http=json_error_protocol()))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level="warning", access_log=False, timeout_graceful_shutdown=5, http=json_error_protocol()
+        )
+    )
     swarm.stop_callback = lambda: setattr(server, "should_exit", True)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
-                              name=f"uvicorn-{port}")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{port}")
     thread.start()
     deadline = time.monotonic() + timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("test server did not start")
         time.sleep(0.02)
-    running = RunningServer(f"http://{config.host}:{port}", config.token or "", config.admin_token or "",
-                            app, swarm, thread, server)
+    running = RunningServer(
+        f"http://{config.host}:{port}", config.token or "", config.admin_token or "", app, swarm, thread, server
+    )
     try:
         yield running
     finally:

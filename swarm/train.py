@@ -88,6 +88,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5) -> dict:
     """The run in a few numbers; the per-step rows stay in `METRICS` (named, not copied).
     Rewards are means over the first and the last `window` steps (`reward_window`)."""
+
     def first_last(key: str) -> tuple[float | None, float | None, int]:
         curve = [float(r[key]) for r in rows if r.get(key) is not None]
         head, tail = curve[:window], curve[-window:]
@@ -97,8 +98,8 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
     families = {}
     for key in sorted({k for r in rows for k in r if k.startswith("reward_mean/")}):
         first, last, seen = first_last(key)
-        families[key.partition("/")[2]] = {"reward_first_mean": first, "reward_last_mean": last,
-                                           "steps_seen": seen}
+        families[key.partition("/")[2]] = {"reward_first_mean": first, "reward_last_mean": last, "steps_seen": seen}
+
     def median(key: str) -> float | None:  # from step 2: step 1 also waits for the clients to start
         vals = sorted(float(r[key]) for r in rows[1:] if isinstance(r.get(key), (int, float)))
         return round(vals[len(vals) // 2], 4) if vals else None
@@ -109,12 +110,22 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
         "task": spec.task or (None if spec.workflow else "arith"),
         "workflow": spec.workflow,
         "model": str(server.model_dir),
-        "config": {"steps": spec.steps, "group_size": server.group_size, "batch_groups": server.batch_groups,
-                   "lr": server.train.lr, "advantage": str(server.train.advantage),
-                   "loss_agg": str(server.train.loss_agg), "kl_coef": server.train.kl_coef, "seed": server.seed,
-                   "clients": spec.clients, "concurrency": spec.concurrency, "temperature": server.temperature,
-                   "merge": server.merge, "per_episode_norm": server.per_episode_norm,
-                   "group_call": spec.grouped},
+        "config": {
+            "steps": spec.steps,
+            "group_size": server.group_size,
+            "batch_groups": server.batch_groups,
+            "lr": server.train.lr,
+            "advantage": str(server.train.advantage),
+            "loss_agg": str(server.train.loss_agg),
+            "kl_coef": server.train.kl_coef,
+            "seed": server.seed,
+            "clients": spec.clients,
+            "concurrency": spec.concurrency,
+            "temperature": server.temperature,
+            "merge": server.merge,
+            "per_episode_norm": server.per_episode_norm,
+            "group_call": spec.grouped,
+        },
         "run_file": RUN_FILE,
         "metrics": METRICS,
         "steps_done": len(rows),
@@ -122,16 +133,25 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
         "reward_first_mean": reward_first,
         "reward_last_mean": reward_last,
         "families": families,
-        "timing": {"collection_s": median("wall_window_s"), "engine_busy_s": median("gen_busy_s"),
-                   "train_s": median("wall_train_s")},  # per step, medians
+        "timing": {
+            "collection_s": median("wall_window_s"),
+            "engine_busy_s": median("gen_busy_s"),
+            "train_s": median("wall_train_s"),
+        },  # per step, medians
         "wall_s": round(wall_s, 2),
     }
 
 
 def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -> ServerConfig:
     """The run's server settings with what `swarm train` orchestrates filled in."""
-    update: dict = {"host": "127.0.0.1", "port": port, "out_dir": out / "server", "max_steps": spec.steps,
-                    "mlflow_run_name": spec.server.mlflow_run_name or f"{spec.name}-{out.name}", "resume": resume}
+    update: dict = {
+        "host": "127.0.0.1",
+        "port": port,
+        "out_dir": out / "server",
+        "max_steps": spec.steps,
+        "mlflow_run_name": spec.server.mlflow_run_name or f"{spec.name}-{out.name}",
+        "resume": resume,
+    }
     if spec.grouped:  # a group is one episode whose one call samples group_size choices
         update["group_size"] = 1
     mix = spec.mix
@@ -148,11 +168,22 @@ def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
         per_client = max(1, round(spec.concurrency * share) // spec.clients)
         for i in range(spec.clients):
             log_name = f"client{i}" if len(mix) == 1 else f"client-{name}-{i}"
-            out.append((log_name, FleetConfig(url=url, task=name, workflow=spec.workflow, dataset=spec.dataset,
-                                              n=1 if spec.grouped else spec.server.group_size,
-                                              choices=spec.server.group_size if spec.grouped else 1,
-                                              concurrency=per_client,
-                                              seed=spec.server.seed * 1000 + i, dataset_size=spec.dataset_size)))
+            out.append(
+                (
+                    log_name,
+                    FleetConfig(
+                        url=url,
+                        task=name,
+                        workflow=spec.workflow,
+                        dataset=spec.dataset,
+                        n=1 if spec.grouped else spec.server.group_size,
+                        choices=spec.server.group_size if spec.grouped else 1,
+                        concurrency=per_client,
+                        seed=spec.server.seed * 1000 + i,
+                        dataset_size=spec.dataset_size,
+                    ),
+                )
+            )
     return out
 
 
@@ -160,8 +191,10 @@ def _open_log(path: Path, resume: bool, first_step: int, last_step: int) -> IO[s
     """A process's log, appended to under a marker line: a resumed or replaced run never loses the
     earlier part's log (the file is whole from the folder's first run on)."""
     f = path.open("a")
-    f.write(f"--- swarm train{' --resume' if resume else ''} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-            f"steps {first_step}..{last_step} ---\n")
+    f.write(
+        f"--- swarm train{' --resume' if resume else ''} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+        f"steps {first_step}..{last_step} ---\n"
+    )
     f.flush()
     return f
 
@@ -202,15 +235,22 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
             server = procs[server_log] = subprocess.Popen(
                 _swarm("serve", "--config", str(server_file)),
                 stdout=_open_log(server_log, resume, done + 1, spec.steps),
-                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
             # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
             _wait_healthy(url, token, server, server_log, timeout=900.0 if spec.server.engine == "vllm" else 180.0)
             for log_name, fleet in fleets.items():
                 fleet_file = write_config(out / f"fleet-{log_name}.yaml", fleet)
                 log = logs / f"{log_name}.log"
-                procs[log] = subprocess.Popen(_swarm("client", "--config", str(fleet_file)),
-                                              stdout=_open_log(log, resume, done + 1, spec.steps),
-                                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                procs[log] = subprocess.Popen(
+                    _swarm("client", "--config", str(fleet_file)),
+                    stdout=_open_log(log, resume, done + 1, spec.steps),
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
             clients = {log: p for log, p in procs.items() if p is not server}
             _follow(spec, url, token, server, out / METRICS, t0, clients, done)
             _await_exit(server, out / "server")
@@ -244,10 +284,15 @@ def _hand_over_mlflow(spec: RunConfig, served: ServerConfig, out: Path) -> None:
     server_dir.mkdir(parents=True, exist_ok=True)
     (server_dir / MODEL_FILE).unlink(missing_ok=True)
     base = served.model_dir
-    extra = {"params": tracking_params(spec), "artifacts": [str(out / RUN_FILE)],
-             "model_card": {"title": f"{out.name}: trained by `swarm train`",
-                            "description": f"Fine-tuned from `{base}` by Roost's `swarm train`; the run's settings "
-                                           f"are its MLflow run's `{RUN_FILE}` (`swarm train --config {RUN_FILE}`)."}}
+    extra = {
+        "params": tracking_params(spec),
+        "artifacts": [str(out / RUN_FILE)],
+        "model_card": {
+            "title": f"{out.name}: trained by `swarm train`",
+            "description": f"Fine-tuned from `{base}` by Roost's `swarm train`; the run's settings "
+            f"are its MLflow run's `{RUN_FILE}` (`swarm train --config {RUN_FILE}`).",
+        },
+    }
     (server_dir / f".{EXTRA_FILE}.tmp").write_text(json.dumps(extra, indent=2))
     (server_dir / f".{EXTRA_FILE}.tmp").replace(server_dir / EXTRA_FILE)
 
@@ -284,20 +329,28 @@ def _logged_model(path: Path) -> str | None:
     it tried and failed; nothing when it had no Hugging Face checkpoint to log: the fake engine)."""
     state = _model_state(path)
     if state.get("state") == "logged":
-        console.print(f"logged the trained model to MLflow in {state.get('seconds', 0):.1f}s (by the server): "
-                      f"{state['model_uri']}", soft_wrap=True)
+        console.print(
+            f"logged the trained model to MLflow in {state.get('seconds', 0):.1f}s (by the server): "
+            f"{state['model_uri']}",
+            soft_wrap=True,
+        )
         return str(state["model_uri"])
     if state:
-        console.print(f"[yellow]warning[/yellow]: could not log the model to MLflow: "
-                      f"{state.get('error', 'the server was stopped while logging it')}; see logs/server.log")
+        console.print(
+            f"[yellow]warning[/yellow]: could not log the model to MLflow: "
+            f"{state.get('error', 'the server was stopped while logging it')}; see logs/server.log"
+        )
     return None
 
 
 def _record_failure(out: Path, spec: RunConfig, wall_s: float, exc: BaseException) -> None:
     """summary.json of a run that did not reach its steps, and its MLflow run marked as ended badly."""
     interrupted = isinstance(exc, KeyboardInterrupt)
-    summary = {**summarize(read_metrics(out / METRICS), wall_s, spec), "status": "interrupted" if interrupted
-               else "failed", "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+    summary = {
+        **summarize(read_metrics(out / METRICS), wall_s, spec),
+        "status": "interrupted" if interrupted else "failed",
+        "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+    }
     run_file = out / "server" / MLFLOW_RUN_FILE
     if run_file.exists():
         summary["mlflow"] = json.loads(run_file.read_text())
@@ -330,8 +383,7 @@ def _wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, tim
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if server.poll() is not None:
-            raise RuntimeError(f"server exited with code {server.returncode}; see {log}:\n"
-                               + log.read_text()[-2000:])
+            raise RuntimeError(f"server exited with code {server.returncode}; see {log}:\n" + log.read_text()[-2000:])
         try:
             r = httpx.get(f"{url}/swarm/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=2)
             if r.status_code == 200:
@@ -359,11 +411,25 @@ def _info(row: dict) -> str:
     return text
 
 
-def _follow(spec: RunConfig, url: str, token: str, server: subprocess.Popen, metrics: Path, t0: float,
-            clients: dict[Path, subprocess.Popen], shown: int = 0) -> None:
+def _follow(
+    spec: RunConfig,
+    url: str,
+    token: str,
+    server: subprocess.Popen,
+    metrics: Path,
+    t0: float,
+    clients: dict[Path, subprocess.Popen],
+    shown: int = 0,
+) -> None:
     """Print each new metrics row (rows of an earlier part of a resumed run are not shown again)."""
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as progress:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         bar = progress.add_task(f"training {spec.name}", total=spec.steps, info="")
         tail = MetricsTail(metrics)
         while True:
@@ -372,24 +438,29 @@ def _follow(spec: RunConfig, url: str, token: str, server: subprocess.Popen, met
                 progress.console.print(
                     f"step {r.get('step')}: {_info(r)}  "
                     f"loss {r.get('loss', float('nan')):+.4f}  kl {r.get('kl', float('nan')):.4f}  "
-                    f"entropy {r.get('entropy', float('nan')):.3f}  {r.get('tokens_per_s', 0):.0f} tok/s")
+                    f"entropy {r.get('entropy', float('nan')):.3f}  {r.get('tokens_per_s', 0):.0f} tok/s"
+                )
             shown = len(rows)
             info = _info(rows[-1]) if rows else "collecting…"
             progress.update(bar, completed=min(shown, spec.steps), info=info)
             if server.poll() is not None:
                 if shown < spec.steps:
                     log = metrics.parent.parent / "logs" / "server.log"
-                    raise RuntimeError(f"server stopped after {shown} of {spec.steps} steps "
-                                       f"(exit code {server.returncode}); see its log, {log}:\n{_tail(log)}")
+                    raise RuntimeError(
+                        f"server stopped after {shown} of {spec.steps} steps "
+                        f"(exit code {server.returncode}); see its log, {log}:\n{_tail(log)}"
+                    )
                 return
             if shown >= spec.steps:
                 return  # it exits by itself after --max-steps: `_await_exit`
             if all(c.poll() is not None for c in clients.values()):
                 codes = sorted({c.returncode for c in clients.values()})
                 first = next(iter(clients))
-                raise RuntimeError(f"every client process exited (exit code {', '.join(map(str, codes))}) after "
-                                   f"{shown} of {spec.steps} steps; see their logs: "
-                                   f"{', '.join(map(str, clients))}\n{first.name}:\n{_tail(first)}")
+                raise RuntimeError(
+                    f"every client process exited (exit code {', '.join(map(str, codes))}) after "
+                    f"{shown} of {spec.steps} steps; see their logs: "
+                    f"{', '.join(map(str, clients))}\n{first.name}:\n{_tail(first)}"
+                )
             if time.monotonic() - t0 > spec.timeout_s:
                 raise TimeoutError(f"training did not reach {spec.steps} steps in {spec.timeout_s:.0f}s")
             time.sleep(0.5)

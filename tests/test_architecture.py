@@ -234,13 +234,13 @@ def test_function_local_imports_say_why() -> None:
             first = stmt.lineno - 1  # a block of lazy imports may share one reason, on its first line
             while first > 0 and lines[first - 1].strip().startswith(("import ", "from ")):
                 first -= 1
-            text = " ".join(lines[first: (stmt.end_lineno or stmt.lineno)])
+            text = " ".join(lines[first : (stmt.end_lineno or stmt.lineno)])
             if "# lazy:" not in text:
                 missing.append(f"{path.relative_to(ROOT)}:{stmt.lineno}")
     assert sorted(set(missing)) == []
 
 
-DEFAULT_LINE = 'lease_seconds: float = Field(30.0,'
+DEFAULT_LINE = "lease_seconds: float = Field(\n        30.0,"  # the field, then its one default line
 
 
 @pytest.mark.slow
@@ -272,8 +272,9 @@ print(json.dumps({
 }))
 """
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "ROOST_HOME": str(tmp_path / "home")}
-    r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     import json
 

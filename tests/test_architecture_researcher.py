@@ -17,8 +17,7 @@ SOURCES = sorted(RESEARCHER.rglob("*.py"))
 
 BACKEND_WORDS = re.compile(r"\b(squeue|sbatch|scontrol|scancel|sacct)\b|/proc\b")
 BACKEND_NAMES = {"local", "slurm"}
-BACKEND_MODULES = ("scheduler.local", "scheduler.slurm", "scheduler._wrap", "scheduler._slurm_parse",
-                   "scheduler.fake")
+BACKEND_MODULES = ("scheduler.local", "scheduler.slurm", "scheduler._wrap", "scheduler._slurm_parse", "scheduler.fake")
 
 
 def _names_in(node: ast.expr) -> set[str]:
@@ -29,8 +28,11 @@ def _names_in(node: ast.expr) -> set[str]:
 
 def _offences(path: Path) -> list[str]:
     text = path.read_text()
-    found = [f"{path.name}:{n}: {m.group(0)!r}" for n, line in enumerate(text.splitlines(), 1)
-             for m in BACKEND_WORDS.finditer(line)]
+    found = [
+        f"{path.name}:{n}: {m.group(0)!r}"
+        for n, line in enumerate(text.splitlines(), 1)
+        for m in BACKEND_WORDS.finditer(line)
+    ]
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Compare):
             names = set().union(*(_names_in(x) for x in (node.left, *node.comparators)))
@@ -41,8 +43,9 @@ def _offences(path: Path) -> list[str]:
             if any(m.startswith(BACKEND_MODULES) for m in mods):
                 found.append(f"{path.name}:{node.lineno}: imports from {node.module}")
         elif isinstance(node, ast.Import):
-            found += [f"{path.name}:{node.lineno}: imports {a.name}" for a in node.names
-                      if a.name.startswith(BACKEND_MODULES)]
+            found += [
+                f"{path.name}:{node.lineno}: imports {a.name}" for a in node.names if a.name.startswith(BACKEND_MODULES)
+            ]
     return found
 
 
@@ -57,7 +60,9 @@ def test_no_backend_specific_code_in_researcher(path: Path) -> None:
 
 def test_the_check_catches_what_it_should(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text('import subprocess\nfrom scheduler.local import proc_start_ticks\n'
-                   'if cfg.backend == "local":\n    subprocess.run(["squeue", "-h"])\n'
-                   'elif "slurm" in (cfg.backend,):\n    open("/proc/1/stat")\n')
+    bad.write_text(
+        "import subprocess\nfrom scheduler.local import proc_start_ticks\n"
+        'if cfg.backend == "local":\n    subprocess.run(["squeue", "-h"])\n'
+        'elif "slurm" in (cfg.backend,):\n    open("/proc/1/stat")\n'
+    )
     assert len(_offences(bad)) == 5

@@ -33,8 +33,11 @@ OUTSIDE = re.compile(r"\.\./shared\b|/work/shared\b|\bshared/[A-Z][A-Z_]*\.md")
 def _files() -> list[Path]:
     out = []
     for folder, dirs, names in os.walk(ROOT):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")
-                         and (not d.startswith(".") or d in KEEP_HIDDEN))
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if d not in SKIP_DIRS and not d.endswith(".egg-info") and (not d.startswith(".") or d in KEEP_HIDDEN)
+        )
         out.extend(Path(folder) / n for n in sorted(names) if Path(n).suffix in SUFFIXES)
     return out
 
@@ -105,17 +108,27 @@ def test_every_cited_section_is_a_heading_of_its_document() -> None:
 
 
 def test_nothing_points_outside_the_repository() -> None:
-    bad = [f"{p.relative_to(ROOT)}:{p.read_text(errors='replace').count(chr(10), 0, m.start()) + 1}"
-           for p in FILES if p != THIS for m in OUTSIDE.finditer(p.read_text(errors="replace"))]
+    bad = [
+        f"{p.relative_to(ROOT)}:{p.read_text(errors='replace').count(chr(10), 0, m.start()) + 1}"
+        for p in FILES
+        if p != THIS
+        for m in OUTSIDE.finditer(p.read_text(errors="replace"))
+    ]
     assert bad == []
 
 
-@pytest.mark.parametrize("text, refs", [
-    ('see DESIGN.md §3 and docs/verl.md, "Records" and "Padded layout".',
-     [(1, "DESIGN.md", []), (1, "docs/verl.md", ["Records", "Padded layout"])]),
-    ("writes OUT/report/report.md and report.md; ../shared/VERL.md", [(1, "../shared/VERL.md", [])]),
-    ('compile(code, "README.md", "exec")', [(1, "README.md", [])]),
-], ids=["bare-name-and-sections", "outputs-and-outside", "string-literal"])
+@pytest.mark.parametrize(
+    "text, refs",
+    [
+        (
+            'see DESIGN.md §3 and docs/verl.md, "Records" and "Padded layout".',
+            [(1, "DESIGN.md", []), (1, "docs/verl.md", ["Records", "Padded layout"])],
+        ),
+        ("writes OUT/report/report.md and report.md; ../shared/VERL.md", [(1, "../shared/VERL.md", [])]),
+        ('compile(code, "README.md", "exec")', [(1, "README.md", [])]),
+    ],
+    ids=["bare-name-and-sections", "outputs-and-outside", "string-literal"],
+)
 def test_the_scanner_finds_citations(tmp_path: Path, text: str, refs: list) -> None:
     f = tmp_path / "x.py"
     f.write_text(text)

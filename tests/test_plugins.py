@@ -31,8 +31,9 @@ def _app() -> typer.Typer:
 
 def test_entry_points_are_registered() -> None:
     eps = {ep.name: ep.value for ep in entry_points(group=GROUP)}
-    assert eps.get("sched") == "scheduler.cli:app" and eps.get("db") == "store.cli:app", \
+    assert eps.get("sched") == "scheduler.cli:app" and eps.get("db") == "store.cli:app", (
         f"{eps}: run `pip install -e . --no-deps` to register the entry points"
+    )
 
 
 def test_swarm_sched_and_db_help() -> None:
@@ -65,8 +66,9 @@ def test_swarm_cli_does_not_import_scheduler_or_store_clis() -> None:
 
 def test_mount_takes_help_from_each_sub_app() -> None:
     app = _app()
-    names = mount_plugins(app, [EntryPoint("sched", "scheduler.cli:app", GROUP),
-                                EntryPoint("db", "store.cli:app", GROUP)])
+    names = mount_plugins(
+        app, [EntryPoint("sched", "scheduler.cli:app", GROUP), EntryPoint("db", "store.cli:app", GROUP)]
+    )
     assert names == ["db", "sched"]
     out = runner.invoke(app, ["--help"], terminal_width=200).output
     assert "Jobs on local processes or Slurm" in out and "The project database" in out
@@ -74,8 +76,7 @@ def test_mount_takes_help_from_each_sub_app() -> None:
 
 def test_broken_plugin_is_reported_not_fatal() -> None:
     app = _app()
-    mount_plugins(app, [EntryPoint("gone", "no_such_module_roost:app", GROUP),
-                        EntryPoint("odd", "json:dumps", GROUP)])
+    mount_plugins(app, [EntryPoint("gone", "no_such_module_roost:app", GROUP), EntryPoint("odd", "json:dumps", GROUP)])
     assert runner.invoke(app, ["serve"]).exit_code == 0
     r = runner.invoke(app, ["gone", "upgrade", "--url", "x"])
     assert r.exit_code == 1 and "swarm gone: unavailable (ModuleNotFoundError" in r.output
@@ -103,11 +104,19 @@ def test_swarm_serve_starts_without_importing_plugins() -> None:
     import subprocess
     import sys
 
-    probe = ("import sys, runpy; sys.argv = ['swarm', 'serve', '--help']\n"
-             "try:\n    runpy.run_module('swarm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print('LOADED', sorted(m for m in ('store.cli', 'scheduler.cli', 'alembic') if m in sys.modules))")
+    probe = (
+        "import sys, runpy; sys.argv = ['swarm', 'serve', '--help']\n"
+        "try:\n    runpy.run_module('swarm', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in ('store.cli', 'scheduler.cli', 'alembic') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "LOADED []" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
-    top = subprocess.run([sys.executable, "-m", "swarm", "--help"], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT, env={**__import__("os").environ, "COLUMNS": "200"})
+    top = subprocess.run(
+        [sys.executable, "-m", "swarm", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
     assert top.returncode == 0 and "sched" in top.stdout and "db" in top.stdout, top.stdout + top.stderr

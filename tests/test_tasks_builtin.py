@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.tasks import Task, get_task, list_tasks
-from swarm.tasks import arith, calc, guess
+from swarm.tasks import Task, arith, calc, get_task, guess, list_tasks
 from swarm.tasks.testing import ScriptedEpisode
 
 
@@ -48,6 +47,7 @@ def test_transcripts_deterministic(name):
 
 
 # --- arith -------------------------------------------------------------------------------
+
 
 def _solve(question: str) -> str:
     a, op, b = re.fullmatch(r"What is (\d+)([+-])(\d+)\?", question).groups()
@@ -90,6 +90,7 @@ def test_arith_wrong_answer_scores_zero(reply):
 
 
 # --- guess -------------------------------------------------------------------------------
+
 
 def _bounds(messages: list[dict]) -> tuple[int, int]:
     """What a perfect player knows: the interval left by the feedback so far."""
@@ -156,7 +157,7 @@ def test_guess_invalid_reply_wastes_a_turn():
 def test_guess_late_wins_are_worth_less_but_positive():
     rewards = [guess.turn_reward(t) for t in range(1, guess.MAX_TURNS + 1)]
     assert rewards[: guess.OPT_TURNS] == [1.0] * guess.OPT_TURNS
-    assert all(a > b for a, b in zip(rewards[guess.OPT_TURNS - 1:], rewards[guess.OPT_TURNS:]))
+    assert all(a > b for a, b in zip(rewards[guess.OPT_TURNS - 1 :], rewards[guess.OPT_TURNS :]))
     assert 0 < rewards[-1] < 1 and guess.turn_reward(guess.MAX_TURNS + 1) == 0.0
 
 
@@ -180,6 +181,7 @@ def test_guess_reward_in_unit_interval_for_any_player(secret, seed):
 
 
 # --- calc (tool calling) -----------------------------------------------------------------
+
 
 def _call(call_id: str, name: str, arguments: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -233,8 +235,9 @@ def test_calc_pays_half_for_the_right_call_and_nothing_for_a_miscopied_one():
     a, b = map(int, re.fullmatch(r"What is (\d+)\*(\d+)\?", item["question"]).groups())
 
     def agent(args: str, answer: str):
-        return lambda m: answer if m[-1]["role"] == "tool" else \
-            {"content": None, "tool_calls": [_call("c", "multiply", args)]}
+        return lambda m: (
+            answer if m[-1]["role"] == "tool" else {"content": None, "tool_calls": [_call("c", "multiply", args)]}
+        )
 
     right = f'{{"a": {a}, "b": {b}}}'
     assert calc.workflow(item, ScriptedEpisode(agent(right, "1234"))) == calc.RIGHT_CALL_REWARD == 0.5
@@ -245,15 +248,18 @@ def test_calc_pays_half_for_the_right_call_and_nothing_for_a_miscopied_one():
     assert calc.reward(" 12 ", "12") == 1.0 and calc.reward("13", "12", right_call=True) == 0.5
 
 
-@pytest.mark.parametrize("name, arguments, expected", [
-    ("multiply", '{"a": 47, "b": 85}', "3995"),
-    ("multiply", {"a": 2, "b": 3}, "6"),
-    ("multiply", '{"a": 4.5, "b": 2}', "Error: multiply needs integers a and b"),
-    ("multiply", '{"a": true, "b": 2}', "Error: multiply needs integers a and b"),
-    ("multiply", "[1, 2]", "Error: arguments must be an object"),
-    ("multiply", "{not json", "Error: arguments are not JSON"),
-    ("add", '{"a": 1, "b": 2}', "Error: unknown tool 'add'"),
-])
+@pytest.mark.parametrize(
+    "name, arguments, expected",
+    [
+        ("multiply", '{"a": 47, "b": 85}', "3995"),
+        ("multiply", {"a": 2, "b": 3}, "6"),
+        ("multiply", '{"a": 4.5, "b": 2}', "Error: multiply needs integers a and b"),
+        ("multiply", '{"a": true, "b": 2}', "Error: multiply needs integers a and b"),
+        ("multiply", "[1, 2]", "Error: arguments must be an object"),
+        ("multiply", "{not json", "Error: arguments are not JSON"),
+        ("add", '{"a": 1, "b": 2}', "Error: unknown tool 'add'"),
+    ],
+)
 def test_calc_tool(name, arguments, expected):
     assert calc.run_tool(name, arguments) == expected
 
@@ -295,7 +301,8 @@ def test_calc_spec_is_what_langchain_derives_from_the_example_tool():
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
     from examples.calc_langgraph import multiply
-    from examples.calc_openai import TOOLS as OPENAI_EXAMPLE_TOOLS, dataset
+    from examples.calc_openai import TOOLS as OPENAI_EXAMPLE_TOOLS
+    from examples.calc_openai import dataset
 
     assert dataset(3, 40) == calc.dataset(3, 40)
     assert convert_to_openai_tool(multiply) == calc.TOOLS[0]

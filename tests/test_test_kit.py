@@ -35,21 +35,32 @@ def _shipped_modules() -> list[Path]:
 
 
 def test_no_shipped_module_imports_a_test_framework() -> None:
-    bad = [f"{f.relative_to(ROOT)}: {name}" for f in _shipped_modules() for name in sorted(_imported(f))
-           if name.split(".")[0] in TEST_FRAMEWORKS]
+    bad = [
+        f"{f.relative_to(ROOT)}: {name}"
+        for f in _shipped_modules()
+        for name in sorted(_imported(f))
+        if name.split(".")[0] in TEST_FRAMEWORKS
+    ]
     assert bad == []
 
 
 def test_only_the_client_sdk_imports_its_private_modules() -> None:
     client = ROOT / "swarm" / "client"
-    bad = [f"{f.relative_to(ROOT)}: {name}" for f in _shipped_modules() if client not in f.parents
-           for name in sorted(_imported(f)) if name.startswith("swarm.client._")]
+    bad = [
+        f"{f.relative_to(ROOT)}: {name}"
+        for f in _shipped_modules()
+        if client not in f.parents
+        for name in sorted(_imported(f))
+        if name.startswith("swarm.client._")
+    ]
     assert bad == []
 
 
 def test_importing_swarm_testing_loads_nothing_heavy() -> None:
-    probe = ("import sys, swarm.testing; "
-             "print(sorted(m for m in ('fastapi', 'uvicorn', 'torch', 'pytest', 'swarm.server') if m in sys.modules))")
+    probe = (
+        "import sys, swarm.testing; "
+        "print(sorted(m for m in ('fastapi', 'uvicorn', 'torch', 'pytest', 'swarm.server') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"

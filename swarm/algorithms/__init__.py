@@ -12,16 +12,34 @@ import typing as _typing
 from swarm.algorithms.choices import Advantage, LossAgg
 
 _LAZY = {
-    **dict.fromkeys(["ESTIMATORS", "compute_advantages", "grpo", "reinforce_pp_baseline", "rloo"],
-                    "swarm.algorithms.advantages"),
-    **dict.fromkeys(["LOSS_AGG", "PPOTerms", "entropy_from_logits", "kl_k3", "loss_scales", "masked_sum_mean",
-                     "ppo_clip_loss", "token_logprobs"], "swarm.algorithms.losses"),
+    **dict.fromkeys(
+        ["ESTIMATORS", "compute_advantages", "grpo", "reinforce_pp_baseline", "rloo"], "swarm.algorithms.advantages"
+    ),
+    **dict.fromkeys(
+        [
+            "LOSS_AGG",
+            "PPOTerms",
+            "entropy_from_logits",
+            "kl_k3",
+            "loss_scales",
+            "masked_sum_mean",
+            "ppo_clip_loss",
+            "token_logprobs",
+        ],
+        "swarm.algorithms.losses",
+    ),
 }
 
 if _typing.TYPE_CHECKING:
     from swarm.algorithms.advantages import ESTIMATORS, compute_advantages, grpo, reinforce_pp_baseline, rloo
     from swarm.algorithms.losses import (
-        LOSS_AGG, PPOTerms, entropy_from_logits, kl_k3, loss_scales, masked_sum_mean, ppo_clip_loss,
+        LOSS_AGG,
+        PPOTerms,
+        entropy_from_logits,
+        kl_k3,
+        loss_scales,
+        masked_sum_mean,
+        ppo_clip_loss,
         token_logprobs,
     )
 

@@ -10,7 +10,7 @@ run on the torch engine and one on the verl engine agree; tests check parity.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

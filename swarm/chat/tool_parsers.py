@@ -29,7 +29,7 @@ from __future__ import annotations
 import ast
 import json
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, Union
+from typing import ClassVar, Protocol
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
@@ -52,7 +52,7 @@ class CallPiece:
     call: ParsedCall
 
 
-Piece = Union[ContentPiece, CallPiece]
+Piece = ContentPiece | CallPiece
 
 
 @dataclass
@@ -135,7 +135,7 @@ def call_from_object(obj: object, source: str = "") -> ParsedCall | None:
 
 # -- hermes ---------------------------------------------------------------------------------
 def _hermes_block(block: str) -> ParsedCall | None:
-    inner = block[len(HERMES_OPEN):-len(HERMES_CLOSE)].strip()
+    inner = block[len(HERMES_OPEN) : -len(HERMES_CLOSE)].strip()
     try:
         obj = json.loads(inner)
     except ValueError:
@@ -159,7 +159,7 @@ class HermesStream:
                 return []
             self.after_call = False
         body = s if final else s.rstrip()
-        tail = s[len(body):]
+        tail = s[len(body) :]
         if not body:
             self.ws += tail
             return []
@@ -174,8 +174,14 @@ class HermesStream:
             if not self.in_block:
                 i = self.buf.find(HERMES_OPEN)
                 if i < 0:
-                    keep = next((k for k in range(min(len(HERMES_OPEN) - 1, len(self.buf)), 0, -1)
-                                 if HERMES_OPEN.startswith(self.buf[-k:])), 0)
+                    keep = next(
+                        (
+                            k
+                            for k in range(min(len(HERMES_OPEN) - 1, len(self.buf)), 0, -1)
+                            if HERMES_OPEN.startswith(self.buf[-k:])
+                        ),
+                        0,
+                    )
                     cut = len(self.buf) - keep
                     out += self._text(self.buf[:cut], final=False)
                     self.buf = self.buf[cut:]
@@ -186,7 +192,7 @@ class HermesStream:
             j = self.buf.find(HERMES_CLOSE, len(HERMES_OPEN))
             if j < 0:
                 return out
-            block, self.buf = self.buf[:j + len(HERMES_CLOSE)], self.buf[j + len(HERMES_CLOSE):]
+            block, self.buf = self.buf[: j + len(HERMES_CLOSE)], self.buf[j + len(HERMES_CLOSE) :]
             self.in_block = False
             call = _hermes_block(block)
             if call is None:  # malformed: content, with the whitespace before it
@@ -221,7 +227,7 @@ class HermesParser:
 class WholeAnswerStream:
     """For formats where the whole answer is the call list: hold it while it may be one."""
 
-    def __init__(self, starts: tuple[str, ...], parse_all: "_ParseAll") -> None:
+    def __init__(self, starts: tuple[str, ...], parse_all: _ParseAll) -> None:
         self.starts = starts
         self.parse_all = parse_all
         self.buf = ""
@@ -335,5 +341,16 @@ def get_parser(name: str) -> ToolParser:
         raise ValueError(f"unknown tool parser {name!r}; known: {', '.join(sorted(PARSERS))}") from None
 
 
-__all__ = ["CallPiece", "ContentPiece", "Parsed", "ParsedCall", "PARSERS", "Piece", "ToolParser", "ToolStream",
-           "collect", "get_parser", "parse"]
+__all__ = [
+    "CallPiece",
+    "ContentPiece",
+    "Parsed",
+    "ParsedCall",
+    "PARSERS",
+    "Piece",
+    "ToolParser",
+    "ToolStream",
+    "collect",
+    "get_parser",
+    "parse",
+]

@@ -29,10 +29,20 @@ from swarm.protocol import API_PREFIX, ClaimResponse, FinishResponse, HeartbeatR
 
 
 class AsyncSwarmClient:
-    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, max_retries: int = 6,
-                 backoff_s: float = 0.5, max_backoff_s: float = 10.0, claim_wait_s: float = 2.0,
-                 transport: httpx.AsyncBaseTransport | None = None, reconnect_s: float | None = None,
-                 heartbeat_s: float | None = None, heartbeats: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 6,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+        claim_wait_s: float = 2.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        reconnect_s: float | None = None,
+        heartbeat_s: float | None = None,
+        heartbeats: bool = True,
+    ) -> None:
         self.url = url.rstrip("/")
         self.token = token or os.environ.get("ROOST_TOKEN") or ""
         self.timeout = timeout
@@ -40,13 +50,25 @@ class AsyncSwarmClient:
         self.policy = Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
         #: Set for good by a 503 "stopping" on any response (SDK requests, heartbeats, model calls).
         self.stopping_event = threading.Event()
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, transport=transport, event_hooks={
-            "response": [partial(amark_stopping, stopping=self.stopping_event)]})
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=timeout,
+            transport=transport,
+            event_hooks={"response": [partial(amark_stopping, stopping=self.stopping_event)]},
+        )
         self._connected = False
         self._heartbeats = AsyncHeartbeats(self._http, heartbeat_s) if heartbeats else None
 
-    async def request(self, method: str, path: str, *, key: str | None = None, json: Any = None,
-                      wait_429: bool = False, wait_timeout: float | None = None) -> dict:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        key: str | None = None,
+        json: Any = None,
+        wait_429: bool = False,
+        wait_timeout: float | None = None,
+    ) -> dict:
         headers = {"Authorization": f"Bearer {key or self.token}"}
         tries = Attempts(self, wait_429, wait_timeout)
         while True:
@@ -64,21 +86,34 @@ class AsyncSwarmClient:
         """The server said it is stopping (a 503 "stopping" on any response)."""
         return self.stopping_event.is_set()
 
-    async def claim(self, task_id: str, task_family: str = "default", metadata: dict | None = None, *,
-                    roles: list[str] | None = None, wait: bool = True,
-                    wait_timeout: float | None = None) -> AsyncEpisode:
-        body = {"task_id": task_id, "task_family": task_family, "metadata": metadata or {},
-                "roles": roles, "claim_key": uuid.uuid4().hex, "wait_s": self.claim_wait_s if wait else 0.0}
-        data = await self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait,
-                                  wait_timeout=wait_timeout)
+    async def claim(
+        self,
+        task_id: str,
+        task_family: str = "default",
+        metadata: dict | None = None,
+        *,
+        roles: list[str] | None = None,
+        wait: bool = True,
+        wait_timeout: float | None = None,
+    ) -> AsyncEpisode:
+        body = {
+            "task_id": task_id,
+            "task_family": task_family,
+            "metadata": metadata or {},
+            "roles": roles,
+            "claim_key": uuid.uuid4().hex,
+            "wait_s": self.claim_wait_s if wait else 0.0,
+        }
+        data = await self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait, wait_timeout=wait_timeout)
         ep = AsyncEpisode(self, ClaimResponse.model_validate(data))
         if self._heartbeats is not None:
             self._heartbeats.add(ep)  # renewed from a background task while open
         return ep
 
     @asynccontextmanager
-    async def episode(self, task_id: str, task_family: str = "default", metadata: dict | None = None,
-                      **claim_kwargs: Any) -> AsyncIterator[AsyncEpisode]:
+    async def episode(
+        self, task_id: str, task_family: str = "default", metadata: dict | None = None, **claim_kwargs: Any
+    ) -> AsyncIterator[AsyncEpisode]:
         ep = await self.claim(task_id, task_family, metadata, **claim_kwargs)
         try:
             yield ep
@@ -111,12 +146,12 @@ class AsyncEpisode(EpisodeBase):
         self._stopping = client.stopping_event
         self._client = client
 
-    async def finish(self, reward: float, metrics: dict[str, float] | None = None,
-                     agent_rewards: dict[str, float] | None = None) -> FinishResponse:
+    async def finish(
+        self, reward: float, metrics: dict[str, float] | None = None, agent_rewards: dict[str, float] | None = None
+    ) -> FinishResponse:
         return await self._finish(self._finish_body(reward, metrics, agent_rewards))
 
-    async def finish_choices(self, rewards: Sequence[float],
-                             metrics: dict[str, float] | None = None) -> FinishResponse:
+    async def finish_choices(self, rewards: Sequence[float], metrics: dict[str, float] | None = None) -> FinishResponse:
         """`Episode.finish_choices`: a reward per choice of the episode's one call."""
         return await self._finish(self._choices_body(rewards, metrics))
 
@@ -137,8 +172,9 @@ class AsyncEpisode(EpisodeBase):
 
     async def abort(self, reason: str | None = None, release: bool = True) -> None:
         try:
-            await self._client.request("POST", self._path("abort"), key=self.api_key,
-                                       json={"reason": reason, "release": release})
+            await self._client.request(
+                "POST", self._path("abort"), key=self.api_key, json={"reason": reason, "release": release}
+            )
         except SwarmAPIError as exc:
             self._gone(exc)
             raise

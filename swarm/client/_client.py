@@ -53,10 +53,20 @@ OPENAI_POOLS = 16
 class SwarmClient:
     """Synchronous client of one swarm server (thread-safe: share it across a fleet)."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, max_retries: int = 6,
-                 backoff_s: float = 0.5, max_backoff_s: float = 10.0, claim_wait_s: float = 2.0,
-                 transport: httpx.BaseTransport | None = None, reconnect_s: float | None = None,
-                 heartbeat_s: float | None = None, heartbeats: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 6,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+        claim_wait_s: float = 2.0,
+        transport: httpx.BaseTransport | None = None,
+        reconnect_s: float | None = None,
+        heartbeat_s: float | None = None,
+        heartbeats: bool = True,
+    ) -> None:
         """`reconnect_s`: once the server was reached, keep retrying connection errors and
         502/503/504 this long (a restart) beyond `max_retries`. `heartbeats`: renew the lease of
         every open episode from a background thread (every third of the lease, or `heartbeat_s`)."""
@@ -81,9 +91,18 @@ class SwarmClient:
         self._finishes = Coalescer(self._http, self.token, f"{API_PREFIX}/finishes", "finishes")
 
     # -- plumbing -------------------------------------------------------------
-    def request(self, method: str, path: str, *, key: str | None = None, json: Any = None,
-                wait_429: bool = False, wait_timeout: float | None = None,
-                stop: threading.Event | None = None, via: tuple[Coalescer, dict] | None = None) -> dict:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        key: str | None = None,
+        json: Any = None,
+        wait_429: bool = False,
+        wait_timeout: float | None = None,
+        stop: threading.Event | None = None,
+        via: tuple[Coalescer, dict] | None = None,
+    ) -> dict:
         """One API call with retries; returns the JSON body of the successful answer.
 
         `via`: (coalescer, batch entry): sent together with what other threads send at
@@ -125,22 +144,44 @@ class SwarmClient:
             (stop or self._closed).wait(min(left, 0.1))
 
     # -- API ------------------------------------------------------------------
-    def claim(self, task_id: str, task_family: str = "default", metadata: dict | None = None, *,
-              roles: list[str] | None = None, wait: bool = True, wait_timeout: float | None = None,
-              stop: threading.Event | None = None) -> Episode:
+    def claim(
+        self,
+        task_id: str,
+        task_family: str = "default",
+        metadata: dict | None = None,
+        *,
+        roles: list[str] | None = None,
+        wait: bool = True,
+        wait_timeout: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> Episode:
         """Claim an episode; with `wait`, 429s are waited out (until `wait_timeout` or `stop`)."""
-        body = {"task_id": task_id, "task_family": task_family, "metadata": metadata or {},
-                "roles": roles, "claim_key": uuid.uuid4().hex, "wait_s": self.claim_wait_s if wait else 0.0}
-        data = self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait,
-                            wait_timeout=wait_timeout, stop=stop, via=(self._claims, body))
+        body = {
+            "task_id": task_id,
+            "task_family": task_family,
+            "metadata": metadata or {},
+            "roles": roles,
+            "claim_key": uuid.uuid4().hex,
+            "wait_s": self.claim_wait_s if wait else 0.0,
+        }
+        data = self.request(
+            "POST",
+            f"{API_PREFIX}/episodes",
+            json=body,
+            wait_429=wait,
+            wait_timeout=wait_timeout,
+            stop=stop,
+            via=(self._claims, body),
+        )
         ep = Episode(self, ClaimResponse.model_validate(data))
         if self._heartbeats is not None:
             self._heartbeats.add(ep)
         return ep
 
     @contextmanager
-    def episode(self, task_id: str, task_family: str = "default", metadata: dict | None = None,
-                **claim_kwargs: Any) -> Iterator[Episode]:
+    def episode(
+        self, task_id: str, task_family: str = "default", metadata: dict | None = None, **claim_kwargs: Any
+    ) -> Iterator[Episode]:
         """Claim, yield the `Episode`, and abort it unless it was finished inside the block."""
         ep = self.claim(task_id, task_family, metadata, **claim_kwargs)
         try:
@@ -169,8 +210,12 @@ class SwarmClient:
                 continue
             ep.done = ep.lost = True  # the workflow's next call gets 409 and ends; nothing to finish
             try:
-                r = self._http.post(ep._path("abort"), json={"reason": reason, "release": True},
-                                    headers={"Authorization": f"Bearer {ep.api_key}"}, timeout=timeout)
+                r = self._http.post(
+                    ep._path("abort"),
+                    json={"reason": reason, "release": True},
+                    headers={"Authorization": f"Bearer {ep.api_key}"},
+                    timeout=timeout,
+                )
                 n += int(r.status_code == 200)
             except (httpx.HTTPError, RuntimeError):
                 pass
@@ -192,9 +237,14 @@ class SwarmClient:
             if len(self._pools) < OPENAI_POOLS:
                 if self._tls is None:
                     self._tls = httpx.create_ssl_context()
-                self._pools.append(httpx.Client(
-                    timeout=self.timeout * 10, verify=self._tls, event_hooks=self._hooks,
-                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=32)))
+                self._pools.append(
+                    httpx.Client(
+                        timeout=self.timeout * 10,
+                        verify=self._tls,
+                        event_hooks=self._hooks,
+                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+                    )
+                )
                 return self._pools[-1]
             return self._pools[self._turn % OPENAI_POOLS]
 
@@ -265,7 +315,8 @@ class EpisodeBase:
         kw = self._openai_kwargs(agent, kwargs)
         if self._stopping is not None and "http_client" not in kw:  # its 503 "stopping" reaches the client
             kw["http_client"] = openai.DefaultAsyncHttpxClient(
-                event_hooks={"response": [partial(amark_stopping, stopping=self._stopping)]})
+                event_hooks={"response": [partial(amark_stopping, stopping=self._stopping)]}
+            )
         return openai.AsyncOpenAI(**kw)
 
     @cached_property
@@ -282,15 +333,21 @@ class EpisodeBase:
         return f"{API_PREFIX}/episodes/{self.id}/{action}"
 
     @staticmethod
-    def _finish_body(reward: float, metrics: dict[str, float] | None,
-                     agent_rewards: dict[str, float] | None) -> dict:
-        return {"reward": reward, "metrics": metrics or {}, "agent_rewards": agent_rewards,
-                "idempotency_key": uuid.uuid4().hex}
+    def _finish_body(reward: float, metrics: dict[str, float] | None, agent_rewards: dict[str, float] | None) -> dict:
+        return {
+            "reward": reward,
+            "metrics": metrics or {},
+            "agent_rewards": agent_rewards,
+            "idempotency_key": uuid.uuid4().hex,
+        }
 
     @staticmethod
     def _choices_body(rewards: Sequence[float], metrics: dict[str, float] | None) -> dict:
-        return {"choice_rewards": [float(r) for r in rewards], "metrics": metrics or {},
-                "idempotency_key": uuid.uuid4().hex}
+        return {
+            "choice_rewards": [float(r) for r in rewards],
+            "metrics": metrics or {},
+            "idempotency_key": uuid.uuid4().hex,
+        }
 
     async def aclose(self) -> None:
         """`close()`, plus the cached `async_openai` client (which needs the event loop)."""
@@ -320,8 +377,7 @@ class EpisodeBase:
         self._sync_clients.clear()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(id={self.id!r}, task_id={self.task_id!r}, " \
-               f"policy_version={self.policy_version})"
+        return f"{type(self).__name__}(id={self.id!r}, task_id={self.task_id!r}, policy_version={self.policy_version})"
 
 
 class Episode(EpisodeBase):
@@ -333,8 +389,9 @@ class Episode(EpisodeBase):
         self._stopping = client.stopping_event
         self._client = client
 
-    def finish(self, reward: float, metrics: dict[str, float] | None = None,
-               agent_rewards: dict[str, float] | None = None) -> FinishResponse:
+    def finish(
+        self, reward: float, metrics: dict[str, float] | None = None, agent_rewards: dict[str, float] | None = None
+    ) -> FinishResponse:
         """Report the reward; retried safely (one idempotency key for all attempts)."""
         return self._finish(self._finish_body(reward, metrics, agent_rewards))
 
@@ -352,8 +409,9 @@ class Episode(EpisodeBase):
     def _finish(self, body: dict) -> FinishResponse:
         try:
             entry = {**body, "episode_id": self.id, "api_key": self.api_key}
-            data = self._client.request("POST", self._path("finish"), key=self.api_key, json=body,
-                                        via=(self._client._finishes, entry))
+            data = self._client.request(
+                "POST", self._path("finish"), key=self.api_key, json=body, via=(self._client._finishes, entry)
+            )
         except SwarmAPIError as exc:
             self._gone(exc)
             raise
@@ -365,8 +423,9 @@ class Episode(EpisodeBase):
     def abort(self, reason: str | None = None, release: bool = True) -> None:
         """Give the episode up; nothing of it is trained. `release=False`: do not retry its slot."""
         try:
-            self._client.request("POST", self._path("abort"), key=self.api_key,
-                                 json={"reason": reason, "release": release})
+            self._client.request(
+                "POST", self._path("abort"), key=self.api_key, json={"reason": reason, "release": release}
+            )
         except SwarmAPIError as exc:
             self._gone(exc)
             raise

@@ -129,8 +129,11 @@ class Coalescer:
     def _send(self, items: list[Item]) -> list[Any]:
         if len(items) == 1 or not self.batching:
             return [self._single(i) for i in items]
-        r = self._http.post(self._batch_path, json={self._field: [i.entry for i in items]},
-                            headers={"Authorization": f"Bearer {self._token}"})
+        r = self._http.post(
+            self._batch_path,
+            json={self._field: [i.entry for i in items]},
+            headers={"Authorization": f"Bearer {self._token}"},
+        )
         if r.status_code in (404, 405):  # an older server: no batch routes
             self.batching = False
             return [self._single(i) for i in items]

@@ -43,8 +43,9 @@ def default_state_path(url: str, workflow: str, seed: int, dataset: str | None =
 class JobCursor:
     """Thread-safe job numbering with an optional JSON state file."""
 
-    def __init__(self, dataset_size: int, n: int, epochs: int | None = None, path: Path | None = None,
-                 meta: dict | None = None) -> None:
+    def __init__(
+        self, dataset_size: int, n: int, epochs: int | None = None, path: Path | None = None, meta: dict | None = None
+    ) -> None:
         self.dataset_size = dataset_size
         self.n = n
         self.epochs = epochs
@@ -76,9 +77,14 @@ class JobCursor:
             self.next, self.pending = 0, set()
             return
         if state.get("n") != self.n or state.get("dataset_size") != self.dataset_size:
-            log.warning("client state %s was written for n=%s, dataset_size=%s (now %s, %s): "
-                        "continuing by job number", self.path, state.get("n"), state.get("dataset_size"),
-                        self.n, self.dataset_size)
+            log.warning(
+                "client state %s was written for n=%s, dataset_size=%s (now %s, %s): continuing by job number",
+                self.path,
+                state.get("n"),
+                state.get("dataset_size"),
+                self.n,
+                self.dataset_size,
+            )
         self.replay = sorted(self.pending)
 
     def take(self) -> int | None:
@@ -105,8 +111,14 @@ class JobCursor:
     def _save(self) -> None:
         if self.path is None:
             return
-        state = {"next": self.next, "pending": sorted(self.pending), "n": self.n,
-                 "dataset_size": self.dataset_size, "updated_at": time.time(), **self.meta}
+        state = {
+            "next": self.next,
+            "pending": sorted(self.pending),
+            "n": self.n,
+            "dataset_size": self.dataset_size,
+            "updated_at": time.time(),
+            **self.meta,
+        }
         try:
             if not self._dir_made:  # once: a mkdir per save was a syscall per episode
                 self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -74,10 +74,21 @@ def is_lost(exc: BaseException, ep: Episode) -> bool:
 
 
 class _Fleet:
-    def __init__(self, client: SwarmClient, workflow: Workflow, dataset: Sequence[dict], n: int,
-                 epochs: int | None, stop: threading.Event, progress: Callable[[FleetStats], Any] | None,
-                 max_episodes: int | None, max_attempts: int, task_family: str,
-                 cursor: JobCursor | None = None, choices: int = 1) -> None:
+    def __init__(
+        self,
+        client: SwarmClient,
+        workflow: Workflow,
+        dataset: Sequence[dict],
+        n: int,
+        epochs: int | None,
+        stop: threading.Event,
+        progress: Callable[[FleetStats], Any] | None,
+        max_episodes: int | None,
+        max_attempts: int,
+        task_family: str,
+        cursor: JobCursor | None = None,
+        choices: int = 1,
+    ) -> None:
         self.client = client
         self.choices = choices
         self.workflow = workflow
@@ -167,8 +178,10 @@ class _Fleet:
                         if isinstance(reward, (list, tuple)):  # one reward per choice of its one call
                             ep.finish_choices(reward)
                         elif self.choices > 1:
-                            raise TypeError(f"the workflow returned one reward; with choices={self.choices} "
-                                            "it must ask for n=episode.choices and return a reward per choice")
+                            raise TypeError(
+                                f"the workflow returned one reward; with choices={self.choices} "
+                                "it must ask for n=episode.choices and return a reward per choice"
+                            )
                         else:
                             ep.finish(float(reward))
                 except ServerStopping:
@@ -237,10 +250,10 @@ def run_fleet(
     if n < 1 or concurrency < 1 or choices < 1:
         raise ValueError("n, concurrency and choices must be >= 1")
     stop = stop if stop is not None else threading.Event()
-    fleet = _Fleet(client, workflow, dataset, n, epochs, stop, progress, max_episodes, max_attempts,
-                   task_family, cursor, choices)
-    threads = [threading.Thread(target=fleet.worker, name=f"fleet-{i}", daemon=True)
-               for i in range(concurrency)]
+    fleet = _Fleet(
+        client, workflow, dataset, n, epochs, stop, progress, max_episodes, max_attempts, task_family, cursor, choices
+    )
+    threads = [threading.Thread(target=fleet.worker, name=f"fleet-{i}", daemon=True) for i in range(concurrency)]
     for t in threads:
         t.start()
     try:
@@ -274,7 +287,6 @@ def _give_back(client: SwarmClient, threads: list[threading.Thread], grace_s: fl
         if abort_open is not None:
             abort_open("client interrupted")
         if time.monotonic() > deadline:
-            log.warning("%d workflow(s) still running %.0fs after the stop; exiting without them",
-                        len(alive), grace_s)
+            log.warning("%d workflow(s) still running %.0fs after the stop; exiting without them", len(alive), grace_s)
             return
         alive[0].join(0.2)

@@ -43,8 +43,9 @@ class Beating(Protocol):
 
 
 def beat_period(ep: Beating, heartbeat_s: float | None) -> float:
-    lease = ep.claim.lease_seconds if getattr(ep.claim, "lease_seconds", None) else \
-        ep.claim.lease_expires_at - time.time()  # older servers: infer it (clock skew permitting)
+    lease = (
+        ep.claim.lease_seconds if getattr(ep.claim, "lease_seconds", None) else ep.claim.lease_expires_at - time.time()
+    )  # older servers: infer it (clock skew permitting)
     period = max(0.05, float(lease) / 3)
     return min(period, heartbeat_s) if heartbeat_s else period
 
@@ -108,8 +109,9 @@ class Heartbeats:
         period = beat_period(ep, self.heartbeat_s)
         keep = True
         try:
-            r = self._http.post(ep._path("heartbeat"), headers={"Authorization": f"Bearer {ep.api_key}"},
-                                timeout=max(1.0, period))
+            r = self._http.post(
+                ep._path("heartbeat"), headers={"Authorization": f"Bearer {ep.api_key}"}, timeout=max(1.0, period)
+            )
             keep = _judge(ep, r.status_code)
         except (httpx.HTTPError, RuntimeError):  # unreachable, or the client was closed meanwhile
             period = max(0.05, period / 2)
@@ -163,8 +165,9 @@ class AsyncHeartbeats:
         period = beat_period(ep, self.heartbeat_s)
         keep = True
         try:
-            r = await self._http.post(ep._path("heartbeat"), headers={"Authorization": f"Bearer {ep.api_key}"},
-                                      timeout=max(1.0, period))
+            r = await self._http.post(
+                ep._path("heartbeat"), headers={"Authorization": f"Bearer {ep.api_key}"}, timeout=max(1.0, period)
+            )
             keep = _judge(ep, r.status_code)
         except (httpx.HTTPError, RuntimeError):
             period = max(0.05, period / 2)

@@ -26,8 +26,16 @@ from typing import Any
 import httpx
 
 RETRY_STATUSES = {500, 502, 503, 504}
-TRANSIENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout,
-             httpx.PoolTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+TRANSIENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.ReadTimeout,
+    httpx.WriteTimeout,
+    httpx.PoolTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
 
 
 class SwarmError(Exception):
@@ -114,8 +122,9 @@ async def amark_stopping(response: httpx.Response, stopping: threading.Event) ->
 class Policy:
     """What to do with one response or error; shared by the sync and async clients."""
 
-    def __init__(self, max_retries: int, backoff_s: float, max_backoff_s: float,
-                 reconnect_s: float | None = None) -> None:
+    def __init__(
+        self, max_retries: int, backoff_s: float, max_backoff_s: float, reconnect_s: float | None = None
+    ) -> None:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -134,8 +143,9 @@ class Policy:
             raise SwarmUnavailable(f"server unreachable after {attempt} attempts: {exc!r}") from exc
         return backoff(attempt, self.backoff_s, self.max_backoff_s)
 
-    def on_response(self, r: httpx.Response, attempt: int, wait_429: bool,
-                    deadline: float | None, since: float | None = None) -> float | None:
+    def on_response(
+        self, r: httpx.Response, attempt: int, wait_429: bool, deadline: float | None, since: float | None = None
+    ) -> float | None:
         """None when `r` is the answer; otherwise the delay before retrying (or raise)."""
         if r.status_code < 400:
             return None

@@ -22,8 +22,9 @@ No torch here, like the rest of the client.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from swarm.client._client import Episode, SwarmClient
 from swarm.client._retry import SwarmError
@@ -33,8 +34,13 @@ from swarm.protocol import FinishResponse
 class TeamError(SwarmError):
     """A team operation failed on some members; the rest were aborted where possible."""
 
-    def __init__(self, message: str, errors: Mapping[str, BaseException],
-                 finished: list[str] | None = None, aborted: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        errors: Mapping[str, BaseException],
+        finished: list[str] | None = None,
+        aborted: list[str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.errors = dict(errors)
         self.finished = list(finished or [])
@@ -81,8 +87,9 @@ class TeamEpisode:
             return {role: float(reward[role]) for role in self.episodes}
         return {role: float(reward) for role in self.episodes}
 
-    def finish(self, reward: float | Mapping[str, float],
-               metrics: dict[str, float] | None = None) -> dict[str, FinishResponse]:
+    def finish(
+        self, reward: float | Mapping[str, float], metrics: dict[str, float] | None = None
+    ) -> dict[str, FinishResponse]:
         """Finish every member: one reward for all roles, or `{role: reward}` naming each role."""
         rewards = self._rewards(reward)  # a bad reward dict raises before anything is sent
         errors: dict[str, BaseException] = {}
@@ -98,9 +105,14 @@ class TeamEpisode:
                 break
         if errors:
             aborted = self._abort_rest(f"team {self.id}: finishing {', '.join(errors)} failed")
-            raise TeamError(f"team episode {self.id}: finish failed for {', '.join(errors)}: "
-                            f"{next(iter(errors.values()))}; finished {sorted(self.results)}, "
-                            f"aborted {aborted}", errors, sorted(self.results), aborted)
+            raise TeamError(
+                f"team episode {self.id}: finish failed for {', '.join(errors)}: "
+                f"{next(iter(errors.values()))}; finished {sorted(self.results)}, "
+                f"aborted {aborted}",
+                errors,
+                sorted(self.results),
+                aborted,
+            )
         return dict(self.results)
 
     def abort(self, reason: str | None = None, release: bool = True) -> None:
@@ -155,8 +167,9 @@ class TeamClient:
     def roles(self) -> list[str]:
         return list(self.members)
 
-    def claim(self, task_id: str, task_family: str = "default", metadata: dict | None = None,
-              **claim_kwargs: Any) -> TeamEpisode:
+    def claim(
+        self, task_id: str, task_family: str = "default", metadata: dict | None = None, **claim_kwargs: Any
+    ) -> TeamEpisode:
         """Claim one episode per role (in role order); on any failure abort those claimed, re-raise."""
         team_id = uuid.uuid4().hex
         episodes: dict[str, Episode] = {}
@@ -172,8 +185,9 @@ class TeamClient:
         return TeamEpisode(team_id, episodes)
 
     @contextmanager
-    def episode(self, task_id: str, task_family: str = "default", metadata: dict | None = None,
-                **claim_kwargs: Any) -> Iterator[TeamEpisode]:
+    def episode(
+        self, task_id: str, task_family: str = "default", metadata: dict | None = None, **claim_kwargs: Any
+    ) -> Iterator[TeamEpisode]:
         """Claim the team, yield it, and abort every member unless `finish` succeeded in the block."""
         team = self.claim(task_id, task_family, metadata, **claim_kwargs)
         try:

@@ -17,9 +17,10 @@ import importlib
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -51,8 +52,9 @@ def load_object(spec: str) -> Any:
     return obj
 
 
-def _resolve(task: str | None, workflow: str | None, dataset: str | None,
-             seed: int, size: int) -> tuple[Callable, list[dict], str]:
+def _resolve(
+    task: str | None, workflow: str | None, dataset: str | None, seed: int, size: int
+) -> tuple[Callable, list[dict], str]:
     builtin = None
     if task:
         try:
@@ -80,8 +82,11 @@ def _resolve(task: str | None, workflow: str | None, dataset: str | None,
 @config_options(FleetConfig)
 def client_command(
     overrides: dict[str, Any],
-    config_file: Path = typer.Option(None, "--config", help="YAML/JSON file of FleetConfig fields; flags given "
-                                     "on the command line (or by envvar) override it"),
+    config_file: Path = typer.Option(
+        None,
+        "--config",
+        help="YAML/JSON file of FleetConfig fields; flags given on the command line (or by envvar) override it",
+    ),
     fresh: bool = typer.Option(False, "--fresh", help="ignore (and overwrite) the saved cursor: start over"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ) -> None:
@@ -98,26 +103,46 @@ def client_command(
         state.unlink(missing_ok=True)
     cursor = JobCursor(len(items), n, epochs, state, meta={"url": url, "workflow": workflow or task, "seed": seed})
     if cursor.next or cursor.replay:
-        console.print(f"resuming at job {cursor.next} ({len(cursor.replay)} unfinished job(s) re-played first); "
-                      f"cursor {state}")
-    with _terminate_as_interrupt(), SwarmClient(url, token, max_retries=cfg.retries, max_backoff_s=5.0,
-                                                reconnect_s=cfg.reconnect_s or None) as client:
+        console.print(
+            f"resuming at job {cursor.next} ({len(cursor.replay)} unfinished job(s) re-played first); cursor {state}"
+        )
+    with (
+        _terminate_as_interrupt(),
+        SwarmClient(
+            url, token, max_retries=cfg.retries, max_backoff_s=5.0, reconnect_s=cfg.reconnect_s or None
+        ) as client,
+    ):
         try:
             status = client.status()  # fail fast on a wrong URL or token
         except SwarmError as exc:
             console.print(f"[red]cannot use {url}[/red]: {exc}")
             raise typer.Exit(1) from None
         if status.group_size != n:
-            console.print(f"[yellow]note[/yellow]: the server's group size is {status.group_size}; "
-                          f"this fleet sends each task {n} times")
+            console.print(
+                f"[yellow]note[/yellow]: the server's group size is {status.group_size}; "
+                f"this fleet sends each task {n} times"
+            )
         total = max_episodes or (len(items) * n * epochs if epochs else None)
         with _progress(console, total, quiet) as progress:
-            stats = run_fleet(client, flow, items, n=n, concurrency=cfg.concurrency, epochs=epochs,
-                              progress=progress, max_episodes=max_episodes, max_attempts=cfg.max_attempts,
-                              task_family=family, cursor=cursor, choices=cfg.choices)
-    console.print(f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "
-                  f"{stats.lost} lost and re-played, "
-                  f"reward mean {stats.reward_mean:.3f}, {stats.elapsed:.1f}s, stopped by {stats.stopped_by}")
+            stats = run_fleet(
+                client,
+                flow,
+                items,
+                n=n,
+                concurrency=cfg.concurrency,
+                epochs=epochs,
+                progress=progress,
+                max_episodes=max_episodes,
+                max_attempts=cfg.max_attempts,
+                task_family=family,
+                cursor=cursor,
+                choices=cfg.choices,
+            )
+    console.print(
+        f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "
+        f"{stats.lost} lost and re-played, "
+        f"reward mean {stats.reward_mean:.3f}, {stats.elapsed:.1f}s, stopped by {stats.stopped_by}"
+    )
     for err in stats.errors[-3:]:
         console.print(f"  [red]error[/red] {err}")
     if stats.stopped_by in ("unreachable", "unauthorized"):
@@ -127,6 +152,7 @@ def client_command(
 @contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM behaves like Ctrl-C: the fleet stops and gives its open episodes back."""
+
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
@@ -144,15 +170,21 @@ def _terminate_as_interrupt() -> Iterator[None]:
 @contextmanager
 def _progress(console: Any, total: int | None, quiet: bool) -> Iterator[Callable[[FleetStats], None]]:
     """A rich progress bar, and the `progress` callback that updates it (from fleet threads)."""
-    columns = [SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
-               TextColumn("{task.completed}/{task.total}" if total else "{task.completed}"),
-               TimeElapsedColumn()]
+    columns = [
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}" if total else "{task.completed}"),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=console, disable=quiet) as bar:
         tid = bar.add_task("starting", total=total)
 
         def update(s: FleetStats) -> None:
-            bar.update(tid, completed=s.finished + s.given_up,
-                       description=f"v{s.policy_version} ok {s.finished} failed {s.failed} "
-                                   f"reward {s.reward_mean:.3f}")
+            bar.update(
+                tid,
+                completed=s.finished + s.given_up,
+                description=f"v{s.policy_version} ok {s.finished} failed {s.failed} reward {s.reward_mean:.3f}",
+            )
 
         yield update

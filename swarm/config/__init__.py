@@ -16,4 +16,13 @@ from swarm.config.train import TrainConfig
 from swarm.config.verl import VerlSettings
 from swarm.config.vllm import VllmSettings
 
-__all__ = ["FleetConfig", "LoraSettings", "QuotaPhase", "RunConfig", "ServerConfig", "TrainConfig", "VerlSettings", "VllmSettings"]
+__all__ = [
+    "FleetConfig",
+    "LoraSettings",
+    "QuotaPhase",
+    "RunConfig",
+    "ServerConfig",
+    "TrainConfig",
+    "VerlSettings",
+    "VllmSettings",
+]

@@ -28,22 +28,31 @@ class FleetConfig(BaseModel):
     task: str | None = Field(None, description="built-in task (arith, guess, ...)")
     dataset: str | None = Field(None, description="module:function(seed, size) -> list of tasks")
     n: Annotated[int, Flag(name="--n", short="-n")] = Field(
-        8, ge=1, description="episodes per task (the server's group size)")
-    choices: int = Field(1, ge=1, le=128, description="choices per call: k > 1 samples a group in one call "
-                         "(the workflow asks for n=k and returns a reward per choice; the server's group "
-                         "size is then 1)")
+        8, ge=1, description="episodes per task (the server's group size)"
+    )
+    choices: int = Field(
+        1,
+        ge=1,
+        le=128,
+        description="choices per call: k > 1 samples a group in one call "
+        "(the workflow asks for n=k and returns a reward per choice; the server's group "
+        "size is then 1)",
+    )
     concurrency: Annotated[int, Flag(short="-c")] = Field(8, ge=1, description="episodes in flight")
     dataset_size: int = Field(64, ge=1, description="tasks drawn from the dataset")
     seed: int = Field(0, description="dataset seed")
     max_episodes: int | None = Field(None, ge=1, description="stop after this many episodes")
     epochs: Annotated[int | None, Flag(default_text="until stopped")] = Field(
-        None, ge=1, description="passes over the dataset")
+        None, ge=1, description="passes over the dataset"
+    )
     max_attempts: int = Field(3, ge=1, description="tries per job when a workflow fails")
     retries: int = Field(6, ge=0, description="retries of a request on connection errors")
-    reconnect_s: float = Field(120.0, ge=0.0, description="once connected, keep reconnecting this long "
-                                                          "(server restarts)")
+    reconnect_s: float = Field(
+        120.0, ge=0.0, description="once connected, keep reconnecting this long (server restarts)"
+    )
     state: Annotated[Path | None, Flag(default_text="ROOST_HOME/client-state/<url+workflow+seed>.json")] = Field(
-        None, description="dataset cursor file, so a restart continues where it stopped")
+        None, description="dataset cursor file, so a restart continues where it stopped"
+    )
 
 
 __all__ = ["FleetConfig"]

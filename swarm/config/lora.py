@@ -35,19 +35,32 @@ class LoraSettings(BaseModel):
     cli_panel: ClassVar[str] = "training"  # the --help panel of its fields (swarm/config/options.py)
 
     rank: Annotated[int, Flag(name="--lora-rank", knob="lora_rank", study=(0, 64))] = Field(
-        0, ge=0, description="LoRA rank r: train a rank-r adapter per target layer over the frozen base "
-                             "(0: full fine-tuning). Must not exceed any target layer's width")
+        0,
+        ge=0,
+        description="LoRA rank r: train a rank-r adapter per target layer over the frozen base "
+        "(0: full fine-tuning). Must not exceed any target layer's width",
+    )
     alpha: Annotated[float, Flag(name="--lora-alpha", knob="lora_alpha", study=(1.0, 128.0))] = Field(
-        16.0, gt=0.0, description="LoRA alpha: the adapter's output is scaled by alpha / rank")
+        16.0, gt=0.0, description="LoRA alpha: the adapter's output is scaled by alpha / rank"
+    )
     targets: Annotated[str, Flag(name="--lora-targets", knob="lora_targets")] = Field(
-        ALL_LINEAR, description="comma-separated module names the adapter wraps (e.g. q_proj,v_proj); "
-                                "all-linear: every linear layer of attention and MLP (not the LM head)")
+        ALL_LINEAR,
+        description="comma-separated module names the adapter wraps (e.g. q_proj,v_proj); "
+        "all-linear: every linear layer of attention and MLP (not the LM head)",
+    )
     dropout: Annotated[float, Flag(name="--lora-dropout", knob="lora_dropout", study=(0.0, 0.2))] = Field(
-        0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input while training (above 0 the "
-                                         "recomputed logprobs differ from the rollout's: PPO ratio != 1 on-policy)")
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="dropout on the adapter's input while training (above 0 the "
+        "recomputed logprobs differ from the rollout's: PPO ratio != 1 on-policy)",
+    )
     lr_scale: Annotated[float, Flag(name="--lora-lr-scale", knob="lora_lr_scale", study=(1.0, 100.0))] = Field(
-        10.0, gt=0.0, description="with rank > 0 the adapter trains at train.lr x this (LoRA usually wants "
-                                  "~10x the full-parameter lr); each step's metrics log the lr used")
+        10.0,
+        gt=0.0,
+        description="with rank > 0 the adapter trains at train.lr x this (LoRA usually wants "
+        "~10x the full-parameter lr); each step's metrics log the lr used",
+    )
 
     @field_validator("targets")
     @classmethod

@@ -34,9 +34,10 @@ import inspect
 import json
 import re
 import typing
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import typer
 import yaml
@@ -116,11 +117,13 @@ def _strip_optional(annotation: Any) -> tuple[Any, bool]:
 
 def _scalar(annotation: Any) -> bool:
     return annotation in (bool, int, float, str, Path) or (
-        isinstance(annotation, type) and issubclass(annotation, enum.Enum))
+        isinstance(annotation, type) and issubclass(annotation, enum.Enum)
+    )
 
 
-def leaves(model: type[BaseModel], defaults: BaseModel | None = None,
-           prefix: tuple[str, ...] = (), panel: str = "Options") -> Iterator[Leaf]:
+def leaves(
+    model: type[BaseModel], defaults: BaseModel | None = None, prefix: tuple[str, ...] = (), panel: str = "Options"
+) -> Iterator[Leaf]:
     """Every scalar field of `model`, nested models flattened (defaults from `defaults` when given)."""
     panel = getattr(model, "cli_panel", None) or panel
     for name, info in model.model_fields.items():
@@ -130,8 +133,16 @@ def leaves(model: type[BaseModel], defaults: BaseModel | None = None,
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             yield from leaves(annotation, default, prefix + (name,), flag.panel or panel)
         elif _scalar(annotation):
-            yield Leaf(prefix + (name,), annotation, optional, default, info.description or "", flag,
-                       _bounds(info), flag.panel or panel)
+            yield Leaf(
+                prefix + (name,),
+                annotation,
+                optional,
+                default,
+                info.description or "",
+                flag,
+                _bounds(info),
+                flag.panel or panel,
+            )
 
 
 def _show(leaf: Leaf) -> str:
@@ -155,18 +166,33 @@ def _param(leaf: Leaf) -> inspect.Parameter:
         names = [f"{leaf.option}/{leaf.flag.off or '--no-' + leaf.option[2:]}"]
     if leaf.flag.short:
         names.append(leaf.flag.short)
-    help_text = leaf.description + _choices(leaf) + (" (0: off)" if leaf.flag.zero_is_none else "") \
+    help_text = (
+        leaf.description
+        + _choices(leaf)
+        + (" (0: off)" if leaf.flag.zero_is_none else "")
         + f" [default: {_show(leaf)}]"
+    )
     # The option's own default stays None (so a given flag is told from an absent one); the model's
     # default goes into the help, escaped, since typer's rich help reads brackets as markup. The type
     # column is one column of the whole panel, so one wide entry narrows every description beside it:
     # an on/off switch shows no type (its `--x` / `--no-x` say it), a choice shows `<choice>`.
     metavar = "" if leaf.annotation is bool else "<choice>" if _is_enum(leaf.annotation) else None
-    option = typer.Option(None, *names, help=escape(help_text.strip()), envvar=leaf.flag.envvar,
-                          show_default=False, show_envvar=bool(leaf.flag.envvar), rich_help_panel=leaf.panel,
-                          metavar=metavar)
-    return inspect.Parameter(leaf.param, inspect.Parameter.KEYWORD_ONLY, default=option,
-                             annotation=typing.Optional[leaf.annotation])
+    option = typer.Option(
+        None,
+        *names,
+        help=escape(help_text.strip()),
+        envvar=leaf.flag.envvar,
+        show_default=False,
+        show_envvar=bool(leaf.flag.envvar),
+        rich_help_panel=leaf.panel,
+        metavar=metavar,
+    )
+    return inspect.Parameter(
+        leaf.param,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=option,
+        annotation=typing.Optional[leaf.annotation],  # noqa: UP045 (built at run time from a field type)
+    )
 
 
 def _is_enum(annotation: Any) -> bool:
@@ -182,8 +208,9 @@ def _choices(leaf: Leaf) -> str:
     return "" if named else f"; one of: {', '.join(values)}"
 
 
-def cli_leaves(model: type[BaseModel], defaults: BaseModel | None = None,
-               exclude: frozenset[str] = frozenset()) -> list[Leaf]:
+def cli_leaves(
+    model: type[BaseModel], defaults: BaseModel | None = None, exclude: frozenset[str] = frozenset()
+) -> list[Leaf]:
     """The leaves a command exposes: `exclude` names dotted paths (`server.port`) or whole prefixes."""
     out = []
     for leaf in leaves(model, defaults):
@@ -194,8 +221,9 @@ def cli_leaves(model: type[BaseModel], defaults: BaseModel | None = None,
     return out
 
 
-def config_options(model: type[BaseModel], defaults: BaseModel | None = None,
-                   exclude: frozenset[str] = frozenset()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def config_options(
+    model: type[BaseModel], defaults: BaseModel | None = None, exclude: frozenset[str] = frozenset()
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a command taking `overrides: dict` so it gets one option per exposed field.
 
     `overrides` holds only what the user gave (flags or their environment
@@ -320,8 +348,12 @@ def describe_error(exc: ValidationError, model: type[BaseModel], defaults: BaseM
     return "; ".join(lines)
 
 
-def build_config(model: type[BaseModel], overrides: dict[str, Any], config_file: Path | None = None,
-                 defaults: BaseModel | None = None) -> Any:
+def build_config(
+    model: type[BaseModel],
+    overrides: dict[str, Any],
+    config_file: Path | None = None,
+    defaults: BaseModel | None = None,
+) -> Any:
     """The model from `defaults`, then the file, then the flags; a CLI error naming the setting."""
     data: dict[str, Any] = defaults.model_dump(mode="json") if defaults is not None else {}
     try:
@@ -333,8 +365,9 @@ def build_config(model: type[BaseModel], overrides: dict[str, Any], config_file:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise typer.BadParameter(describe_error(exc, model, defaults),
-                                 param_hint="--config" if config_file else None) from None
+        raise typer.BadParameter(
+            describe_error(exc, model, defaults), param_hint="--config" if config_file else None
+        ) from None
 
 
 def dump_config(config: BaseModel, exclude: frozenset[str] = SECRET_FIELDS) -> dict[str, Any]:
@@ -353,11 +386,26 @@ def write_config(path: Path, config: BaseModel, exclude: frozenset[str] = SECRET
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(f"# {type(config).__name__}: repeat this run with --config {path.name}\n"
-                   + yaml.safe_dump(dump_config(config, exclude), sort_keys=False))
+    tmp.write_text(
+        f"# {type(config).__name__}: repeat this run with --config {path.name}\n"
+        + yaml.safe_dump(dump_config(config, exclude), sort_keys=False)
+    )
     tmp.replace(path)
     return path
 
 
-__all__ = ["PANEL_ORDER", "Flag", "Leaf", "build_config", "cli_leaves", "config_options", "deep_merge",
-           "describe_error", "dump_config", "leaves", "load_config_file", "require_extra", "write_config"]
+__all__ = [
+    "PANEL_ORDER",
+    "Flag",
+    "Leaf",
+    "build_config",
+    "cli_leaves",
+    "config_options",
+    "deep_merge",
+    "describe_error",
+    "dump_config",
+    "leaves",
+    "load_config_file",
+    "require_extra",
+    "write_config",
+]

@@ -8,7 +8,7 @@ method, borrowing) is the server's, in swarm/server/quotas.py.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 

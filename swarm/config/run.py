@@ -25,15 +25,27 @@ from swarm.tasks import get_task, list_tasks
 #: the record in a run file of what the processes ran with (`run_file_text`); ignored on input
 RAN = "ran"
 #: `swarm train` chooses these itself (a free port, tokens, the run's folders, the step count).
-ORCHESTRATED = frozenset({"server.host", "server.port", "server.public_url", "server.out_dir", "server.token",
-                          "server.admin_token", "server.secret", "server.max_steps", "server.resume",
-                          "server.model_name"})
+ORCHESTRATED = frozenset(
+    {
+        "server.host",
+        "server.port",
+        "server.public_url",
+        "server.out_dir",
+        "server.token",
+        "server.admin_token",
+        "server.secret",
+        "server.max_steps",
+        "server.resume",
+        "server.model_name",
+    }
+)
 
 
 def train_server_defaults() -> ServerConfig:
     """The server of a `swarm train` run, before any flag: tuned for the embedded model on a laptop."""
-    return ServerConfig(batch_groups=16, checkpoint_every=0, mlflow=True, mlflow_experiment="swarm-train",
-                        train=TrainConfig(lr=3e-4))
+    return ServerConfig(
+        batch_groups=16, checkpoint_every=0, mlflow=True, mlflow_experiment="swarm-train", train=TrainConfig(lr=3e-4)
+    )
 
 
 def parse_mix(task: str) -> dict[str, float]:
@@ -73,30 +85,47 @@ class RunConfig(BaseModel):
     cli_panel: ClassVar[str] = "run"  # the --help panel of its fields (swarm/config/options.py)
 
     task: Annotated[str | None, Flag(default_text="arith, unless --workflow is given", panel="task and fleet")] = Field(
-        None, description="built-in task (arith | guess | ...), or a mix: arith+guess (equal shares of each "
-                          "batch) or arith=0.75+guess=0.25")
+        None,
+        description="built-in task (arith | guess | ...), or a mix: arith+guess (equal shares of each "
+        "batch) or arith=0.75+guess=0.25",
+    )
     workflow: Annotated[str | None, Flag(studied=False, panel="task and fleet")] = Field(
-        None, description="your own agent: module:function(task, episode) -> reward (the current directory is "
-                          "importable); with --task, it plays that task's dataset")
-    dataset: Annotated[str | None, Flag(studied=False, panel="task and fleet",
-                                        default_text="the task's, else a `dataset` function beside the workflow")] = Field(
-        None, description="module:function(seed, size) -> list of tasks for --workflow")
+        None,
+        description="your own agent: module:function(task, episode) -> reward (the current directory is "
+        "importable); with --task, it plays that task's dataset",
+    )
+    dataset: Annotated[
+        str | None,
+        Flag(
+            studied=False,
+            panel="task and fleet",
+            default_text="the task's, else a `dataset` function beside the workflow",
+        ),
+    ] = Field(None, description="module:function(seed, size) -> list of tasks for --workflow")
     out: Annotated[Path, Flag(studied=False)] = Field(
-        Path("runs/train"), description="output directory (summary.json, run.yaml, server/, logs/)")
+        Path("runs/train"), description="output directory (summary.json, run.yaml, server/, logs/)"
+    )
     steps: Annotated[int, Flag(studied=False)] = Field(300, ge=1, description="optimisation steps to run")
     clients: Annotated[int, Flag(study=(1, 8), panel="task and fleet")] = Field(
-        1, ge=1, description="client fleet processes per task")
+        1, ge=1, description="client fleet processes per task"
+    )
     concurrency: Annotated[int, Flag(study=(1, 512), panel="task and fleet")] = Field(
-        128, ge=1, description="episodes in flight, over all clients")
+        128, ge=1, description="episodes in flight, over all clients"
+    )
     dataset_size: Annotated[int, Flag(studied=False, panel="task and fleet")] = Field(
-        100_000, ge=1, description="tasks drawn per fleet")
-    group_call: Annotated[bool | None, Flag(default_text="on for built-in tasks that support it (arith)",
-                                            panel="task and fleet")] = Field(
-        None, description="sample each group in one call (n = group size, a reward per choice) instead of "
-                          "one episode per member: 1 HTTP call per group, the same GRPO samples. For one-call "
-                          "workflows that honour `episode.choices` (arith); --no-group-call: an episode per member")
+        100_000, ge=1, description="tasks drawn per fleet"
+    )
+    group_call: Annotated[
+        bool | None, Flag(default_text="on for built-in tasks that support it (arith)", panel="task and fleet")
+    ] = Field(
+        None,
+        description="sample each group in one call (n = group size, a reward per choice) instead of "
+        "one episode per member: 1 HTTP call per group, the same GRPO samples. For one-call "
+        "workflows that honour `episode.choices` (arith); --no-group-call: an episode per member",
+    )
     timeout_s: Annotated[float, Flag(name="--timeout", studied=False)] = Field(
-        3600.0, gt=0, description="give up after this many seconds")
+        3600.0, gt=0, description="give up after this many seconds"
+    )
     server: ServerConfig = Field(default_factory=train_server_defaults)
 
     @model_validator(mode="before")
@@ -129,8 +158,10 @@ class RunConfig(BaseModel):
         if self.group_call and self.workflow is None:
             single = [t for t in self.mix if not get_task(t).group_call]
             if single:
-                raise ValueError(f"--group-call: task {', '.join(single)} does not sample a group in one call "
-                                 "(its workflow makes several calls or ignores episode.choices)")
+                raise ValueError(
+                    f"--group-call: task {', '.join(single)} does not sample a group in one call "
+                    "(its workflow makes several calls or ignores episode.choices)"
+                )
         return self
 
     @property
@@ -169,10 +200,16 @@ def sibling(out: Path, n: int) -> Path:
 def tracking_params(spec: RunConfig) -> dict[str, str]:
     """The run's own MLflow parameters, beside the server's settings (which the server logs itself, as
     it ran them: its group size 1 under the group call): what was trained on and by which fleets."""
-    params = {"task": spec.task or (None if spec.workflow else "arith"), "workflow": spec.workflow,
-              "dataset": spec.dataset, "group_call": spec.grouped,
-              "choices": spec.server.group_size if spec.grouped else 1, "clients": spec.clients,
-              "concurrency": spec.concurrency, "dataset_size": spec.dataset_size}
+    params = {
+        "task": spec.task or (None if spec.workflow else "arith"),
+        "workflow": spec.workflow,
+        "dataset": spec.dataset,
+        "group_call": spec.grouped,
+        "choices": spec.server.group_size if spec.grouped else 1,
+        "clients": spec.clients,
+        "concurrency": spec.concurrency,
+        "dataset_size": spec.dataset_size,
+    }
     return {k: str(v) for k, v in params.items() if v is not None}
 
 
@@ -190,15 +227,19 @@ def run_file_text(spec: RunConfig, server: ServerConfig, fleets: dict[str, Fleet
     recorded = dump_config(spec)
     for key in CHOSEN_BY_TRAIN:
         recorded["server"][key] = taken[key]
-    ran = {"server": {k: v for k, v in taken.items() if recorded["server"].get(k) != v},
-           "fleets": {name: {k: v for k, v in dump_config(fleet).items() if k in FLEET_RECORD and v is not None}
-                      for name, fleet in fleets.items()}}
+    ran = {
+        "server": {k: v for k, v in taken.items() if recorded["server"].get(k) != v},
+        "fleets": {
+            name: {k: v for k, v in dump_config(fleet).items() if k in FLEET_RECORD and v is not None}
+            for name, fleet in fleets.items()
+        },
+    }
     out = Path(recorded["out"])
     header = f"""\
 # RunConfig of a `swarm train` run: the settings it ran with (secrets left out: the tokens are made
 # anew for every run, the signing secret is in server/secrets.json).
 #
-# Repeat it:  swarm train --config {out / 'run.yaml'}
+# Repeat it:  swarm train --config {out / "run.yaml"}
 #   This file names its own folder (out: {out}), so the repeat goes to a fresh sibling folder:
 #   {sibling(out, 2)} (or -3, -4, ...: the first that holds no run), printed when it starts. Add
 #   --out DIR to choose the folder, --resume to continue this run instead (to --steps in all),
@@ -214,5 +255,15 @@ def run_file_text(spec: RunConfig, server: ServerConfig, fleets: dict[str, Fleet
     return header + yaml.safe_dump({**recorded, RAN: ran}, sort_keys=False)
 
 
-__all__ = ["CHOSEN_BY_TRAIN", "FLEET_RECORD", "ORCHESTRATED", "RAN", "RunConfig", "parse_mix", "run_file_text",
-           "sibling", "tracking_params", "train_server_defaults"]
+__all__ = [
+    "CHOSEN_BY_TRAIN",
+    "FLEET_RECORD",
+    "ORCHESTRATED",
+    "RAN",
+    "RunConfig",
+    "parse_mix",
+    "run_file_text",
+    "sibling",
+    "tracking_params",
+    "train_server_defaults",
+]

@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from store.paths import data_dir, default_model_dir
 from swarm.config.lora import LoraSettings
+from swarm.config.options import Flag
+from swarm.config.quotas import QuotaPhase, check_quotas, check_schedule
 from swarm.config.train import TrainConfig
 from swarm.config.verl import VerlSettings
 from swarm.config.vllm import VllmSettings
-from swarm.config.options import Flag
-from swarm.config.quotas import QuotaPhase, check_quotas, check_schedule
 
 
 def _default_model_dir() -> Path:
@@ -70,117 +70,218 @@ class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cli_panel: ClassVar[str] = "server"  # the --help panel of its fields (swarm/config/options.py)
 
-    host: Annotated[str, Flag(studied=False)] = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
-    port: Annotated[int, Flag(studied=False)] = Field(8000, ge=0, le=65535, description="0 picks a free port (printed at start)")
+    host: Annotated[str, Flag(studied=False)] = Field(
+        "127.0.0.1", description="bind address; loopback unless told otherwise"
+    )
+    port: Annotated[int, Flag(studied=False)] = Field(
+        8000, ge=0, le=65535, description="0 picks a free port (printed at start)"
+    )
     public_url: Annotated[str | None, Flag(studied=False, default_text="the URL the claim came in on")] = Field(
-        None, description="URL clients reach this server by (behind a proxy)")
-    model_dir: Annotated[Path, Flag(name="--model", knob="model", default_text="the embedded model (ROOST_HOME/models/tiny-qwen2)")] = Field(
-        default_factory=_default_model_dir, description="Hugging Face causal-LM directory")
+        None, description="URL clients reach this server by (behind a proxy)"
+    )
+    model_dir: Annotated[
+        Path, Flag(name="--model", knob="model", default_text="the embedded model (ROOST_HOME/models/tiny-qwen2)")
+    ] = Field(default_factory=_default_model_dir, description="Hugging Face causal-LM directory")
     model_name: Annotated[str | None, Flag(studied=False, default_text="the model dir's name")] = Field(
-        None, description="name served on /v1/models")
-    engine: EngineName = Field(EngineName.torch, description="generation/training engine (fake: no model, for tests and benchmarks)")
+        None, description="name served on /v1/models"
+    )
+    engine: EngineName = Field(
+        EngineName.torch, description="generation/training engine (fake: no model, for tests and benchmarks)"
+    )
     device: Annotated[str | None, Flag(studied=False, default_text="cuda if available, else cpu")] = Field(
-        None, description="torch device")
-    seed: Annotated[int, Flag(studied=False)] = Field(0, description="seed of sampling and training (and of `swarm train`'s datasets)")
+        None, description="torch device"
+    )
+    seed: Annotated[int, Flag(studied=False)] = Field(
+        0, description="seed of sampling and training (and of `swarm train`'s datasets)"
+    )
 
-    group_size: Annotated[int, Flag(short="-n", study=(2, 64), panel="training")] = Field(8, ge=1, description="n: episodes per task_id in a group (GRPO baseline)")
-    batch_groups: Annotated[int, Flag(short="-B", study=(1, 64), panel="training")] = Field(4, ge=1, description="B: complete groups per optimisation step")
-    max_steps: Annotated[int | None, Flag(studied=False)] = Field(None, ge=1, description="stop the server after this many steps")
-    checkpoint_every: Annotated[int, Flag(studied=False)] = Field(10, ge=0, description="k: checkpoint every k steps (0: never)")
-    checkpoint_on_stop: Annotated[bool, Flag(studied=False)] = Field(True, description="write a last checkpoint when stopping")
-    keep_checkpoints: Annotated[int | None, Flag(studied=False)] = Field(None, ge=1, description="keep only the newest N checkpoints")
+    group_size: Annotated[int, Flag(short="-n", study=(2, 64), panel="training")] = Field(
+        8, ge=1, description="n: episodes per task_id in a group (GRPO baseline)"
+    )
+    batch_groups: Annotated[int, Flag(short="-B", study=(1, 64), panel="training")] = Field(
+        4, ge=1, description="B: complete groups per optimisation step"
+    )
+    max_steps: Annotated[int | None, Flag(studied=False)] = Field(
+        None, ge=1, description="stop the server after this many steps"
+    )
+    checkpoint_every: Annotated[int, Flag(studied=False)] = Field(
+        10, ge=0, description="k: checkpoint every k steps (0: never)"
+    )
+    checkpoint_on_stop: Annotated[bool, Flag(studied=False)] = Field(
+        True, description="write a last checkpoint when stopping"
+    )
+    keep_checkpoints: Annotated[int | None, Flag(studied=False)] = Field(
+        None, ge=1, description="keep only the newest N checkpoints"
+    )
     out_dir: Annotated[Path, Flag(name="--out", studied=False, default_text="ROOST_HOME/runs/serve")] = Field(
-        default_factory=_default_out_dir, description="metrics, checkpoints, rollouts, config.yaml")
-    resume: Annotated[bool, Flag(studied=False)] = Field(True, description="resume from out_dir/checkpoints/latest when present")
+        default_factory=_default_out_dir, description="metrics, checkpoints, rollouts, config.yaml"
+    )
+    resume: Annotated[bool, Flag(studied=False)] = Field(
+        True, description="resume from out_dir/checkpoints/latest when present"
+    )
 
-    token: Annotated[str | None, Flag(envvar="ROOST_TOKEN", studied=False, default_text="generated and printed")] = Field(
-        None, description="worker token (Bearer) for claims and status")
-    admin_token: Annotated[str | None, Flag(envvar="ROOST_ADMIN_TOKEN", studied=False, default_text="generated and printed")] = Field(
-        None, description="admin token for /swarm/v1/admin/*")
-    secret: Annotated[str | None, Flag(envvar="ROOST_SECRET", studied=False, default_text="generated, kept in OUT/secrets.json")] = Field(
-        None, description="HMAC secret of episode keys")
+    token: Annotated[str | None, Flag(envvar="ROOST_TOKEN", studied=False, default_text="generated and printed")] = (
+        Field(None, description="worker token (Bearer) for claims and status")
+    )
+    admin_token: Annotated[
+        str | None, Flag(envvar="ROOST_ADMIN_TOKEN", studied=False, default_text="generated and printed")
+    ] = Field(None, description="admin token for /swarm/v1/admin/*")
+    secret: Annotated[
+        str | None, Flag(envvar="ROOST_SECRET", studied=False, default_text="generated, kept in OUT/secrets.json")
+    ] = Field(None, description="HMAC secret of episode keys")
 
     train: TrainConfig = Field(default_factory=TrainConfig)
-    lora: LoraSettings = Field(default_factory=LoraSettings, description="a LoRA adapter over the frozen base "
-                               "(torch engine; rank 0: full fine-tuning)")
-    verl: VerlSettings = Field(default_factory=VerlSettings, description="the verl engine's cluster layout (--engine verl)")
-    vllm: VllmSettings = Field(default_factory=VllmSettings, description="the vllm engine's server process (--engine vllm)")
-    merge: Annotated[bool, Flag(knob="timeline_merge")] = Field(True, description="merge an episode's prefix-sharing calls into one sample")
+    lora: LoraSettings = Field(
+        default_factory=LoraSettings,
+        description="a LoRA adapter over the frozen base (torch engine; rank 0: full fine-tuning)",
+    )
+    verl: VerlSettings = Field(
+        default_factory=VerlSettings, description="the verl engine's cluster layout (--engine verl)"
+    )
+    vllm: VllmSettings = Field(
+        default_factory=VllmSettings, description="the vllm engine's server process (--engine vllm)"
+    )
+    merge: Annotated[bool, Flag(knob="timeline_merge")] = Field(
+        True, description="merge an episode's prefix-sharing calls into one sample"
+    )
     per_episode_norm: bool = Field(False, description="an episode's samples share a total loss weight of 1")
     continuity: Continuity = Field(
-        Continuity.exact, description="exact: reuse generated ids in later prompts; retokenize: render afresh")
+        Continuity.exact, description="exact: reuse generated ids in later prompts; retokenize: render afresh"
+    )
     temperature: Annotated[float | None, Flag(default_text="the workflow's")] = Field(
-        None, ge=0.0, le=2.0, description="force this sampling temperature on every call")
-    default_temperature: float = Field(1.0, ge=0.0, le=2.0,
-                                       description="sampling temperature of a call that names none")
+        None, ge=0.0, le=2.0, description="force this sampling temperature on every call"
+    )
+    default_temperature: float = Field(
+        1.0, ge=0.0, le=2.0, description="sampling temperature of a call that names none"
+    )
     quotas: dict[str, float] | None = Field(
-        None, description="share of the B groups of a batch per task family, e.g. {math: 0.4, code: 0.6}; "
-                          "unnamed families share `other` (see swarm/server/quotas.py)")
+        None,
+        description="share of the B groups of a batch per task family, e.g. {math: 0.4, code: 0.6}; "
+        "unnamed families share `other` (see swarm/server/quotas.py)",
+    )
     quota_schedule: list[QuotaPhase] | None = Field(
-        None, description="quotas over steps: [{from_step: 0, quotas: {...}}, {from_step: 50, ...}]")
-    log_rollouts: Annotated[bool, Flag(studied=False)] = Field(True, description="append finished episodes to out_dir/rollouts.jsonl")
-    mlflow: Annotated[bool, Flag(studied=False)] = Field(False, description="also log params, per-step metrics and checkpoints to MLflow")
+        None, description="quotas over steps: [{from_step: 0, quotas: {...}}, {from_step: 50, ...}]"
+    )
+    log_rollouts: Annotated[bool, Flag(studied=False)] = Field(
+        True, description="append finished episodes to out_dir/rollouts.jsonl"
+    )
+    mlflow: Annotated[bool, Flag(studied=False)] = Field(
+        False, description="also log params, per-step metrics and checkpoints to MLflow"
+    )
     mlflow_experiment: Annotated[str, Flag(studied=False)] = Field("swarm", description="MLflow experiment name")
-    mlflow_run_name: Annotated[str | None, Flag(studied=False)] = Field(None, description="MLflow run name; default: the out_dir name")
-    mlflow_parent_run_id: Annotated[str | None, Flag(name="--mlflow-parent", studied=False)] = Field(None, description="nest the run under this one (a study)")
+    mlflow_run_name: Annotated[str | None, Flag(studied=False)] = Field(
+        None, description="MLflow run name; default: the out_dir name"
+    )
+    mlflow_parent_run_id: Annotated[str | None, Flag(name="--mlflow-parent", studied=False)] = Field(
+        None, description="nest the run under this one (a study)"
+    )
 
-    default_max_tokens: Annotated[int, Flag(name="--max-tokens")] = Field(256, ge=1, description="when a request names no max_tokens")
-    max_tokens_limit: Annotated[int, Flag(studied=False)] = Field(4096, ge=1, description="largest max_tokens a request may ask")
-    max_body_bytes: Annotated[int, Flag(studied=False)] = Field(8 << 20, ge=1024, description="larger request bodies get 413")
+    default_max_tokens: Annotated[int, Flag(name="--max-tokens")] = Field(
+        256, ge=1, description="when a request names no max_tokens"
+    )
+    max_tokens_limit: Annotated[int, Flag(studied=False)] = Field(
+        4096, ge=1, description="largest max_tokens a request may ask"
+    )
+    max_body_bytes: Annotated[int, Flag(studied=False)] = Field(
+        8 << 20, ge=1024, description="larger request bodies get 413"
+    )
     max_prompt_chars: Annotated[int, Flag(studied=False)] = Field(
-        1_000_000, ge=1, description="longer prompts (characters of messages and tools) get 400 "
-                                     "prompt_too_long before rendering; a shorter one whose bytes / the "
-                                     "longest token already reach the context gets 400 "
-                                     "context_length_exceeded untokenized, and the rest are tokenized, over "
-                                     "128k characters one at a time (docs/server-control.md)")
+        1_000_000,
+        ge=1,
+        description="longer prompts (characters of messages and tools) get 400 "
+        "prompt_too_long before rendering; a shorter one whose bytes / the "
+        "longest token already reach the context gets 400 "
+        "context_length_exceeded untokenized, and the rest are tokenized, over "
+        "128k characters one at a time (docs/server-control.md)",
+    )
     tool_parser: Annotated[ToolParserName, Flag(studied=False)] = Field(
-        ToolParserName.hermes, description="how tool calls are parsed out of generated text: hermes (Qwen2.5, "
-                                           "the embedded model), json (Llama-3.1 style), pythonic ([f(a=1)])")
+        ToolParserName.hermes,
+        description="how tool calls are parsed out of generated text: hermes (Qwen2.5, "
+        "the embedded model), json (Llama-3.1 style), pythonic ([f(a=1)])",
+    )
     served_model_names: list[str] | None = Field(
-        None, description="names a request's `model` may use (--served-model-name, repeatable); "
-                          "default: the served model name; others get 404 model_not_found")
-    lease_seconds: float = Field(30.0, gt=0, description="episode lease: the SDK heartbeats every third of it, so a dead or frozen "
-                                 "client is detected within it; an agent without the SDK must call or heartbeat this often")
+        None,
+        description="names a request's `model` may use (--served-model-name, repeatable); "
+        "default: the served model name; others get 404 model_not_found",
+    )
+    lease_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="episode lease: the SDK heartbeats every third of it, so a dead or frozen "
+        "client is detected within it; an agent without the SDK must call or heartbeat this often",
+    )
     retry_after_s: Annotated[float, Flag(studied=False)] = Field(1.0, gt=0, description="Retry-After sent with 429s")
-    stop_grace_s: Annotated[float, Flag(studied=False)] = Field(1.0, ge=0, description="when stopping, let episodes in flight finish this long (new claims and "
-                                                "calls get 503 'stopping'), then take the last checkpoint and exit")
-    closed_episodes_kept: Annotated[int, Flag(studied=False)] = Field(100_000, ge=1, description="finished ids kept for idempotency")
+    stop_grace_s: Annotated[float, Flag(studied=False)] = Field(
+        1.0,
+        ge=0,
+        description="when stopping, let episodes in flight finish this long (new claims and "
+        "calls get 503 'stopping'), then take the last checkpoint and exit",
+    )
+    closed_episodes_kept: Annotated[int, Flag(studied=False)] = Field(
+        100_000, ge=1, description="finished ids kept for idempotency"
+    )
     # robustness (leases.py, recovery.py): what survives dead clients, hung engines and kill -9
     group_stall_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(
-        60.0, gt=0, description="bound on how long one group may hold up training: a group without progress "
-                                "(no claim, no finish) for this long, with free slots nobody plays or while the "
-                                "rest of a full window waits on it, is resolved by stalled_group_policy; its "
-                                "open episodes are fenced (409). None: wait forever")
+        60.0,
+        gt=0,
+        description="bound on how long one group may hold up training: a group without progress "
+        "(no claim, no finish) for this long, with free slots nobody plays or while the "
+        "rest of a full window waits on it, is resolved by stalled_group_policy; its "
+        "open episodes are fenced (409). None: wait forever",
+    )
     stalled_group_policy: Annotated[StalledGroupPolicy, Flag(studied=False)] = Field(
-        StalledGroupPolicy.partial, description="a stalled group: partial = train the members that finished; "
-                                                "drop = train none of it (its slot in the batch stays empty)")
-    durable_buffer: Annotated[bool, Flag(name="--durable", off="--no-durable")] = Field(True, description="persist each finished episode (out_dir/buffer.sqlite, "
-                                                   "WAL, synchronous=FULL) before acknowledging it")
+        StalledGroupPolicy.partial,
+        description="a stalled group: partial = train the members that finished; "
+        "drop = train none of it (its slot in the batch stays empty)",
+    )
+    durable_buffer: Annotated[bool, Flag(name="--durable", off="--no-durable")] = Field(
+        True,
+        description="persist each finished episode (out_dir/buffer.sqlite, "
+        "WAL, synchronous=FULL) before acknowledging it",
+    )
     quota_borrow_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(
-        30.0, gt=0, description="once a window is this old, a family over its quota may take a slot another "
-                                "family left unclaimed (a dead fleet cannot stall training); None: never")
-    compact_buffer: bool = Field(True, description="after each checkpoint, drop the token ids of buffered "
-                                                   "rows no restart can replay (keeps the buffer bounded)")
+        30.0,
+        gt=0,
+        description="once a window is this old, a family over its quota may take a slot another "
+        "family left unclaimed (a dead fleet cannot stall training); None: never",
+    )
+    compact_buffer: bool = Field(
+        True,
+        description="after each checkpoint, drop the token ids of buffered "
+        "rows no restart can replay (keeps the buffer bounded)",
+    )
     max_staleness: int = Field(
-        0, ge=0, description="k: a sample may be trained by a policy at most k versions newer than the one that "
-                             "generated it. 0: on-policy (claims wait while a step trains). k >= 1: the next window "
-                             "opens as a step starts, so episodes are claimed and played while it trains (lag <= 1), "
-                             "corrected by the PPO ratio against their recorded logprobs. An episode over it is "
-                             "dropped whole and counted (dropped_stale). Each step logs policy_lag_mean/max")
+        0,
+        ge=0,
+        description="k: a sample may be trained by a policy at most k versions newer than the one that "
+        "generated it. 0: on-policy (claims wait while a step trains). k >= 1: the next window "
+        "opens as a step starts, so episodes are claimed and played while it trains (lag <= 1), "
+        "corrected by the PPO ratio against their recorded logprobs. An episode over it is "
+        "dropped whole and counted (dropped_stale). Each step logs policy_lag_mean/max",
+    )
     claims_during_step: Annotated[bool, Flag(name="--claims-during-step", off="--no-claims-during-step")] = Field(
-        True, description="on-policy (k = 0): the next window's episodes are claimed while a step trains and "
-                          "their model calls wait for the new weights (lag stays 0; a step's calls reach the engine "
-                          "together). Off: claims get 429 `training` until the step ends (for agents whose model "
-                          "calls time out sooner than a step takes)")
+        True,
+        description="on-policy (k = 0): the next window's episodes are claimed while a step trains and "
+        "their model calls wait for the new weights (lag stays 0; a step's calls reach the engine "
+        "together). Off: claims get 429 `training` until the step ends (for agents whose model "
+        "calls time out sooner than a step takes)",
+    )
     replay_staleness: Annotated[int | None, Flag(studied=False, default_text="every acknowledged episode")] = Field(
-        None, ge=0, description="after a restart, episodes acknowledged before it may be this many versions from "
-                                "the policy that trains them (PPO ratio against their recorded logprobs); None: "
-                                "as far as the steps lost since the checkpoint and the replay itself need, so no "
-                                "acknowledged episode is dropped as stale")
+        None,
+        ge=0,
+        description="after a restart, episodes acknowledged before it may be this many versions from "
+        "the policy that trains them (PPO ratio against their recorded logprobs); None: "
+        "as far as the steps lost since the checkpoint and the replay itself need, so no "
+        "acknowledged episode is dropped as stale",
+    )
     failed_group_policy: FailedGroupPolicy = Field(
-        FailedGroupPolicy.drop, description="a group with a failed episode: drop it, or keep training the rest (>= 2 left)")
-    generate_timeout_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(300.0, gt=0, description="an engine call running longer gets "
-                                                                      "a 504 JSON error; None: no limit")
+        FailedGroupPolicy.drop,
+        description="a group with a failed episode: drop it, or keep training the rest (>= 2 left)",
+    )
+    generate_timeout_s: Annotated[float | None, Flag(zero_is_none=True)] = Field(
+        300.0, gt=0, description="an engine call running longer gets a 504 JSON error; None: no limit"
+    )
+
     @field_validator("quotas")
     @classmethod
     def _quotas(cls, value: dict[str, float] | None) -> dict[str, float] | None:
@@ -194,9 +295,11 @@ class ServerConfig(BaseModel):
     @model_validator(mode="after")
     def _lora_engine(self) -> ServerConfig:
         if self.lora.enabled and self.engine in (EngineName.vllm, EngineName.verl):
-            raise ValueError(f"--lora-rank: LoRA is implemented in the torch engine only, not --engine "
-                             f"{self.engine.value} (export a merged model with `swarm model export --merge` "
-                             "to serve it elsewhere)")
+            raise ValueError(
+                f"--lora-rank: LoRA is implemented in the torch engine only, not --engine "
+                f"{self.engine.value} (export a merged model with `swarm model export --merge` "
+                "to serve it elsewhere)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -207,11 +310,13 @@ class ServerConfig(BaseModel):
 
     def with_secrets(self) -> ServerConfig:
         """A copy with every missing token/secret generated (printed once by `serve`)."""
-        return self.model_copy(update={
-            "token": self.token or "swt-" + secrets.token_urlsafe(24),
-            "admin_token": self.admin_token or "swa-" + secrets.token_urlsafe(24),
-            "secret": self.secret or secrets.token_hex(32),
-        })
+        return self.model_copy(
+            update={
+                "token": self.token or "swt-" + secrets.token_urlsafe(24),
+                "admin_token": self.admin_token or "swa-" + secrets.token_urlsafe(24),
+                "secret": self.secret or secrets.token_hex(32),
+            }
+        )
 
     @property
     def served_model_name(self) -> str:

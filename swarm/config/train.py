@@ -25,14 +25,21 @@ class TrainConfig(BaseModel):
     advantage: Advantage = Field(Advantage.grpo, description="group advantage estimator")
     clip_eps: float = Field(0.2, gt=0.0, description="PPO clip epsilon (low side, and high unless clip_eps_high)")
     clip_eps_high: float | None = Field(None, gt=0.0, description="PPO clip epsilon of the high side (DAPO)")
-    kl_coef: Annotated[float, Flag(study=(0.0, 10.0))] = Field(0.0, ge=0.0, description="KL penalty to the reference (initial) model")
+    kl_coef: Annotated[float, Flag(study=(0.0, 10.0))] = Field(
+        0.0, ge=0.0, description="KL penalty to the reference (initial) model"
+    )
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient-norm clip")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
-    micro_batch_tokens: Annotated[int, Flag(studied=False)] = Field(8192, ge=1, description="tokens per forward/backward micro-batch")
+    micro_batch_tokens: Annotated[int, Flag(studied=False)] = Field(
+        8192, ge=1, description="tokens per forward/backward micro-batch"
+    )
     normalize_std: bool = Field(True, description="GRPO: divide advantages by the group's reward std")
-    loss_agg: LossAgg = Field(LossAgg.token_mean, description="token-mean: every trained token weighs the same; "
-                                                              "seq-mean-token-mean: every sample does (task mixes)")
+    loss_agg: LossAgg = Field(
+        LossAgg.token_mean,
+        description="token-mean: every trained token weighs the same; "
+        "seq-mean-token-mean: every sample does (task mixes)",
+    )
 
 
 __all__ = ["TrainConfig"]

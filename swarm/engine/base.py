@@ -10,9 +10,10 @@ lets those swap in without touching the server.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from swarm.config.train import TrainConfig
 from swarm.samples import TrainSample

@@ -28,7 +28,8 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import llguidance
 import llguidance.hf
@@ -61,14 +62,16 @@ def json_schema_of(response_format: str) -> dict[str, Any] | None:
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict):
-            raise UnsupportedRequest("invalid_response_format",
-                                     "response_format json_schema needs a json_schema object")
+            raise UnsupportedRequest(
+                "invalid_response_format", "response_format json_schema needs a json_schema object"
+            )
         schema = spec.get("schema", {})  # OpenAI: optional; absent means any JSON value
         if not isinstance(schema, (dict, bool)):
             raise UnsupportedRequest("invalid_json_schema", "response_format.json_schema.schema must be an object")
         return schema if isinstance(schema, dict) else ({} if schema else {"not": {}})
-    raise UnsupportedRequest("invalid_response_format",
-                             f"response_format.type {kind!r} is not one of text, json_object, json_schema")
+    raise UnsupportedRequest(
+        "invalid_response_format", f"response_format.type {kind!r} is not one of text, json_object, json_schema"
+    )
 
 
 class Grammars:
@@ -94,8 +97,9 @@ class Grammars:
         """llguidance's view of the tokenizer, built on first use (tens of ms; about 1 s for 150k tokens)."""
         with self._lock:
             if self._tok is None:
-                self._tok = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size,
-                                                         eos_token=self.eos_ids or None)
+                self._tok = llguidance.hf.from_tokenizer(
+                    self._hf, n_vocab=self.vocab_size, eos_token=self.eos_ids or None
+                )
             return self._tok
 
     def matcher(self, response_format: str) -> llguidance.LLMatcher | None:
@@ -143,8 +147,9 @@ class Grammars:
         else:
             if self._executor is None:
                 self._executor = llguidance.LLExecutor()
-            self._executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),
-                                                   words * 4, n)
+            self._executor.unsafe_compute_mask_ptr(
+                [(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(), words * 4, n
+            )
         return unpack_bitmask(bitmask, self.width)
 
 

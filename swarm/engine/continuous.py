@@ -43,8 +43,9 @@ import asyncio
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -134,8 +135,14 @@ class ContinuousBatcher:
         self.busy_s = 0.0  # time spent in forward passes and sampling (the engine's own generation time)
 
     # -- public -------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams, emit: Emit,
-               loop: asyncio.AbstractEventLoop | None = None, matcher: Any = None) -> Handle:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        emit: Emit,
+        loop: asyncio.AbstractEventLoop | None = None,
+        matcher: Any = None,
+    ) -> Handle:
         """Queue a request. `emit` gets its chunks: on `loop` when given (batched per step), else in the worker.
 
         A `params.response_format` is compiled here unless the caller passes its `matcher`
@@ -158,8 +165,9 @@ class ContinuousBatcher:
     def compile(self, response_format: str) -> Any:
         """A matcher for `response_format` (None: unconstrained); `UnsupportedRequest` when impossible."""
         if self.grammars is None:
-            raise UnsupportedRequest("unsupported_response_format",
-                                     "this engine was built without constrained decoding")
+            raise UnsupportedRequest(
+                "unsupported_response_format", "this engine was built without constrained decoding"
+            )
         return self.grammars.matcher(response_format)
 
     def close(self) -> None:
@@ -266,8 +274,10 @@ class ContinuousBatcher:
         if missing:
             cache, attn, logits = self._forward_prompts([list(p) for p in missing])
             if self.reuse_prompts and (self.prompts.max_tokens or not every_row_fresh):
-                for p, e in zip(missing, split_rows([l.keys for l in cache.layers],
-                                                    [l.values for l in cache.layers], attn, logits)):
+                for p, e in zip(
+                    missing,
+                    split_rows([lay.keys for lay in cache.layers], [lay.values for lay in cache.layers], attn, logits),
+                ):
                     entries[p] = e
                     self.prompts.put(p, e)
         if not every_row_fresh:
@@ -298,8 +308,12 @@ class ContinuousBatcher:
         else:
             head = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=dev)
             cache = DynamicCache()
-            self.model(input_ids=head, position_ids=torch.arange(shared, device=dev).unsqueeze(0),
-                       **cache_kwargs(self.model, cache), use_cache=True)
+            self.model(
+                input_ids=head,
+                position_ids=torch.arange(shared, device=dev).unsqueeze(0),
+                **cache_kwargs(self.model, cache),
+                use_cache=True,
+            )
             for layer in cache.layers:
                 layer.keys = layer.keys.expand(len(prompts), -1, -1, -1).contiguous()
                 layer.values = layer.values.expand(len(prompts), -1, -1, -1).contiguous()
@@ -308,8 +322,9 @@ class ContinuousBatcher:
             pos = shared + (tail_attn.cumsum(-1) - 1).clamp_min(0)
             attn = torch.cat([tail_attn.new_ones(len(prompts), shared), tail_attn], dim=1)
             self.prefix_tokens_saved += shared * (len(prompts) - 1)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kwargs(self.model, cache),
-                         use_cache=True)
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kwargs(self.model, cache), use_cache=True
+        )
         return returned_cache(out), attn, out.logits[:, -1, :]
 
     def weights_changed(self) -> None:
@@ -337,8 +352,13 @@ class ContinuousBatcher:
             layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(n, *layer.keys.shape[1:])], dim=0)
             layer.values = torch.cat([layer.values, layer.values.new_zeros(n, *layer.values.shape[1:])], dim=0)
         attn = torch.cat([torch.cat([self._attn, self._attn.new_zeros(n, old_width)], dim=0), step_attn], dim=1)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                         **cache_kwargs(self.model, self._cache), use_cache=True)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=pos,
+            **cache_kwargs(self.model, self._cache),
+            use_cache=True,
+        )
         self._cache, self._attn = returned_cache(out), attn
         self._rows.extend(new)
         self._knobs = None
@@ -348,8 +368,13 @@ class ContinuousBatcher:
         assert self._cache is not None and self._attn is not None and self._pending is not None
         pos = self._attn.sum(-1, keepdim=True)
         attn = torch.cat([self._attn, self._attn.new_ones(len(self._rows), 1)], dim=1)
-        out = self.model(input_ids=self._pending.unsqueeze(-1), attention_mask=attn, position_ids=pos,
-                         **cache_kwargs(self.model, self._cache), use_cache=True)
+        out = self.model(
+            input_ids=self._pending.unsqueeze(-1),
+            attention_mask=attn,
+            position_ids=pos,
+            **cache_kwargs(self.model, self._cache),
+            use_cache=True,
+        )
         self._cache, self._attn = returned_cache(out), attn
         self._sample(out.logits[:, -1, :], 0)
 
@@ -370,8 +395,9 @@ class ContinuousBatcher:
     def _sampling_knobs(self, device: torch.device) -> RowKnobs:
         """The running rows' knobs as tensors and host-side flags, rebuilt only when rows change."""
         if self._knobs is None:
-            self._knobs = RowKnobs.of([r.params for r in self._rows],
-                                      [i for i, r in enumerate(self._rows) if r.matcher is not None], device)
+            self._knobs = RowKnobs.of(
+                [r.params for r in self._rows], [i for i, r in enumerate(self._rows) if r.matcher is not None], device
+            )
         return self._knobs
 
     def _sample(self, logits: torch.Tensor, offset: int) -> None:
@@ -388,8 +414,18 @@ class ContinuousBatcher:
             allowed = self.grammars.fill_masks([rows[i].matcher for i in constrained]).to(logits.device)
             index = torch.tensor(constrained, dtype=torch.long, device=logits.device)
         top_k = knobs.top_k if not offset else max((r.params.top_logprobs for r in rows), default=0)
-        draw = sample_rows(logits, temp, top_p, [r.generator for r in rows], self.shared_gen,
-                           plain=knobs.plain, nucleus=knobs.nucleus, top_k=top_k, constrained=index, allowed=allowed)
+        draw = sample_rows(
+            logits,
+            temp,
+            top_p,
+            [r.generator for r in rows],
+            self.shared_gen,
+            plain=knobs.plain,
+            nucleus=knobs.nucleus,
+            top_k=top_k,
+            constrained=index,
+            allowed=allowed,
+        )
         tokens = draw.tokens
         if offset:
             assert self._pending is not None
@@ -408,8 +444,12 @@ class ContinuousBatcher:
             self.tokens_out += 1
             reason = self._finish_reason(r, tok)
             k = r.params.top_logprobs
-            self._emit(r, TokenChunk([tok], [lp], finish_reason=reason,
-                                     top_logprobs=[tops[i][:k]] if k and tops is not None else None))
+            self._emit(
+                r,
+                TokenChunk(
+                    [tok], [lp], finish_reason=reason, top_logprobs=[tops[i][:k]] if k and tops is not None else None
+                ),
+            )
             if reason is not None:
                 done.append(offset + i)
         if done:

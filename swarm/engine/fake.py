@@ -34,8 +34,9 @@ import json
 import random
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from swarm.engine.base import Completion, GenerateRequest, SamplingParams, TokenChunk, TrainBatch
 

@@ -77,8 +77,14 @@ def attach(model: torch.nn.Module, settings: LoraSettings, base_dir: Path) -> to
     """
     from peft import LoraConfig, get_peft_model  # lazy: peft (and accelerate) take seconds; rank 0 never needs them
 
-    config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                        target_modules=settings.target_modules, bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=settings.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     try:
         with quiet_peft():
             wrapped = get_peft_model(model, config)
@@ -93,8 +99,9 @@ def adapted_layers(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
     """(in features, out features) of every layer an adapter wraps, by module name."""
     from peft.tuners.lora import LoraLayer  # lazy: only ever called on a peft model (peft already loaded)
 
-    return {name: (int(m.in_features), int(m.out_features))
-            for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    return {
+        name: (int(m.in_features), int(m.out_features)) for name, m in model.named_modules() if isinstance(m, LoraLayer)
+    }
 
 
 def check_rank(model: torch.nn.Module, rank: int) -> None:
@@ -105,10 +112,12 @@ def check_rank(model: torch.nn.Module, rank: int) -> None:
     name, (fan_in, fan_out) = min(layers.items(), key=lambda kv: min(kv[1]))
     if rank > min(fan_in, fan_out):
         short = name.removeprefix("base_model.model.")
-        raise LoraError(f"--lora-rank {rank} is larger than the width of target layer {short} "
-                        f"({fan_in} in, {fan_out} out): a rank-r adapter of that layer can have rank at most "
-                        f"{min(fan_in, fan_out)}; choose --lora-rank <= {min(fan_in, fan_out)} or fewer "
-                        "--lora-targets")
+        raise LoraError(
+            f"--lora-rank {rank} is larger than the width of target layer {short} "
+            f"({fan_in} in, {fan_out} out): a rank-r adapter of that layer can have rank at most "
+            f"{min(fan_in, fan_out)}; choose --lora-rank <= {min(fan_in, fan_out)} or fewer "
+            "--lora-targets"
+        )
 
 
 def save_adapter(model: torch.nn.Module, path: Path) -> None:
@@ -127,23 +136,42 @@ def load_adapter(model: torch.nn.Module, path: Path, settings: LoraSettings) -> 
 
     path = Path(path)
     if not is_adapter_dir(path):
-        raise LoraError(f"checkpoint {path} holds no LoRA adapter ({ADAPTER_CONFIG} missing): a full-parameter "
-                        "checkpoint resumes without --lora-rank")
+        raise LoraError(
+            f"checkpoint {path} holds no LoRA adapter ({ADAPTER_CONFIG} missing): a full-parameter "
+            "checkpoint resumes without --lora-rank"
+        )
     saved = read_adapter_config(path)
     if int(saved.get("r", -1)) != settings.rank or float(saved.get("lora_alpha", -1)) != settings.alpha:
-        raise LoraError(f"checkpoint {path} holds a rank-{saved.get('r')} adapter with alpha "
-                        f"{saved.get('lora_alpha')}; this engine was started with --lora-rank {settings.rank} "
-                        f"--lora-alpha {settings.alpha:g}")
+        raise LoraError(
+            f"checkpoint {path} holds a rank-{saved.get('r')} adapter with alpha "
+            f"{saved.get('lora_alpha')}; this engine was started with --lora-rank {settings.rank} "
+            f"--lora-alpha {settings.alpha:g}"
+        )
     device = next(model.parameters()).device
     state = load_file(str(path / ADAPTER_WEIGHTS), device=str(device))
     expected = get_peft_model_state_dict(model)
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise LoraError(f"checkpoint {path} wraps other layers than --lora-targets {settings.targets}: "
-                        f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise LoraError(
+            f"checkpoint {path} wraps other layers than --lora-targets {settings.targets}: "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     set_peft_model_state_dict(model, {k: v.to(expected[k].dtype) for k, v in state.items()})
 
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LoraError", "adapted_layers", "adapters_off", "attach",
-           "check_rank", "is_adapter_dir", "is_peft", "load_adapter", "quiet_peft", "read_adapter_config",
-           "save_adapter", "unwrap"]
+__all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
+    "LoraError",
+    "adapted_layers",
+    "adapters_off",
+    "attach",
+    "check_rank",
+    "is_adapter_dir",
+    "is_peft",
+    "load_adapter",
+    "quiet_peft",
+    "read_adapter_config",
+    "save_adapter",
+    "unwrap",
+]

@@ -25,7 +25,7 @@ What keeps it at the speed of a bare forward/backward/AdamW step (measured by
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +50,9 @@ def sample_advantages(samples: Sequence[TrainSample], config: TrainConfig) -> li
         key = f"{s.episode_id}\x00{s.reward}"  # team agents scored apart count apart
         episodes.setdefault(key, (s.reward, s.group_id))
     keys = list(episodes)
-    adv = compute_advantages([episodes[k][0] for k in keys], [episodes[k][1] for k in keys],
-                             config.advantage, config.normalize_std)
+    adv = compute_advantages(
+        [episodes[k][0] for k in keys], [episodes[k][1] for k in keys], config.advantage, config.normalize_std
+    )
     by_key = dict(zip(keys, adv))
     return [by_key[f"{s.episode_id}\x00{s.reward}"] for s in samples]
 
@@ -82,8 +83,14 @@ class MicroBatch:
     t+1": exactly the positions whose target the loss trains (mask 1).
     """
 
-    def __init__(self, samples: Sequence[TrainSample], idx: list[int], adv: list[float], scales: list[float],
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        samples: Sequence[TrainSample],
+        idx: list[int],
+        adv: list[float],
+        scales: list[float],
+        device: torch.device,
+    ) -> None:
         lengths = [len(samples[i].input_ids) for i in idx]
         width = max(lengths)
         n = len(idx)
@@ -125,8 +132,12 @@ def _head_and_base(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
     model = unwrap(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, "base_model", None)
-    if head is not None and base is not None and base is not model \
-            and getattr(model.config, "model_type", None) in PLAIN_HEAD_MODELS:
+    if (
+        head is not None
+        and base is not None
+        and base is not model
+        and getattr(model.config, "model_type", None) in PLAIN_HEAD_MODELS
+    ):
         return head, base
     return None
 
@@ -171,12 +182,18 @@ def policy_step(
     optimizer.zero_grad(set_to_none=True)
     totals = torch.zeros(len(METRICS), device=device)
     tokens = trained = 0
-    shared = plan(samples, config.micro_batch_tokens) \
-        if share_prefix and _head_and_base(model) is not None and usable(model) else None
+    shared = (
+        plan(samples, config.micro_batch_tokens)
+        if share_prefix and _head_and_base(model) is not None and usable(model)
+        else None
+    )
     parts = shared or micro_batches([len(s.input_ids) for s in samples], config.micro_batch_tokens)
     for part in parts:
-        mb = SharedPrefixBatch(samples, part, adv, scales, device) if shared is not None \
+        mb = (
+            SharedPrefixBatch(samples, part, adv, scales, device)
+            if shared is not None
             else MicroBatch(samples, part, adv, scales, device)
+        )
         tokens += mb.tokens
         if mb.pos.numel() == 0:
             continue  # nothing trained in these samples (all-prompt): no gradient to take
@@ -197,11 +214,13 @@ def policy_step(
             kl_ref = (kl_k3(logp, ref_logp) * mb.w).sum() / denom
             loss = loss + config.kl_coef * kl_ref
         loss.backward()
-        totals += torch.stack([loss.detach(), terms.pg_loss, terms.clipfrac, terms.approx_kl, kl_ref.detach(),
-                               ent.detach()])
+        totals += torch.stack(
+            [loss.detach(), terms.pg_loss, terms.clipfrac, terms.approx_kl, kl_ref.detach(), ent.detach()]
+        )
     params = grads_to_clip(model, optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm) if params \
-        else torch.zeros((), device=device)
+    grad_norm = (
+        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm) if params else torch.zeros((), device=device)
+    )
     finite = bool(torch.isfinite(grad_norm))  # the step's one host sync before the update
     if finite:
         optimizer.step()

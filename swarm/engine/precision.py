@@ -35,8 +35,8 @@ Two scheduling choices follow the device too (measured in docs/training-speed.md
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import torch
 
@@ -64,9 +64,14 @@ def cpu_threads(cpu_count: int | None, env: Mapping[str, str]) -> int | None:
     return max(1, (cpu_count or 1) // 2)
 
 
-def choose_placement(device: str | None, cuda_available: bool, bf16_supported: bool,
-                     dtype: str | None = None, cpu_count: int | None = None,
-                     env: Mapping[str, str] | None = None) -> Placement:
+def choose_placement(
+    device: str | None,
+    cuda_available: bool,
+    bf16_supported: bool,
+    dtype: str | None = None,
+    cpu_count: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Placement:
     """The device, weight dtype, attention kernel, optimizer precision and scheduling of a torch engine.
 
     `device` None means CUDA when available, else CPU. `dtype` overrides the
@@ -78,8 +83,9 @@ def choose_placement(device: str | None, cuda_available: bool, bf16_supported: b
     dev = device or ("cuda" if cuda_available else "cpu")
     if dev.startswith("cuda"):
         if not cuda_available:
-            raise ValueError(f"device {dev!r} asked for, but torch sees no CUDA GPU "
-                             f"(torch {torch.__version__}); pass --device cpu")
+            raise ValueError(
+                f"device {dev!r} asked for, but torch sees no CUDA GPU (torch {torch.__version__}); pass --device cpu"
+            )
         chosen = dtype or ("bfloat16" if bf16_supported else "float32")
         if chosen == "bfloat16" and not bf16_supported:
             raise ValueError("bfloat16 asked for, but this GPU does not support it; use float32")
@@ -92,8 +98,9 @@ def choose_placement(device: str | None, cuda_available: bool, bf16_supported: b
 def detect_placement(device: str | None, dtype: str | None = None) -> Placement:
     """`choose_placement` with what this machine's torch reports."""
     cuda = torch.cuda.is_available()
-    return choose_placement(device, cuda, bool(cuda and torch.cuda.is_bf16_supported()), dtype,
-                            cpu_count=os.cpu_count(), env=os.environ)
+    return choose_placement(
+        device, cuda, bool(cuda and torch.cuda.is_bf16_supported()), dtype, cpu_count=os.cpu_count(), env=os.environ
+    )
 
 
 class MasterWeightAdamW:

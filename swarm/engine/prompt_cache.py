@@ -75,18 +75,23 @@ class PromptCache:
         self._tokens = 0
 
 
-def split_rows(keys: list[torch.Tensor], values: list[torch.Tensor], attn: torch.Tensor,
-               logits: torch.Tensor) -> list[PrefilledPrompt]:
+def split_rows(
+    keys: list[torch.Tensor], values: list[torch.Tensor], attn: torch.Tensor, logits: torch.Tensor
+) -> list[PrefilledPrompt]:
     """One `PrefilledPrompt` per row of a batched prefill, each its own copy with its leading
     all-padding columns trimmed (a short prompt in a batch of long ones is stored narrow)."""
     out = []
     for i in range(attn.shape[0]):
         row = attn[i]
         start = int(row.argmax()) if bool(row.any()) else 0  # the first real column
-        out.append(PrefilledPrompt(
-            keys=tuple(k[i:i + 1, :, start:].clone() for k in keys),
-            values=tuple(v[i:i + 1, :, start:].clone() for v in values),
-            attn=attn[i:i + 1, start:].clone(), logits=logits[i].clone()))
+        out.append(
+            PrefilledPrompt(
+                keys=tuple(k[i : i + 1, :, start:].clone() for k in keys),
+                values=tuple(v[i : i + 1, :, start:].clone() for v in values),
+                attn=attn[i : i + 1, start:].clone(),
+                logits=logits[i].clone(),
+            )
+        )
     return out
 
 

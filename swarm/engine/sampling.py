@@ -8,8 +8,9 @@ the same tokens whatever else shares the batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +33,14 @@ class RowKnobs:
     def of(cls, params: Sequence[SamplingParams], constrained: Sequence[int], device: torch.device) -> RowKnobs:
         temps = [p.temperature for p in params]
         tops = [p.top_p for p in params]
-        return cls(torch.tensor(temps, device=device), torch.tensor(tops, device=device),
-                   plain=all(t == 1.0 for t in temps) and all(p >= 1.0 for p in tops),
-                   nucleus=any(p < 1.0 for p in tops), top_k=max((p.top_logprobs for p in params), default=0),
-                   constrained=tuple(constrained))
+        return cls(
+            torch.tensor(temps, device=device),
+            torch.tensor(tops, device=device),
+            plain=all(t == 1.0 for t in temps) and all(p >= 1.0 for p in tops),
+            nucleus=any(p < 1.0 for p in tops),
+            top_k=max((p.top_logprobs for p in params), default=0),
+            constrained=tuple(constrained),
+        )
 
 
 def top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

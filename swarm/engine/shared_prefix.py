@@ -23,7 +23,7 @@ positions shrink by at least `MIN_SAVING` (`plan`).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -52,7 +52,7 @@ def plan(samples: Sequence[TrainSample], budget: int) -> list[list[list[int]]] |
     """
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, s in enumerate(samples):
-        groups.setdefault(tuple(s.input_ids[:split_point(s)]), []).append(i)
+        groups.setdefault(tuple(s.input_ids[: split_point(s)]), []).append(i)
     total = sum(len(s.input_ids) for s in samples)
     shared = sum(len(p) * len(ix) for p, ix in groups.items()) - sum(len(p) for p in groups)
     if total == 0 or shared < MIN_SAVING * total:
@@ -95,8 +95,14 @@ class SharedPrefixBatch:
     """One micro-batch in the shared layout; `pos` indexes the flattened [rows, suffix width] grid
     of "column j predicts suffix token j" at the trained tokens, in row-major order."""
 
-    def __init__(self, samples: Sequence[TrainSample], groups: list[list[int]], adv: list[float],
-                 scales: list[float], device: torch.device) -> None:
+    def __init__(
+        self,
+        samples: Sequence[TrainSample],
+        groups: list[list[int]],
+        adv: list[float],
+        scales: list[float],
+        device: torch.device,
+    ) -> None:
         order = [i for rows in groups for i in rows]  # row r of the suffix batch is sample order[r]
         cuts = [split_point(samples[rows[0]]) for rows in groups]
         prefix_ids, prefix_attn = left_padded([samples[rows[0]].input_ids[:c] for rows, c in zip(groups, cuts)])
@@ -132,20 +138,31 @@ class SharedPrefixBatch:
         self.targets = self.suffix_ids.reshape(-1)[self.pos]
         self.old = torch.tensor(flat_old, dtype=torch.float32)[pos].to(device, non_blocking=True)
         self.adv = torch.tensor([adv[i] for i in order], dtype=torch.float32)[rows].to(device, non_blocking=True)
-        self.w = torch.tensor([samples[i].weight * scales[i] for i in order],
-                              dtype=torch.float32)[rows].to(device, non_blocking=True)
+        self.w = torch.tensor([samples[i].weight * scales[i] for i in order], dtype=torch.float32)[rows].to(
+            device, non_blocking=True
+        )
 
 
 def shared_hidden(base: torch.nn.Module, mb: SharedPrefixBatch) -> torch.Tensor:
     """Final hidden states [N, H] at the trained positions of `mb` (N = its trained tokens)."""
     cache = DynamicCache()
-    head = base(input_ids=mb.prefix_ids, attention_mask=mb.prefix_attn, position_ids=mb.prefix_pos,
-                **cache_kwargs(base, cache), use_cache=True)
+    head = base(
+        input_ids=mb.prefix_ids,
+        attention_mask=mb.prefix_attn,
+        position_ids=mb.prefix_pos,
+        **cache_kwargs(base, cache),
+        use_cache=True,
+    )
     rows = DynamicCache()
     for j, layer in enumerate(returned_cache(head).layers):  # each sample attends to its group's prefix
         rows.update(layer.keys.index_select(0, mb.row_group), layer.values.index_select(0, mb.row_group), j)
-    tail = base(input_ids=mb.suffix_ids, attention_mask=mb.attn, position_ids=mb.suffix_pos,
-                **cache_kwargs(base, rows), use_cache=True).last_hidden_state
+    tail = base(
+        input_ids=mb.suffix_ids,
+        attention_mask=mb.attn,
+        position_ids=mb.suffix_pos,
+        **cache_kwargs(base, rows),
+        use_cache=True,
+    ).last_hidden_state
     last = head.last_hidden_state[:, -1:].index_select(0, mb.row_group)  # predicts each suffix's first token
     hidden = torch.cat([last, tail[:, :-1]], dim=1)
     return hidden.reshape(-1, hidden.shape[-1])[mb.pos]

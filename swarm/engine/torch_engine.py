@@ -25,8 +25,8 @@ import copy
 import json
 import os
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import torch
 from safetensors.torch import load_file
@@ -65,7 +65,8 @@ class TorchEngine:
             raise FileNotFoundError(
                 f"{self.model_dir} is a LoRA adapter checkpoint, not a model: serve its base model with "
                 "--lora-rank (a run resumes its adapter from --out), or merge it first: "
-                f"swarm model export {self.model_dir} --merge DIR")
+                f"swarm model export {self.model_dir} --merge DIR"
+            )
         if not (self.model_dir / "config.json").exists():
             raise FileNotFoundError(
                 f"no Hugging Face model at {self.model_dir} (missing config.json); "
@@ -80,16 +81,20 @@ class TorchEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         attn = self.placement.attn_implementation
         extra = {"attn_implementation": attn} if attn else {}  # None: the model's default, as on CPU always
-        base = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=self.placement.torch_dtype, **extra).to(self.device)
+        base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.placement.torch_dtype, **extra).to(
+            self.device
+        )
         base.eval()
         #: what trains and checkpoints: the HF model, or (LoRA) the peft wrapper around it
         self.model: torch.nn.Module = attach(base, self.lora, self.model_dir) if self.lora.enabled else base
         #: what generates: the HF model itself, base + adapter layers inside when LoRA (swarm/engine/lora.py)
         self.network = unwrap(self.model)
         # the KL reference: a frozen copy; with LoRA the peft model itself, its adapters off in that forward
-        self.reference = (self.model if self.lora.enabled else copy.deepcopy(self.model).requires_grad_(False)) \
-            if reference else None
+        self.reference = (
+            (self.model if self.lora.enabled else copy.deepcopy(self.model).requires_grad_(False))
+            if reference
+            else None
+        )
         self.optimizer = build_optimizer(self.model, self.placement)
         self.policy_version = 0
         self._lock = threading.Lock()
@@ -98,9 +103,14 @@ class TorchEngine:
         vocab = int(self.network.get_input_embeddings().weight.shape[0])
         eos = self._eos_ids()
         self.batcher = ContinuousBatcher(
-            self.network, self._lock, eos, self.max_positions,
+            self.network,
+            self._lock,
+            eos,
+            self.max_positions,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
-            vocab_size=vocab, max_batch=max_batch, seed=seed,
+            vocab_size=vocab,
+            max_batch=max_batch,
+            seed=seed,
             fuse_pad_tokens=self.placement.fuse_pad_tokens,
             grammars=Grammars(self.tokenizer, vocab, eos),  # response_format: llguidance, built on first use
         )
@@ -167,8 +177,9 @@ class TorchEngine:
             config = config.model_copy(update={"lr": config.lr * self.lora.lr_scale})
         with self._lock:
             ref = self.reference if config.kl_coef else None
-            metrics = policy_step(self.model, self.optimizer, batch.samples, config, reference=ref,
-                                  share_prefix=self.share_prefix)
+            metrics = policy_step(
+                self.model, self.optimizer, batch.samples, config, reference=ref, share_prefix=self.share_prefix
+            )
             self.batcher.weights_changed()
             self.policy_version += 1
             gen = self.batcher
@@ -221,8 +232,10 @@ class TorchEngine:
                 self._load_state(path)
             return
         if is_adapter_dir(path):
-            raise EngineError(f"checkpoint {path} holds a LoRA adapter ({ADAPTER_CONFIG}), not a model: resume it "
-                              "with the --lora-* settings it was trained with")
+            raise EngineError(
+                f"checkpoint {path} holds a LoRA adapter ({ADAPTER_CONFIG}), not a model: resume it "
+                "with the --lora-* settings it was trained with"
+            )
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no safetensors weights in {path}")
@@ -233,8 +246,9 @@ class TorchEngine:
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             real_missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied
             if real_missing or unexpected:
-                raise EngineError(f"checkpoint {path} does not fit the model: missing {real_missing}, "
-                                  f"unexpected {unexpected}")
+                raise EngineError(
+                    f"checkpoint {path} does not fit the model: missing {real_missing}, unexpected {unexpected}"
+                )
             if getattr(self.model.config, "tie_word_embeddings", False):
                 self.model.tie_weights()
             self.batcher.weights_changed()

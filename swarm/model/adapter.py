@@ -33,8 +33,10 @@ def base_of(checkpoint: Path) -> Path:
         raise FileNotFoundError(f"{checkpoint} is a LoRA adapter that records no base model")
     base = Path(recorded)
     if not (base / "config.json").is_file():
-        raise FileNotFoundError(f"the base model of the LoRA adapter {checkpoint}, {base}, is not a Hugging Face "
-                                "model directory (moved or deleted?)")
+        raise FileNotFoundError(
+            f"the base model of the LoRA adapter {checkpoint}, {base}, is not a Hugging Face "
+            "model directory (moved or deleted?)"
+        )
     return base
 
 

@@ -20,13 +20,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as Bar
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from store.paths import default_model_dir
@@ -118,8 +119,7 @@ def build_untrained(out_dir: Path, seed: int = 0) -> Path:
 
 
 def _marker_for(seed: int, config: WarmStartConfig) -> dict:
-    return {"version": BUILD_VERSION, "seed": seed, "vocab_size": VOCAB_SIZE,
-            "warm_start": config.as_dict()}
+    return {"version": BUILD_VERSION, "seed": seed, "vocab_size": VOCAB_SIZE, "warm_start": config.as_dict()}
 
 
 def is_complete(model_dir: Path, seed: int | None = None) -> bool:
@@ -145,9 +145,13 @@ def _clean_stale_temps(parent: Path, name: str) -> None:
             continue
 
 
-def init_model(out_dir: Path | None = None, seed: int = 0, force: bool = False,
-               progress: Progress | None = None,
-               config: WarmStartConfig | None = None) -> Path:
+def init_model(
+    out_dir: Path | None = None,
+    seed: int = 0,
+    force: bool = False,
+    progress: Progress | None = None,
+    config: WarmStartConfig | None = None,
+) -> Path:
     """Build (or find) the warm-started embedded model and return its directory.
 
     Idempotent: a directory with a marker of this recipe and seed is returned
@@ -165,8 +169,7 @@ def init_model(out_dir: Path | None = None, seed: int = 0, force: bool = False,
         if not force and _matches(out_dir, seed, config):
             report("model ready", 1.0)
             return out_dir
-        if out_dir.exists() and any(out_dir.iterdir()) and not force and \
-                not (out_dir / MARKER).exists():
+        if out_dir.exists() and any(out_dir.iterdir()) and not force and not (out_dir / MARKER).exists():
             raise FileExistsError(f"{out_dir} exists and is not a Roost model; pass force=True")
         _clean_stale_temps(out_dir.parent, out_dir.name)
         _build(out_dir, seed, config, report)
@@ -191,19 +194,25 @@ def _build_lock(out_dir: Path) -> Iterator[None]:
 
 
 def _build(out_dir: Path, seed: int, config: WarmStartConfig, report: Progress) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-",
-                                dir=out_dir.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
     started = time.monotonic()
     try:
         report("training tokenizer", 0.0)
         tokenizer = build_tokenizer(task_corpus(seed), VOCAB_SIZE)
         model = build_model(tokenizer, seed)
-        stats = warm_start(model, tokenizer, seed=seed, config=config,
-                           progress=lambda m, f: report(m, 0.02 + 0.96 * f))
+        stats = warm_start(model, tokenizer, seed=seed, config=config, progress=lambda m, f: report(m, 0.02 + 0.96 * f))
         _save(model, tokenizer, tmp)
-        (tmp / "roost_build_stats.json").write_text(json.dumps(
-            {**stats, "build_seconds": round(time.monotonic() - started, 1),
-             "parameters": sum(p.numel() for p in model.parameters())}, indent=2) + "\n")
+        (tmp / "roost_build_stats.json").write_text(
+            json.dumps(
+                {
+                    **stats,
+                    "build_seconds": round(time.monotonic() - started, 1),
+                    "parameters": sum(p.numel() for p in model.parameters()),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         marker = _marker_for(seed, config)  # written last: its presence means complete
         (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
         _swap_into_place(tmp, out_dir)
@@ -233,11 +242,15 @@ def _swap_into_place(tmp: Path, out_dir: Path) -> None:
 def rich_progress(description: str = "building model") -> Iterator[Progress]:
     """A rich progress bar on stderr and the `progress` callback that drives it.
 
-        with rich_progress() as progress:
-            init_model(progress=progress)
+    with rich_progress() as progress:
+        init_model(progress=progress)
     """
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(),
-               TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn()]
+    columns = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+    ]
     with Bar(*columns, console=Console(stderr=True), transient=False) as bar:
         tid = bar.add_task(description, total=1.0)
 

@@ -57,12 +57,24 @@ class LocalOpenAI:
         self._live = 0
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
 
-    def _create(self, *, model: str, messages: list[dict], max_tokens: int = 64,
-                temperature: float = 1.0, tools: list[dict] | None = None,
-                **_: object) -> ChatCompletion:
-        request = {"model": model, "messages": messages, "max_tokens": max_tokens, "tools": tools,
-                   "temperature": temperature if self.temperature is None else self.temperature,
-                   "done": threading.Event()}
+    def _create(
+        self,
+        *,
+        model: str,
+        messages: list[dict],
+        max_tokens: int = 64,
+        temperature: float = 1.0,
+        tools: list[dict] | None = None,
+        **_: object,
+    ) -> ChatCompletion:
+        request = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "tools": tools,
+            "temperature": temperature if self.temperature is None else self.temperature,
+            "done": threading.Event(),
+        }
         with self._cv:
             self._pending.append(request)
             self._cv.notify_all()
@@ -97,10 +109,13 @@ class LocalOpenAI:
         tok = self.tokenizer
         eos = tok.convert_tokens_to_ids(tok.eos_token)
         pad = tok.convert_tokens_to_ids(tok.pad_token)
-        prompts = [tok.encode(tok.apply_chat_template(r["messages"], add_generation_prompt=True,
-                                                      tokenize=False, tools=r["tools"]),
-                              add_special_tokens=False)
-                   for r in batch]
+        prompts = [
+            tok.encode(
+                tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False, tools=r["tools"]),
+                add_special_tokens=False,
+            )
+            for r in batch
+        ]
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -108,29 +123,47 @@ class LocalOpenAI:
         sample = temperature > 0
         extra = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if sample else {}
         with torch.no_grad():
-            out = self.model.generate(ids, attention_mask=mask, do_sample=sample,
-                                      max_new_tokens=max(r["max_tokens"] for r in batch),
-                                      eos_token_id=eos, pad_token_id=pad, **extra)
+            out = self.model.generate(
+                ids,
+                attention_mask=mask,
+                do_sample=sample,
+                max_new_tokens=max(r["max_tokens"] for r in batch),
+                eos_token_id=eos,
+                pad_token_id=pad,
+                **extra,
+            )
         for request, row in zip(batch, out[:, width:].tolist()):
-            row = row[:request["max_tokens"]]
+            row = row[: request["max_tokens"]]
             finish = "stop" if eos in row else "length"
             if eos in row:
-                row = row[:row.index(eos)]
+                row = row[: row.index(eos)]
             self.calls += 1
             message: dict = {"role": "assistant", "content": tok.decode(row, skip_special_tokens=True)}
             if request["tools"]:  # the server's own parser: the same calls it would return
                 got = parse(get_parser("hermes"), message["content"])
                 if got.calls:
                     finish = "tool_calls"
-                    message = {"role": "assistant", "content": got.content or None, "tool_calls": [
-                        {"id": f"call_{self.calls}_{k}", "type": "function",
-                         "function": {"name": c.name, "arguments": c.arguments}}
-                        for k, c in enumerate(got.calls)]}
-            request["response"] = ChatCompletion.model_validate({
-                "id": f"local-{self.calls}", "object": "chat.completion", "created": 0,
-                "model": request["model"],
-                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
-            })
+                    message = {
+                        "role": "assistant",
+                        "content": got.content or None,
+                        "tool_calls": [
+                            {
+                                "id": f"call_{self.calls}_{k}",
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": c.arguments},
+                            }
+                            for k, c in enumerate(got.calls)
+                        ],
+                    }
+            request["response"] = ChatCompletion.model_validate(
+                {
+                    "id": f"local-{self.calls}",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": request["model"],
+                    "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+                }
+            )
 
 
 def run_workflows(client: LocalOpenAI, workflow, items: list[dict]) -> list[float]:
@@ -157,8 +190,15 @@ def run_workflows(client: LocalOpenAI, workflow, items: list[dict]) -> list[floa
     return rewards
 
 
-def evaluate(model_dir: Path | None, task_name: str, n: int = 200, temperature: float = 1.0,
-             seed: int = 12345, model=None, tokenizer=None) -> dict:
+def evaluate(
+    model_dir: Path | None,
+    task_name: str,
+    n: int = 200,
+    temperature: float = 1.0,
+    seed: int = 12345,
+    model=None,
+    tokenizer=None,
+) -> dict:
     """Mean reward of `task_name`'s workflow over `n` items of `dataset(seed, n)`."""
     model = model if model is not None else load_causal_lm(model_dir)  # a LoRA checkpoint: merged into its base
     tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(tokenizer_dir(model_dir))
@@ -168,11 +208,15 @@ def evaluate(model_dir: Path | None, task_name: str, n: int = 200, temperature: 
     torch.manual_seed(seed)
     started = time.monotonic()
     rewards = run_workflows(client, task.workflow, task.dataset(seed, n))
-    return {"task": task_name, "temperature": temperature, "n": n,
-            "mean_reward": round(sum(rewards) / n, 4),
-            "solved": round(sum(r > 0 for r in rewards) / n, 4),
-            "calls_per_episode": round(client.calls / n, 2),
-            "seconds": round(time.monotonic() - started, 1)}
+    return {
+        "task": task_name,
+        "temperature": temperature,
+        "n": n,
+        "mean_reward": round(sum(rewards) / n, 4),
+        "solved": round(sum(r > 0 for r in rewards) / n, 4),
+        "calls_per_episode": round(client.calls / n, 2),
+        "seconds": round(time.monotonic() - started, 1),
+    }
 
 
 def _latest_checkpoint(checkpoints: Path) -> Path | None:
@@ -223,8 +267,9 @@ def comparison_table(results: list[dict]) -> Table:
     """
     temps = sorted({r["temperature"] for r in results})
     episodes = sorted({r["n"] for r in results})
-    table = Table(title=f"mean reward, the run's initial model and the trained one "
-                        f"({'/'.join(map(str, episodes))} episodes each)")
+    table = Table(
+        title=f"mean reward, the run's initial model and the trained one ({'/'.join(map(str, episodes))} episodes each)"
+    )
     for column in ("model", "task"):
         table.add_column(column)
     for t in temps:
@@ -233,7 +278,15 @@ def comparison_table(results: list[dict]) -> Table:
         reward = {(r["model_role"], r["temperature"]): r["mean_reward"] for r in results if r["task"] == task}
         for role in ("initial", "trained"):
             table.add_row(role, task, *(f"{reward[role, t]:.3f}" if (role, t) in reward else "-" for t in temps))
-        table.add_row("change", task, *(f"{reward['trained', t] - reward['initial', t]:+.3f}"
-                                        if ("trained", t) in reward and ("initial", t) in reward else "-"
-                                        for t in temps), end_section=True)
+        table.add_row(
+            "change",
+            task,
+            *(
+                f"{reward['trained', t] - reward['initial', t]:+.3f}"
+                if ("trained", t) in reward and ("initial", t) in reward
+                else "-"
+                for t in temps
+            ),
+            end_section=True,
+        )
     return table

@@ -51,8 +51,12 @@ def export_merged(source: Path, out: Path) -> Path:
         base = base_of(checkpoint)
         model = model.to(_base_dtype(base))
         saved = read_adapter_config(checkpoint)
-        provenance.update(base_model=str(base), lora_rank=saved.get("r"), lora_alpha=saved.get("lora_alpha"),
-                          lora_targets=saved.get("target_modules"))
+        provenance.update(
+            base_model=str(base),
+            lora_rank=saved.get("r"),
+            lora_alpha=saved.get("lora_alpha"),
+            lora_targets=saved.get("target_modules"),
+        )
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(tokenizer_dir(checkpoint)).save_pretrained(out)

@@ -1,4 +1,4 @@
-"""The embedded model's tokenizer: a small ByteLevel BPE with a ChatML template.
+r"""The embedded model's tokenizer: a small ByteLevel BPE with a ChatML template.
 
 Why build our own: no hub downloads are allowed, and a 151k-entry vocabulary
 would make a 1M-parameter model slow. Digits are split one per token before BPE
@@ -23,8 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
-                        pre_tokenizers, trainers)
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 ENDOFTEXT = "<|endoftext|>"
@@ -54,8 +53,7 @@ PRETOKENIZE_REGEX = (
 #: turn as `<tool_response>\n…\n</tool_response>` blocks. The same text is what the
 #: model is warm-started to produce and what `swarm.server` parses tool calls from.
 TOOLS_HEADER = "# Tools\n<tools>"
-TOOLS_FOOTER = ('\n</tools>\nTo call a tool, answer <tool_call>\n{"name": <name>, "arguments": <json>}'
-                "\n</tool_call>")
+TOOLS_FOOTER = '\n</tools>\nTo call a tool, answer <tool_call>\n{"name": <name>, "arguments": <json>}\n</tool_call>'
 TOOL_CALL_OPEN = "<tool_call>\n"
 TOOL_CALL_CLOSE = "\n</tool_call>"
 
@@ -102,8 +100,7 @@ def tool_call_text(name: str, arguments: str | dict) -> str:
     return f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}{TOOL_CALL_CLOSE}'
 
 
-def render_chat(messages: list[dict], add_generation_prompt: bool = False,
-                tools: list[dict] | None = None) -> str:
+def render_chat(messages: list[dict], add_generation_prompt: bool = False, tools: list[dict] | None = None) -> str:
     """The template's output in plain Python: for building corpora before any tokenizer exists.
 
     Byte-identical to `CHAT_TEMPLATE` (a test renders both), tools and tool turns included.

@@ -26,13 +26,13 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from swarm.model.tokenizer import IM_END, IM_START, render_chat
+from swarm.model.tokenizer import IM_START, render_chat
 from swarm.tasks import get_task
 
 
@@ -84,9 +84,11 @@ class WarmStartConfig:
 
     def parts(self) -> list[tuple[str, int, float, int, float]]:
         """(task, examples, noise, batch size, logit scale in training) of each task trained on."""
-        return [("arith", self.arith_examples, self.arith_noise, self.arith_batch, 1.0),
-                ("guess", self.guess_examples, self.guess_noise, self.guess_batch, 1.0),
-                ("calc", self.calc_examples, self.calc_noise, self.calc_batch, self.calc_train_scale)]
+        return [
+            ("arith", self.arith_examples, self.arith_noise, self.arith_batch, 1.0),
+            ("guess", self.guess_examples, self.guess_noise, self.guess_batch, 1.0),
+            ("calc", self.calc_examples, self.calc_noise, self.calc_batch, self.calc_train_scale),
+        ]
 
 
 Encoded = tuple[list[int], list[int]]
@@ -106,8 +108,9 @@ class _PieceEncoder:
         return ids
 
 
-def encode_transcript(encode: Callable[[str], list[int]], messages: list[dict],
-                      tools: list[dict] | None = None) -> Encoded:
+def encode_transcript(
+    encode: Callable[[str], list[int]], messages: list[dict], tools: list[dict] | None = None
+) -> Encoded:
     """Token ids and loss mask (1 on what the assistant generates: its content, its tool-call
     text as the template renders it, and `<|im_end|>`).
 
@@ -134,7 +137,7 @@ def encode_transcript(encode: Callable[[str], list[int]], messages: list[dict],
         if m["role"] == "assistant":
             text = render_chat([m])  # head + content/tool calls + <|im_end|> + "\n"
             add(head, 0)
-            add(text[len(head):-1], 1)
+            add(text[len(head) : -1], 1)
             add("\n", 0)
             i += 1
         elif m["role"] == "tool":
@@ -152,8 +155,7 @@ def encode_transcript(encode: Callable[[str], list[int]], messages: list[dict],
     return ids, mask
 
 
-def training_data(tokenizer: PreTrainedTokenizerFast, seed: int,
-                  config: WarmStartConfig) -> list[list[Encoded]]:
+def training_data(tokenizer: PreTrainedTokenizerFast, seed: int, config: WarmStartConfig) -> list[list[Encoded]]:
     """Encoded transcripts bucketed by task (similar lengths pad little)."""
     encode = _PieceEncoder(tokenizer)
     buckets = []
@@ -164,8 +166,9 @@ def training_data(tokenizer: PreTrainedTokenizerFast, seed: int,
     return buckets
 
 
-def make_batches(buckets: list[list[Encoded]], sizes: list[int], rng: random.Random,
-                 epochs: int = 1) -> list[tuple[int, list[Encoded]]]:
+def make_batches(
+    buckets: list[list[Encoded]], sizes: list[int], rng: random.Random, epochs: int = 1
+) -> list[tuple[int, list[Encoded]]]:
     """Fixed-order batches: each bucket cut into batches of its size, all shuffled together;
     each batch comes with the index of its bucket."""
     batches: list[tuple[int, list[Encoded]]] = []
@@ -173,7 +176,7 @@ def make_batches(buckets: list[list[Encoded]], sizes: list[int], rng: random.Ran
         for k, (bucket, per) in enumerate(zip(buckets, sizes)):
             items = list(bucket)
             rng.shuffle(items)
-            batches += [(k, items[i:i + per]) for i in range(0, len(items), per)]
+            batches += [(k, items[i : i + per]) for i in range(0, len(items), per)]
     rng.shuffle(batches)
     return batches
 
@@ -191,9 +194,13 @@ def collate(batch: list[Encoded], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
-def warm_start(model, tokenizer: PreTrainedTokenizerFast, seed: int = 0,
-               config: WarmStartConfig | None = None,
-               progress: Callable[[str, float], None] | None = None) -> dict:
+def warm_start(
+    model,
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int = 0,
+    config: WarmStartConfig | None = None,
+    progress: Callable[[str, float], None] | None = None,
+) -> dict:
     """Train `model` in place on noisy task transcripts; returns summary stats."""
     config = config or WarmStartConfig()
     report = progress or (lambda message, fraction: None)
@@ -205,17 +212,16 @@ def warm_start(model, tokenizer: PreTrainedTokenizerFast, seed: int = 0,
         torch.set_num_threads(threads)
 
 
-def _train(model, tokenizer: PreTrainedTokenizerFast, seed: int, config: WarmStartConfig,
-           report: Callable[[str, float], None]) -> dict:
+def _train(
+    model, tokenizer: PreTrainedTokenizerFast, seed: int, config: WarmStartConfig, report: Callable[[str, float], None]
+) -> dict:
     torch.manual_seed(seed)
     rng = random.Random(f"warm-start:{seed}")
     report("encoding transcripts", 0.0)
     parts = config.parts()
-    batches = make_batches(training_data(tokenizer, seed, config), [p[3] for p in parts], rng,
-                           config.epochs)
+    batches = make_batches(training_data(tokenizer, seed, config), [p[3] for p in parts], rng, config.epochs)
     pad_id = tokenizer.convert_tokens_to_ids(tokenizer.pad_token)
-    optim = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98),
-                              weight_decay=config.weight_decay)
+    optim = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay)
     total = len(batches)
     warmup = max(1, int(total * config.warmup_frac))
 
@@ -240,12 +246,14 @@ def _train(model, tokenizer: PreTrainedTokenizerFast, seed: int, config: WarmSta
         if step % 20 == 0 or step == total - 1:
             report(f"warm start step {step + 1}/{total} loss {loss_ema:.3f}", (step + 1) / total)
     model.eval()
-    stats = {"steps": total, "final_loss": round(loss_ema or 0.0, 4),
-             "train_seconds": round(time.monotonic() - started, 1)}
+    stats = {
+        "steps": total,
+        "final_loss": round(loss_ema or 0.0, 4),
+        "train_seconds": round(time.monotonic() - started, 1),
+    }
     if config.target_arith_reward is not None:
         report("calibrating sampling entropy", 1.0)
-        stats.update(calibrate_logit_scale(model, tokenizer, config.target_arith_reward,
-                                           seed, config.min_logit_scale))
+        stats.update(calibrate_logit_scale(model, tokenizer, config.target_arith_reward, seed, config.min_logit_scale))
     return stats
 
 
@@ -255,13 +263,15 @@ def _loss(model, batch: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
     if scale == 1.0:
         return model(**batch).loss
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    loss = torch.nn.functional.cross_entropy((logits[:, :-1] * scale).flatten(0, 1).float(),
-                                             batch["labels"][:, 1:].flatten(), ignore_index=-100)
+    loss = torch.nn.functional.cross_entropy(
+        (logits[:, :-1] * scale).flatten(0, 1).float(), batch["labels"][:, 1:].flatten(), ignore_index=-100
+    )
     return loss / scale
 
 
-def answer_probabilities(model, tokenizer: PreTrainedTokenizerFast, seed: int,
-                         n: int = 256) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def answer_probabilities(
+    model, tokenizer: PreTrainedTokenizerFast, seed: int, n: int = 256
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher-forced logits of held-out `arith` answers (content + `<|im_end|>`).
 
     Returns (logits [n, T, V] at the answer positions, target ids [n, T], mask [n, T]).
@@ -270,24 +280,22 @@ def answer_probabilities(model, tokenizer: PreTrainedTokenizerFast, seed: int,
     """
     encode = _PieceEncoder(tokenizer)
     convs = get_task("arith").transcripts(seed + 2000, n, noise=0.0)
-    batch = collate([encode_transcript(encode, c) for c in convs],
-                    tokenizer.convert_tokens_to_ids(tokenizer.pad_token))
+    batch = collate([encode_transcript(encode, c) for c in convs], tokenizer.convert_tokens_to_ids(tokenizer.pad_token))
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"],
-                       attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
     labels = batch["labels"][:, 1:]
     mask = labels != -100
     return logits, labels.clamp(min=0), mask
 
 
-def expected_reward(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
-                    scale: float) -> float:
+def expected_reward(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, scale: float) -> float:
     logp = torch.log_softmax(logits * scale, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     return (logp * mask).sum(dim=1).exp().mean().item()
 
 
-def calibrate_logit_scale(model, tokenizer: PreTrainedTokenizerFast, target: float, seed: int,
-                          min_scale: float = 0.3) -> dict:
+def calibrate_logit_scale(
+    model, tokenizer: PreTrainedTokenizerFast, target: float, seed: int, min_scale: float = 0.3
+) -> dict:
     """Scale the logits so that temperature-1 `arith` sampling earns about `target`.
 
     Scaling the final RMSNorm weight by s multiplies every logit by s (the tied
@@ -303,5 +311,8 @@ def calibrate_logit_scale(model, tokenizer: PreTrainedTokenizerFast, target: flo
         scale = min(grid, key=lambda s: abs(expected_reward(logits, labels, mask, s) - target))
         with torch.no_grad():
             model.model.norm.weight.mul_(scale)
-    return {"logit_scale": scale, "arith_expected_reward_unscaled": round(before, 4),
-            "arith_expected_reward": round(expected_reward(logits, labels, mask, scale), 4)}
+    return {
+        "logit_scale": scale,
+        "arith_expected_reward_unscaled": round(before, 4),
+        "arith_expected_reward": round(expected_reward(logits, labels, mask, scale), 4),
+    }

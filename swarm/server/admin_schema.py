@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm.algorithms.choices import Advantage, LossAgg
-from swarm.protocol import Count, Number
 from swarm.config.quotas import QuotaPhase, check_quotas, check_schedule
+from swarm.protocol import Count, Number
 
 TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "advantage", "loss_agg")
 WINDOW_KEYS = ("temperature", "default_temperature", "batch_groups", "quotas", "quota_schedule")
@@ -34,10 +34,10 @@ class LiveConfigUpdate(BaseModel):
     max_grad_norm: Number | None = Field(None, gt=0.0, le=1e6, description="gradient clip (next step)")
     advantage: Advantage | None = Field(None, description="group advantage estimator (next step)")
     loss_agg: LossAgg | None = Field(None, description="loss aggregation (next step)")
-    temperature: Number | None = Field(None, ge=0.0, le=2.0,
-                                      description="force this temperature on every call; null: stop forcing")
-    default_temperature: Number | None = Field(None, ge=0.0, le=2.0,
-                                              description="temperature of calls that name none")
+    temperature: Number | None = Field(
+        None, ge=0.0, le=2.0, description="force this temperature on every call; null: stop forcing"
+    )
+    default_temperature: Number | None = Field(None, ge=0.0, le=2.0, description="temperature of calls that name none")
     batch_groups: Count | None = Field(None, ge=1, le=100_000, description="B: groups per step")
     quotas: dict[str, Number] | None = Field(None, description="family -> share; null: no quotas")
     quota_schedule: list[QuotaPhase] | None = Field(None, description="quotas over steps; null: none")

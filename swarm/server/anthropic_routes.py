@@ -20,8 +20,9 @@ tags the calling agent. Every error, including a body that fails validation, is 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import fields
-from typing import Any, AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -35,7 +36,15 @@ from swarm.server.episodes import Episode
 from swarm.server.errors import describe_validation, error_headers, status_of
 from swarm.server.exceptions import InvalidRequest, NotFound, SwarmError, Unauthorized
 from swarm.server.generation import (
-    ChatTurn, Done, Finished, PreparedTurn, Sampling, Started, TextDelta, ToolCallDelta, agent_tag,
+    ChatTurn,
+    Done,
+    Finished,
+    PreparedTurn,
+    Sampling,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    agent_tag,
     generation_core,
 )
 
@@ -74,8 +83,9 @@ class AnthropicRoute(AuthFirstRoute):
 router = APIRouter(prefix="/v1", tags=["anthropic"], route_class=AnthropicRoute)
 
 
-async def messages_caller(request: Request, x_api_key: str | None = Header(None),
-                          authorization: str | None = Header(None)) -> Episode | None:
+async def messages_caller(
+    request: Request, x_api_key: str | None = Header(None), authorization: str | None = Header(None)
+) -> Episode | None:
     """The episode a call is recorded into (its key as `x-api-key` or Bearer), or None for an
     evaluation call (the worker or admin token). Runs before the body is validated."""
     token = (x_api_key or "").strip()
@@ -86,7 +96,6 @@ async def messages_caller(request: Request, x_api_key: str | None = Header(None)
     return caller_of(current_swarm(request), token)
 
 
-
 _SAMPLING_FIELDS = {f.name for f in fields(Sampling)}
 
 
@@ -94,33 +103,54 @@ def _sampling(body: MessagesRequest) -> Sampling:
     extra: dict[str, Any] = {}
     if body.top_k is not None:
         if "top_k" not in _SAMPLING_FIELDS:
-            raise InvalidRequest("unsupported_top_k", "top_k is not supported by this server's engine; "
-                                                      "leave it out (top_p is)")
+            raise InvalidRequest(
+                "unsupported_top_k", "top_k is not supported by this server's engine; leave it out (top_p is)"
+            )
         extra["top_k"] = body.top_k
-    return Sampling(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                    stop=body.stop_strings(), **extra)
+    return Sampling(
+        max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, stop=body.stop_strings(), **extra
+    )
 
 
 @router.post("/messages")
-async def messages(body: MessagesRequest, request: Request, ep: Episode | None = Depends(messages_caller),
-                   x_roost_agent: str | None = Header(None)) -> Any:
+async def messages(
+    body: MessagesRequest,
+    request: Request,
+    ep: Episode | None = Depends(messages_caller),
+    x_roost_agent: str | None = Header(None),
+) -> Any:
     swarm = current_swarm(request)
     if body.model not in swarm.config.model_aliases:
-        raise NotFound("model_not_found", f"model {body.model!r} is not served here; "
-                                          f"use {swarm.config.served_model_name!r}")
-    turn = ChatTurn(messages=body.openai_messages(), tools=body.openai_tools(),
-                    tool_choice=body.openai_tool_choice(), sampling=_sampling(body), episode=ep,
-                    agent=agent_tag(x_roost_agent))
+        raise NotFound(
+            "model_not_found", f"model {body.model!r} is not served here; use {swarm.config.served_model_name!r}"
+        )
+    turn = ChatTurn(
+        messages=body.openai_messages(),
+        tools=body.openai_tools(),
+        tool_choice=body.openai_tool_choice(),
+        sampling=_sampling(body),
+        episode=ep,
+        agent=agent_tag(x_roost_agent),
+    )
     prepared = await generation_core(request).prepare_chat(turn)
     rid = message_id()
     if body.stream:
         return await _stream_response(prepared, rid, body.model)
     result = await prepared.run()
     c = result.choices[0]
-    return JSONResponse(message_response(
-        rid=rid, model=body.model, text=c.text, tool_calls=[(t.id, t.name, t.arguments) for t in c.tool_calls],
-        finish_reason=c.finish_reason, stop_sequence=c.stop_sequence, input_tokens=result.usage.prompt_tokens,
-        output_tokens=result.usage.completion_tokens), headers={"request-id": rid})
+    return JSONResponse(
+        message_response(
+            rid=rid,
+            model=body.model,
+            text=c.text,
+            tool_calls=[(t.id, t.name, t.arguments) for t in c.tool_calls],
+            finish_reason=c.finish_reason,
+            stop_sequence=c.stop_sequence,
+            input_tokens=result.usage.prompt_tokens,
+            output_tokens=result.usage.completion_tokens,
+        ),
+        headers={"request-id": rid},
+    )
 
 
 async def _stream_response(prepared: PreparedTurn, rid: str, model: str) -> StreamingResponse:
@@ -133,9 +163,11 @@ async def _stream_response(prepared: PreparedTurn, rid: str, model: str) -> Stre
         await events.aclose()
         raise
     assert isinstance(started, Started)
-    return StreamingResponse(_sse(events, MessageStream(rid, model), len(started.prompt_ids)),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "request-id": rid})
+    return StreamingResponse(
+        _sse(events, MessageStream(rid, model), len(started.prompt_ids)),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "request-id": rid},
+    )
 
 
 async def _sse(events: AsyncIterator[Any], out: MessageStream, input_tokens: int) -> AsyncIterator[str]:

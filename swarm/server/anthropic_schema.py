@@ -36,10 +36,18 @@ MAX_STOP = 16
 
 #: Anthropic's `error.type` for each status the server answers with (its SDK picks the
 #: exception class from the status; the type is for people and logs).
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
-               413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
-               504: "timeout_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 
 def error_payload(status: int, message: str, code: str | None = None) -> dict[str, Any]:
@@ -92,9 +100,12 @@ def _block_kind(value: Any) -> str:
 
 
 Block = Annotated[
-    Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
-    | Annotated[ToolResultBlock, Tag("tool_result")] | Annotated[OtherBlock, Tag("other")],
-    Discriminator(_block_kind)]
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[OtherBlock, Tag("other")],
+    Discriminator(_block_kind),
+]
 
 
 class Message(_Body):
@@ -115,7 +126,7 @@ class ToolChoice(_Body):
     disable_parallel_tool_use: bool | None = None  # accepted, not enforced: the core has no such knob
 
     @model_validator(mode="after")
-    def _named(self) -> "ToolChoice":
+    def _named(self) -> ToolChoice:
         if self.type == "tool" and not self.name:
             raise ValueError('tool_choice of type "tool" needs a name')
         return self
@@ -145,8 +156,10 @@ class MessagesRequest(_Body):
         for i, m in enumerate(self.messages):
             out += _user_turn(m, i) if m.role == "user" else [_assistant_turn(m, i)]
         if self.messages[-1].role == "assistant":
-            raise InvalidRequest("unsupported_prefill", "the last message must be the user's: continuing a "
-                                                        "prefilled assistant turn is not supported")
+            raise InvalidRequest(
+                "unsupported_prefill",
+                "the last message must be the user's: continuing a prefilled assistant turn is not supported",
+            )
         return out
 
     def openai_tools(self) -> list[dict[str, Any]] | None:
@@ -156,8 +169,11 @@ class MessagesRequest(_Body):
         out = []
         for i, t in enumerate(self.tools):
             if t.type not in (None, "custom"):
-                raise InvalidRequest("unsupported_tool", f"tools[{i}]: server tools (type {t.type!r}) are not "
-                                                         "supported; declare a custom tool with an input_schema")
+                raise InvalidRequest(
+                    "unsupported_tool",
+                    f"tools[{i}]: server tools (type {t.type!r}) are not "
+                    "supported; declare a custom tool with an input_schema",
+                )
             if t.input_schema is None:
                 raise InvalidRequest("invalid_tool", f"tools[{i}] ({t.name}): input_schema is required")
             fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema}
@@ -185,8 +201,10 @@ class MessagesRequest(_Body):
 
 
 def _unsupported(kind: str, where: str) -> InvalidRequest:
-    return InvalidRequest("unsupported_content", f"{where}: {kind!r} blocks are not supported "
-                                                 "(the model reads text, tool_use and tool_result blocks)")
+    return InvalidRequest(
+        "unsupported_content",
+        f"{where}: {kind!r} blocks are not supported (the model reads text, tool_use and tool_result blocks)",
+    )
 
 
 def _block_texts(blocks: list[dict[str, Any]], where: str) -> str:
@@ -226,8 +244,13 @@ def _assistant_turn(m: Message, i: int) -> dict[str, Any]:
         if isinstance(b, TextBlock):
             texts.append(b.text)
         elif isinstance(b, ToolUseBlock):
-            calls.append({"id": b.id, "type": "function",
-                          "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": b.id,
+                    "type": "function",
+                    "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)},
+                }
+            )
         elif isinstance(b, ToolResultBlock):
             raise InvalidRequest("invalid_messages", f"messages[{i}]: tool_result blocks belong to user turns")
         else:
@@ -268,18 +291,32 @@ def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> str:
 def content_blocks(text: str, tool_calls: list[tuple[str, str, str | dict[str, Any]]]) -> list[dict[str, Any]]:
     """A text block if there is text, then one `tool_use` block per (id, name, arguments)."""
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
-    blocks += [{"type": "tool_use", "id": cid, "name": name, "input": tool_input(args)}
-               for cid, name, args in tool_calls]
+    blocks += [
+        {"type": "tool_use", "id": cid, "name": name, "input": tool_input(args)} for cid, name, args in tool_calls
+    ]
     return blocks
 
 
-def message_response(*, rid: str, model: str, text: str, tool_calls: list[tuple[str, str, str | dict[str, Any]]],
-                     finish_reason: str | None, stop_sequence: str | None, input_tokens: int,
-                     output_tokens: int) -> dict[str, Any]:
+def message_response(
+    *,
+    rid: str,
+    model: str,
+    text: str,
+    tool_calls: list[tuple[str, str, str | dict[str, Any]]],
+    finish_reason: str | None,
+    stop_sequence: str | None,
+    input_tokens: int,
+    output_tokens: int,
+) -> dict[str, Any]:
     """A finished generation as Anthropic's `message` object."""
     reason = stop_reason("tool_calls" if tool_calls and finish_reason == "stop" else finish_reason, stop_sequence)
-    return {"id": rid, "type": "message", "role": "assistant", "model": model,
-            "content": content_blocks(text, tool_calls), "stop_reason": reason,
-            "stop_sequence": stop_sequence if reason == "stop_sequence" else None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
-
+    return {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content_blocks(text, tool_calls),
+        "stop_reason": reason,
+        "stop_sequence": stop_sequence if reason == "stop_sequence" else None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }

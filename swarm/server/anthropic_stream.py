@@ -39,9 +39,16 @@ class MessageStream:
         self.calls = 0  # tool_use blocks sent
 
     def start(self, input_tokens: int) -> str:
-        head = {"id": self.rid, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": input_tokens, "output_tokens": 0}}
+        head = {
+            "id": self.rid,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        }
         return sse("message_start", {"type": "message_start", "message": head}) + sse("ping", {"type": "ping"})
 
     def _close(self) -> str:
@@ -54,16 +61,19 @@ class MessageStream:
         out = self._close()
         self.index += 1
         self.open = block["type"]
-        return out + sse("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                 "content_block": block})
+        return out + sse(
+            "content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}
+        )
 
     def text(self, delta: str) -> str:
         """Visible text: into the open text block, or a new one."""
         if not delta:
             return ""
         out = "" if self.open == "text" else self._open({"type": "text", "text": ""})
-        return out + sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                 "delta": {"type": "text_delta", "text": delta}})
+        return out + sse(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": delta}},
+        )
 
     def tool_use(self, call_id: str, name: str, arguments: str) -> str:
         """A complete tool call (the core emits a call once its text is complete and valid): its
@@ -71,18 +81,24 @@ class MessageStream:
         self.calls += 1
         out = self._open({"type": "tool_use", "id": call_id, "name": name, "input": {}})
         if arguments:
-            out += sse("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                               "delta": {"type": "input_json_delta", "partial_json": arguments}})
+            out += sse(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": self.index,
+                    "delta": {"type": "input_json_delta", "partial_json": arguments},
+                },
+            )
         return out + self._close()
 
     def finish(self, finish_reason: str | None, stop_sequence: str | None, output_tokens: int) -> str:
-        reason = stop_reason("tool_calls" if self.calls and finish_reason == "stop" else finish_reason,
-                             stop_sequence)
+        reason = stop_reason("tool_calls" if self.calls and finish_reason == "stop" else finish_reason, stop_sequence)
         delta = {"stop_reason": reason, "stop_sequence": stop_sequence if reason == "stop_sequence" else None}
-        return (self._close()
-                + sse("message_delta", {"type": "message_delta", "delta": delta,
-                                        "usage": {"output_tokens": output_tokens}})
-                + sse("message_stop", {"type": "message_stop"}))
+        return (
+            self._close()
+            + sse("message_delta", {"type": "message_delta", "delta": delta, "usage": {"output_tokens": output_tokens}})
+            + sse("message_stop", {"type": "message_stop"})
+        )
 
     @staticmethod
     def error(payload: dict[str, Any]) -> str:

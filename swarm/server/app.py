@@ -16,18 +16,19 @@ import json
 import logging
 import os
 import socket
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI
 
+from swarm.config.server import ServerConfig
 from swarm.engine.base import Engine
 from swarm.engine.fake import FakeEngine
 from swarm.server.access import ServerErrorCounter
 from swarm.server.admin_routes import router as admin_router
 from swarm.server.anthropic_routes import router as anthropic_router
 from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
-from swarm.config.server import ServerConfig
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
 from swarm.server.openai_routes import router as openai_router
 from swarm.server.state import Swarm
@@ -53,8 +54,14 @@ def make_engine(config: ServerConfig) -> Engine:
         from swarm.engine.vllm.server import VllmUnavailable
 
         try:
-            return VllmEngine(config.model_dir, config.out_dir / "vllm", seed=config.seed, device=config.device,
-                              settings=config.vllm, served_name=config.served_model_name)
+            return VllmEngine(
+                config.model_dir,
+                config.out_dir / "vllm",
+                seed=config.seed,
+                device=config.device,
+                settings=config.vllm,
+                served_name=config.served_model_name,
+            )
         except VllmUnavailable as exc:
             raise SystemExit(str(exc)) from None  # one line naming what to install, no traceback
     if config.engine == "verl":
@@ -112,8 +119,7 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
-def serve(config: ServerConfig, engine: Engine | None = None,
-          announce: Callable[[str], None] = _print) -> int:
+def serve(config: ServerConfig, engine: Engine | None = None, announce: Callable[[str], None] = _print) -> int:
     """Run a server until stopped (Ctrl-C, admin stop, or `max_steps`); returns an exit code.
 
     Binds the socket itself so `port=0` works: the chosen URL is announced and
@@ -131,19 +137,24 @@ def serve(config: ServerConfig, engine: Engine | None = None,
     engine = engine if engine is not None else make_engine(config)
     app = create_app(config, engine)
     swarm: Swarm = app.state.swarm
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=10,
-                                           http=json_error_protocol()))  # unparsable request: a JSON 400 too
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level="warning", access_log=False, timeout_graceful_shutdown=10, http=json_error_protocol()
+        )
+    )  # unparsable request: a JSON 400 too
 
     def stop() -> None:
         server.should_exit = True
 
     swarm.stop_callback = stop
     config.out_dir.mkdir(parents=True, exist_ok=True)
-    (config.out_dir / "server.json").write_text(json.dumps(
-        {"url": url, "pid": os.getpid(), "model": swarm.model_name}, indent=2))
-    announce(f"Roost swarm server on {url} (model {swarm.model_name}, policy version "
-             f"{engine.policy_version}, step {swarm.trainer.step})")
+    (config.out_dir / "server.json").write_text(
+        json.dumps({"url": url, "pid": os.getpid(), "model": swarm.model_name}, indent=2)
+    )
+    announce(
+        f"Roost swarm server on {url} (model {swarm.model_name}, policy version "
+        f"{engine.policy_version}, step {swarm.trainer.step})"
+    )
     shown = {"config": "(as given)", "env": "(from the environment)"}
     announce(f"  worker token: {shown.get(source['token'], config.token)}")
     announce(f"  admin token:  {shown.get(source['admin_token'], config.admin_token)}")

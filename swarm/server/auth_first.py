@@ -20,8 +20,9 @@ A route without dependencies (e.g. `/health`) is untouched.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
-from typing import Any, Callable, Coroutine
+from typing import Any
 
 from fastapi import Request, Response
 from fastapi.dependencies.models import Dependant
@@ -53,8 +54,13 @@ class AuthFirstRoute(APIRoute):
             async with AsyncExitStack() as stack:
                 # raises the dependency's own error (Unauthorized, Forbidden, StaleLease, Unavailable);
                 # header or path validation errors are left to the full handler, which reports them
-                await solve_dependencies(request=request, dependant=checks, dependency_overrides_provider=overrides,
-                                         async_exit_stack=stack, embed_body_fields=False)
+                await solve_dependencies(
+                    request=request,
+                    dependant=checks,
+                    dependency_overrides_provider=overrides,
+                    async_exit_stack=stack,
+                    embed_body_fields=False,
+                )
             return await handler(request)
 
         return route

@@ -117,8 +117,9 @@ class Batch:
     trained_version: int | None = None  # the policy the step computes its gradient at (set by `screen`)
     stale: list[FinishedEpisode] = field(default_factory=list)  # dropped by `screen`: over the bound
 
-    def screen(self, trained_version: int, max_staleness: int,
-               replay_staleness: int | None = None) -> list[FinishedEpisode]:
+    def screen(
+        self, trained_version: int, max_staleness: int, replay_staleness: int | None = None
+    ) -> list[FinishedEpisode]:
         """Drop (whole) every episode with a sample more than `max_staleness` versions from
         `trained_version` (`replay_staleness` for a replayed one, when given); the group keeps
         the slot as dropped. Returns the dropped episodes."""
@@ -141,10 +142,12 @@ class Batch:
         if self.trained_version is None:
             return {}
         lags = [policy_lag(self.trained_version, s.policy_version) for s in self.samples]
-        return {"policy_lag_mean": sum(lags) / len(lags) if lags else 0.0,
-                "policy_lag_max": max(lags, default=0),
-                "offpolicy_samples": sum(1 for x in lags if x),
-                "dropped_stale": len(self.stale)}
+        return {
+            "policy_lag_mean": sum(lags) / len(lags) if lags else 0.0,
+            "policy_lag_max": max(lags, default=0),
+            "offpolicy_samples": sum(1 for x in lags if x),
+            "dropped_stale": len(self.stale),
+        }
 
     @property
     def episodes(self) -> list[FinishedEpisode]:
@@ -195,8 +198,9 @@ class Batcher:
     `claims_during_step`).
     """
 
-    def __init__(self, group_size: int, batch_groups: int, max_staleness: int = 0,
-                 claims_during_step: bool = True) -> None:
+    def __init__(
+        self, group_size: int, batch_groups: int, max_staleness: int = 0, claims_during_step: bool = True
+    ) -> None:
         if group_size < 1 or batch_groups < 1:
             raise ValueError("group_size and batch_groups must be >= 1")
         if max_staleness < 0:
@@ -253,7 +257,7 @@ class Batcher:
     def _group_size(self, task_id: str, now: float) -> tuple[int, list[float]]:
         """The size of a new group of `task_id` and the owed slots it takes: n, or the slots owed."""
         live = sorted(t for t in self._owed.pop(task_id, ()) if t > now)
-        taken, rest = live[:self.group_size], live[self.group_size:]
+        taken, rest = live[: self.group_size], live[self.group_size :]
         if rest:
             self._owed[task_id] = rest
         return (len(taken) if taken else self.group_size), taken
@@ -267,9 +271,11 @@ class Batcher:
                 g.claimed.add(episode_id)
                 return g
         if len(self.groups) >= self.batch_groups:
-            raise Refused("window_full",
-                           f"all {self.batch_groups} groups of this policy version are taken; "
-                           "claims for new tasks resume after the next step")
+            raise Refused(
+                "window_full",
+                f"all {self.batch_groups} groups of this policy version are taken; "
+                "claims for new tasks resume after the next step",
+            )
         size, owed = self._group_size(task_id, time.time() if now is None else now)
         gid = f"{task_id}#w{self.window}g{self._opened}"
         self._opened += 1
@@ -302,8 +308,7 @@ class Batcher:
         return sum(1 for g in self.groups.values() if g.complete)
 
     def ready(self) -> bool:
-        return (not self._out and len(self.groups) >= self.batch_groups
-                and all(g.complete for g in self.groups.values()))
+        return not self._out and len(self.groups) >= self.batch_groups and all(g.complete for g in self.groups.values())
 
     def take(self) -> Batch:
         """Hand the full window to the trainer. The next window opens now (`opens_at_take`; overlapped,

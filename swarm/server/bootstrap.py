@@ -28,7 +28,6 @@ import secrets
 import socket
 import stat
 from pathlib import Path
-from typing import Any
 
 from swarm.config.server import ServerConfig
 
@@ -56,8 +55,7 @@ def _read_secrets(path: Path) -> dict[str, str]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise RuntimeError(f"cannot read {path}: {exc}; fix or remove it (its tokens are then regenerated)") \
-            from None
+        raise RuntimeError(f"cannot read {path}: {exc}; fix or remove it (its tokens are then regenerated)") from None
     return {k: v for k, v in data.items() if k in _GENERATE and isinstance(v, str) and v}
 
 
@@ -77,8 +75,7 @@ def _write_secrets(path: Path, values: dict[str, str]) -> None:
             tmp.unlink()
 
 
-def ensure_secrets(config: ServerConfig, env: dict[str, str] | None = None
-                   ) -> tuple[ServerConfig, dict[str, str]]:
+def ensure_secrets(config: ServerConfig, env: dict[str, str] | None = None) -> tuple[ServerConfig, dict[str, str]]:
     """`config` with every token and the secret set; and where each came from.
 
     Sources, in order: the config itself, the environment, `out_dir/secrets.json`,
@@ -108,6 +105,7 @@ def ensure_secrets(config: ServerConfig, env: dict[str, str] | None = None
 
 # -- the port -----------------------------------------------------------------------
 
+
 def port_problem(host: str, port: int) -> str | None:
     """Why `host:port` cannot be bound, as one line saying what to do; None when it can.
 
@@ -124,8 +122,10 @@ def port_problem(host: str, port: int) -> str | None:
             sock.bind((host, port))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            return (f"port {port} on {host} is in use (another server?): stop what holds it, or pass "
-                    f"--port N (--port 0 picks a free one)")
+            return (
+                f"port {port} on {host} is in use (another server?): stop what holds it, or pass "
+                f"--port N (--port 0 picks a free one)"
+            )
         if exc.errno == errno.EACCES:
             return f"port {port} on {host} needs privileges: pass --port 1024 or above (--port 0 picks a free one)"
         if exc.errno == errno.EADDRNOTAVAIL:
@@ -135,6 +135,7 @@ def port_problem(host: str, port: int) -> str | None:
 
 
 # -- --quota -----------------------------------------------------------------------
+
 
 def parse_quotas(items: list[str]) -> dict[str, float]:
     """`["math=0.4", "code=0.6"]` -> {"math": 0.4, "code": 0.6} (ValueError on a bad item)."""

@@ -44,10 +44,11 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from swarm.samples import TrainSample
 
@@ -107,17 +108,34 @@ class BufferedRow:
     def samples(self) -> list[TrainSample]:
         """The row's samples with their own episode ids: a group call's choices (`<episode>/<i>`) stay
         separate members of their group (rows written without the ids load under the row's id)."""
-        return [TrainSample(input_ids=s["input_ids"], loss_mask=s["loss_mask"],
-                            rollout_logprobs=s["logprobs"], episode_id=s.get("episode_id", self.id),
-                            group_id=self.group_id,
-                            reward=s["reward"], weight=s["weight"], policy_version=s["policy_version"])
-                for s in self.payload.get("samples", [])]
+        return [
+            TrainSample(
+                input_ids=s["input_ids"],
+                loss_mask=s["loss_mask"],
+                rollout_logprobs=s["logprobs"],
+                episode_id=s.get("episode_id", self.id),
+                group_id=self.group_id,
+                reward=s["reward"],
+                weight=s["weight"],
+                policy_version=s["policy_version"],
+            )
+            for s in self.payload.get("samples", [])
+        ]
 
 
 def encode_samples(samples: Iterable[TrainSample]) -> list[dict[str, Any]]:
-    return [{"input_ids": list(s.input_ids), "loss_mask": list(s.loss_mask), "episode_id": s.episode_id,
-             "logprobs": list(s.rollout_logprobs), "reward": s.reward, "weight": s.weight,
-             "policy_version": s.policy_version} for s in samples]
+    return [
+        {
+            "input_ids": list(s.input_ids),
+            "loss_mask": list(s.loss_mask),
+            "episode_id": s.episode_id,
+            "logprobs": list(s.rollout_logprobs),
+            "reward": s.reward,
+            "weight": s.weight,
+            "policy_version": s.policy_version,
+        }
+        for s in samples
+    ]
 
 
 class BufferError(Exception):
@@ -139,13 +157,41 @@ class DurableBuffer:
 
     # -- writes (each one commit, durable when it returns) ------------------------------
     @staticmethod
-    def row(*, episode_id: str, group_id: str, task_id: str, task_family: str, epoch: int,
-            policy_version: int, status: str, reward: float, state: str, idempotency_key: str | None,
-            response: dict, payload: dict) -> tuple:
+    def row(
+        *,
+        episode_id: str,
+        group_id: str,
+        task_id: str,
+        task_family: str,
+        epoch: int,
+        policy_version: int,
+        status: str,
+        reward: float,
+        state: str,
+        idempotency_key: str | None,
+        response: dict,
+        payload: dict,
+    ) -> tuple:
         """One `episodes` row, as `add`/`add_async` insert it."""
         window, index = group_position(group_id)
-        return (episode_id, group_id, task_id, task_family, epoch, policy_version, window, index, status,
-                reward, state, None, idempotency_key, json.dumps(response), json.dumps(payload), time.time())
+        return (
+            episode_id,
+            group_id,
+            task_id,
+            task_family,
+            epoch,
+            policy_version,
+            window,
+            index,
+            status,
+            reward,
+            state,
+            None,
+            idempotency_key,
+            json.dumps(response),
+            json.dumps(payload),
+            time.time(),
+        )
 
     def add(self, **fields: Any) -> None:
         """Insert one row in its own commit (blocking until it is fsync'd)."""
@@ -185,8 +231,9 @@ class DurableBuffer:
             try:
                 n = 0
                 for i in ids:
-                    n += self._db.execute("UPDATE episodes SET state=?, trained_step=? WHERE id=?",
-                                          (state, step, i)).rowcount
+                    n += self._db.execute(
+                        "UPDATE episodes SET state=?, trained_step=? WHERE id=?", (state, step, i)
+                    ).rowcount
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -200,9 +247,11 @@ class DurableBuffer:
         a checkpoint that is gone now (deleted by hand), and cannot be replayed.
         """
         with self._lock:
-            return self._db.execute("UPDATE episodes SET state='buffered', trained_step=NULL "
-                                    "WHERE state='trained' AND trained_step>? AND payload!=?",
-                                    (step, COMPACTED)).rowcount
+            return self._db.execute(
+                "UPDATE episodes SET state='buffered', trained_step=NULL "
+                "WHERE state='trained' AND trained_step>? AND payload!=?",
+                (step, COMPACTED),
+            ).rowcount
 
     def compact(self, checkpointed_step: int) -> int:
         """Drop the payload of rows no restart can replay (see the module doc); returns how many."""
@@ -211,7 +260,9 @@ class DurableBuffer:
         with self._lock:
             return self._db.execute(
                 f"UPDATE episodes SET payload=? WHERE payload!=? AND ((state='trained' AND trained_step<=?) "
-                f"OR state IN ({marks}))", (COMPACTED, COMPACTED, checkpointed_step, *finals)).rowcount
+                f"OR state IN ({marks}))",
+                (COMPACTED, COMPACTED, checkpointed_step, *finals),
+            ).rowcount
 
     def payload_bytes(self) -> int:
         with self._lock:
@@ -232,11 +283,12 @@ class DurableBuffer:
         return row[0] if row else None
 
     def _rows(self, where: str, args: tuple = ()) -> list[BufferedRow]:
-        cols = ("id, group_id, task_id, task_family, epoch, policy_version, status, reward, state, "
-                "trained_step, idempotency_key, response, payload")
+        cols = (
+            "id, group_id, task_id, task_family, epoch, policy_version, status, reward, state, "
+            "trained_step, idempotency_key, response, payload"
+        )
         with self._lock:
-            rows = self._db.execute(f"SELECT {cols} FROM episodes WHERE {where} ORDER BY finished_at",
-                                    args).fetchall()
+            rows = self._db.execute(f"SELECT {cols} FROM episodes WHERE {where} ORDER BY finished_at", args).fetchall()
         return [BufferedRow(*r[:11], json.loads(r[11]), json.loads(r[12])) for r in rows]
 
     def get(self, episode_id: str) -> BufferedRow | None:
@@ -251,8 +303,9 @@ class DurableBuffer:
         out: dict[str, int] = {}
         with self._lock:
             for gid in group_ids:
-                out[gid] = self._db.execute("SELECT COUNT(*) FROM episodes WHERE group_id=? AND state='failed'",
-                                            (gid,)).fetchone()[0]
+                out[gid] = self._db.execute(
+                    "SELECT COUNT(*) FROM episodes WHERE group_id=? AND state='failed'", (gid,)
+                ).fetchone()[0]
         return out
 
     def max_window(self) -> int | None:
@@ -268,13 +321,16 @@ class DurableBuffer:
     def tally(self, since: float | None = None) -> tuple[dict[str, int], int]:
         """(rows per state, rows finished "failed") of the rows finished at or after `since`, but
         "discarded" ones: what a restart rebuilds its counters from."""
-        where, args = ("finished_at>=? AND state!='discarded'", (since,)) if since is not None else \
-            ("state!='discarded'", ())
+        where, args = (
+            ("finished_at>=? AND state!='discarded'", (since,)) if since is not None else ("state!='discarded'", ())
+        )
         with self._lock:
-            states = dict(self._db.execute(f"SELECT state, COUNT(*) FROM episodes WHERE {where} GROUP BY state",
-                                           args).fetchall())
-            failed = self._db.execute(f"SELECT COUNT(*) FROM episodes WHERE {where} AND status='failed'",
-                                      args).fetchone()[0]
+            states = dict(
+                self._db.execute(f"SELECT state, COUNT(*) FROM episodes WHERE {where} GROUP BY state", args).fetchall()
+            )
+            failed = self._db.execute(
+                f"SELECT COUNT(*) FROM episodes WHERE {where} AND status='failed'", args
+            ).fetchone()[0]
         return states, int(failed)
 
     def counts(self) -> dict[str, int]:

@@ -34,13 +34,26 @@ CONFIG_FILE = "config.yaml"
 @config_options(ServerConfig)
 def serve_command(
     overrides: dict[str, Any],
-    config_file: Path = typer.Option(None, "--config", help="YAML/JSON file of ServerConfig fields (`train:` "
-                                     "nested); flags given on the command line (or by envvar) override it"),
-    quota: list[str] = typer.Option(None, "--quota", metavar="FAMILY=SHARE", help="FAMILY=SHARE of each batch's "
-                                    "groups, repeatable (e.g. --quota math=0.4 --quota code=0.6); other families "
-                                    "share the rest"),
-    served_model_name: list[str] = typer.Option(None, "--served-model-name", metavar="NAME", help="a name requests may give as "
-                                                 "`model` (repeatable; the first is reported); others get 404"),
+    config_file: Path = typer.Option(
+        None,
+        "--config",
+        help="YAML/JSON file of ServerConfig fields (`train:` "
+        "nested); flags given on the command line (or by envvar) override it",
+    ),
+    quota: list[str] = typer.Option(
+        None,
+        "--quota",
+        metavar="FAMILY=SHARE",
+        help="FAMILY=SHARE of each batch's "
+        "groups, repeatable (e.g. --quota math=0.4 --quota code=0.6); other families "
+        "share the rest",
+    ),
+    served_model_name: list[str] = typer.Option(
+        None,
+        "--served-model-name",
+        metavar="NAME",
+        help="a name requests may give as `model` (repeatable; the first is reported); others get 404",
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning"),
 ) -> None:
     """Serve a trainable model: OpenAI-compatible endpoints plus the episode API."""

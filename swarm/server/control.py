@@ -39,11 +39,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from swarm.config.server import ServerConfig
 from swarm.protocol import ClaimRequest
 from swarm.server.admin_schema import TRAIN_KEYS, WINDOW_KEYS, LiveConfigResponse, LiveConfigUpdate
 from swarm.server.batcher import Batcher, Group
 from swarm.server.checkpoint import write_atomic
-from swarm.config.server import ServerConfig
 from swarm.server.counters import Counters
 from swarm.server.episodes import EpisodeRegistry
 from swarm.server.events import Topic
@@ -73,8 +73,15 @@ class LiveControl:
     now get in (pending settings applied, resumed).
     """
 
-    def __init__(self, config: ServerConfig, trainer: Trainer, batcher: Batcher, registry: EpisodeRegistry,
-                 counters: Counters, out_dir: Path) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        trainer: Trainer,
+        batcher: Batcher,
+        registry: EpisodeRegistry,
+        counters: Counters,
+        out_dir: Path,
+    ) -> None:
         self.config = config
         self.trainer = trainer
         self.batcher = batcher
@@ -94,10 +101,14 @@ class LiveControl:
     def values(self) -> dict[str, Any]:
         train = self.trainer.config
         cfg = self.config
-        return {**{k: getattr(train, k) for k in TRAIN_KEYS},
-                "temperature": cfg.temperature, "default_temperature": cfg.default_temperature,
-                "batch_groups": self.batcher.batch_groups,
-                "quotas": self.book.quotas, "quota_schedule": _plain(self.book.schedule)}
+        return {
+            **{k: getattr(train, k) for k in TRAIN_KEYS},
+            "temperature": cfg.temperature,
+            "default_temperature": cfg.default_temperature,
+            "batch_groups": self.batcher.batch_groups,
+            "quotas": self.book.quotas,
+            "quota_schedule": _plain(self.book.schedule),
+        }
 
     def values_for(self, step: int) -> dict[str, Any]:
         chosen = self._history[0][1]
@@ -139,9 +150,14 @@ class LiveControl:
         groups = list(self.batcher.groups)
         self._refresh_slots()
         return LiveConfigResponse(
-            live=self.values(), pending={k: _plain(v) for k, v in self.pending.items()},
-            paused=self.paused, step=self.trainer.step, window=self.batcher.window,
-            quotas=self.book.describe(groups), changed=changed)
+            live=self.values(),
+            pending={k: _plain(v) for k, v in self.pending.items()},
+            paused=self.paused,
+            step=self.trainer.step,
+            window=self.batcher.window,
+            quotas=self.book.describe(groups),
+            changed=changed,
+        )
 
     # -- changes --------------------------------------------------------------
     def update(self, req: LiveConfigUpdate) -> LiveConfigResponse:
@@ -206,8 +222,12 @@ class LiveControl:
             self.apply_pending()  # nothing is admitted yet: window settings apply now
         if paused:
             self.pause()
-        log.warning("restored live settings from %s: %s%s", self.live_path, json.dumps(overrides, default=str),
-                    " (paused: `swarm ctl resume` lets claims in)" if paused else "")
+        log.warning(
+            "restored live settings from %s: %s%s",
+            self.live_path,
+            json.dumps(overrides, default=str),
+            " (paused: `swarm ctl resume` lets claims in)" if paused else "",
+        )
         self._event("config_restored", overrides=overrides, paused=paused)
         return {"overrides": overrides, "paused": paused}
 
@@ -274,8 +294,10 @@ class LiveControl:
                     self.counters.add("quota_borrowed")
                     log.info("window %d is %.0fs old: %s borrows an idle slot", b.window, age, req.task_family)
                     return
-                exc.message += (f"; or, if that slot is still unclaimed when this window is {borrow_s:g}s old "
-                                f"(now {age:.0f}s), it may borrow one")
+                exc.message += (
+                    f"; or, if that slot is still unclaimed when this window is {borrow_s:g}s old "
+                    f"(now {age:.0f}s), it may borrow one"
+                )
                 exc.details["borrow_in_s"] = round(borrow_s - age, 3)
             raise
 
@@ -306,8 +328,13 @@ class LiveControl:
 
     # -- events ---------------------------------------------------------------
     def _event(self, kind: str, **fields: Any) -> None:
-        record = {"event": kind, "time": time.time(), "step": self.trainer.step,
-                  "window": self.batcher.window, **fields}
+        record = {
+            "event": kind,
+            "time": time.time(),
+            "step": self.trainer.step,
+            "window": self.batcher.window,
+            **fields,
+        }
         if kind.startswith("config_"):
             self._unreported.append(record)
         log.info("%s: %s", kind, json.dumps(fields, default=str)[:500])

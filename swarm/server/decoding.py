@@ -14,14 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Sequence, TypeVar, Union
+from typing import TypeVar
 
+from swarm.chat.tool_parsers import CallPiece, ContentPiece, Piece, ToolParser
 from swarm.engine.base import GenerateRequest, SamplingParams
 from swarm.server.exceptions import GenerateTimeout
-from swarm.server.render import ChatRenderer, OutputText
 from swarm.server.generation_context import GenerationContext
-from swarm.chat.tool_parsers import CallPiece, ContentPiece, Piece, ToolParser
+from swarm.server.render import ChatRenderer, OutputText
 
 log = logging.getLogger("swarm.server")
 T = TypeVar("T")
@@ -70,7 +71,7 @@ class Finished:
     choice: Choice
 
 
-ChoiceEvent = Union[TextDelta, ToolCallDelta, Finished]
+ChoiceEvent = TextDelta | ToolCallDelta | Finished
 
 
 def new_tool_call_id() -> str:
@@ -80,8 +81,9 @@ def new_tool_call_id() -> str:
 class ChoiceRun:
     """One choice being generated: ids, visible text, tool calls so far."""
 
-    def __init__(self, index: int, renderer: ChatRenderer, params: SamplingParams,
-                 parser: ToolParser | None, prefill: str = "") -> None:
+    def __init__(
+        self, index: int, renderer: ChatRenderer, params: SamplingParams, parser: ToolParser | None, prefill: str = ""
+    ) -> None:
         self.index = index
         self.params = params
         self.out = OutputText(renderer, params.stop)
@@ -95,7 +97,7 @@ class ChoiceRun:
 
     def add(self, ids: Sequence[int], logprobs: Sequence[float], tops: TopLogprobs | None) -> list[ChoiceEvent]:
         text, kept, lps = self.out.add(ids, logprobs)
-        kept_tops = list(tops[:len(kept)]) if tops else [[] for _ in kept]
+        kept_tops = list(tops[: len(kept)]) if tops else [[] for _ in kept]
         self.tops += kept_tops
         if self.tools is None:
             self.content += text
@@ -132,8 +134,17 @@ class ChoiceRun:
         reason = "stop" if self.out.stopped else engine_reason
         if self.calls and reason not in ("length", "abort"):
             reason = "tool_calls"
-        choice = Choice(self.index, self.content, self.calls, reason, self.out.matched, list(self.out.ids),
-                        list(self.out.logprobs), self.tops, self.version)
+        choice = Choice(
+            self.index,
+            self.content,
+            self.calls,
+            reason,
+            self.out.matched,
+            list(self.out.ids),
+            list(self.out.logprobs),
+            self.tops,
+            self.version,
+        )
         return events + [Finished(self.index, choice)]
 
 
@@ -159,8 +170,11 @@ async def _timed(ctx: GenerationContext, aw: Awaitable[T], deadline: float | Non
 async def run_choices(ctx: GenerationContext, prompt_ids: list[int], runs: list[ChoiceRun]) -> list[Choice]:
     """Every choice generated at once (one engine request each); `UnsupportedRequest` propagates."""
     async with ctx.gate.generating():
-        done = await _timed(ctx, asyncio.gather(
-            *(ctx.engine.generate(GenerateRequest(prompt_ids, r.params)) for r in runs)), _deadline(ctx))
+        done = await _timed(
+            ctx,
+            asyncio.gather(*(ctx.engine.generate(GenerateRequest(prompt_ids, r.params)) for r in runs)),
+            _deadline(ctx),
+        )
     choices = []
     for r, c in zip(runs, done):
         r.version = c.policy_version
@@ -170,8 +184,9 @@ async def run_choices(ctx: GenerationContext, prompt_ids: list[int], runs: list[
     return choices
 
 
-async def _one(ctx: GenerationContext, prompt_ids: list[int], run: ChoiceRun,
-               deadline: float | None) -> AsyncIterator[ChoiceEvent]:
+async def _one(
+    ctx: GenerationContext, prompt_ids: list[int], run: ChoiceRun, deadline: float | None
+) -> AsyncIterator[ChoiceEvent]:
     run.version = ctx.engine.policy_version
     agen = ctx.engine.stream(GenerateRequest(prompt_ids, run.params))
     reason = "length"
@@ -197,8 +212,9 @@ async def _one(ctx: GenerationContext, prompt_ids: list[int], run: ChoiceRun,
 _END = object()
 
 
-async def stream_choices(ctx: GenerationContext, prompt_ids: list[int],
-                         runs: list[ChoiceRun]) -> AsyncIterator[ChoiceEvent]:
+async def stream_choices(
+    ctx: GenerationContext, prompt_ids: list[int], runs: list[ChoiceRun]
+) -> AsyncIterator[ChoiceEvent]:
     """Events of every choice as they come (one choice: directly; several: interleaved)."""
     async with ctx.gate.generating():
         deadline = _deadline(ctx)

@@ -19,8 +19,9 @@ import hmac
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from swarm.samples import Call
 from swarm.server.exceptions import EpisodeClosed, EpisodeNotFound, InvalidKey, StaleLease, WrongEpisode
@@ -86,8 +87,13 @@ class KeySigner:
 class EpisodeRegistry:
     """Open episodes by id, plus recently closed ones (for idempotent retries)."""
 
-    def __init__(self, signer: KeySigner, lease_seconds: float, closed_kept: int = 100_000,
-                 fallback: Callable[[str], Episode | None] | None = None) -> None:
+    def __init__(
+        self,
+        signer: KeySigner,
+        lease_seconds: float,
+        closed_kept: int = 100_000,
+        fallback: Callable[[str], Episode | None] | None = None,
+    ) -> None:
         self.signer = signer
         self.lease_seconds = lease_seconds
         self.closed_kept = closed_kept
@@ -101,15 +107,31 @@ class EpisodeRegistry:
     def new_id() -> str:
         return uuid.uuid4().hex
 
-    def create(self, episode_id: str, task_id: str, task_family: str, group_id: str,
-               metadata: dict[str, Any], policy_version: int, claim_key: str | None = None,
-               epoch: int = 1) -> Episode:
+    def create(
+        self,
+        episode_id: str,
+        task_id: str,
+        task_family: str,
+        group_id: str,
+        metadata: dict[str, Any],
+        policy_version: int,
+        claim_key: str | None = None,
+        epoch: int = 1,
+    ) -> Episode:
         """A new open episode; `epoch` > 1 hands over an expired one (same id, its old key fenced)."""
         now = time.time()
-        ep = Episode(id=episode_id, task_id=task_id, task_family=task_family,
-                     group_id=group_id, metadata=dict(metadata), policy_version=policy_version,
-                     created_at=now, lease_expires_at=now + self.lease_seconds, claim_key=claim_key,
-                     epoch=epoch)
+        ep = Episode(
+            id=episode_id,
+            task_id=task_id,
+            task_family=task_family,
+            group_id=group_id,
+            metadata=dict(metadata),
+            policy_version=policy_version,
+            created_at=now,
+            lease_expires_at=now + self.lease_seconds,
+            claim_key=claim_key,
+            epoch=epoch,
+        )
         self.closed.pop(ep.id, None)
         self.open[ep.id] = ep
         if claim_key:

@@ -21,24 +21,53 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swarm.server.exceptions import (
-    Conflict, EpisodeNotFound, Forbidden, GenerateTimeout, InvalidRequest, NotFound, Refused, SwarmError,
-    Unauthorized, Unavailable,
+    Conflict,
+    EpisodeNotFound,
+    Forbidden,
+    GenerateTimeout,
+    InvalidRequest,
+    NotFound,
+    Refused,
+    SwarmError,
+    Unauthorized,
+    Unavailable,
 )
 
 log = logging.getLogger("swarm.server")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
-          413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "unavailable_error",
+}
 
 #: `error.code` of the framework's own errors (unknown route, wrong method, unparsable body...):
 #: every 4xx carries a stable code, whoever raised it
-HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
-              415: "unsupported_media_type"}
+HTTP_CODES = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+}
 
 _STATUS: tuple[tuple[type[SwarmError], int], ...] = (
-    (InvalidRequest, 400), (Unauthorized, 401), (Forbidden, 403), (EpisodeNotFound, 404), (NotFound, 404), (Conflict, 409),
-    (Refused, 429), (Unavailable, 503), (GenerateTimeout, 504))
+    (InvalidRequest, 400),
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (EpisodeNotFound, 404),
+    (NotFound, 404),
+    (Conflict, 409),
+    (Refused, 429),
+    (Unavailable, 503),
+    (GenerateTimeout, 504),
+)
 
 
 def status_of(exc: SwarmError) -> int:
@@ -57,8 +86,7 @@ def _domain_headers(exc: SwarmError) -> dict[str, str]:
     return headers
 
 
-def error_body(status: int, message: str, code: str | None = None,
-               details: dict[str, Any] | None = None) -> dict:
+def error_body(status: int, message: str, code: str | None = None, details: dict[str, Any] | None = None) -> dict:
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {**(details or {}), "message": message, "type": kind, "code": code}}
 
@@ -70,8 +98,7 @@ def domain_error_body(exc: SwarmError) -> dict:
 
 def batch_item_error(exc: SwarmError) -> dict[str, Any]:
     """A batch route's answer for one failed item: the status and body its single route would send."""
-    return {"status": status_of(exc), "body": domain_error_body(exc),
-            "retry_after": getattr(exc, "retry_after", None)}
+    return {"status": status_of(exc), "body": domain_error_body(exc), "retry_after": getattr(exc, "retry_after", None)}
 
 
 def batch_item_invalid(errors: list[dict[str, Any]]) -> dict[str, Any]:
@@ -87,10 +114,10 @@ def _headers(status: int, headers: dict[str, str] | None) -> dict[str, str]:
     return out
 
 
-def error_response(status: int, message: str, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, code), status_code=status,
-                        headers=_headers(status, headers))
+def error_response(
+    status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code), status_code=status, headers=_headers(status, headers))
 
 
 def error_headers(status: int, exc: SwarmError | None = None) -> dict[str, str]:
@@ -112,8 +139,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SwarmError)
     async def _domain(request: Request, exc: SwarmError) -> JSONResponse:
         status = status_of(exc)
-        return JSONResponse(domain_error_body(exc), status_code=status,
-                            headers=error_headers(status, exc))
+        return JSONResponse(domain_error_body(exc), status_code=status, headers=error_headers(status, exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -194,9 +220,16 @@ class BodyLimitMiddleware:
     @staticmethod
     async def _reject(send: Any, status: int, message: str, code: str) -> None:
         payload = json.dumps(error_body(status, message, code)).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode()),
-                                (b"x-should-retry", b"false"),
-                                (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"x-should-retry", b"false"),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})

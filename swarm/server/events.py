@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Awaitable, Callable, Generic, ParamSpec
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, ParamSpec
 
 log = logging.getLogger("swarm.server")
 P = ParamSpec("P")

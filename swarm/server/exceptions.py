@@ -81,8 +81,9 @@ class EpisodeClosed(Conflict):
 class Refused(SwarmError):
     """A claim that cannot be admitted now; `retry_after` (whole seconds) once the server knows it."""
 
-    def __init__(self, code: str, message: str, retry_after: int | None = None,
-                 details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, retry_after: int | None = None, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(code, message, details)
         self.retry_after = retry_after
 
@@ -98,6 +99,19 @@ class GenerateTimeout(SwarmError):
         super().__init__("generate_timeout", f"generation took longer than {limit_s}s and was cancelled")
 
 
-__all__ = ["Conflict", "EpisodeClosed", "EpisodeNotFound", "Forbidden", "GenerateTimeout", "InvalidKey",
-           "InvalidRequest", "NotFound", "Refused", "StaleLease", "SwarmError", "Unauthorized", "Unavailable",
-           "WrongEpisode"]
+__all__ = [
+    "Conflict",
+    "EpisodeClosed",
+    "EpisodeNotFound",
+    "Forbidden",
+    "GenerateTimeout",
+    "InvalidKey",
+    "InvalidRequest",
+    "NotFound",
+    "Refused",
+    "StaleLease",
+    "SwarmError",
+    "Unauthorized",
+    "Unavailable",
+    "WrongEpisode",
+]

@@ -46,7 +46,15 @@ from swarm.engine.base import SamplingParams, UnsupportedRequest
 from swarm.protocol import AGENT_HEADER
 from swarm.samples import Call
 from swarm.server.decoding import (
-    Choice, ChoiceRun, Finished, TextDelta, ToolCall, ToolCallDelta, new_tool_call_id, run_choices, stream_choices,
+    Choice,
+    ChoiceRun,
+    Finished,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    new_tool_call_id,
+    run_choices,
+    stream_choices,
 )
 from swarm.server.episodes import Episode
 from swarm.server.exceptions import InvalidRequest
@@ -194,11 +202,18 @@ class GenerationCore:
         ctx.counters.add("prompt_drift", drift)
         if turn.episode is not None:
             turn.episode.drift += int(drift)
-        return PreparedTurn(self, turn.episode, turn.agent, ids, self.params(turn.sampling, len(ids)),
-                            max(1, turn.n), parser, prefill)
+        return PreparedTurn(
+            self, turn.episode, turn.agent, ids, self.params(turn.sampling, len(ids)), max(1, turn.n), parser, prefill
+        )
 
-    async def prepare_text(self, prompt: str | list[int], sampling: Sampling, n: int = 1,
-                           episode: Episode | None = None, agent: str = "main") -> PreparedTurn:
+    async def prepare_text(
+        self,
+        prompt: str | list[int],
+        sampling: Sampling,
+        n: int = 1,
+        episode: Episode | None = None,
+        agent: str = "main",
+    ) -> PreparedTurn:
         """A raw completion (`/v1/completions`): text or token ids, no template, no tools."""
         renderer, limits = self.ctx.renderer, self.ctx.limits()
         if isinstance(prompt, str):
@@ -229,8 +244,11 @@ class GenerationCore:
     def _refuse_past_context(self, least: int | None) -> None:
         """400 for a prompt that surely has `least` ids or more, no fewer than the context holds."""
         if least is not None:
-            raise InvalidRequest("context_length_exceeded", f"prompt of at least {least} tokens leaves no room in "
-                                                            f"the model's {self.ctx.context_length}-token context")
+            raise InvalidRequest(
+                "context_length_exceeded",
+                f"prompt of at least {least} tokens leaves no room in "
+                f"the model's {self.ctx.context_length}-token context",
+            )
 
     def params(self, s: Sampling, prompt_len: int) -> SamplingParams:
         """Engine params; 400 for an impossible `max_tokens` (never silently capped)."""
@@ -240,17 +258,23 @@ class GenerationCore:
         context_length = self.ctx.context_length
         room = None if context_length is None else context_length - prompt_len
         if room is not None and room < 1:
-            raise InvalidRequest("context_length_exceeded", f"prompt of {prompt_len} tokens leaves no room in "
-                                                            f"the model's {context_length}-token context")
+            raise InvalidRequest(
+                "context_length_exceeded",
+                f"prompt of {prompt_len} tokens leaves no room in the model's {context_length}-token context",
+            )
         if s.max_tokens is None:
             max_new = min(cfg.default_max_tokens, cfg.max_tokens_limit, room or cfg.max_tokens_limit)
         elif s.max_tokens > cfg.max_tokens_limit:
-            raise InvalidRequest("max_tokens_too_large", f"max_tokens={s.max_tokens} is above this server's "
-                                                         f"limit of {cfg.max_tokens_limit}")
+            raise InvalidRequest(
+                "max_tokens_too_large",
+                f"max_tokens={s.max_tokens} is above this server's limit of {cfg.max_tokens_limit}",
+            )
         elif room is not None and s.max_tokens > room:
-            raise InvalidRequest("context_length_exceeded",
-                                 f"this model's context is {context_length} tokens; the prompt has "
-                                 f"{prompt_len} and max_tokens={s.max_tokens} asks for more than the {room} left")
+            raise InvalidRequest(
+                "context_length_exceeded",
+                f"this model's context is {context_length} tokens; the prompt has "
+                f"{prompt_len} and max_tokens={s.max_tokens} asks for more than the {room} left",
+            )
         else:
             max_new = s.max_tokens
         temperature = cfg.default_temperature if s.temperature is None else s.temperature
@@ -336,8 +360,7 @@ class PreparedTurn:
             ctx.counters.add("eval_completion_tokens", sum(len(c.ids) for c in choices))
             return
         for c in choices:
-            ctx.record(self.episode, Call(self.agent, self.prompt_ids, list(c.ids), list(c.logprobs),
-                                          c.policy_version))
+            ctx.record(self.episode, Call(self.agent, self.prompt_ids, list(c.ids), list(c.logprobs), c.policy_version))
             if c.tool_calls:
                 text = self.prefill + ctx.renderer.decode(c.ids)
                 self.core.remember(self.episode, [t.id for t in c.tool_calls], text)
@@ -354,8 +377,10 @@ def agent_tag(value: str | None) -> str:
 def _check_chars(limits: GenerationLimits, chars: int) -> None:
     limit = limits.max_prompt_chars
     if chars > limit:
-        raise InvalidRequest("prompt_too_long", f"the prompt has {chars} characters; this server takes at most "
-                                                f"{limit} (max_prompt_chars)")
+        raise InvalidRequest(
+            "prompt_too_long",
+            f"the prompt has {chars} characters; this server takes at most {limit} (max_prompt_chars)",
+        )
 
 
 def _tool_mode(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] | None) -> tuple[str | None, bool]:
@@ -364,15 +389,18 @@ def _tool_mode(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] 
         return None, bool(tools)
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
-            raise InvalidRequest("invalid_tool_choice", f"tool_choice {choice!r}: use none, auto, required or "
-                                                        "{type: function, function: {name}}")
+            raise InvalidRequest(
+                "invalid_tool_choice",
+                f"tool_choice {choice!r}: use none, auto, required or {{type: function, function: {{name}}}}",
+            )
         if choice != "none" and not tools:
             raise InvalidRequest("invalid_tool_choice", "tool_choice needs tools")
         return ("" if choice == "required" else None), choice != "none"
     name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
     if choice.get("type") != "function" or not isinstance(name, str):
-        raise InvalidRequest("invalid_tool_choice", "tool_choice must be none, auto, required or "
-                                                    "{type: function, function: {name}}")
+        raise InvalidRequest(
+            "invalid_tool_choice", "tool_choice must be none, auto, required or {type: function, function: {name}}"
+        )
     names = {(t.get("function") or {}).get("name") for t in tools or [] if isinstance(t.get("function"), dict)}
     if name not in names:
         raise InvalidRequest("invalid_tool_choice", f"tool_choice names {name!r}, which is not among the tools")
@@ -389,6 +417,22 @@ def generation_core(request: Request) -> GenerationCore:
     return core
 
 
-__all__ = ["ChatTurn", "agent_tag", "Choice", "Done", "Event", "Finished", "GenerationCore", "PreparedTurn", "Sampling",
-           "Started", "TextDelta", "ToolCall", "ToolCallDelta", "TurnResult", "Usage", "generation_core",
-           "new_tool_call_id"]
+__all__ = [
+    "ChatTurn",
+    "agent_tag",
+    "Choice",
+    "Done",
+    "Event",
+    "Finished",
+    "GenerationCore",
+    "PreparedTurn",
+    "Sampling",
+    "Started",
+    "TextDelta",
+    "ToolCall",
+    "ToolCallDelta",
+    "TurnResult",
+    "Usage",
+    "generation_core",
+    "new_tool_call_id",
+]

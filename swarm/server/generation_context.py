@@ -47,10 +47,16 @@ class GenerationLimits:
 
     @classmethod
     def of(cls, config: ServerConfig) -> GenerationLimits:
-        return cls(max_prompt_chars=config.max_prompt_chars, max_tokens_limit=config.max_tokens_limit,
-                   default_max_tokens=config.default_max_tokens, default_temperature=config.default_temperature,
-                   temperature=config.temperature, generate_timeout_s=config.generate_timeout_s,
-                   tool_parser=str(config.tool_parser), continuity=config.continuity)
+        return cls(
+            max_prompt_chars=config.max_prompt_chars,
+            max_tokens_limit=config.max_tokens_limit,
+            default_max_tokens=config.default_max_tokens,
+            default_temperature=config.default_temperature,
+            temperature=config.temperature,
+            generate_timeout_s=config.generate_timeout_s,
+            tool_parser=str(config.tool_parser),
+            continuity=config.continuity,
+        )
 
 
 def load_tokenizer(engine: Engine, model_dir: Path) -> Any:

@@ -35,8 +35,11 @@ class JsonErrorH11Protocol(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         body = error_payload(msg)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
         self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers, reason=b"Bad Request")))
         self.transport.write(self.conn.send(h11.Data(data=body)))
         self.transport.write(self.conn.send(h11.EndOfMessage()))
@@ -49,6 +52,7 @@ except ImportError:  # httptools is optional for uvicorn: then "auto" is h11
     HttpToolsProtocol = None
     JsonErrorHttpToolsProtocol = None
 else:
+
     class JsonErrorHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[no-redef]
         """uvicorn's httptools protocol; its 400 for an unparsable request is JSON."""
 
@@ -57,9 +61,15 @@ else:
             content = [STATUS_LINE[400]]
             for name, value in self.server_state.default_headers:  # date, server: as uvicorn sends them
                 content.extend([name, b": ", value, b"\r\n"])
-            content.extend([b"content-type: application/json\r\n",
-                            b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
-                            b"connection: close\r\n", b"\r\n", body])
+            content.extend(
+                [
+                    b"content-type: application/json\r\n",
+                    b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+                    b"connection: close\r\n",
+                    b"\r\n",
+                    body,
+                ]
+            )
             self.transport.write(b"".join(content))
             self.transport.close()
 

@@ -74,8 +74,7 @@ class LeaseKeeper:
     """Renews, expires and hands over episodes, resolves stalled groups; reads `lease_seconds`,
     `group_stall_s` and `stalled_group_policy` of `config`."""
 
-    def __init__(self, registry: EpisodeRegistry, batcher: Batcher, config: ServerConfig,
-                 counters: Counters) -> None:
+    def __init__(self, registry: EpisodeRegistry, batcher: Batcher, config: ServerConfig, counters: Counters) -> None:
         self.registry = registry
         self.batcher = batcher
         self.counters = counters
@@ -122,7 +121,7 @@ class LeaseKeeper:
         self.batcher.release(ep.group_id, ep.id)  # the slot reopens for another claim of this task
         ids = self.reclaimable.setdefault(ep.task_id, [])
         ids.append(ep.id)
-        del ids[:-max(1, self.batcher.group_size * self.batcher.batch_groups)]  # bounded
+        del ids[: -max(1, self.batcher.group_size * self.batcher.batch_groups)]  # bounded
         self.counters.add("expired")
         log.info("episode %s (task %s) expired: lease not renewed; slot reopened", ep.id, ep.task_id)
 
@@ -204,10 +203,17 @@ class LeaseKeeper:
             g.finished = []
             self.counters.add("episodes_dropped_stalled", len(dropped))
             self.group_dropped.publish(dropped)
-        log.warning("group %s of %s made no progress for %.0fs: %d open episode(s) fenced, %d free slot(s) "
-                    "given up; it %s", g.group_id, g.task_id, idle_s, fenced, free - fenced,
-                    f"is dropped ({len(dropped)} finished)" if self.policy == "drop"
-                    else f"trains with {len(g.finished)} finished")
+        log.warning(
+            "group %s of %s made no progress for %.0fs: %d open episode(s) fenced, %d free slot(s) given up; it %s",
+            g.group_id,
+            g.task_id,
+            idle_s,
+            fenced,
+            free - fenced,
+            f"is dropped ({len(dropped)} finished)"
+            if self.policy == "drop"
+            else f"trains with {len(g.finished)} finished",
+        )
 
     # -- the sweeper task ---------------------------------------------------------------------------
     async def _run(self) -> None:

@@ -19,7 +19,8 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
@@ -30,8 +31,18 @@ from swarm.server.episodes import Episode
 from swarm.server.errors import domain_error_body, error_body
 from swarm.server.exceptions import SwarmError
 from swarm.server.generation import (
-    ChatTurn, Choice, Done, Event, Finished, PreparedTurn, Started, TextDelta, ToolCall, ToolCallDelta,
-    agent_tag, generation_core,
+    ChatTurn,
+    Choice,
+    Done,
+    Event,
+    Finished,
+    PreparedTurn,
+    Started,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    agent_tag,
+    generation_core,
 )
 from swarm.server.openai_schema import ChatCompletionRequest, CompletionRequest
 from swarm.server.render import ChatRenderer
@@ -50,8 +61,7 @@ def _fingerprint(version: int) -> str:
 
 
 def _usage(u: Any) -> dict[str, int]:
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens}
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
 
 
 def _top(r: ChatRenderer, pairs: list[tuple[int, float]]) -> list[dict]:
@@ -66,14 +76,19 @@ def _logprob_content(r: ChatRenderer, ids: list[int], lps: list[float], tops: li
     out = []
     for k, (t, lp) in enumerate(zip(ids, lps)):
         text = r.token_text(t)
-        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "replace")),
-                    "top_logprobs": _top(r, tops[k]) if k < len(tops) else []})
+        out.append(
+            {
+                "token": text,
+                "logprob": lp,
+                "bytes": list(text.encode("utf-8", "replace")),
+                "top_logprobs": _top(r, tops[k]) if k < len(tops) else [],
+            }
+        )
     return out
 
 
 def _tool_calls(calls: list[ToolCall]) -> list[dict]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls]
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
 async def _open(prepared: PreparedTurn) -> AsyncIterator[Event]:
@@ -84,8 +99,9 @@ async def _open(prepared: PreparedTurn) -> AsyncIterator[Event]:
     return events
 
 
-async def _sse_events(events: AsyncIterator[Event], on_event: Callable[[Event], list[dict]],
-                      first: dict | None) -> AsyncIterator[str]:
+async def _sse_events(
+    events: AsyncIterator[Event], on_event: Callable[[Event], list[dict]], first: dict | None
+) -> AsyncIterator[str]:
     """SSE from neutral events; a failure after the headers went out is reported in-band, as OpenAI does."""
     try:
         if first is not None:
@@ -104,8 +120,9 @@ async def _sse_events(events: AsyncIterator[Event], on_event: Callable[[Event], 
 
 
 def _streaming(gen: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(gen, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 def _message(c: Choice) -> dict[str, Any]:
@@ -116,50 +133,90 @@ def _message(c: Choice) -> dict[str, Any]:
 
 
 @router.post("/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           ep: Episode | None = Depends(generation_caller),
-                           x_roost_agent: str | None = Header(None)) -> Any:
+async def chat_completions(
+    body: ChatCompletionRequest,
+    request: Request,
+    ep: Episode | None = Depends(generation_caller),
+    x_roost_agent: str | None = Header(None),
+) -> Any:
     swarm = current_swarm(request)
     core = generation_core(request)
     body.check_model(swarm.config.model_aliases)
-    turn = ChatTurn(body.message_dicts(), body.tools, body.tool_choice, body.to_sampling(), body.n or 1,
-                    ep, agent_tag(x_roost_agent))
+    turn = ChatTurn(
+        body.message_dicts(),
+        body.tools,
+        body.tool_choice,
+        body.to_sampling(),
+        body.n or 1,
+        ep,
+        agent_tag(x_roost_agent),
+    )
     prepared = await core.prepare_chat(turn)
     r = swarm.renderer
     want = bool(body.return_token_ids or body.logprobs)
     rid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
-    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": swarm.model_name,
-            "system_fingerprint": _fingerprint(swarm.engine.policy_version)}
+    head = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": swarm.model_name,
+        "system_fingerprint": _fingerprint(swarm.engine.policy_version),
+    }
 
     if body.stream:
         events = await _open(prepared)
         include_usage = body.include_usage()
 
         def chunk(index: int, delta: dict, reason: str | None = None, **extra: Any) -> dict:
-            return {**head, "choices": [{"index": index, "delta": delta, "logprobs": None,
-                                         "finish_reason": reason, **extra}]}
+            return {
+                **head,
+                "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason, **extra}],
+            }
 
         def on_event(e: Event) -> list[dict]:
             if isinstance(e, TextDelta):
                 if not e.text and not (e.ids and want):
                     return []
-                extra = {"token_ids": e.ids, "logprobs": {
-                    "content": _logprob_content(r, e.ids, e.logprobs, e.top_logprobs)}} if want else {}
+                extra = (
+                    {
+                        "token_ids": e.ids,
+                        "logprobs": {"content": _logprob_content(r, e.ids, e.logprobs, e.top_logprobs)},
+                    }
+                    if want
+                    else {}
+                )
                 return [chunk(e.index, {"content": e.text} if e.text else {}, **extra)]
             if isinstance(e, ToolCallDelta):
                 c = e.call
-                return [chunk(e.index, {"tool_calls": [{"index": e.call_index, "id": c.id, "type": "function",
-                                                        "function": {"name": c.name, "arguments": ""}}]}),
-                        chunk(e.index, {"tool_calls": [{"index": e.call_index,
-                                                        "function": {"arguments": c.arguments}}]})]
+                return [
+                    chunk(
+                        e.index,
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": e.call_index,
+                                    "id": c.id,
+                                    "type": "function",
+                                    "function": {"name": c.name, "arguments": ""},
+                                }
+                            ]
+                        },
+                    ),
+                    chunk(e.index, {"tool_calls": [{"index": e.call_index, "function": {"arguments": c.arguments}}]}),
+                ]
             if isinstance(e, Finished):
                 return [chunk(e.index, {}, e.choice.finish_reason, **({"token_ids": []} if want else {}))]
             if isinstance(e, Done) and include_usage:
                 return [{**head, "choices": [], "usage": _usage(e.usage)}]
             return []
 
-        first = {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                      "finish_reason": None} for i in range(prepared.n)]}
+        first = {
+            **head,
+            "choices": [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(prepared.n)
+            ],
+        }
         if want:
             first["prompt_token_ids"] = prepared.prompt_ids
         return _streaming(_sse_events(events, on_event, first))
@@ -167,37 +224,48 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     result = await prepared.run()
     choices = []
     for c in result.choices:
-        choice: dict[str, Any] = {"index": c.index, "message": _message(c), "logprobs": None,
-                                  "finish_reason": c.finish_reason}
+        choice: dict[str, Any] = {
+            "index": c.index,
+            "message": _message(c),
+            "logprobs": None,
+            "finish_reason": c.finish_reason,
+        }
         if want:
             choice["token_ids"] = c.ids
             choice["logprobs"] = {"content": _logprob_content(r, c.ids, c.logprobs, c.top_logprobs)}
         choices.append(choice)
-    response: dict[str, Any] = {**head, "object": "chat.completion", "system_fingerprint":
-                                _fingerprint(result.policy_version), "choices": choices,
-                                "usage": _usage(result.usage)}
+    response: dict[str, Any] = {
+        **head,
+        "object": "chat.completion",
+        "system_fingerprint": _fingerprint(result.policy_version),
+        "choices": choices,
+        "usage": _usage(result.usage),
+    }
     if want:
         response["prompt_token_ids"] = result.prompt_ids
         response["policy_version"] = result.policy_version
     return response
 
 
-def _completion_logprobs(r: ChatRenderer, ids: list[int], lps: list[float],
-                         tops: list[list[tuple[int, float]]], k: int, offset: int) -> dict:
+def _completion_logprobs(
+    r: ChatRenderer, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]], k: int, offset: int
+) -> dict:
     tokens = [r.token_text(t) for t in ids]
     offsets = []
     for t in tokens:
         offsets.append(offset)
         offset += len(t)
     top = [{r.token_text(t): lp for t, lp in (tops[i] if i < len(tops) else [])} for i in range(len(ids))]
-    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": top if k else None,
-            "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": top if k else None, "text_offset": offsets}
 
 
 @router.post("/completions")
-async def completions(body: CompletionRequest, request: Request,
-                      ep: Episode | None = Depends(generation_caller),
-                      x_roost_agent: str | None = Header(None)) -> Any:
+async def completions(
+    body: CompletionRequest,
+    request: Request,
+    ep: Episode | None = Depends(generation_caller),
+    x_roost_agent: str | None = Header(None),
+) -> Any:
     swarm = current_swarm(request)
     core = generation_core(request)
     body.check_model(swarm.config.model_aliases)
@@ -208,8 +276,13 @@ async def completions(body: CompletionRequest, request: Request,
     r, k = swarm.renderer, sampling.top_logprobs
     want_lp = body.logprobs is not None and body.logprobs is not False
     want_ids = bool(body.return_token_ids or want_lp)
-    head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
-            "model": swarm.model_name, "system_fingerprint": _fingerprint(swarm.engine.policy_version)}
+    head = {
+        "id": "cmpl-" + uuid.uuid4().hex,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": swarm.model_name,
+        "system_fingerprint": _fingerprint(swarm.engine.policy_version),
+    }
 
     if body.stream:
         events = await _open(prepared)
@@ -222,25 +295,48 @@ async def completions(body: CompletionRequest, request: Request,
                     return []
                 choice: dict[str, Any] = {"index": e.index, "text": e.text, "logprobs": None, "finish_reason": None}
                 if want_lp:
-                    choice["logprobs"] = _completion_logprobs(r, e.ids, e.logprobs, e.top_logprobs, k,
-                                                              sent.get(e.index, 0))
+                    choice["logprobs"] = _completion_logprobs(
+                        r, e.ids, e.logprobs, e.top_logprobs, k, sent.get(e.index, 0)
+                    )
                 if want_ids:
                     choice["token_ids"] = e.ids
                 sent[e.index] = sent.get(e.index, 0) + len(e.text)
                 return [{**head, "choices": [choice]}]
             if isinstance(e, Finished):
-                return [{**head, "choices": [{"index": e.index, "text": "", "logprobs": None,
-                                              "finish_reason": e.choice.finish_reason,
-                                              **({"token_ids": []} if want_ids else {})}]}]
+                return [
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": e.index,
+                                "text": "",
+                                "logprobs": None,
+                                "finish_reason": e.choice.finish_reason,
+                                **({"token_ids": []} if want_ids else {}),
+                            }
+                        ],
+                    }
+                ]
             if isinstance(e, Done) and include_usage:
                 return [{**head, "choices": [], "usage": _usage(e.usage)}]
             return []
 
         first = None
         if want_ids:
-            first = {**head, "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": None,
-                                          "prompt_token_ids": prepared.prompt_ids, "token_ids": []}
-                                         for i in range(prepared.n)]}
+            first = {
+                **head,
+                "choices": [
+                    {
+                        "index": i,
+                        "text": "",
+                        "logprobs": None,
+                        "finish_reason": None,
+                        "prompt_token_ids": prepared.prompt_ids,
+                        "token_ids": [],
+                    }
+                    for i in range(prepared.n)
+                ],
+            }
         return _streaming(_sse_events(events, on_event, first))
 
     result = await prepared.run()
@@ -253,8 +349,12 @@ async def completions(body: CompletionRequest, request: Request,
             choice["token_ids"] = c.ids
             choice["prompt_token_ids"] = result.prompt_ids
         choices.append(choice)
-    response = {**head, "system_fingerprint": _fingerprint(result.policy_version), "choices": choices,
-                "usage": _usage(result.usage)}
+    response = {
+        **head,
+        "system_fingerprint": _fingerprint(result.policy_version),
+        "choices": choices,
+        "usage": _usage(result.usage),
+    }
     if want_ids:
         response["prompt_token_ids"] = result.prompt_ids
         response["policy_version"] = result.policy_version
@@ -264,5 +364,16 @@ async def completions(body: CompletionRequest, request: Request,
 @router.get("/models")
 async def models(swarm: Swarm = Depends(any_caller)) -> Any:
     names = [swarm.model_name, *sorted(swarm.config.model_aliases - {swarm.model_name})]
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "roost",
-                                        "policy_version": swarm.engine.policy_version} for name in names]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "roost",
+                "policy_version": swarm.engine.policy_version,
+            }
+            for name in names
+        ],
+    }

@@ -54,13 +54,23 @@ class _Sampling(_Body):
     def check_model(self, served: frozenset[str]) -> None:
         """404 `model_not_found` for a `model` this server does not serve (absent: the served one)."""
         if self.model is not None and self.model not in served:
-            raise NotFound("model_not_found", f"the model {self.model!r} does not exist here; this server "
-                                              f"serves {', '.join(sorted(served))}")
+            raise NotFound(
+                "model_not_found",
+                f"the model {self.model!r} does not exist here; this server serves {', '.join(sorted(served))}",
+            )
 
-    def sampling(self, max_tokens: int | None, top_logprobs: int = 0,
-                 response_format: dict[str, Any] | None = None) -> Sampling:
-        return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                        stop=self.stop_strings(), top_logprobs=top_logprobs, response_format=response_format)
+    def sampling(
+        self, max_tokens: int | None, top_logprobs: int = 0, response_format: dict[str, Any] | None = None
+    ) -> Sampling:
+        return Sampling(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=self.stop_strings(),
+            top_logprobs=top_logprobs,
+            response_format=response_format,
+        )
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -87,8 +97,9 @@ class ChatCompletionRequest(_Sampling):
             raise InvalidRequest("invalid_top_logprobs", "top_logprobs needs logprobs: true")
         fmt = self.response_format
         if fmt is not None and fmt.get("type") not in RESPONSE_FORMATS:
-            raise InvalidRequest("invalid_response_format",
-                                 f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}")
+            raise InvalidRequest(
+                "invalid_response_format", f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}"
+            )
         if fmt is not None and fmt.get("type") == "json_schema" and not isinstance(fmt.get("json_schema"), dict):
             raise InvalidRequest("invalid_response_format", "response_format json_schema needs a json_schema object")
         return self.sampling(self.wants_max_tokens(), self.top_logprobs or 0, fmt)
@@ -130,8 +141,7 @@ class CompletionRequest(_Sampling):
         if all(isinstance(x, int) for x in p):
             return list(p)  # type: ignore[arg-type]
         if len(p) != 1:
-            raise InvalidRequest("unsupported_batch",
-                                 "batched prompts are not supported: send one prompt per request")
+            raise InvalidRequest("unsupported_batch", "batched prompts are not supported: send one prompt per request")
         return p[0]  # type: ignore[return-value]
 
     def to_sampling(self) -> Sampling:

@@ -93,14 +93,19 @@ class TokenBound:
 
 def _parts(backend: Any) -> dict[str, Any]:
     """What the bound depends on, from a `tokenizers.Tokenizer` (components as their JSON form)."""
+
     def spec(part: Any) -> dict[str, Any] | None:
         return None if part is None else json.loads(part.__getstate__())
 
     model = backend.model
-    return {"model": type(model).__name__, "affixes": (getattr(model, "continuing_subword_prefix", None),
-                                                       getattr(model, "end_of_word_suffix", None)),
-            "vocab": backend.get_vocab(with_added_tokens=False), "pre_tokenizer": spec(backend.pre_tokenizer),
-            "normalizer": spec(backend.normalizer), "added": list(backend.get_added_tokens_decoder().values())}
+    return {
+        "model": type(model).__name__,
+        "affixes": (getattr(model, "continuing_subword_prefix", None), getattr(model, "end_of_word_suffix", None)),
+        "vocab": backend.get_vocab(with_added_tokens=False),
+        "pre_tokenizer": spec(backend.pre_tokenizer),
+        "normalizer": spec(backend.normalizer),
+        "added": list(backend.get_added_tokens_decoder().values()),
+    }
 
 
 def _unbounded(parts: dict[str, Any]) -> str | None:
@@ -124,8 +129,12 @@ def _unbounded(parts: dict[str, Any]) -> str | None:
 def _keeps_bytes(pre: dict[str, Any] | None) -> bool:
     """A pre-tokenizer that ends in ByteLevel (a character per byte) and removes nothing."""
     steps = (pre.get("pretokenizers") or []) if pre is not None and pre.get("type") == "Sequence" else [pre]
-    if not steps or any(s is None or s.get("type") not in KEEPING_PRE_TOKENIZERS
-                        or (s.get("type") == "Split" and s.get("behavior") == "Removed") for s in steps):
+    if not steps or any(
+        s is None
+        or s.get("type") not in KEEPING_PRE_TOKENIZERS
+        or (s.get("type") == "Split" and s.get("behavior") == "Removed")
+        for s in steps
+    ):
         return False
     return steps[-1].get("type") == "ByteLevel"
 

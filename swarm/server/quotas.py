@@ -35,7 +35,7 @@ waiting at all).
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from swarm.config.quotas import OTHER, SHARE_EPS, QuotaPhase, check_quotas, check_schedule
 from swarm.server.exceptions import Refused
@@ -51,8 +51,7 @@ def shares(quotas: dict[str, float]) -> dict[str, float]:
     return {k: v / total for k, v in out.items()}
 
 
-def allocate(share: dict[str, float], batch_groups: int,
-             dealt: dict[str, int] | None = None) -> dict[str, int]:
+def allocate(share: dict[str, float], batch_groups: int, dealt: dict[str, int] | None = None) -> dict[str, int]:
     """Group slots per bucket for one window, after `dealt` slots per bucket in earlier windows
     under the same shares (the quota method; see the module docstring). Sums to `batch_groups`."""
     counts = {k: (dealt or {}).get(k, 0) for k in share}
@@ -87,8 +86,7 @@ class QuotaBook:
     that would open a new group, and `opened(group_id, family)` after it.
     """
 
-    def __init__(self, quotas: dict[str, float] | None = None,
-                 schedule: list[QuotaPhase] | None = None) -> None:
+    def __init__(self, quotas: dict[str, float] | None = None, schedule: list[QuotaPhase] | None = None) -> None:
         self.quotas: dict[str, float] | None = None
         self.schedule: list[QuotaPhase] | None = None
         self.set(quotas, schedule)
@@ -166,19 +164,35 @@ class QuotaBook:
         share = shares(self._active).get(b, 0.0)
         where = f"family {family!r}" + (f" (bucket {OTHER!r})" if b != family else "")
         if slots == 0:
-            why = (f"{where} has quota {share:.3g} and so 0 of the {self._b} group slots of a batch"
-                   + ("; unnamed families share the 'other' bucket" if b == OTHER else ""))
+            why = f"{where} has quota {share:.3g} and so 0 of the {self._b} group slots of a batch" + (
+                "; unnamed families share the 'other' bucket" if b == OTHER else ""
+            )
         else:
-            why = (f"{where} has used its {slots} of {self._b} group slots (quota {share:.3g}) "
-                   "in this batch; claims resume with the next batch")
-        raise QuotaRejected(why, {"family": family, "bucket": b, "quota": round(share, 6),
-                                  "slots": slots, "used": used, "batch_groups": self._b})
+            why = (
+                f"{where} has used its {slots} of {self._b} group slots (quota {share:.3g}) "
+                "in this batch; claims resume with the next batch"
+            )
+        raise QuotaRejected(
+            why,
+            {
+                "family": family,
+                "bucket": b,
+                "quota": round(share, 6),
+                "slots": slots,
+                "used": used,
+                "batch_groups": self._b,
+            },
+        )
 
     def opened(self, group_id: str, family: str) -> None:
         if self._active is not None:
             self.families.setdefault(group_id, family)
 
     def describe(self, open_groups: Iterable[str]) -> dict:
-        return {"quotas": self.quotas, "quota_schedule": [p.model_dump() for p in self.schedule]
-                if self.schedule is not None else None,
-                "active": self._active, "slots": dict(self._slots), "used": self.used(open_groups)}
+        return {
+            "quotas": self.quotas,
+            "quota_schedule": [p.model_dump() for p in self.schedule] if self.schedule is not None else None,
+            "active": self._active,
+            "slots": dict(self._slots),
+            "used": self.used(open_groups),
+        }

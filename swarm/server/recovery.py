@@ -34,10 +34,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from swarm.config.server import ServerConfig
 from swarm.protocol import FinishRequest, FinishResponse
 from swarm.server.batcher import Batch, Batcher, FinishedEpisode, Group, episode_lag
 from swarm.server.buffer import BufferedRow, BufferError, DurableBuffer, encode_samples
-from swarm.config.server import ServerConfig
 from swarm.server.counters import Counters
 from swarm.server.episodes import Episode
 from swarm.server.events import Topic
@@ -47,8 +47,13 @@ log = logging.getLogger("swarm.server")
 BUFFER_FILE = "buffer.sqlite"
 RUN_STARTED = "run_started_at"  # buffer meta: rows finished before it belong to an earlier run
 #: buffer row state -> the counter of it rebuilt at a restart
-REBUILT = {"trained": "episodes_trained", "dropped_stale": "dropped_stale", "skipped": "episodes_skipped",
-           "dropped_group": "episodes_dropped_failed_group", "dropped_stall": "episodes_dropped_stalled"}
+REBUILT = {
+    "trained": "episodes_trained",
+    "dropped_stale": "dropped_stale",
+    "skipped": "episodes_skipped",
+    "dropped_group": "episodes_dropped_failed_group",
+    "dropped_stall": "episodes_dropped_stalled",
+}
 
 
 class Durability:
@@ -68,26 +73,42 @@ class Durability:
         self._future_window: int | None = None  # highest window in the buffer at boot
 
     # -- finish ---------------------------------------------------------------------------------
-    async def persist(self, ep: Episode, req: FinishRequest, finished: FinishedEpisode,
-                      response: FinishResponse) -> None:
+    async def persist(
+        self, ep: Episode, req: FinishRequest, finished: FinishedEpisode, response: FinishResponse
+    ) -> None:
         """Write the finished episode durably (group commit: concurrent finishes share one fsync);
         `Unavailable` (retryable, not acknowledged) if that fails."""
         if self.buffer is None:
             return
-        payload = {"samples": encode_samples(finished.samples), "metrics": finished.metrics,
-                   "calls": finished.calls, "tokens_unmerged": finished.tokens_unmerged,
-                   "drift": finished.drift, "agent_rewards": req.agent_rewards}
+        payload = {
+            "samples": encode_samples(finished.samples),
+            "metrics": finished.metrics,
+            "calls": finished.calls,
+            "tokens_unmerged": finished.tokens_unmerged,
+            "drift": finished.drift,
+            "agent_rewards": req.agent_rewards,
+        }
         try:
             await self.buffer.add_async(
-                episode_id=ep.id, group_id=ep.group_id, task_id=ep.task_id, task_family=ep.task_family,
-                epoch=ep.epoch, policy_version=ep.policy_version, status=req.status, reward=req.reward,
+                episode_id=ep.id,
+                group_id=ep.group_id,
+                task_id=ep.task_id,
+                task_family=ep.task_family,
+                epoch=ep.epoch,
+                policy_version=ep.policy_version,
+                status=req.status,
+                reward=req.reward,
                 state="failed" if req.status == "failed" else "buffered",
-                idempotency_key=req.idempotency_key, response=response.model_dump(), payload=payload)
+                idempotency_key=req.idempotency_key,
+                response=response.model_dump(),
+                payload=payload,
+            )
         except BufferError as exc:
             log.error("could not persist episode %s: %s", ep.id, exc)
             self.counters.add("buffer_errors")
-            raise Unavailable("buffer_unavailable", "the episode buffer could not persist this finish; retry",
-                              retry_after=1) from None
+            raise Unavailable(
+                "buffer_unavailable", "the episode buffer could not persist this finish; retry", retry_after=1
+            ) from None
 
     def failed_finish(self, group_id: str) -> None:
         """An episode of `group_id` finished "failed": `failed_group_policy` judges its group when taken."""
@@ -98,10 +119,21 @@ class Durability:
         row = self.buffer.get(episode_id) if self.buffer is not None else None
         if row is None:
             return None
-        return Episode(id=row.id, task_id=row.task_id, task_family=row.task_family, group_id=row.group_id,
-                       metadata={}, policy_version=row.policy_version, created_at=0.0, lease_expires_at=0.0,
-                       epoch=row.epoch, state="finished", finish_key=row.idempotency_key,
-                       finish_response=row.response, reward=row.reward)
+        return Episode(
+            id=row.id,
+            task_id=row.task_id,
+            task_family=row.task_family,
+            group_id=row.group_id,
+            metadata={},
+            policy_version=row.policy_version,
+            created_at=0.0,
+            lease_expires_at=0.0,
+            epoch=row.epoch,
+            state="finished",
+            finish_key=row.idempotency_key,
+            finish_response=row.response,
+            reward=row.reward,
+        )
 
     # -- batches ----------------------------------------------------------------------------------
     def apply_failed_policy(self, batch: Batch) -> None:
@@ -180,13 +212,19 @@ class Durability:
             g.dropped = min(n, g.size - len(g.finished))
             self.failed[gid] = n
         # complete groups first (training resumes at once), then the nearest to the restored policy
-        self.backlog = sorted(groups.values(), key=lambda g: (
-            not g.complete, min(self._lag(e, policy_version) for e in g.finished)))
+        self.backlog = sorted(
+            groups.values(), key=lambda g: (not g.complete, min(self._lag(e, policy_version) for e in g.finished))
+        )
         self.batcher.replay_staleness = self._replay_bound(policy_version)
         self._future_window = self.buffer.max_window()
         replayed = self._inject(policy_version)
-        log.info("buffer: %d episode(s) replayed, %d rolled back from lost steps, %d waiting, %d stale",
-                 replayed, rolled, sum(len(g.finished) for g in self.backlog), self.counters["dropped_stale"])
+        log.info(
+            "buffer: %d episode(s) replayed, %d rolled back from lost steps, %d waiting, %d stale",
+            replayed,
+            rolled,
+            sum(len(g.finished) for g in self.backlog),
+            self.counters["dropped_stale"],
+        )
 
     def refill(self, policy_version: int) -> None:
         """A new window (to be trained by `policy_version`) opened: restored groups that waited for
@@ -268,6 +306,14 @@ class Durability:
 
 def _finished(r: BufferedRow) -> FinishedEpisode:
     p = r.payload
-    return FinishedEpisode(r.id, r.reward, r.samples(), dict(p.get("metrics") or {}), calls=int(p.get("calls", 0)),
-                           tokens_unmerged=int(p.get("tokens_unmerged", 0)), drift=int(p.get("drift", 0)),
-                           family=r.task_family, replayed=True)
+    return FinishedEpisode(
+        r.id,
+        r.reward,
+        r.samples(),
+        dict(p.get("metrics") or {}),
+        calls=int(p.get("calls", 0)),
+        tokens_unmerged=int(p.get("tokens_unmerged", 0)),
+        drift=int(p.get("drift", 0)),
+        family=r.task_family,
+        replayed=True,
+    )

@@ -66,8 +66,7 @@ class ChatRenderer:
         try:
             text = self.tok.apply_chat_template(messages, **kwargs)
         except Exception as exc:  # template errors (bad roles, raise_exception) are the client's
-            raise InvalidRequest("invalid_messages",
-                                 f"cannot render messages with the chat template: {exc}") from exc
+            raise InvalidRequest("invalid_messages", f"cannot render messages with the chat template: {exc}") from exc
         if not isinstance(text, str):
             raise InvalidRequest("invalid_messages", "chat template did not render to text")
         return text
@@ -82,19 +81,20 @@ class ChatRenderer:
         except Exception as exc:  # e.g. lone surrogates that are not valid UTF-8
             raise InvalidRequest("invalid_prompt", f"cannot tokenize the prompt: {exc}") from exc
 
-    def chat_prompt(self, text: str, history: Sequence[Call], agent: str,
-                    mode: str = "exact") -> Prompt:
+    def chat_prompt(self, text: str, history: Sequence[Call], agent: str, mode: str = "exact") -> Prompt:
         """Prompt ids for rendered `text`, continuing the longest matching earlier call of `agent`.
 
         The rule itself lives in `swarm.timeline.continuity` (pure, shared with the benchmarks).
         """
         priors = [c for c in history if c.agent == agent]
-        got = continue_prompt(text, priors, self.encode,
-                              lambda ids: self.tok.decode(ids, skip_special_tokens=False), mode=mode)
+        got = continue_prompt(
+            text, priors, self.encode, lambda ids: self.tok.decode(ids, skip_special_tokens=False), mode=mode
+        )
         return Prompt(list(got.prompt_ids), continued=got.extended is not None, drift=got.drift)
 
-    def past_context(self, text: str, history: Sequence[Call], agent: str, context_length: int | None,
-                     mode: str = "exact") -> int | None:
+    def past_context(
+        self, text: str, history: Sequence[Call], agent: str, context_length: int | None, mode: str = "exact"
+    ) -> int | None:
         """A count the prompt of `text` surely reaches (whichever way `chat_prompt` builds it) when even
         that leaves no room in `context_length`; None when it may fit, or nothing bounds it.
 
@@ -114,7 +114,7 @@ class ChatRenderer:
                 continue
             prefix = self.tok.decode(c.prompt_ids + c.completion_ids, skip_special_tokens=False)
             if prefix and text.startswith(prefix):
-                tail = self.bound.min_tokens(text[len(prefix):])
+                tail = self.bound.min_tokens(text[len(prefix) :])
                 least = min(least, len(c.prompt_ids) + len(c.completion_ids) + tail)
         return least if least >= context_length else None
 
@@ -187,10 +187,10 @@ class OutputText:
                 end -= 1
             for s in self.stop:  # a suffix that may grow into a stop string stays back
                 for k in range(min(len(s) - 1, end - self.sent), 0, -1):
-                    if self.text[end - k:end] == s[:k]:
+                    if self.text[end - k : end] == s[:k]:
                         end -= k
                         break
         end = max(end, self.sent)
-        delta = self.text[self.sent:end]
+        delta = self.text[self.sent : end]
         self.sent = end
         return delta

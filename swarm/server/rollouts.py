@@ -28,11 +28,19 @@ class RolloutLog:
 
     def append(self, ep: Episode, req: FinishRequest, model_dir: Path) -> None:
         record = {
-            "episode_id": ep.id, "task_id": ep.task_id, "task_family": ep.task_family,
-            "group_id": ep.group_id, "reward": req.reward, "agent_rewards": req.agent_rewards,
+            "episode_id": ep.id,
+            "task_id": ep.task_id,
+            "task_family": ep.task_family,
+            "group_id": ep.group_id,
+            "reward": req.reward,
+            "agent_rewards": req.agent_rewards,
             "choice_rewards": req.choice_rewards,
-            "status": req.status, "metrics": req.metrics, "policy_version": ep.policy_version,
-            "model_dir": str(model_dir), "created_at": ep.created_at, "finished_at": time.time(),
+            "status": req.status,
+            "metrics": req.metrics,
+            "policy_version": ep.policy_version,
+            "model_dir": str(model_dir),
+            "created_at": ep.created_at,
+            "finished_at": time.time(),
             "calls": [dataclasses.asdict(c) for c in ep.calls],
         }
         try:

@@ -29,8 +29,14 @@ from typing import Any
 from swarm.config.server import ServerConfig
 from swarm.engine.base import Engine
 from swarm.protocol import (
-    AbortRequest, AbortResponse, ClaimRequest, ClaimResponse, FinishRequest, FinishResponse,
-    GroupStatus, StatusResponse,
+    AbortRequest,
+    AbortResponse,
+    ClaimRequest,
+    ClaimResponse,
+    FinishRequest,
+    FinishResponse,
+    GroupStatus,
+    StatusResponse,
 )
 from swarm.samples import Call
 from swarm.server.batcher import Batcher, FinishedEpisode
@@ -65,12 +71,15 @@ class Swarm:
         self.out_dir = Path(config.out_dir)
         self.counters = Counters()  # every component counts through this one object; status reads it
         self.gate = GenerationGate()
-        self.batcher = Batcher(config.group_size, config.batch_groups, config.max_staleness,
-                               config.claims_during_step)
+        self.batcher = Batcher(config.group_size, config.batch_groups, config.max_staleness, config.claims_during_step)
         # finished episodes on disk before the ack; replay on restart
         self.durability = Durability(config, self.batcher, self.counters)
-        self.registry = EpisodeRegistry(KeySigner(config.secret or ""), config.lease_seconds,
-                                        config.closed_episodes_kept, fallback=self.durability.closed_episode)
+        self.registry = EpisodeRegistry(
+            KeySigner(config.secret or ""),
+            config.lease_seconds,
+            config.closed_episodes_kept,
+            fallback=self.durability.closed_episode,
+        )
         # lease expiry, hand-over, stalled groups (a sweeper task)
         self.leases = LeaseKeeper(self.registry, self.batcher, config, self.counters)
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints", config.keep_checkpoints)
@@ -85,9 +94,16 @@ class Swarm:
         self.control = LiveControl(config, self.trainer, self.batcher, self.registry, self.counters, self.out_dir)
         # what the generation core may touch: not this object, so it cannot reach the batcher or leases
         self.generation_context = GenerationContext(
-            engine, self.gate, self.renderer, limits=lambda: GenerationLimits.of(self.config),
-            counters=self.counters, context_length=self.context_length, record=self.record,
-            open_episodes=lambda: self.registry.open.values(), step_done=self.trainer.step_done)
+            engine,
+            self.gate,
+            self.renderer,
+            limits=lambda: GenerationLimits.of(self.config),
+            counters=self.counters,
+            context_length=self.context_length,
+            record=self.record,
+            open_episodes=lambda: self.registry.open.values(),
+            step_done=self.trainer.step_done,
+        )
         self._admission = asyncio.Event()
         self.last_checkpoint: str | None = None
         self.checkpointed_step = 0
@@ -103,8 +119,13 @@ class Swarm:
         lost = self.metrics_log.truncate_after(self.trainer.step)
         if config.resume and lost:
             self.trainer.redo_through = lost
-            log.warning("steps %d..%d were lost with the crash and will be trained again (rows marked redone; "
-                        "the lost rows are in %s)", self.trainer.step + 1, lost, self.metrics_log.lost_path.name)
+            log.warning(
+                "steps %d..%d were lost with the crash and will be trained again (rows marked redone; "
+                "the lost rows are in %s)",
+                self.trainer.step + 1,
+                lost,
+                self.metrics_log.lost_path.name,
+            )
         self.durability.recover(config.resume, self.trainer.step, engine.policy_version)
 
     def _wire(self) -> None:
@@ -200,15 +221,28 @@ class Swarm:
                 self.leases.put_back(reuse)
                 raise
             self.control.admitted(req, group)
-            ep = self.registry.create(episode_id, req.task_id, req.task_family, group.group_id,
-                                      req.metadata, self.engine.policy_version, req.claim_key,
-                                      epoch=reuse.epoch if reuse is not None else 1)
+            ep = self.registry.create(
+                episode_id,
+                req.task_id,
+                req.task_family,
+                group.group_id,
+                req.metadata,
+                self.engine.policy_version,
+                req.claim_key,
+                epoch=reuse.epoch if reuse is not None else 1,
+            )
             self.counters.add("claims")
         return ClaimResponse(
-            episode_id=ep.id, base_url=base_url, api_key=self.registry.key_for(ep),
-            lease_expires_at=ep.lease_expires_at, policy_version=ep.policy_version,
-            model=self.model_name, group_id=ep.group_id, task_id=ep.task_id,
-            lease_seconds=self.config.lease_seconds)
+            episode_id=ep.id,
+            base_url=base_url,
+            api_key=self.registry.key_for(ep),
+            lease_expires_at=ep.lease_expires_at,
+            policy_version=ep.policy_version,
+            model=self.model_name,
+            group_id=ep.group_id,
+            task_id=ep.task_id,
+            lease_seconds=self.config.lease_seconds,
+        )
 
     def begin_call(self, ep: Episode) -> None:
         """An LLM call of `ep` starts: only while it is open and the server is not stopping; renews its lease."""
@@ -266,20 +300,42 @@ class Swarm:
         failed = req.status == "failed"  # an environment or tool crash: on record, never trained
         calls = ep.calls
         try:
-            samples = [] if failed else episode_samples(
-                calls, ep.id, ep.group_id, req.reward, agent_rewards=req.agent_rewards,
-                merge_enabled=self.config.merge, per_episode_norm=self.config.per_episode_norm,
-                choice_rewards=req.choice_rewards)
+            samples = (
+                []
+                if failed
+                else episode_samples(
+                    calls,
+                    ep.id,
+                    ep.group_id,
+                    req.reward,
+                    agent_rewards=req.agent_rewards,
+                    merge_enabled=self.config.merge,
+                    per_episode_norm=self.config.per_episode_norm,
+                    choice_rewards=req.choice_rewards,
+                )
+            )
         except ValueError as exc:  # choice_rewards that do not fit the episode's calls
             raise InvalidRequest("invalid_choice_rewards", str(exc)) from None
         generating = [c for c in calls if c.completion_ids]
         finished = FinishedEpisode(
-            ep.id, req.reward, samples, dict(req.metrics), calls=len(generating),
-            tokens_unmerged=sum(len(c.prompt_ids) + len(c.completion_ids) for c in generating), drift=ep.drift,
-            family=ep.task_family)
+            ep.id,
+            req.reward,
+            samples,
+            dict(req.metrics),
+            calls=len(generating),
+            tokens_unmerged=sum(len(c.prompt_ids) + len(c.completion_ids) for c in generating),
+            drift=ep.drift,
+            family=ep.task_family,
+        )
         response = FinishResponse(
-            episode_id=ep.id, reward=req.reward, samples=len(samples), calls=len(calls),
-            group_id=ep.group_id, policy_version=self.engine.policy_version, step=self.trainer.step)
+            episode_id=ep.id,
+            reward=req.reward,
+            samples=len(samples),
+            calls=len(calls),
+            group_id=ep.group_id,
+            policy_version=self.engine.policy_version,
+            step=self.trainer.step,
+        )
         await self.durability.persist(ep, req, finished, response)  # on disk before the ack (else Unavailable)
         if self.config.log_rollouts:
             self.rollouts.append(ep, req, self.config.model_dir)
@@ -308,19 +364,37 @@ class Swarm:
         return AbortResponse(episode_id=ep.id)
 
     def status(self) -> StatusResponse:
-        groups = [GroupStatus(group_id=g.group_id, task_id=g.task_id, claimed=len(g.claimed),
-                              finished=len(g.finished), dropped=g.dropped)
-                  for g in self.batcher.groups.values()]
+        groups = [
+            GroupStatus(
+                group_id=g.group_id,
+                task_id=g.task_id,
+                claimed=len(g.claimed),
+                finished=len(g.finished),
+                dropped=g.dropped,
+            )
+            for g in self.batcher.groups.values()
+        ]
         return StatusResponse(
-            model=self.model_name, step=self.trainer.step, policy_version=self.engine.policy_version,
-            group_size=self.config.group_size, batch_groups=self.config.batch_groups,
-            training=self.batcher.stepping, stopping=self.stopping,
-            open_episodes=len(self.registry.open), buffered_groups=self.batcher.complete_groups(),
-            groups=groups, counters={**self.counters.snapshot(), **self.durability.counts(),
-                                     "train_errors": self.trainer.errors,
-                                     **(self.engine.counters() if hasattr(self.engine, "counters") else {})},
-            last_checkpoint=self.last_checkpoint, max_steps=self.config.max_steps,
-            **self.control.status_fields())
+            model=self.model_name,
+            step=self.trainer.step,
+            policy_version=self.engine.policy_version,
+            group_size=self.config.group_size,
+            batch_groups=self.config.batch_groups,
+            training=self.batcher.stepping,
+            stopping=self.stopping,
+            open_episodes=len(self.registry.open),
+            buffered_groups=self.batcher.complete_groups(),
+            groups=groups,
+            counters={
+                **self.counters.snapshot(),
+                **self.durability.counts(),
+                "train_errors": self.trainer.errors,
+                **(self.engine.counters() if hasattr(self.engine, "counters") else {}),
+            },
+            last_checkpoint=self.last_checkpoint,
+            max_steps=self.config.max_steps,
+            **self.control.status_fields(),
+        )
 
     # -- steps, checkpoints, stopping -----------------------------------------
     async def _after_step(self, step: int, row: dict[str, Any]) -> None:
@@ -331,9 +405,13 @@ class Swarm:
             self.request_stop(f"reached max_steps={self.config.max_steps}")
 
     def _state(self) -> dict[str, Any]:
-        return {"step": self.trainer.step, "policy_version": self.engine.policy_version,
-                "window": self.batcher.window + 1, "counters": self.counters.snapshot(),
-                "model_name": self.model_name}
+        return {
+            "step": self.trainer.step,
+            "policy_version": self.engine.policy_version,
+            "window": self.batcher.window + 1,
+            "counters": self.counters.snapshot(),
+            "model_name": self.model_name,
+        }
 
     async def checkpoint(self) -> Path:
         path = await asyncio.to_thread(self.checkpointer.save, self.engine, self.trainer.step, self._state())
@@ -357,8 +435,7 @@ class Swarm:
         self.counters.merge({k: int(v) for k, v in state.get("counters", {}).items()})
         self.counters.add("resumes")
         self.last_checkpoint = str(path)
-        log.info("resumed from %s: step %d, policy version %d", path, self.trainer.step,
-                 self.engine.policy_version)
+        log.info("resumed from %s: step %d, policy version %d", path, self.trainer.step, self.engine.policy_version)
         return path
 
     def request_stop(self, reason: str) -> None:
@@ -396,4 +473,3 @@ class Swarm:
 def _retrieved(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()
-

@@ -18,8 +18,19 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from swarm.protocol import (
-    API_PREFIX, AbortRequest, AbortResponse, AdminResponse, BatchResponse, ClaimBatch, ClaimRequest,
-    ClaimResponse, ErrorResponse, FinishBatch, FinishRequest, FinishResponse, HeartbeatResponse,
+    API_PREFIX,
+    AbortRequest,
+    AbortResponse,
+    AdminResponse,
+    BatchResponse,
+    ClaimBatch,
+    ClaimRequest,
+    ClaimResponse,
+    ErrorResponse,
+    FinishBatch,
+    FinishRequest,
+    FinishResponse,
+    HeartbeatResponse,
     StatusResponse,
 )
 from swarm.server.auth import admin, current_swarm, episode, worker
@@ -54,8 +65,7 @@ async def finish(body: FinishRequest, request: Request, ep: Episode = Depends(ep
 
 
 @router.post("/episodes/{episode_id}/abort", response_model=AbortResponse)
-async def abort(request: Request, body: AbortRequest | None = None,
-                ep: Episode = Depends(episode)) -> AbortResponse:
+async def abort(request: Request, body: AbortRequest | None = None, ep: Episode = Depends(episode)) -> AbortResponse:
     return current_swarm(request).abort(ep, body or AbortRequest())
 
 
@@ -74,8 +84,11 @@ async def claims(body: ClaimBatch, request: Request, swarm: Swarm = Depends(work
     for i, r in enumerate(results):
         if r is None:
             one = next(got)
-            results[i] = batch_item_error(one) if isinstance(one, SwarmError) else \
-                {"status": 200, "body": one.model_dump(), "retry_after": None}
+            results[i] = (
+                batch_item_error(one)
+                if isinstance(one, SwarmError)
+                else {"status": 200, "body": one.model_dump(), "retry_after": None}
+            )
     return JSONResponse({"results": results})
 
 

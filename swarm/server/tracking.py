@@ -45,9 +45,17 @@ class MlflowSink:
     """The server's MLflow run: params at open, metrics and checkpoint tags as they come, and, at a
     close after `final_step` was checkpointed, the trained model (from `base_model`)."""
 
-    def __init__(self, out_dir: Path, experiment: str, run_name: str | None, params: dict[str, Any],
-                 parent_run_id: str | None = None, tracking_uri: str | None = None,
-                 final_step: int | None = None, base_model: Path | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        experiment: str,
+        run_name: str | None,
+        params: dict[str, Any],
+        parent_run_id: str | None = None,
+        tracking_uri: str | None = None,
+        final_step: int | None = None,
+        base_model: Path | None = None,
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.extra = _read_json(self.out_dir / EXTRA_FILE)
         self.final_step, self.base_model = final_step, base_model
@@ -62,19 +70,31 @@ class MlflowSink:
         # while generating) restores the filters without it, and the warning lands in server.log: so
         # requests is imported here, on the starting thread, before that thread exists (~0.1 s).
         import requests  # noqa: F401  # lazy: MLflow's HTTP client, only when MLflow tracking is on
-        self._thread = threading.Thread(target=self._open, name="mlflow-open", daemon=True,
-                                        args=(experiment, run_name, params, parent_run_id, tracking_uri))
+
+        self._thread = threading.Thread(
+            target=self._open,
+            name="mlflow-open",
+            daemon=True,
+            args=(experiment, run_name, params, parent_run_id, tracking_uri),
+        )
         self._thread.start()
 
-    def _open(self, experiment: str, run_name: str | None, params: dict[str, Any], parent: str | None,
-              uri: str | None) -> None:
+    def _open(
+        self, experiment: str, run_name: str | None, params: dict[str, Any], parent: str | None, uri: str | None
+    ) -> None:
         try:
             from store.tracking import RunLogger  # lazy: importing MLflow takes seconds; this is its thread
 
             run_file = self.out_dir / RUN_FILE
             run_id = json.loads(run_file.read_text())["run_id"] if run_file.exists() else None
-            logger = RunLogger.start(experiment, run_name, parent_run_id=parent, run_id=run_id,
-                                     tracking_uri=uri, tags={"roost.out_dir": str(self.out_dir)})
+            logger = RunLogger.start(
+                experiment,
+                run_name,
+                parent_run_id=parent,
+                run_id=run_id,
+                tracking_uri=uri,
+                tags={"roost.out_dir": str(self.out_dir)},
+            )
             extra = {str(k): v for k, v in self.extra.get("params", {}).items()}
             if run_id is None:
                 logger.log_params({**extra, **params})  # the server's own settings win a clash
@@ -114,8 +134,11 @@ class MlflowSink:
 
     def write(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))
-        numeric = {k: float(v) for k, v in record.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time")}
+        numeric = {
+            k: float(v)
+            for k, v in record.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time")
+        }
         self._do("metrics", step, numeric)
 
     def checkpoint(self, step: int, path: Path) -> None:
@@ -148,14 +171,27 @@ class MlflowSink:
         card = self.extra.get("model_card") or {
             "title": f"{self.out_dir.name}: trained by `swarm serve`",
             "description": f"Fine-tuned from `{self.base_model}` by a Roost swarm server; its settings are the "
-                           f"run's parameters."}
+            f"run's parameters.",
+        }
         try:
-            uri = log_final_model(self._logger, checkpoint, self.base_model, card["title"], card["description"],
-                                  [Path(a) for a in self.extra.get("artifacts", [])])
+            uri = log_final_model(
+                self._logger,
+                checkpoint,
+                self.base_model,
+                card["title"],
+                card["description"],
+                [Path(a) for a in self.extra.get("artifacts", [])],
+            )
         except Exception as exc:  # noqa: BLE001 - tracking must never fail a finished run
             log.exception("could not log the trained model to MLflow")
-            _write_json(state, {"state": "failed", "run_id": run_id, "error": str(exc).splitlines()[0] if str(exc)
-                                else type(exc).__name__})
+            _write_json(
+                state,
+                {
+                    "state": "failed",
+                    "run_id": run_id,
+                    "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                },
+            )
             return
         seconds = round(time.monotonic() - started, 1)
         _write_json(state, {"state": "logged", "run_id": run_id, "model_uri": uri, "seconds": seconds})
@@ -179,16 +215,24 @@ def server_sink(config: ServerConfig, out_dir: Path) -> MlflowSink:
     `train.*`, the engine's own nested settings as `vllm.*` / `verl.*`, only that engine's); the model
     is logged at a stop after `max_steps`."""
     nested = ("train", *(e for e in ("vllm", "verl") if config.engine == e))
-    params = {**config.model_dump(mode="json", exclude={"token", "admin_token", "secret", "train", "vllm", "verl"}),
-              **{f"{part}.{k}": v for part in nested
-                 for k, v in getattr(config, part).model_dump(mode="json").items()}}
-    return MlflowSink(out_dir, config.mlflow_experiment, config.mlflow_run_name or out_dir.name, params,
-                      parent_run_id=config.mlflow_parent_run_id, final_step=config.max_steps,
-                      base_model=Path(config.model_dir))
+    params = {
+        **config.model_dump(mode="json", exclude={"token", "admin_token", "secret", "train", "vllm", "verl"}),
+        **{f"{part}.{k}": v for part in nested for k, v in getattr(config, part).model_dump(mode="json").items()},
+    }
+    return MlflowSink(
+        out_dir,
+        config.mlflow_experiment,
+        config.mlflow_run_name or out_dir.name,
+        params,
+        parent_run_id=config.mlflow_parent_run_id,
+        final_step=config.max_steps,
+        base_model=Path(config.model_dir),
+    )
 
 
-def log_final_model(logger: Any, checkpoint: Path, base_model: Path | None, title: str, description: str,
-                    artifacts: list[Path]) -> str:
+def log_final_model(
+    logger: Any, checkpoint: Path, base_model: Path | None, title: str, description: str, artifacts: list[Path]
+) -> str:
     """Log `checkpoint` into `logger`'s run (a `store.tracking.RunLogger`) as a transformers-flavour
     text-generation model, with `artifacts` beside it; returns the model URI.
 
@@ -217,10 +261,16 @@ def log_final_model(logger: Any, checkpoint: Path, base_model: Path | None, titl
         tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
         with mlflow.start_run(run_id=logger.run_id), _no_requirements_check():
             info = mlflow.transformers.log_model(
-                transformers_model={"model": model, "tokenizer": tokenizer}, name="model",
-                task="text-generation", model_card=card, model_config={"max_new_tokens": 64},
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}",
-                                  f"transformers=={transformers.__version__}"])
+                transformers_model={"model": model, "tokenizer": tokenizer},
+                name="model",
+                task="text-generation",
+                model_card=card,
+                model_config={"max_new_tokens": 64},
+                pip_requirements=[
+                    f"torch=={torch.__version__.split('+')[0]}",
+                    f"transformers=={transformers.__version__}",
+                ],
+            )
     finally:
         mlflow.set_tracking_uri(previous)
         if bars:

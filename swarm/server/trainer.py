@@ -39,9 +39,10 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 
 from swarm.config.train import TrainConfig
 from swarm.engine.base import Engine, TrainBatch
@@ -54,9 +55,9 @@ log = logging.getLogger("swarm.server")
 class GenerationGate:
     """Many generators, or one exclusive holder; an overlapped step runs alongside generators.
 
-        generating()  shared by any number of generate calls
-        exclusive()   alone: no generation, no step (an on-policy step; a checkpoint)
-        alongside()   an overlapped step: generation goes on; excludes `exclusive` holders
+    generating()  shared by any number of generate calls
+    exclusive()   alone: no generation, no step (an on-policy step; a checkpoint)
+    alongside()   an overlapped step: generation goes on; excludes `exclusive` holders
     """
 
     def __init__(self) -> None:
@@ -177,8 +178,15 @@ class Trainer:
     (`Batch.screen`): episodes over the bound are in `batch.stale`, never trained.
     """
 
-    def __init__(self, engine: Engine, batcher: Batcher, gate: GenerationGate, train_config: TrainConfig,
-                 metrics: MetricsSink, step: int = 0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        batcher: Batcher,
+        gate: GenerationGate,
+        train_config: TrainConfig,
+        metrics: MetricsSink,
+        step: int = 0,
+    ) -> None:
         self.engine = engine
         self.batcher = batcher
         self.gate = gate
@@ -218,8 +226,13 @@ class Trainer:
             batch = self.batcher.take()
             stale = batch.screen(version, self.batcher.max_staleness, self.batcher.replay_staleness)
             if stale:
-                log.warning("window %d: %d episode(s) more than %d version(s) from policy %d dropped",
-                            batch.window, len(stale), self.batcher.max_staleness, version)
+                log.warning(
+                    "window %d: %d episode(s) more than %d version(s) from policy %d dropped",
+                    batch.window,
+                    len(stale),
+                    self.batcher.max_staleness,
+                    version,
+                )
             self.batch_taken.publish(batch)
             self._task = asyncio.get_running_loop().create_task(self._run(batch, self._window_opened))
             if self.batcher.opens_at_take:  # the next window is open already; version+1 trains it
@@ -239,16 +252,16 @@ class Trainer:
         batch_trained = False
         overlapped = self.batcher.overlapped
         try:
-            async with (self.gate.alongside() if overlapped else self.gate.exclusive()):
+            async with self.gate.alongside() if overlapped else self.gate.exclusive():
                 gated = time.monotonic()
                 samples = batch.samples
                 if not samples:
-                    log.warning("window %d has no samples (all episodes empty or dropped); skipped",
-                                batch.window)
+                    log.warning("window %d has no samples (all episodes empty or dropped); skipped", batch.window)
                     self.batch_resolved.publish(batch, None)
                     return
                 metrics = await asyncio.to_thread(
-                    self.engine.train_step, TrainBatch(samples=samples, config=self.config))
+                    self.engine.train_step, TrainBatch(samples=samples, config=self.config)
+                )
                 trained = time.monotonic()
                 self.batch_resolved.publish(batch, self.step + 1)  # rows marked before the new step is visible
                 self.step += 1
@@ -270,9 +283,14 @@ class Trainer:
                 await self.step_done.publish(self.step, record)
                 self.metrics.write(record)
                 await self.step_recorded.publish(self.step, record)
-                log.info("step %d: reward %.3f over %d episodes, %d samples, %.2fs",
-                         self.step, record["reward_mean"], record["episodes"], record["samples"],
-                         record["wall_train_s"])
+                log.info(
+                    "step %d: reward %.3f over %d episodes, %d samples, %.2fs",
+                    self.step,
+                    record["reward_mean"],
+                    record["episodes"],
+                    record["samples"],
+                    record["wall_train_s"],
+                )
         except Exception as exc:  # a failed step must not take the server down
             self.errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"

@@ -39,8 +39,7 @@ def dataset(seed: int, size: int) -> list[dict]:
     out = []
     for i in range(size):
         a, op, b, answer = _problem(rng)
-        out.append({"task_id": f"arith-{seed}-{i}", "question": question(a, op, b),
-                    "answer": str(answer)})
+        out.append({"task_id": f"arith-{seed}-{i}", "question": question(a, op, b), "answer": str(answer)})
     return out
 
 
@@ -85,11 +84,16 @@ def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
     for _ in range(size):
         a, op, b, answer = _problem(rng)
         said = _near_miss(answer, rng) if rng.random() < noise else answer
-        out.append([{"role": "user", "content": question(a, op, b)},
-                    {"role": "assistant", "content": str(said)}])
+        out.append([{"role": "user", "content": question(a, op, b)}, {"role": "assistant", "content": str(said)}])
     return out
 
 
-TASK = Task(name="arith", family="arith",
-            description="single-turn two-digit addition/subtraction, exact match",
-            dataset=dataset, workflow=workflow, transcripts=transcripts, group_call=True)
+TASK = Task(
+    name="arith",
+    family="arith",
+    description="single-turn two-digit addition/subtraction, exact match",
+    dataset=dataset,
+    workflow=workflow,
+    transcripts=transcripts,
+    group_call=True,
+)

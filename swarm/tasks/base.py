@@ -16,8 +16,9 @@ can import it without a loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 Workflow = Callable[[dict, Any], float]
 

@@ -38,10 +38,20 @@ MAX_TOKENS = 40
 #: call, answer, and one retry (a second call after a tool error)
 MAX_TURNS = 3
 TOOL_NAME = "multiply"
-TOOLS: list[dict] = [{"type": "function", "function": {
-    "name": TOOL_NAME, "description": "Multiply two integers.",
-    "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"], "type": "object"}}}]
+TOOLS: list[dict] = [
+    {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": "Multiply two integers.",
+            "parameters": {
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "type": "object",
+            },
+        },
+    }
+]
 
 
 def question(a: int, b: int) -> str:
@@ -91,8 +101,11 @@ def run_tool(name: str, arguments: str | dict | None) -> str:
 
 def _call_dict(call: Any) -> dict:
     """A response's tool call as the dict the request sends back (OpenAI's shape)."""
-    return {"id": call.id, "type": "function",
-            "function": {"name": call.function.name, "arguments": call.function.arguments}}
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": call.function.arguments},
+    }
 
 
 def workflow(task: dict, episode: Any) -> float:
@@ -104,17 +117,17 @@ def workflow(task: dict, episode: Any) -> float:
     right_call = False
     for _ in range(MAX_TURNS):
         response = episode.openai.chat.completions.create(
-            model=episode.model, messages=messages, tools=TOOLS,
-            max_tokens=MAX_TOKENS, temperature=1.0)
+            model=episode.model, messages=messages, tools=TOOLS, max_tokens=MAX_TOKENS, temperature=1.0
+        )
         message = response.choices[0].message
         if not message.tool_calls:
             return reward(message.content or "", task["answer"], right_call)
-        messages.append({"role": "assistant", "content": message.content,
-                         "tool_calls": [_call_dict(c) for c in message.tool_calls]})
+        messages.append(
+            {"role": "assistant", "content": message.content, "tool_calls": [_call_dict(c) for c in message.tool_calls]}
+        )
         results = [run_tool(c.function.name, c.function.arguments) for c in message.tool_calls]
         right_call = right_call or task["answer"] in results
-        messages += [{"role": "tool", "tool_call_id": c.id, "content": r}
-                     for c, r in zip(message.tool_calls, results)]
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": r} for c, r in zip(message.tool_calls, results)]
     return RIGHT_CALL_REWARD if right_call else 0.0
 
 
@@ -128,12 +141,17 @@ def solved(a: int, b: int, call_id: str, slip: tuple[int, int] | None = None) ->
     it back). `slip`: the arguments actually written, when the model miscopied the question's."""
     x, y = slip or (a, b)
     result = str(x * y)
-    call = {"id": call_id, "type": "function",
-            "function": {"name": TOOL_NAME, "arguments": json.dumps({"a": x, "b": y})}}
-    return [{"role": "user", "content": question(a, b)},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call_id, "content": result},
-            {"role": "assistant", "content": result}]
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": TOOL_NAME, "arguments": json.dumps({"a": x, "b": y})},
+    }
+    return [
+        {"role": "user", "content": question(a, b)},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+        {"role": "assistant", "content": result},
+    ]
 
 
 def _slip(a: int, b: int, rng: random.Random) -> tuple[int, int]:
@@ -168,13 +186,20 @@ def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
         a, b = _problem(rng)
         flawed, direct = rng.random() < noise, rng.random() < DIRECT_SHARE
         if flawed and direct:
-            out.append([{"role": "user", "content": question(a, b)},
-                        {"role": "assistant", "content": str(estimate(a * b))}])
+            out.append(
+                [{"role": "user", "content": question(a, b)}, {"role": "assistant", "content": str(estimate(a * b))}]
+            )
         else:
             out.append(solved(a, b, f"call_{i}", _slip(a, b, rng) if flawed else None))
     return out
 
 
-TASK = Task(name="calc", family="calc",
-            description="multi-turn tool use: multiply two 2-digit numbers by calling multiply(a, b)",
-            dataset=dataset, workflow=workflow, transcripts=transcripts, tools=TOOLS)
+TASK = Task(
+    name="calc",
+    family="calc",
+    description="multi-turn tool use: multiply two 2-digit numbers by calling multiply(a, b)",
+    dataset=dataset,
+    workflow=workflow,
+    transcripts=transcripts,
+    tools=TOOLS,
+)

@@ -50,8 +50,14 @@ def dataset(seed: int, size: int) -> list[dict]:
     for i, item in enumerate(_arith_dataset(seed, size)):
         a, op, b = _QUESTION.fullmatch(item["question"]).groups()  # type: ignore[union-attr]
         template = random.Random(f"duet:{seed}:{i}").choice(_WORDED[op])
-        out.append({"task_id": f"duet-{seed}-{i}", "problem": template.format(a=a, b=b),
-                    "question": item["question"], "answer": item["answer"]})
+        out.append(
+            {
+                "task_id": f"duet-{seed}-{i}",
+                "problem": template.format(a=a, b=b),
+                "question": item["question"],
+                "answer": item["answer"],
+            }
+        )
     return out
 
 
@@ -72,12 +78,22 @@ def rewards(plan: str, reply: str, answer: str) -> dict[str, float]:
 
 def play(task: dict, planner: Any, planner_model: str, executor: Any, executor_model: str) -> dict[str, float]:
     """The game itself, against two plain `openai.OpenAI` clients (they may be the same server)."""
-    plan = completion_text(planner.chat.completions.create(
-        model=planner_model, messages=[{"role": "user", "content": planner_prompt(task["problem"])}],
-        max_tokens=PLAN_TOKENS, temperature=1.0))
-    reply = completion_text(executor.chat.completions.create(
-        model=executor_model, messages=[{"role": "user", "content": plan.strip() or "?"}],
-        max_tokens=ANSWER_TOKENS, temperature=1.0))
+    plan = completion_text(
+        planner.chat.completions.create(
+            model=planner_model,
+            messages=[{"role": "user", "content": planner_prompt(task["problem"])}],
+            max_tokens=PLAN_TOKENS,
+            temperature=1.0,
+        )
+    )
+    reply = completion_text(
+        executor.chat.completions.create(
+            model=executor_model,
+            messages=[{"role": "user", "content": plan.strip() or "?"}],
+            max_tokens=ANSWER_TOKENS,
+            temperature=1.0,
+        )
+    )
     return rewards(plan, reply, task["answer"])
 
 
@@ -109,6 +125,11 @@ def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
     return []
 
 
-TASK = Task(name="duet", family="duet",
-            description="two roles: a planner rewrites a worded sum, an executor answers it",
-            dataset=dataset, workflow=workflow, transcripts=transcripts)
+TASK = Task(
+    name="duet",
+    family="duet",
+    description="two roles: a planner rewrites a worded sum, an executor answers it",
+    dataset=dataset,
+    workflow=workflow,
+    transcripts=transcripts,
+)

@@ -51,8 +51,7 @@ def turn_reward(turn: int) -> float:
 
 def dataset(seed: int, size: int) -> list[dict]:
     rng = random.Random(f"guess:{seed}")
-    return [{"task_id": f"guess-{seed}-{i}", "secret": rng.randint(LOW, HIGH)}
-            for i in range(size)]
+    return [{"task_id": f"guess-{seed}-{i}", "secret": rng.randint(LOW, HIGH)} for i in range(size)]
 
 
 def workflow(task: dict, episode) -> float:
@@ -61,14 +60,14 @@ def workflow(task: dict, episode) -> float:
     messages = [{"role": "user", "content": intro()}]
     for turn in range(1, MAX_TURNS + 1):
         response = episode.openai.chat.completions.create(
-            model=episode.model, messages=messages, max_tokens=MAX_TOKENS, temperature=1.0)
+            model=episode.model, messages=messages, max_tokens=MAX_TOKENS, temperature=1.0
+        )
         text = completion_text(response)
         guess = parse_guess(text)
         if guess == secret:
             return turn_reward(turn)
         messages.append({"role": "assistant", "content": text})
-        messages.append({"role": "user",
-                         "content": INVALID if guess is None else feedback(guess, secret)})
+        messages.append({"role": "user", "content": INVALID if guess is None else feedback(guess, secret)})
     return 0.0
 
 
@@ -92,7 +91,11 @@ def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
     return [play(rng.randint(LOW, HIGH), rng, noise) for _ in range(size)]
 
 
-TASK = Task(name="guess", family="guess",
-            description=f"multi-turn: find a secret number in {LOW}..{HIGH} "
-                        "from higher/lower feedback",
-            dataset=dataset, workflow=workflow, transcripts=transcripts)
+TASK = Task(
+    name="guess",
+    family="guess",
+    description=f"multi-turn: find a secret number in {LOW}..{HIGH} from higher/lower feedback",
+    dataset=dataset,
+    workflow=workflow,
+    transcripts=transcripts,
+)

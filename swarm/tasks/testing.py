@@ -14,33 +14,41 @@ here reads responses exactly as it would from a live server.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Union
+from collections.abc import Callable
 
 from openai.types.chat import ChatCompletion
 
 
 class _Completions:
-    def __init__(self, owner: "ScriptedEpisode"):
+    def __init__(self, owner: ScriptedEpisode):
         self._owner = owner
 
     def create(self, *, model: str, messages: list[dict], **kwargs: object) -> ChatCompletion:
         owner = self._owner
         owner.requests.append({"model": model, "messages": copy.deepcopy(messages), **kwargs})
         reply = owner.reply(copy.deepcopy(messages))
-        message = {"role": "assistant", **reply} if isinstance(reply, dict) else \
-            {"role": "assistant", "content": reply}
-        return ChatCompletion.model_validate({
-            "id": f"scripted-{len(owner.requests)}", "object": "chat.completion", "created": 0,
-            "model": model,
-            "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
-                         "message": message}],
-        })
+        message = {"role": "assistant", **reply} if isinstance(reply, dict) else {"role": "assistant", "content": reply}
+        return ChatCompletion.model_validate(
+            {
+                "id": f"scripted-{len(owner.requests)}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                        "message": message,
+                    }
+                ],
+            }
+        )
 
 
 class ScriptedEpisode:
     """Looks like a client `Episode` to a workflow: `.openai.chat.completions.create`, `.model`."""
 
-    def __init__(self, reply: Callable[[list[dict]], Union[str, dict]], model: str = "scripted"):
+    def __init__(self, reply: Callable[[list[dict]], str | dict], model: str = "scripted"):
         self.reply = reply
         self.model = model
         self.requests: list[dict] = []

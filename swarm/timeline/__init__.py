@@ -9,5 +9,14 @@ from swarm.timeline.continuity import ContinuedPrompt, continue_prompt
 from swarm.timeline.merge import MergeStats, Segment, merge, merge_stats
 from swarm.timeline.samples import episode_samples
 
-__all__ = ["Call", "ContinuedPrompt", "MergeStats", "Segment", "TrainSample", "continue_prompt", "episode_samples",
-           "merge", "merge_stats"]
+__all__ = [
+    "Call",
+    "ContinuedPrompt",
+    "MergeStats",
+    "Segment",
+    "TrainSample",
+    "continue_prompt",
+    "episode_samples",
+    "merge",
+    "merge_stats",
+]

@@ -16,8 +16,8 @@ samples, still correct.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from swarm.samples import Call
 

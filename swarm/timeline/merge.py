@@ -23,8 +23,8 @@ so the cost is linear in the total number of tokens, not quadratic in calls.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from swarm.samples import Call
 

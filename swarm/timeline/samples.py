@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from swarm.samples import Call, TrainSample
 from swarm.timeline.merge import merge
@@ -50,19 +50,33 @@ def episode_samples(
     ]
 
 
-def _choice_samples(calls: Sequence[Call], episode_id: str, group_id: str, rewards: Sequence[float],
-                    per_episode_norm: bool) -> list[TrainSample]:
+def _choice_samples(
+    calls: Sequence[Call], episode_id: str, group_id: str, rewards: Sequence[float], per_episode_norm: bool
+) -> list[TrainSample]:
     if len(calls) != len(rewards):
-        raise ValueError(f"choice_rewards has {len(rewards)} rewards for {len(calls)} recorded choices: "
-                         "score every choice of the episode's one call, in order")
+        raise ValueError(
+            f"choice_rewards has {len(rewards)} rewards for {len(calls)} recorded choices: "
+            "score every choice of the episode's one call, in order"
+        )
     if any(c.prompt_ids != calls[0].prompt_ids or c.agent != calls[0].agent for c in calls):
-        raise ValueError("choice_rewards needs an episode of one call (its n choices share one prompt); "
-                         "this episode made several calls")
+        raise ValueError(
+            "choice_rewards needs an episode of one call (its n choices share one prompt); "
+            "this episode made several calls"
+        )
     weight = 1.0 / len(calls) if per_episode_norm else 1.0
     out = []
     for i, (call, reward) in enumerate(zip(calls, rewards)):
         [s] = merge([call], enabled=False)
-        out.append(TrainSample(input_ids=s.input_ids, loss_mask=s.loss_mask, rollout_logprobs=s.logprobs,
-                               episode_id=f"{episode_id}/{i}", group_id=group_id, reward=float(reward),
-                               weight=weight, policy_version=s.policy_version))
+        out.append(
+            TrainSample(
+                input_ids=s.input_ids,
+                loss_mask=s.loss_mask,
+                rollout_logprobs=s.logprobs,
+                episode_id=f"{episode_id}/{i}",
+                group_id=group_id,
+                reward=float(reward),
+                weight=weight,
+                policy_version=s.policy_version,
+            )
+        )
     return out

@@ -31,8 +31,12 @@ def test_fleet_with_reconnect_ends_within_seconds_of_an_admin_stop(make_server) 
         return 1.0
 
     result: dict = {}
-    fleet = threading.Thread(target=lambda: result.update(stats=run_fleet(
-        client, workflow, [{"task_id": f"t{i}"} for i in range(4)], n=2, concurrency=4)), daemon=True)
+    fleet = threading.Thread(
+        target=lambda: result.update(
+            stats=run_fleet(client, workflow, [{"task_id": f"t{i}"} for i in range(4)], n=2, concurrency=4)
+        ),
+        daemon=True,
+    )
     fleet.start()
     for _ in range(2):  # the window holds one group of two: both episodes are playing
         assert playing.acquire(timeout=20)

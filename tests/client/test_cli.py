@@ -16,41 +16,71 @@ app.command()(client_command)
 
 
 def test_builtin_task(server: RunningServer) -> None:
-    r = CliRunner().invoke(app, ["--url", server.url, "--token", server.token, "--task", "arith",
-                                 "--n", "2", "--concurrency", "2", "--max-episodes", "4", "--quiet"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "--url",
+            server.url,
+            "--token",
+            server.token,
+            "--task",
+            "arith",
+            "--n",
+            "2",
+            "--concurrency",
+            "2",
+            "--max-episodes",
+            "4",
+            "--quiet",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "4 finished" in r.output
     assert server.swarm.counters["finished"] == 4
     assert {e.task_family for e in server.swarm.registry.closed.values()} == {"arith"}
 
 
-def test_custom_workflow_with_env_token(server: RunningServer, tmp_path: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_custom_workflow_with_env_token(server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "my_agent.py").write_text(
         "def dataset(seed, size):\n"
         "    return [{'task_id': f'q{seed}-{i}'} for i in range(size)]\n"
         "def play(task, episode):\n"
         "    episode.openai.chat.completions.create(model=episode.model, max_tokens=3,\n"
         "        messages=[{'role': 'user', 'content': task['task_id']}])\n"
-        "    return 0.5\n")
+        "    return 0.5\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("ROOST_TOKEN", server.token)
-    r = CliRunner().invoke(app, ["--url", server.url, "--workflow", "my_agent:play", "--dataset-size", "2",
-                                 "--n", "2", "--epochs", "1"])
+    r = CliRunner().invoke(
+        app, ["--url", server.url, "--workflow", "my_agent:play", "--dataset-size", "2", "--n", "2", "--epochs", "1"]
+    )
     assert r.exit_code == 0, r.output
     assert server.swarm.counters["finished"] == 4
 
 
-@pytest.mark.parametrize("args", [["--workflow", "no_such_module:f"], ["--task", "nope"], [],
-                                  ["--workflow", "json"]])
+@pytest.mark.parametrize("args", [["--workflow", "no_such_module:f"], ["--task", "nope"], [], ["--workflow", "json"]])
 def test_bad_options(server: RunningServer, args: list[str]) -> None:
     r = CliRunner().invoke(app, ["--url", server.url, "--token", "t", *args])
     assert r.exit_code == 2, r.output
 
 
 def test_unreachable_server_exits_1() -> None:
-    r = CliRunner().invoke(app, ["--url", "http://127.0.0.1:9", "--token", "t", "--task", "arith", "--retries", "1",
-                                 "--max-episodes", "1", "--quiet"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "--url",
+            "http://127.0.0.1:9",
+            "--token",
+            "t",
+            "--task",
+            "arith",
+            "--retries",
+            "1",
+            "--max-episodes",
+            "1",
+            "--quiet",
+        ],
+    )
     assert r.exit_code == 1, r.output
 
 

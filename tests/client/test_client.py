@@ -10,12 +10,24 @@ import httpx
 import pytest
 
 from swarm.client import (
-    AsyncSwarmClient, ServerStopping, SwarmAPIError, SwarmClient, SwarmUnavailable,
+    AsyncSwarmClient,
+    ServerStopping,
+    SwarmAPIError,
+    SwarmClient,
+    SwarmUnavailable,
 )
 from swarm.testing import RunningServer
 
-CLAIM = {"episode_id": "e1", "base_url": "http://x/v1", "api_key": "rk.e1.1.s", "lease_expires_at": 0.0,
-         "policy_version": 3, "model": "m", "group_id": "g", "task_id": "t"}
+CLAIM = {
+    "episode_id": "e1",
+    "base_url": "http://x/v1",
+    "api_key": "rk.e1.1.s",
+    "lease_expires_at": 0.0,
+    "policy_version": 3,
+    "model": "m",
+    "group_id": "g",
+    "task_id": "t",
+}
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
@@ -33,13 +45,18 @@ def _mock(responses: list) -> tuple[httpx.MockTransport, list[httpx.Request]]:
 
 
 def _err(status: int, code: str, headers: dict | None = None) -> httpx.Response:
-    return httpx.Response(status, json={"error": {"message": code, "type": "x", "code": code}},
-                          headers=headers)
+    return httpx.Response(status, json={"error": {"message": code, "type": "x", "code": code}}, headers=headers)
 
 
 def test_retries_connection_errors_and_429_with_retry_after() -> None:
-    transport, seen = _mock([httpx.ConnectError("refused"), _err(429, "window_full", {"Retry-After": "0.2"}),
-                             _err(502, "bad_gateway"), httpx.Response(200, json=CLAIM)])
+    transport, seen = _mock(
+        [
+            httpx.ConnectError("refused"),
+            _err(429, "window_full", {"Retry-After": "0.2"}),
+            _err(502, "bad_gateway"),
+            httpx.Response(200, json=CLAIM),
+        ]
+    )
     client = SwarmClient("http://srv", "tok", transport=transport, backoff_s=0.01)
     t0 = time.monotonic()
     ep = client.claim("t")
@@ -72,10 +89,18 @@ def test_stopping_and_unreachable() -> None:
 
 
 def test_finish_retries_with_one_idempotency_key() -> None:
-    finish = {"episode_id": "e1", "reward": 1.0, "samples": 1, "calls": 1, "group_id": "g",
-              "policy_version": 3, "step": 0}
-    transport, seen = _mock([httpx.Response(200, json=CLAIM), httpx.ReadTimeout("slow"),
-                             httpx.Response(200, json=finish)])
+    finish = {
+        "episode_id": "e1",
+        "reward": 1.0,
+        "samples": 1,
+        "calls": 1,
+        "group_id": "g",
+        "policy_version": 3,
+        "step": 0,
+    }
+    transport, seen = _mock(
+        [httpx.Response(200, json=CLAIM), httpx.ReadTimeout("slow"), httpx.Response(200, json=finish)]
+    )
     client = SwarmClient("http://srv", "tok", transport=transport, backoff_s=0.01)
     with client.episode("t") as ep:
         assert ep.finish(1.0).reward == 1.0
@@ -107,8 +132,7 @@ def test_async_client(server: RunningServer) -> None:
         async with AsyncSwarmClient(server.url, server.token) as client:
             async with client.episode("a") as ep:
                 await ep.heartbeat()
-                r = await ep.async_openai.chat.completions.create(model=ep.model, messages=MESSAGES,
-                                                                  max_tokens=4)
+                r = await ep.async_openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=4)
                 assert r.choices[0].message.content is not None
                 await ep.finish(0.5)
             async with client.episode("a") as ep2:

@@ -9,8 +9,8 @@ each other's exact ids (no drift), and the call -> tool -> answer turns train as
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from transformers import AutoTokenizer
@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 from swarm.client import SwarmClient, run_fleet
 from swarm.engine.fake import FakeEngine
 from swarm.model.tokenizer import tool_call_text
-from swarm.testing import RunningServer, wait_until
 from swarm.tasks import calc
+from swarm.testing import RunningServer, wait_until
 
 ITEMS = calc.dataset(0, 2)  # x 2 attempts = one step of the fixture's 2 groups of 2
 
@@ -52,8 +52,9 @@ def _workflow(name: str) -> Callable:
 
 
 @pytest.mark.parametrize("name", ["openai", "langgraph", "builtin"])
-def test_calc_workflow_through_a_real_server(name: str, make_server: Callable[..., RunningServer],
-                                             model_dir: Path) -> None:
+def test_calc_workflow_through_a_real_server(
+    name: str, make_server: Callable[..., RunningServer], model_dir: Path
+) -> None:
     workflow = _workflow(name)
     server = make_server(engine=FakeEngine(model_dir, script=ideal_model(model_dir)))
     with SwarmClient(server.url, server.token) as client:
@@ -68,4 +69,4 @@ def test_calc_workflow_through_a_real_server(name: str, make_server: Callable[..
     tok = AutoTokenizer.from_pretrained(model_dir)
     for sample in samples:
         trained = tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m])
-        assert trained.startswith("<tool_call>\n{\"name\": \"multiply\"") and "</tool_call><|im_end|>" in trained
+        assert trained.startswith('<tool_call>\n{"name": "multiply"') and "</tool_call><|im_end|>" in trained

@@ -25,8 +25,15 @@ def _dataset(k: int) -> list[dict]:
 def test_fleet_runs_epochs_and_trains(make_server) -> None:
     srv = make_server(group_size=4, batch_groups=2)
     seen: list[int] = []
-    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(4), n=4, concurrency=3,
-                      epochs=1, progress=lambda s: seen.append(s.finished))
+    stats = run_fleet(
+        SwarmClient(srv.url, srv.token),
+        chat_workflow,
+        _dataset(4),
+        n=4,
+        concurrency=3,
+        epochs=1,
+        progress=lambda s: seen.append(s.finished),
+    )
     assert stats.finished == 16 and stats.failed == 0 and stats.stopped_by == "epochs"
     assert seen[-1] == 16 and len(stats.rewards) == 16
     deadline = time.monotonic() + 10
@@ -40,8 +47,7 @@ def test_fleet_runs_epochs_and_trains(make_server) -> None:
 def test_small_dataset_many_epochs_no_deadlock(make_server) -> None:
     """One task, B=2: the same task fills both groups of a window (concurrency > B*n too)."""
     srv = make_server(group_size=2, batch_groups=2)
-    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(1), n=2, concurrency=8,
-                      epochs=6)
+    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(1), n=2, concurrency=8, epochs=6)
     assert stats.finished == 12
     deadline = time.monotonic() + 10
     while srv.swarm.trainer.step < 3:
@@ -68,8 +74,7 @@ def test_workflow_errors_are_counted_and_groups_still_complete(make_server) -> N
             return None
         return 1.0
 
-    stats = run_fleet(SwarmClient(srv.url, srv.token), flaky, _dataset(3), n=2, concurrency=2, epochs=1,
-                      max_attempts=2)
+    stats = run_fleet(SwarmClient(srv.url, srv.token), flaky, _dataset(3), n=2, concurrency=2, epochs=1, max_attempts=2)
     assert stats.given_up == 2  # both t1 jobs, after 2 attempts each
     assert stats.finished == 4 and stats.failed >= 4 and stats.errors
     deadline = time.monotonic() + 10
@@ -80,8 +85,9 @@ def test_workflow_errors_are_counted_and_groups_still_complete(make_server) -> N
 
 def test_fleet_stops_when_server_stops(make_server) -> None:
     srv = make_server(group_size=2, batch_groups=1, max_steps=2, stop_grace_s=1.0)
-    stats = run_fleet(SwarmClient(srv.url, srv.token, max_retries=2, backoff_s=0.05), chat_workflow,
-                      _dataset(5), n=2, concurrency=4)  # epochs=None: until told to stop
+    stats = run_fleet(
+        SwarmClient(srv.url, srv.token, max_retries=2, backoff_s=0.05), chat_workflow, _dataset(5), n=2, concurrency=4
+    )  # epochs=None: until told to stop
     assert stats.stopped_by in ("server", "unreachable") and stats.finished >= 4
     srv.thread.join(10)
     assert srv.swarm.trainer.step == 2
@@ -89,15 +95,13 @@ def test_fleet_stops_when_server_stops(make_server) -> None:
 
 def test_stop_event_and_max_episodes(make_server) -> None:
     srv = make_server(group_size=2, batch_groups=1)
-    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(5), n=2, concurrency=2,
-                      max_episodes=3)
+    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(5), n=2, concurrency=2, max_episodes=3)
     assert stats.finished == 3 and stats.stopped_by == "max_episodes"
     stop = threading.Event()
     timer = threading.Timer(0.5, stop.set)
     timer.start()
     # window is stuck (t1 has 1 of 2 finished) -> claims for other tasks wait on 429 until stopped
-    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(5)[2:], n=2, concurrency=2,
-                      stop=stop)
+    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(5)[2:], n=2, concurrency=2, stop=stop)
     timer.cancel()
     assert stats.stopped_by == "stop"
 
@@ -105,8 +109,7 @@ def test_stop_event_and_max_episodes(make_server) -> None:
 def test_fake_engine_slow_generation_and_concurrency(make_server, model_dir) -> None:
     srv = make_server(engine=FakeEngine(model_dir, token_delay_s=0.01), group_size=4, batch_groups=2)
     t0 = time.monotonic()
-    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(2), n=4, concurrency=8,
-                      epochs=1)
+    stats = run_fleet(SwarmClient(srv.url, srv.token), chat_workflow, _dataset(2), n=4, concurrency=8, epochs=1)
     assert stats.finished == 8 and time.monotonic() - t0 < 10
     assert isinstance(stats, FleetStats) and 0.0 <= stats.reward_mean <= 1.0
 

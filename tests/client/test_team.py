@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import pytest
 
 from swarm.client import SwarmAPIError, SwarmClient, TeamClient, TeamError
 from swarm.engine.fake import FakeEngine
-from swarm.testing import RunningServer, wait_until
 from swarm.tasks import duet, get_task
+from swarm.testing import RunningServer, wait_until
 
 _WORDS = re.compile(r"(Add|Subtract|Sum|Take|What is) (\d+) (to|from|and|away from|plus|minus) (\d+)")
 _QUESTION = re.compile(r"What is (\d+)([+-])(\d+)\?")
@@ -47,8 +47,7 @@ def make_pair(make_server, model_dir: Path, tmp_path: Path) -> Callable[..., tup
     def make(**config) -> tuple[RunningServer, RunningServer]:
         config = {"group_size": 2, "batch_groups": 8, **config}
         planner = make_server(engine=_scripted(model_dir, _planner_script), out_dir=tmp_path / "planner", **config)
-        executor = make_server(engine=_scripted(model_dir, _executor_script), out_dir=tmp_path / "executor",
-                               **config)
+        executor = make_server(engine=_scripted(model_dir, _executor_script), out_dir=tmp_path / "executor", **config)
         return planner, executor
 
     return make
@@ -61,10 +60,12 @@ def pair(make_pair) -> tuple[RunningServer, RunningServer]:
 
 def _team(pair: tuple[RunningServer, RunningServer]) -> TeamClient:
     p, e = pair
-    return TeamClient({"planner": SwarmClient(p.url, p.token, max_retries=1, backoff_s=0.05, timeout=5),
-                       "executor": SwarmClient(e.url, e.token, max_retries=1, backoff_s=0.05, timeout=5)})
-
-
+    return TeamClient(
+        {
+            "planner": SwarmClient(p.url, p.token, max_retries=1, backoff_s=0.05, timeout=5),
+            "executor": SwarmClient(e.url, e.token, max_retries=1, backoff_s=0.05, timeout=5),
+        }
+    )
 
 
 def _rollouts(srv: RunningServer) -> list[dict]:
@@ -106,8 +107,11 @@ def test_team_episodes_train_each_server_on_its_own_role(make_pair) -> None:
         rows = _rollouts(srv)
         assert sorted(r["reward"] for r in rows) == ([0.25, 1.0] if role == "planner" else [0.75, 1.0])
         assert all(r["task_family"] == "duet" for r in rows)
-    team_ids = {srv.swarm.registry.get(i).metadata["team"]["id"] for srv, role in ((p, "planner"), (e, "executor"))
-                for i in ids[role][:1]}
+    team_ids = {
+        srv.swarm.registry.get(i).metadata["team"]["id"]
+        for srv, role in ((p, "planner"), (e, "executor"))
+        for i in ids[role][:1]
+    }
     assert len(team_ids) == 1  # both servers saw the same team id for the first episode
 
 
@@ -148,8 +152,9 @@ def test_bad_reward_mapping_sends_nothing(pair) -> None:
 
 
 def _abort_behind_its_back(srv: RunningServer, ep) -> None:
-    r = httpx.post(f"{srv.url}/swarm/v1/episodes/{ep.id}/abort", json={},
-                   headers={"Authorization": f"Bearer {ep.api_key}"})
+    r = httpx.post(
+        f"{srv.url}/swarm/v1/episodes/{ep.id}/abort", json={}, headers={"Authorization": f"Bearer {ep.api_key}"}
+    )
     assert r.status_code == 200
 
 

@@ -11,13 +11,17 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from swarm.config.vllm import VllmSettings
 from swarm.engine.vllm.server import VllmUnavailable, find_python
+
+if TYPE_CHECKING:
+    from swarm.engine.vllm.engine import VllmEngine
 
 # helper modules beside this file (vllm_helpers) import by name under --import-mode=importlib
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,15 +43,16 @@ def vllm_python() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_engine(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator["VllmEngine"]:
+def vllm_engine(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngine]:
     """One supervised vLLM on an untrained tiny model, shared by the modules that only need *a* vLLM
     (each start is ~45 s of CI on 2 cores); closed at the end of the session, its process gone."""
     from swarm.engine.vllm.engine import VllmEngine  # lazy: the skip above needs no engine import
     from swarm.model.build import build_untrained
 
     model = build_untrained(tmp_path_factory.mktemp("model") / "tiny", seed=0)
-    e = VllmEngine(model, tmp_path_factory.mktemp("vllm"), seed=0,
-                   settings=VllmSettings(python=vllm_python, max_model_len=1024))
+    e = VllmEngine(
+        model, tmp_path_factory.mktemp("vllm"), seed=0, settings=VllmSettings(python=vllm_python, max_model_len=1024)
+    )
     yield e
     asyncio.run(e.close())
     assert not e.process.alive()

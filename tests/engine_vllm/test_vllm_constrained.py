@@ -23,13 +23,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HF_TOL = 0.05
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
-                   "ok": {"type": "boolean"}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
     "required": ["name", "n", "ok"],
     "additionalProperties": False,
 }
-JSON_SCHEMA = json.dumps({"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
-                         sort_keys=True)
+JSON_SCHEMA = json.dumps(
+    {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}, sort_keys=True
+)
 
 
 @pytest.fixture
@@ -44,8 +48,10 @@ def _prompt(engine) -> list[int]:
 
 def test_top_logprobs_ids_order_and_sampled_token(engine):
     k = 4
-    outs = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=10, seed=s, top_logprobs=k))
-                         for s in range(3)])
+    outs = _gen(
+        engine,
+        [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=10, seed=s, top_logprobs=k)) for s in range(3)],
+    )
     for c in outs:
         assert c.top_logprobs is not None and len(c.top_logprobs) == len(c.token_ids)
         for tok, lp, top in zip(c.token_ids, c.logprobs, c.top_logprobs):
@@ -59,22 +65,36 @@ def test_top_logprobs_ids_order_and_sampled_token(engine):
 
 
 def test_json_schema_validates_with_raw_logprobs(engine):
-    outs = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(
-        max_tokens=100, seed=s, top_logprobs=2, response_format=JSON_SCHEMA)) for s in range(4)])
+    outs = _gen(
+        engine,
+        [
+            GenerateRequest(
+                _prompt(engine), SamplingParams(max_tokens=100, seed=s, top_logprobs=2, response_format=JSON_SCHEMA)
+            )
+            for s in range(4)
+        ],
+    )
     for c in outs:
         assert c.finish_reason == "stop"
         text = engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         jsonschema_rs.validate(SCHEMA, json.loads(text))
         # unmasked: what the trainer recomputes (vLLM's own would be grammar-renormalised)
-        recomputed = engine.trainer.logprobs(c.prompt_ids + c.token_ids)[len(c.prompt_ids) - 1:]
+        recomputed = engine.trainer.logprobs(c.prompt_ids + c.token_ids)[len(c.prompt_ids) - 1 :]
         assert max(abs(a - b) for a, b in zip(recomputed, c.logprobs)) < HF_TOL
         assert c.top_logprobs is not None and len(c.top_logprobs) == len(c.token_ids)
         assert all(len(t) == 2 for t in c.top_logprobs)
 
 
 def test_json_object_and_a_bad_schema(engine):
-    c = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(
-        max_tokens=200, seed=1, response_format=json.dumps({"type": "json_object"})))])[0]
+    c = _gen(
+        engine,
+        [
+            GenerateRequest(
+                _prompt(engine),
+                SamplingParams(max_tokens=200, seed=1, response_format=json.dumps({"type": "json_object"})),
+            )
+        ],
+    )[0]
     text = engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
     assert text.startswith("{")
     if c.finish_reason == "stop":

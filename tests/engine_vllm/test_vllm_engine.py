@@ -43,11 +43,24 @@ def engine(vllm_engine):
 
 def _batch(engine, n: int = 4, max_tokens: int = 12) -> TrainBatch:
     """A small on-policy batch with unequal rewards (a real gradient)."""
-    outs = _gen(engine, [GenerateRequest(_prompt(engine, f"What is {i}+1?"),
-                                         SamplingParams(max_tokens=max_tokens, seed=i)) for i in range(n)])
-    samples = [TrainSample(o.prompt_ids + o.token_ids, [0] * len(o.prompt_ids) + [1] * len(o.token_ids),
-                           [0.0] * len(o.prompt_ids) + o.logprobs, f"ep{i}", "g0", float(i % 2))
-               for i, o in enumerate(outs)]
+    outs = _gen(
+        engine,
+        [
+            GenerateRequest(_prompt(engine, f"What is {i}+1?"), SamplingParams(max_tokens=max_tokens, seed=i))
+            for i in range(n)
+        ],
+    )
+    samples = [
+        TrainSample(
+            o.prompt_ids + o.token_ids,
+            [0] * len(o.prompt_ids) + [1] * len(o.token_ids),
+            [0.0] * len(o.prompt_ids) + o.logprobs,
+            f"ep{i}",
+            "g0",
+            float(i % 2),
+        )
+        for i, o in enumerate(outs)
+    ]
     return TrainBatch(samples, TrainConfig(lr=5e-3))
 
 
@@ -72,9 +85,9 @@ def test_generation_is_token_in_token_out_with_raw_logprobs(engine):
         assert o.prompt_ids == p and 1 <= len(o.token_ids) <= 16 and len(o.logprobs) == len(o.token_ids)
         assert o.finish_reason in ("stop", "length") and o.policy_version == engine.served_version
         # the sampled tokens' logprobs are the raw model's (temperature 1): teacher forcing gives the same
-        forced = engine.logprobs(o.prompt_ids + o.token_ids)[len(p) - 1:]
+        forced = engine.logprobs(o.prompt_ids + o.token_ids)[len(p) - 1 :]
         assert _diff(forced, o.logprobs) <= FRESH_TOL
-        assert _diff(engine.trainer.logprobs(o.prompt_ids + o.token_ids)[len(p) - 1:], o.logprobs) <= HF_TOL
+        assert _diff(engine.trainer.logprobs(o.prompt_ids + o.token_ids)[len(p) - 1 :], o.logprobs) <= HF_TOL
     same = _gen(engine, [GenerateRequest(p, SamplingParams(max_tokens=16, seed=3))])[0]
     assert same.token_ids == outs[3].token_ids  # the seed reproduces
 
@@ -116,11 +129,17 @@ def test_train_sync_refuse_rollback_and_restart(engine, tmp_path):
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(engine.serving.good.read_bytes()[:-1000])
     nan = tmp_path / "nan.safetensors"
-    save_file({k: (v.clone().fill_(math.nan) if "layers.1.mlp.up" in k else v) for k, v in good.items()},
-              str(nan), metadata={"format": "pt"})
+    save_file(
+        {k: (v.clone().fill_(math.nan) if "layers.1.mlp.up" in k else v) for k, v in good.items()},
+        str(nan),
+        metadata={"format": "pt"},
+    )
     shapes = tmp_path / "shapes.safetensors"
-    save_file({k: (v[:-1].contiguous() if "down_proj" in k else v) for k, v in good.items()}, str(shapes),
-              metadata={"format": "pt"})
+    save_file(
+        {k: (v[:-1].contiguous() if "down_proj" in k else v) for k, v in good.items()},
+        str(shapes),
+        metadata={"format": "pt"},
+    )
     for bad, words in ((truncated, "not a readable"), (nan, "NaN"), (shapes, "down_proj")):
         with pytest.raises(CheckpointRefused, match=words):
             engine.offer_weights(bad, v0 + 99)
@@ -160,8 +179,9 @@ def _sync_during(engine, request: GenerateRequest, tmp_path: Path):
         while engine.gate.in_flight == 0:
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.2)  # tokens are flowing
-        sync = asyncio.create_task(asyncio.to_thread(engine.offer_weights, weights, engine.trainer.policy_version,
-                                                    validate_first=False))
+        sync = asyncio.create_task(
+            asyncio.to_thread(engine.offer_weights, weights, engine.trainer.policy_version, validate_first=False)
+        )
         while not engine.gate.draining and not sync.done():
             await asyncio.sleep(0.005)
         late = asyncio.create_task(engine.generate(GenerateRequest(request.prompt_ids, SamplingParams(max_tokens=4))))
@@ -203,6 +223,7 @@ def test_request_outlasting_the_drain_timeout_is_aborted(engine, tmp_path):
         assert done.finish_reason == "length" and len(done.token_ids) == 900, info
     else:
         assert engine.counters()["vllm_aborted_in_sync"] == aborted + 1, info  # the abort path ran
-        assert (done.finish_reason == "abort" and 0 < len(done.token_ids) < 900) or \
-            (done.finish_reason == "length" and len(done.token_ids) == 900), info
+        assert (done.finish_reason == "abort" and 0 < len(done.token_ids) < 900) or (
+            done.finish_reason == "length" and len(done.token_ids) == 900
+        ), info
     assert late.policy_version == version + 1 == engine.served_version

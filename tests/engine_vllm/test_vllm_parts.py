@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from swarm.config.server import ServerConfig
 from swarm.config.vllm import VllmSettings
 from swarm.engine.vllm.server import VllmUnavailable, find_python
 from swarm.engine.vllm.stream import parse_chunk
 from swarm.engine.vllm.weights import CheckpointRefused, ServingDir, layout_of, unique_state, validate, write_atomic
 from swarm.server.app import make_engine
-from swarm.config.server import ServerConfig
 
 
 class Tied(torch.nn.Module):
@@ -77,8 +76,10 @@ def test_serving_dir_keeps_one_last_good_file(tmp_path):
 
 
 def test_stream_chunks_parse_and_mismatches_are_errors():
-    line = ('data: {"choices":[{"index":0,"text":"x","logprobs":{"token_logprobs":[-1.5,-0.25]},'
-            '"finish_reason":"length","token_ids":[5,6]}]}')
+    line = (
+        'data: {"choices":[{"index":0,"text":"x","logprobs":{"token_logprobs":[-1.5,-0.25]},'
+        '"finish_reason":"length","token_ids":[5,6]}]}'
+    )
     chunk = parse_chunk(line)
     assert chunk.token_ids == [5, 6] and chunk.logprobs == [-1.5, -0.25] and chunk.finish_reason == "length"
     assert parse_chunk("data: [DONE]") is None and parse_chunk("") is None
@@ -101,8 +102,10 @@ def test_a_python_without_vllm_gives_one_line_naming_the_install(tmp_path):
 
 
 def test_config_fields_reach_the_vllm_settings():
-    config = ServerConfig(engine="vllm", vllm={"port": 9, "kv_cache_gb": 3, "max_model_len": 256,
-                                                 "args": "--dtype bfloat16 --max-num-seqs 8"})
+    config = ServerConfig(
+        engine="vllm",
+        vllm={"port": 9, "kv_cache_gb": 3, "max_model_len": 256, "args": "--dtype bfloat16 --max-num-seqs 8"},
+    )
     assert config.engine == "vllm" and config.vllm.kv_cache_gb == 3
     assert VllmSettings(args="--x 'a b'").extra_args == ("--x", "a b")
     with pytest.raises(ValueError):

@@ -119,8 +119,11 @@ def test_a_file_failing_validation_never_reaches_the_server(setup, tmp_path):
     publisher, _control, rec, upstream = setup
     nan = _state(2.0)
     nan["norm.bias"][1] = math.nan
-    bad_files = {"NaN": nan, "embed.weight": {**_state(2.0), "embed.weight": torch.zeros(3, 2)},
-                 "missing": {"norm.bias": torch.zeros(2)}}
+    bad_files = {
+        "NaN": nan,
+        "embed.weight": {**_state(2.0), "embed.weight": torch.zeros(3, 2)},
+        "missing": {"norm.bias": torch.zeros(2)},
+    }
     for words, state in bad_files.items():
         path = tmp_path / f"bad-{words}.safetensors"
         save_file(state, str(path))

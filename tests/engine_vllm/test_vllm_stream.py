@@ -26,8 +26,9 @@ EOS = 9
 CONTEXT = 10
 
 
-def _data(ids: list[int], lps: list[float], finish: str | None = None,
-          tops: list[dict[str, float]] | None = None) -> str:
+def _data(
+    ids: list[int], lps: list[float], finish: str | None = None, tops: list[dict[str, float]] | None = None
+) -> str:
     logprobs: dict[str, Any] = {"token_logprobs": lps}
     if tops is not None:
         logprobs["top_logprobs"] = tops
@@ -60,11 +61,14 @@ def test_a_stream_is_read_into_chunks_and_the_body_asks_for_token_ids():
     parts = [_data([5], [-0.5]), ": keep-alive\n\n", _data([6, 7], [-1.0, -2.0], "length"), "data: [DONE]\n\n"]
     with loopback_server(lambda m, p, b, h: _sse(h, parts)) as (url, rec):
         client = _client(url)
-        chunks = _collect(client, GenerateRequest([1, 2, 3], SamplingParams(max_tokens=50, stop_token_ids=(0,),
-                                                                            seed=4, stop=("\n",))))
+        chunks = _collect(
+            client, GenerateRequest([1, 2, 3], SamplingParams(max_tokens=50, stop_token_ids=(0,), seed=4, stop=("\n",)))
+        )
     assert [(c.token_ids, c.logprobs, c.finish_reason) for c in chunks] == [
-        ([5], [-0.5], None), ([6, 7], [-1.0, -2.0], "length")]
-    (method, path, body), = rec.calls
+        ([5], [-0.5], None),
+        ([6, 7], [-1.0, -2.0], "length"),
+    ]
+    ((method, path, body),) = rec.calls
     assert (method, path) == ("POST", "/v1/completions")
     assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == CONTEXT - 3  # clipped to the room left
     assert body["stream"] and body["return_token_ids"] and body["return_tokens_as_token_ids"]
@@ -82,10 +86,14 @@ def test_top_logprobs_come_back_as_sorted_id_pairs():
     assert chunk.top_logprobs == [[(5, -0.5), (8, -1.0)]] and rec.calls[0][2]["logprobs"] == 2
 
 
-@pytest.mark.parametrize("parts", [
-    [_data([5], [-0.5])],  # closed after a chunk, no finish_reason
-    [_data([5], [-0.5]), 'data: {"choices": [{"ind'],  # closed mid-line (a dying engine core)
-], ids=["closed", "cut-mid-line"])
+@pytest.mark.parametrize(
+    "parts",
+    [
+        [_data([5], [-0.5])],  # closed after a chunk, no finish_reason
+        [_data([5], [-0.5]), 'data: {"choices": [{"ind'],  # closed mid-line (a dying engine core)
+    ],
+    ids=["closed", "cut-mid-line"],
+)
 def test_a_stream_closed_early_ends_as_an_abort_with_the_tokens_it_had(parts):
     with loopback_server(lambda m, p, b, h: _sse(h, parts)) as (url, _):
         chunks = _collect(_client(url), GenerateRequest([1]))
@@ -133,8 +141,13 @@ def test_a_constrained_completion_comes_back_whole_with_raw_logprobs():
 
     def answer(method: str, path: str, body: Any, h: BaseHTTPRequestHandler) -> None:
         if body.get("stream"):  # the grammar-masked (renormalised) logprobs
-            _sse(h, [_data([5], [-0.1], tops=[{"token_id:5": -0.1}]),
-                     _data([6], [-0.2], "stop", tops=[{"token_id:6": -0.2}])])
+            _sse(
+                h,
+                [
+                    _data([5], [-0.1], tops=[{"token_id:5": -0.1}]),
+                    _data([6], [-0.2], "stop", tops=[{"token_id:6": -0.2}]),
+                ],
+            )
         else:
             reply(h, 200, _forced_pass(body, raw))
 

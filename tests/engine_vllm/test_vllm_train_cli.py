@@ -19,10 +19,37 @@ def test_swarm_train_with_the_vllm_engine(vllm_python, tmp_path):
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--engine", "vllm", "--vllm-python", str(vllm_python),
-                        "--task", "arith", "--model", str(model), "--steps", "2", "--group-size", "2",
-                        "--batch-groups", "2", "--concurrency", "4", "--no-mlflow", "--out", str(out)],
-                       capture_output=True, text=True, timeout=540, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm",
+            "train",
+            "--engine",
+            "vllm",
+            "--vllm-python",
+            str(vllm_python),
+            "--task",
+            "arith",
+            "--model",
+            str(model),
+            "--steps",
+            "2",
+            "--group-size",
+            "2",
+            "--batch-groups",
+            "2",
+            "--concurrency",
+            "4",
+            "--no-mlflow",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env=env,
+    )
     log = (out / "logs" / "server.log").read_text() if (out / "logs" / "server.log").exists() else ""
     assert r.returncode == 0, r.stdout + r.stderr + log[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -16,13 +16,15 @@ from typing import Any
 
 def chat_prompt(engine: Any, text: str = "What is 2+3?") -> list[int]:
     """Prompt ids of one user turn, rendered by the engine's own chat template."""
-    s = engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
+    s = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
     return engine.tokenizer.encode(s, add_special_tokens=False)
 
 
 def generate_all(engine: Any, requests: list) -> list:
     """Completions of `requests`, sent to the engine at once (they share its batch)."""
+
     async def go() -> list:
         return await asyncio.gather(*(engine.generate(r) for r in requests))
 
@@ -77,8 +79,9 @@ def loopback_server(answer: Answer) -> Iterator[tuple[str, Recorder]]:
         thread.join(timeout=5)
 
 
-def reply(handler: BaseHTTPRequestHandler, status: int = 200, body: Any = None, *,
-          content_type: str = "application/json") -> None:
+def reply(
+    handler: BaseHTTPRequestHandler, status: int = 200, body: Any = None, *, content_type: str = "application/json"
+) -> None:
     """Write one whole response: `body` as JSON (or bytes/str as is)."""
     data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
     handler.send_response(status)

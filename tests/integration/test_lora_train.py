@@ -18,13 +18,30 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def _swarm(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    return subprocess.run([sys.executable, "-m", "swarm", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "swarm", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _train(tmp_path: Path, model: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
-    return _swarm(tmp_path, "train", "--task", "arith", "--model", str(model), "--group-size", "2",
-                  "--batch-groups", "2", "--concurrency", "4", "--no-mlflow", "--out", str(out), *args)
+    return _swarm(
+        tmp_path,
+        "train",
+        "--task",
+        "arith",
+        "--model",
+        str(model),
+        "--group-size",
+        "2",
+        "--batch-groups",
+        "2",
+        "--concurrency",
+        "4",
+        "--no-mlflow",
+        "--out",
+        str(out),
+        *args,
+    )
 
 
 def test_lora_run_checkpoints_resumes_exports_and_evaluates(tmp_path):
@@ -50,8 +67,20 @@ def test_lora_run_checkpoints_resumes_exports_and_evaluates(tmp_path):
     r = _swarm(tmp_path, "model", "export", str(out), "--merge", str(merged))
     assert r.returncode == 0, r.stdout + r.stderr
     assert (merged / "config.json").is_file() and (merged / "model.safetensors").is_file()
-    r = _swarm(tmp_path, "eval", "--model", str(out), "--task", "arith", "--n", "4", "-t", "0", "--json",
-               str(tmp_path / "eval.json"))
+    r = _swarm(
+        tmp_path,
+        "eval",
+        "--model",
+        str(out),
+        "--task",
+        "arith",
+        "--n",
+        "4",
+        "-t",
+        "0",
+        "--json",
+        str(tmp_path / "eval.json"),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     roles = {row["model_role"] for row in json.loads((tmp_path / "eval.json").read_text())}
     assert roles == {"initial", "trained"}

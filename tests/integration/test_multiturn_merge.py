@@ -18,9 +18,33 @@ def test_guess_trains_through_merged_samples(tmp_path):
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--task", "guess", "--model", str(model),
-                        "--steps", "2", "--group-size", "2", "--batch-groups", "2", "--concurrency", "4",
-                        "--no-mlflow", "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm",
+            "train",
+            "--task",
+            "guess",
+            "--model",
+            str(model),
+            "--steps",
+            "2",
+            "--group-size",
+            "2",
+            "--batch-groups",
+            "2",
+            "--concurrency",
+            "4",
+            "--no-mlflow",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(line) for line in (out / "server" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
@@ -33,7 +57,12 @@ def test_guess_trains_through_merged_samples(tmp_path):
         assert row["tokens_unmerged"] > row["tokens"]
     # the rollout log lets `swarm inspect` show an episode after the fact
     html = tmp_path / "ep.html"
-    r = subprocess.run([sys.executable, "-m", "swarm", "inspect", str(out / "server"), "--model", str(model),
-                        "--html", str(html)], capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm", "inspect", str(out / "server"), "--model", str(model), "--html", str(html)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert "samples" in r.stdout and html.read_text().startswith("<!doctype html>")

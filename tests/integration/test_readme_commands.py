@@ -41,8 +41,11 @@ RUN_SECTIONS = ("The two commands", "Research studies")
 SHORTER = {  # README command prefix -> flags appended, and why
     "swarm train --task arith": ("--steps 3 --no-mlflow", "300 steps take 2 min; MLflow's model logging 10 s"),
     "swarm eval ": ("--n 8", "200 episodes per model and temperature"),
-    "researcher study ": ("--steps 2 --poll 1", "6 trials of 20 steps take 5 min; 2 steps still run the whole "
-                          "study; --poll 1 looks at the trials every second, not every 5"),
+    "researcher study ": (
+        "--steps 2 --poll 1",
+        "6 trials of 20 steps take 5 min; 2 steps still run the whole "
+        "study; --poll 1 looks at the trials every second, not every 5",
+    ),
 }
 SKIPPED = {  # command prefix -> why the test does not run it
     "python3 -m venv": "installs: the test runs in the installed checkout",
@@ -142,8 +145,9 @@ def test_the_readme_says_where_a_repeat_goes_and_what_it_prints() -> None:
 
 def _run(command: Command, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
     t0 = time.monotonic()
-    r = subprocess.run(["bash", "-c", command.argv_text], cwd=cwd, env=env, capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run(
+        ["bash", "-c", command.argv_text], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     print(f"{time.monotonic() - t0:6.1f}s rc={r.returncode}: {command.argv_text}")  # shown with -s or on failure
     assert r.returncode == 0, f"`{command.argv_text}` ({command.section}): exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     return r
@@ -164,11 +168,20 @@ def test_readme_commands_run_as_written(tmp_path: Path) -> None:
         (home / "models").mkdir(parents=True)
         (home / "models" / "tiny-qwen2").symlink_to(model, target_is_directory=True)
     bin_dir = str(Path(sys.executable).parent)  # the installed `swarm` and `researcher` scripts
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ROOST_LLM_", "OPENAI_", "MLFLOW_TRACKING_URI", "ROOST_DATABASE_URL",
-                                "ROOST_TRIAL_PROGRAM", "PYTHONPATH"))}
-    env.update(ROOST_HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", HF_HUB_OFFLINE="1",
-               COLUMNS="200", MLFLOW_DISABLE_TELEMETRY="true")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            ("ROOST_LLM_", "OPENAI_", "MLFLOW_TRACKING_URI", "ROOST_DATABASE_URL", "ROOST_TRIAL_PROGRAM", "PYTHONPATH")
+        )
+    }
+    env.update(
+        ROOST_HOME=str(home),
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        HF_HUB_OFFLINE="1",
+        COLUMNS="200",
+        MLFLOW_DISABLE_TELEMETRY="true",
+    )
 
     commands = [c for c in readme_commands() if c.skip is None]
     t_start = time.monotonic()

@@ -25,9 +25,27 @@ def _train_arith(tmp_path, *args: str):
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--task", "arith", "--model", str(model),
-                        "--steps", "2", *args, "--out", str(out)], capture_output=True, text=True, timeout=300,
-                       env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm",
+            "train",
+            "--task",
+            "arith",
+            "--model",
+            str(model),
+            "--steps",
+            "2",
+            *args,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return out
 
@@ -66,8 +84,9 @@ def test_train_writes_summary_and_cleans_up(tmp_path):
 
 def test_train_group_call_samples_each_group_in_one_call(tmp_path):
     """`--group-call`: a group is one episode whose one call samples `group_size` choices."""
-    out = _train_arith(tmp_path, "--group-size", "4", "--batch-groups", "2", "--concurrency", "2", "--group-call",
-                       "--no-mlflow")
+    out = _train_arith(
+        tmp_path, "--group-size", "4", "--batch-groups", "2", "--concurrency", "2", "--group-call", "--no-mlflow"
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["group_call"] is True and summary["config"]["group_size"] == 4  # choices per group
     for step in _steps(out):  # 2 groups a step: 2 episodes, each one call of 4 choices, 8 samples
@@ -75,8 +94,9 @@ def test_train_group_call_samples_each_group_in_one_call(tmp_path):
 
 
 def test_train_no_group_call_plays_an_episode_per_member(tmp_path):
-    out = _train_arith(tmp_path, "--group-size", "2", "--batch-groups", "2", "--concurrency", "4",
-                       "--no-group-call", "--no-mlflow")
+    out = _train_arith(
+        tmp_path, "--group-size", "2", "--batch-groups", "2", "--concurrency", "4", "--no-group-call", "--no-mlflow"
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["group_call"] is False
     for step in _steps(out):
@@ -110,11 +130,13 @@ def test_metrics_tail_reads_only_new_complete_lines(tmp_path):
 
 
 def test_train_rejects_bad_input(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--task", "nope"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm", "train", "--task", "nope"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and "unknown task 'nope'" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--model", str(tmp_path)], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm", "train", "--model", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and "config.json" in r.stderr
 
 
@@ -122,9 +144,33 @@ def test_train_a_task_mix_holds_the_shares_in_every_batch(tmp_path):
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--task", "arith=0.75+guess=0.25", "--model",
-                        str(model), "--steps", "2", "--group-size", "2", "--batch-groups", "4", "--concurrency",
-                        "8", "--no-mlflow", "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm",
+            "train",
+            "--task",
+            "arith=0.75+guess=0.25",
+            "--model",
+            str(model),
+            "--steps",
+            "2",
+            "--group-size",
+            "2",
+            "--batch-groups",
+            "4",
+            "--concurrency",
+            "8",
+            "--no-mlflow",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
     for step in _steps(out):  # the server's quotas: 3 arith groups and 1 guess group per batch
@@ -134,9 +180,17 @@ def test_train_a_task_mix_holds_the_shares_in_every_batch(tmp_path):
     assert (out / "logs" / "client-arith-0.log").is_file() and (out / "logs" / "client-guess-0.log").is_file()
 
 
-@pytest.mark.parametrize("task,message", [("arith+arith", "appears twice"), ("arith=1+guess", "share for every"),
-                                          ("arith=0+guess=1", "positive"), ("arith+nope", "unknown task 'nope'")])
+@pytest.mark.parametrize(
+    "task,message",
+    [
+        ("arith+arith", "appears twice"),
+        ("arith=1+guess", "share for every"),
+        ("arith=0+guess=1", "positive"),
+        ("arith+nope", "unknown task 'nope'"),
+    ],
+)
 def test_train_rejects_a_bad_mix(task, message):
-    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--task", task], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm", "train", "--task", task], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and message in r.stderr, r.stderr

@@ -28,9 +28,32 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
     model = build_untrained(tmp / "model", seed=0)
     out = tmp / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp / "home")}
-    r = subprocess.run([sys.executable, "-m", "swarm", "train", "--task", "arith", "--model", str(model),
-                        "--steps", "2", "--group-size", "2", "--batch-groups", "2", "--concurrency", "4",
-                        "--out", str(out)], capture_output=True, text=True, timeout=400, env=env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swarm",
+            "train",
+            "--task",
+            "arith",
+            "--model",
+            str(model),
+            "--steps",
+            "2",
+            "--group-size",
+            "2",
+            "--batch-groups",
+            "2",
+            "--concurrency",
+            "4",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r, out
 
@@ -53,8 +76,11 @@ def test_logging_the_model_says_so_and_asks_no_hub(trained: tuple[subprocess.Com
 
     tracked = json.loads((out / "summary.json").read_text())["mlflow"]
     logged = MlflowClient(tracked["tracking_uri"]).get_logged_model(tracked["model_uri"].split("/")[-1])
-    card = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{logged.artifact_location}/model_card.md",
-                                                    dst_path=str(out / "card")))
+    card = Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=f"{logged.artifact_location}/model_card.md", dst_path=str(out / "card")
+        )
+    )
     assert "swarm train" in card.read_text()  # the card written here, not one looked up on the Hub
     # the server logged it, with torch, transformers and MLflow loaded already, in the run's experiment
     assert "logged the trained model to MLflow" in (out / "logs" / "server.log").read_text()

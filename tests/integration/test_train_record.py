@@ -27,8 +27,14 @@ SMALL = ["--group-size", "2", "--batch-groups", "2", "--concurrency", "4"]
 
 
 def _swarm(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*SWARM, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "ROOST_HOME": str(cwd / "home"), **(env or {})})
+    return subprocess.run(
+        [*SWARM, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "ROOST_HOME": str(cwd / "home"), **(env or {})},
+    )
 
 
 def _rows(path: Path) -> list[dict]:
@@ -40,8 +46,20 @@ def _rows(path: Path) -> list[dict]:
 def test_run_yaml_records_what_ran_and_its_documented_command_repeats_it(tmp_path: Path) -> None:
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
-    r = _swarm("train", "--task", "arith", "--model", str(model), "--steps", "2", *SMALL, "--no-mlflow",
-               "--out", str(out), cwd=tmp_path)
+    r = _swarm(
+        "train",
+        "--task",
+        "arith",
+        "--model",
+        str(model),
+        "--steps",
+        "2",
+        *SMALL,
+        "--no-mlflow",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     text = (out / "run.yaml").read_text()
     recorded = yaml.safe_load(text)
@@ -69,13 +87,15 @@ def test_run_yaml_records_what_ran_and_its_documented_command_repeats_it(tmp_pat
     assert json.loads((out / "summary.json").read_text()) == summary  # the first run untouched
     repeat = yaml.safe_load((again / "run.yaml").read_text())
     orchestrated = {"port", "out_dir"}
-    assert {k: v for k, v in repeat["server"].items() if k not in orchestrated} \
-        == {k: v for k, v in recorded["server"].items() if k not in orchestrated}
-    assert {k: v for k, v in repeat.items() if k not in ("out", "server", "ran")} \
-        == {k: v for k, v in recorded.items() if k not in ("out", "server", "ran")}
+    assert {k: v for k, v in repeat["server"].items() if k not in orchestrated} == {
+        k: v for k, v in recorded["server"].items() if k not in orchestrated
+    }
+    assert {k: v for k, v in repeat.items() if k not in ("out", "server", "ran")} == {
+        k: v for k, v in recorded.items() if k not in ("out", "server", "ran")
+    }
 
 
-PLAY = '''
+PLAY = """
 import os
 
 
@@ -85,26 +105,44 @@ def play(task, episode):
     episode.openai.chat.completions.create(model=episode.model, max_tokens=4,
                                            messages=[{"role": "user", "content": task["q"]}])
     return 1.0
-'''
-DATASET = '''
+"""
+DATASET = """
 
 def dataset(seed, size):
     return [{"task_id": f"t{i}", "q": f"What is {i}+1?"} for i in range(size)]
-'''
+"""
 
 
 def test_train_checks_every_input_before_starting_anything(tmp_path: Path) -> None:
     (tmp_path / "play_only.py").write_text(PLAY)  # a workflow without a dataset beside it
     (tmp_path / "not_callable.py").write_text("play = 3\n")
-    r = _swarm("train", "--workflow", "play_only:play", "--model", str(tmp_path / "nowhere"), "--out",
-               str(tmp_path / "run"), cwd=tmp_path, timeout=120)
+    r = _swarm(
+        "train",
+        "--workflow",
+        "play_only:play",
+        "--model",
+        str(tmp_path / "nowhere"),
+        "--out",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     problems = [line for line in r.stderr.splitlines() if line.startswith("swarm train: ")]
     assert any("--dataset" in line and "play_only" in line for line in problems), r.stderr
     assert any("--model" in line and "nowhere" in line for line in problems), r.stderr
     assert not (tmp_path / "run").exists()  # nothing made, nothing started
-    r = _swarm("train", "--workflow", "not_callable:play", "--dataset", "nope_module:data", "--out",
-               str(tmp_path / "run"), cwd=tmp_path, timeout=120)
+    r = _swarm(
+        "train",
+        "--workflow",
+        "not_callable:play",
+        "--dataset",
+        "nope_module:data",
+        "--out",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "not callable" in r.stderr and "cannot import 'nope_module'" in r.stderr, r.stderr
     assert not (tmp_path / "run").exists()

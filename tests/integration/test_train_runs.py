@@ -27,13 +27,15 @@ def test_train_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
     (out / "server").mkdir(parents=True)
     (out / "summary.json").write_text("{}")
-    r = subprocess.run([*SWARM, "train", "--out", str(out), "--steps", "2"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [*SWARM, "train", "--out", str(out), "--steps", "2"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "earlier run" in r.stderr and "--resume" in r.stderr and "--fresh" in r.stderr
     assert (out / "summary.json").read_text() == "{}"  # nothing touched
-    r = subprocess.run([*SWARM, "train", "--out", str(tmp_path / "empty"), "--resume"], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [*SWARM, "train", "--out", str(tmp_path / "empty"), "--resume"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and "nothing to resume" in r.stderr
 
 
@@ -49,10 +51,29 @@ def test_fresh_removes_only_what_a_run_wrote(tmp_path: Path) -> None:
 
 def test_client_imports_a_workflow_from_the_current_directory(tmp_path: Path) -> None:
     """The README's `swarm client --workflow examples.arith_openai:workflow`, run from the repo root."""
-    r = subprocess.run([_swarm_script(), "client", "--workflow", "examples.arith_openai:workflow", "--token", "t",
-                        "--url", "http://127.0.0.1:9", "--retries", "0", "--reconnect-s", "0", "-q",
-                        "--state", str(tmp_path / "cursor.json")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            _swarm_script(),
+            "client",
+            "--workflow",
+            "examples.arith_openai:workflow",
+            "--token",
+            "t",
+            "--url",
+            "http://127.0.0.1:9",
+            "--retries",
+            "0",
+            "--reconnect-s",
+            "0",
+            "-q",
+            "--state",
+            str(tmp_path / "cursor.json"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "No module named" not in r.stderr, r.stderr
     assert "cannot use http://127.0.0.1:9" in r.stderr  # it got as far as the (absent) server
 
@@ -73,8 +94,23 @@ def test_train_your_own_workflow_then_resume_it(tmp_path: Path) -> None:
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    base = [_swarm_script(), "train", "--workflow", "examples.arith_openai:workflow", "--model", str(model),
-            "--group-size", "2", "--batch-groups", "2", "--concurrency", "4", "--no-mlflow", "--out", str(out)]
+    base = [
+        _swarm_script(),
+        "train",
+        "--workflow",
+        "examples.arith_openai:workflow",
+        "--model",
+        str(model),
+        "--group-size",
+        "2",
+        "--batch-groups",
+        "2",
+        "--concurrency",
+        "4",
+        "--no-mlflow",
+        "--out",
+        str(out),
+    ]
     r = subprocess.run([*base, "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -86,8 +122,9 @@ def test_train_your_own_workflow_then_resume_it(tmp_path: Path) -> None:
     r = subprocess.run([*base, "--steps", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and "--resume" in r.stderr
     first_part = {name: (out / "logs" / name).read_text() for name in ("server.log", "client0.log")}
-    r = subprocess.run([*base, "--steps", "2", "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env=env)
+    r = subprocess.run(
+        [*base, "--steps", "2", "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / summary["metrics"]).read_text().splitlines()]
@@ -95,21 +132,26 @@ def test_train_your_own_workflow_then_resume_it(tmp_path: Path) -> None:
     assert "step 1:" not in r.stderr and "step 2:" in r.stderr
     for name, text in first_part.items():  # the resumed part's logs follow the first part's, under a marker
         log = (out / "logs" / name).read_text()
-        assert log.startswith(text) and "--resume" in log[len(text):], name
+        assert log.startswith(text) and "--resume" in log[len(text) :], name
 
 
 @pytest.mark.slow
 def test_eval_scores_a_model_greedy_and_sampled(tmp_path: Path) -> None:
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "eval.json"
-    r = subprocess.run([*SWARM, "eval", "--model", str(model), "--task", "arith", "--n", "4", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [*SWARM, "eval", "--model", str(model), "--task", "arith", "--n", "4", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     rows = json.loads(out.read_text())
     assert [(row["task"], row["temperature"], row["n"]) for row in rows] == [("arith", 0.0, 4), ("arith", 1.0, 4)]
     assert all(0.0 <= row["mean_reward"] <= 1.0 for row in rows)
-    r = subprocess.run([*SWARM, "eval", "--model", str(model), "--task", "nope"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [*SWARM, "eval", "--model", str(model), "--task", "nope"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and "unknown task 'nope'" in r.stderr
 
 
@@ -132,10 +174,32 @@ def test_train_logs_the_final_model_to_mlflow(tmp_path: Path) -> None:
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    r = subprocess.run([*SWARM, "train", "--task", "arith", "--model", str(model), "--steps", "1", "--group-size",
-                        "2", "--batch-groups", "2", "--concurrency", "4", "--out", str(out),
-                        "--mlflow-run-name", "arm=a seed=0"],
-                       capture_output=True, text=True, timeout=400, env=env)
+    r = subprocess.run(
+        [
+            *SWARM,
+            "train",
+            "--task",
+            "arith",
+            "--model",
+            str(model),
+            "--steps",
+            "1",
+            "--group-size",
+            "2",
+            "--batch-groups",
+            "2",
+            "--concurrency",
+            "4",
+            "--out",
+            str(out),
+            "--mlflow-run-name",
+            "arm=a seed=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads((out / "summary.json").read_text())
     from mlflow.tracking import MlflowClient

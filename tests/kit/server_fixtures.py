@@ -10,9 +10,10 @@ and not in a shipped package; the conftests put this folder on sys.path
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -38,6 +39,7 @@ def _close_clients(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """
     made: list[Any] = []
     for cls in (SwarmClient, Episode, AsyncEpisode):
+
         def init(self: Any, *args: Any, __orig: Any = cls.__init__, **kwargs: Any) -> None:
             __orig(self, *args, **kwargs)
             made.append(self)
@@ -57,10 +59,19 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_server(model_dir: Path, tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
     """`make_server(engine=None, **config)` -> a running server (FakeEngine by default)."""
     with ExitStack() as stack:
+
         def make(engine: Any = None, **overrides: Any) -> RunningServer:
-            fields = {"engine": "fake", "model_dir": model_dir, "out_dir": tmp_path / "out",
-                      "group_size": 2, "batch_groups": 2, "checkpoint_every": 0,
-                      "token": "worker-token", "admin_token": "admin-token", "stop_grace_s": 0.2}
+            fields = {
+                "engine": "fake",
+                "model_dir": model_dir,
+                "out_dir": tmp_path / "out",
+                "group_size": 2,
+                "batch_groups": 2,
+                "checkpoint_every": 0,
+                "token": "worker-token",
+                "admin_token": "admin-token",
+                "stop_grace_s": 0.2,
+            }
             fields.update(overrides)
             config = ServerConfig(**fields)
             eng = engine if engine is not None else FakeEngine(model_dir)

@@ -34,8 +34,14 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _mlflow_uri: str)
     home = tmp_path / "roost-home"
     monkeypatch.setenv("ROOST_HOME", str(home))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", _mlflow_uri)
-    for var in ("ROOST_DATABASE_URL", "ROOST_LLM_BASE_URL", "ROOST_LLM_MODEL",
-                "ROOST_LLM_API_KEY", "ROOST_TRIAL_PROGRAM", "FAKE_TRIAL_SLEEP"):
+    for var in (
+        "ROOST_DATABASE_URL",
+        "ROOST_LLM_BASE_URL",
+        "ROOST_LLM_MODEL",
+        "ROOST_LLM_API_KEY",
+        "ROOST_TRIAL_PROGRAM",
+        "FAKE_TRIAL_SLEEP",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     monkeypatch.setenv("ROOST_LOCAL_MAX_JOBS", "4")

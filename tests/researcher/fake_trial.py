@@ -29,9 +29,16 @@ if os.environ.get("FAKE_TRIAL_FAIL_ARM") and str(args.lr) == os.environ["FAKE_TR
     raise SystemExit(3)
 rng = random.Random(args.seed * 7919 + int(args.lr * 1e6))
 gain = min(1.0, args.lr / 3e-4) * 0.5
-steps = [{"step": i, "reward_mean": 0.2 + gain * i / max(1, args.steps - 1) + rng.uniform(-0.03, 0.03)}
-         for i in range(args.steps)]
-summary = {"task": args.task, "steps": steps, "reward_first": steps[0]["reward_mean"],
-           "reward_last": steps[-1]["reward_mean"], "wall_s": 0.1,
-           "config": {"lr": args.lr, "seed": args.seed, "steps": args.steps}}
+steps = [
+    {"step": i, "reward_mean": 0.2 + gain * i / max(1, args.steps - 1) + rng.uniform(-0.03, 0.03)}
+    for i in range(args.steps)
+]
+summary = {
+    "task": args.task,
+    "steps": steps,
+    "reward_first": steps[0]["reward_mean"],
+    "reward_last": steps[-1]["reward_mean"],
+    "wall_s": 0.1,
+    "config": {"lr": args.lr, "seed": args.seed, "steps": args.steps},
+}
 (out / "summary.json").write_text(json.dumps(summary))

@@ -2,8 +2,19 @@ import math
 
 import pytest
 
-from researcher.analysis import (TOO_FEW, analyze, bootstrap_ci, hedges_g, holm, metric_window, t_interval,
-                                 trial_metric, verdict_rule, welch, welch_interval)
+from researcher.analysis import (
+    TOO_FEW,
+    analyze,
+    bootstrap_ci,
+    hedges_g,
+    holm,
+    metric_window,
+    t_interval,
+    trial_metric,
+    verdict_rule,
+    welch,
+    welch_interval,
+)
 
 
 def test_trial_metric():

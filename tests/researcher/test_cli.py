@@ -36,8 +36,9 @@ def test_llm_planner_needs_a_configured_model():
 
 def test_study_status_report_and_stop(fake_program, monkeypatch):
     monkeypatch.setenv("FAKE_TRIAL_SLEEP", "60")
-    res = runner.invoke(app, ["study", TOPIC, "--background", "--steps", "5",
-                              "--trial-program", " ".join(fake_program)])
+    res = runner.invoke(
+        app, ["study", TOPIC, "--background", "--steps", "5", "--trial-program", " ".join(fake_program)]
+    )
     assert res.exit_code == 0, res.output
     from researcher.daemon import tick
 
@@ -75,16 +76,23 @@ def test_help_shows_every_default():
     """The rich help renderer ate bracketed text: "[default: 40]" written into a help string vanished."""
     res = runner.invoke(app, ["study", "--help"], terminal_width=250, env={"COLUMNS": "250"})
     assert res.exit_code == 0
-    for default in ("default: 40", "default: (llm if configured, else rules)", "default: 3",
-                    "default: foreground", "default: (the embedded model)", "default: 1h", "default: (no limit)"):
+    for default in (
+        "default: 40",
+        "default: (llm if configured, else rules)",
+        "default: 3",
+        "default: foreground",
+        "default: (the embedded model)",
+        "default: 1h",
+        "default: (no limit)",
+    ):
         assert default in res.output, default
-    options = [line for line in res.output.splitlines() if line.lstrip("│ ").startswith("--")
-               and "--help" not in line]
+    options = [line for line in res.output.splitlines() if line.lstrip("│ ").startswith("--") and "--help" not in line]
     assert options and all("default:" in line for line in options), [o for o in options if "default:" not in o]
 
 
-@pytest.mark.parametrize("option, value", [("--wall-clock", "5x"), ("--trial-time-limit", "an hour"),
-                                           ("--deadline", "tomorrowish")])
+@pytest.mark.parametrize(
+    "option, value", [("--wall-clock", "5x"), ("--trial-time-limit", "an hour"), ("--deadline", "tomorrowish")]
+)
 def test_a_bad_duration_is_a_usage_error_not_a_traceback(option, value):
     res = runner.invoke(app, ["study", TOPIC, "--dry-run", option, value])
     assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
@@ -106,8 +114,9 @@ def test_a_topic_outside_the_rules_planners_knobs_is_refused_with_what_it_can_st
 
 
 def test_a_trial_budget_too_small_for_the_design_is_refused_up_front():
-    res = runner.invoke(app, ["study", "Does the learning rate matter for arithmetic?", "--steps", "2",
-                              "--max-trials", "2"])
+    res = runner.invoke(
+        app, ["study", "Does the learning rate matter for arithmetic?", "--steps", "2", "--max-trials", "2"]
+    )
     assert res.exit_code == 1, res.output
     assert "error: a trial budget of 2 cannot cover even the smallest design" in res.output
     assert "--max-trials" in res.output and _studies() == []

@@ -77,18 +77,25 @@ def _extra() -> tuple[str, list[str]]:
 
 def _run(code: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     _, hidden = _extra()
-    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home"), "COLUMNS": "120", "TERM": "dumb",
-           "NO_COLOR": "1"}
+    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home"), "COLUMNS": "120", "TERM": "dumb", "NO_COLOR": "1"}
     for var in ("ROOST_LLM_BASE_URL", "ROOST_LLM_MODEL", "ROOST_DATABASE_URL"):
         env.pop(var, None)
-    return subprocess.run([sys.executable, "-c", code, ",".join(hidden), *args], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code, ",".join(hidden), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
 
 
 def test_the_simulation_hides_the_research_modules(tmp_path: Path) -> None:
-    code = HIDE + ("import importlib.util\n"
-                   "assert importlib.util.find_spec('langgraph') is None\n"
-                   "try:\n    import langgraph.graph\nexcept ModuleNotFoundError as e:\n    print(e)\n")
+    code = HIDE + (
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('langgraph') is None\n"
+        "try:\n    import langgraph.graph\nexcept ModuleNotFoundError as e:\n    print(e)\n"
+    )
     r = _run(code, tmp_path=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "No module named 'langgraph'", r.stdout + r.stderr
 
@@ -107,11 +114,20 @@ def test_a_commands_help_works_without_the_extra(tmp_path: Path) -> None:
     assert "--dry-run" in r.stdout and "--max-trials" in r.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ("study", "x", "--dry-run"),
-    ("study", "Does the learning rate matter for arithmetic? Compare 0 and 3e-4", "--steps", "2"),
-    ("status",), ("report", "1"), ("stop", "1"), ("approve", "1"), ("resume", "1"), ("daemon",),
-], ids=lambda a: a[0] + ("-dry-run" if "--dry-run" in a else ""))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("study", "x", "--dry-run"),
+        ("study", "Does the learning rate matter for arithmetic? Compare 0 and 3e-4", "--steps", "2"),
+        ("status",),
+        ("report", "1"),
+        ("stop", "1"),
+        ("approve", "1"),
+        ("resume", "1"),
+        ("daemon",),
+    ],
+    ids=lambda a: a[0] + ("-dry-run" if "--dry-run" in a else ""),
+)
 def test_a_command_needing_the_extra_says_what_to_install_in_one_line(args: tuple[str, ...], tmp_path: Path) -> None:
     extra, hidden = _extra()
     r = _run(RUN_CLI, *args, tmp_path=tmp_path)

@@ -5,8 +5,13 @@ from researcher.experiment import Arm, Design, ExperimentConfig, HypothesisSpec,
 
 
 def _design(**kw):
-    base = dict(task="arith", steps=10, seeds=[0, 1, 2], baseline="a",
-                arms=[Arm(name="a", knobs={"lr": 0.0}), Arm(name="b", knobs={"lr": 3e-4})])
+    base = dict(
+        task="arith",
+        steps=10,
+        seeds=[0, 1, 2],
+        baseline="a",
+        arms=[Arm(name="a", knobs={"lr": 0.0}), Arm(name="b", knobs={"lr": 3e-4})],
+    )
     return Design(**{**base, **kw})
 
 
@@ -14,29 +19,34 @@ def test_valid_design_renders_swarm_train_flags():
     d = _design()
     cfgs = d.trial_configs()
     assert len(cfgs) == 6
-    assert cfgs[3].argv("/o") == ["--task", "arith", "--steps", "10", "--seed", "0", "--out", "/o",
-                                  "--lr", "0.0003"]
+    assert cfgs[3].argv("/o") == ["--task", "arith", "--steps", "10", "--seed", "0", "--out", "/o", "--lr", "0.0003"]
     d.check_program(swarm_train_flags())  # lr is a real `swarm train` flag
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"seeds": [0, 1]}, "at least 3"),
-    ({"seeds": [0, 0, 1]}, "distinct"),
-    ({"baseline": "zzz"}, "baseline"),
-    ({"arms": [Arm(name="a", knobs={"lr": 0.0}), Arm(name="b", knobs={"lr": 0.0})]}, "identical"),
-    ({"task": "chess"}, "unknown task"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"seeds": [0, 1]}, "at least 3"),
+        ({"seeds": [0, 0, 1]}, "distinct"),
+        ({"baseline": "zzz"}, "baseline"),
+        ({"arms": [Arm(name="a", knobs={"lr": 0.0}), Arm(name="b", knobs={"lr": 0.0})]}, "identical"),
+        ({"task": "chess"}, "unknown task"),
+    ],
+)
 def test_invalid_designs_are_refused(kw, msg):
     with pytest.raises(ValidationError, match=msg):
         _design(**kw)
 
 
-@pytest.mark.parametrize("knobs, msg", [
-    ({"learning_rate": 1e-4}, "unknown knob"),
-    ({"lr": 5.0}, "outside the allowed range"),
-    ({"group_size": 3.5}, "integer"),
-    ({"advantage": "ppo"}, "one of"),
-])
+@pytest.mark.parametrize(
+    "knobs, msg",
+    [
+        ({"learning_rate": 1e-4}, "unknown knob"),
+        ({"lr": 5.0}, "outside the allowed range"),
+        ({"group_size": 3.5}, "integer"),
+        ({"advantage": "ppo"}, "one of"),
+    ],
+)
 def test_knob_validation(knobs, msg):
     with pytest.raises(ValidationError, match=msg):
         ExperimentConfig(arm="x", seed=0, steps=5, knobs=knobs)

@@ -13,30 +13,68 @@ from sqlmodel import Session, select
 
 from researcher.config import Budget, StudyConfig
 from researcher.experiment import Frame, HypothesisSpec
-from researcher.llm import (COMPACT_JSON, ModelRequestsForbidden, ScriptedChatModel, StructuredOutputError,
-                            answer_token_limit, make_chat_model, max_answer_chars, override_model, structured)
-from researcher.llm_planner import (LLMPlanner, decision_schema, design_schema, frame_schema, hypothesis_schema,
-                                    plannable_knobs)
+from researcher.llm import (
+    COMPACT_JSON,
+    ModelRequestsForbidden,
+    ScriptedChatModel,
+    StructuredOutputError,
+    answer_token_limit,
+    make_chat_model,
+    max_answer_chars,
+    override_model,
+    structured,
+)
+from researcher.llm_planner import (
+    LLMPlanner,
+    decision_schema,
+    design_schema,
+    frame_schema,
+    hypothesis_schema,
+    plannable_knobs,
+)
 from researcher.planning import PlanDefaults
 from researcher.runner import create_study, drive, make_context, store_engine
 from store.models import Hypothesis, Study, Trial
 
-FRAME = {"question": "Does lr matter on arith?", "task": "arith", "metric": "final_reward",
-         "metric_window": 5, "knobs": ["lr"], "baseline": {}}
-HYP = {"statement": "lr 3e-4 beats lr 0", "rationale": "lr 0 cannot learn", "knob": "lr",
-       "baseline_value": 0.0, "treatment_values": [3e-4], "direction": "greater"}
-DESIGN = {"task": "arith", "steps": 99, "seeds": [0, 1, 2], "baseline": "zero",
-          "arms": [{"name": "zero", "knobs": {"lr": 0.0}}, {"name": "high", "knobs": {"lr": 3e-4}}]}
+FRAME = {
+    "question": "Does lr matter on arith?",
+    "task": "arith",
+    "metric": "final_reward",
+    "metric_window": 5,
+    "knobs": ["lr"],
+    "baseline": {},
+}
+HYP = {
+    "statement": "lr 3e-4 beats lr 0",
+    "rationale": "lr 0 cannot learn",
+    "knob": "lr",
+    "baseline_value": 0.0,
+    "treatment_values": [3e-4],
+    "direction": "greater",
+}
+DESIGN = {
+    "task": "arith",
+    "steps": 99,
+    "seeds": [0, 1, 2],
+    "baseline": "zero",
+    "arms": [{"name": "zero", "knobs": {"lr": 0.0}}, {"name": "high", "knobs": {"lr": 3e-4}}],
+}
 BAD_DESIGN = {**DESIGN, "seeds": [0, 1]}
 
 
 def scripted_replies() -> ScriptedChatModel:
     """Replies by step (read from the prompt); the first design is invalid (2 seeds)."""
     designs = [json.dumps(BAD_DESIGN), json.dumps(DESIGN)]
-    decisions = [json.dumps({"stop": False, "notes": "Is a smaller rate enough?",
-                             "follow_ups": [{**HYP, "statement": "lr 1e-4 beats lr 0",
-                                             "treatment_values": [1e-4]}]}),
-                 json.dumps({"stop": True, "follow_ups": [], "notes": "lr 0 does not learn."})]
+    decisions = [
+        json.dumps(
+            {
+                "stop": False,
+                "notes": "Is a smaller rate enough?",
+                "follow_ups": [{**HYP, "statement": "lr 1e-4 beats lr 0", "treatment_values": [1e-4]}],
+            }
+        ),
+        json.dumps({"stop": True, "follow_ups": [], "notes": "lr 0 does not learn."}),
+    ]
 
     def reply(messages):
         prompt = str(messages[1].content)
@@ -47,8 +85,9 @@ def scripted_replies() -> ScriptedChatModel:
         if "Design the experiment" in prompt:
             if designs:
                 return designs.pop(0)
-            return json.dumps({**DESIGN, "arms": [{"name": "zero", "knobs": {"lr": 0.0}},
-                                                  {"name": "low", "knobs": {"lr": 1e-4}}]})
+            return json.dumps(
+                {**DESIGN, "arms": [{"name": "zero", "knobs": {"lr": 0.0}}, {"name": "low", "knobs": {"lr": 1e-4}}]}
+            )
         if "Decide whether the study should go on" in prompt:
             return decisions.pop(0)
         raise AssertionError(f"unexpected prompt: {prompt[:200]}")
@@ -100,9 +139,16 @@ def test_token_budget_is_checked_before_each_call():
 
 def test_llm_study_end_to_end(fake_program):
     model = scripted_replies()
-    cfg = StudyConfig(topic="Does lr matter?", planner="llm", trial_program=fake_program,
-                      defaults=PlanDefaults(steps=10), poll_s=0.2, llm_base_url="http://127.0.0.1:9/v1",
-                      llm_model="fake", budget=Budget(llm_tokens=100_000))
+    cfg = StudyConfig(
+        topic="Does lr matter?",
+        planner="llm",
+        trial_program=fake_program,
+        defaults=PlanDefaults(steps=10),
+        poll_s=0.2,
+        llm_base_url="http://127.0.0.1:9/v1",
+        llm_model="fake",
+        budget=Budget(llm_tokens=100_000),
+    )
     with override_model(model):
         sid = create_study(cfg)
         step = drive(sid, poll_s=0.2)
@@ -175,12 +221,25 @@ class ScriptedEndpoint:
                     msg = {"role": "assistant", "content": step["content"]}
                     if body.get("tools"):
                         name = body["tools"][0]["function"]["name"]
-                        msg = {"role": "assistant", "content": None, "tool_calls": [
-                            {"id": "call_1", "type": "function",
-                             "function": {"name": name, "arguments": step["content"]}}]}
-                    reply = {"id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
-                             "choices": [{"index": 0, "message": msg, "finish_reason": step.get("finish", "stop")}],
-                             "usage": {"prompt_tokens": 1000, "completion_tokens": 234, "total_tokens": 1234}}
+                        msg = {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "call_1",
+                                    "type": "function",
+                                    "function": {"name": name, "arguments": step["content"]},
+                                }
+                            ],
+                        }
+                    reply = {
+                        "id": "c1",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [{"index": 0, "message": msg, "finish_reason": step.get("finish", "stop")}],
+                        "usage": {"prompt_tokens": 1000, "completion_tokens": 234, "total_tokens": 1234},
+                    }
                 data = json.dumps(reply).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -232,20 +291,31 @@ def test_json_schema_mode_and_tokens_from_usage(endpoint):
     assert ep.requests[1]["max_completion_tokens"] < 1024  # one hypothesis needs less than the cap
     hs = ep.requests[1]["response_format"]["json_schema"]["schema"]["properties"]
     assert hs["knob"]["enum"] == ["lr"] and hs["baseline_value"] == {"enum": [3e-4]}
-    assert hs["treatment_values"]["items"] == {"anyOf": [
-        {"type": "number", "minimum": 0.0, "exclusiveMaximum": 3e-4},
-        {"type": "number", "maximum": 0.01, "exclusiveMinimum": 3e-4}]}
+    assert hs["treatment_values"]["items"] == {
+        "anyOf": [
+            {"type": "number", "minimum": 0.0, "exclusiveMaximum": 3e-4},
+            {"type": "number", "maximum": 0.01, "exclusiveMinimum": 3e-4},
+        ]
+    }
 
 
 def test_a_server_refusing_response_format_gets_tool_calls(endpoint):
-    ep = endpoint([{"status": 400, "message": "response_format json_schema is not supported"},
-                   {"content": json.dumps(FRAME)}, {"content": json.dumps(HYP)}])
+    ep = endpoint(
+        [
+            {"status": 400, "message": "response_format json_schema is not supported"},
+            {"content": json.dumps(FRAME)},
+            {"content": json.dumps(HYP)},
+        ]
+    )
     p = LLMPlanner(_model(ep.url))
     f = p.frame("t", PlanDefaults())
     p.hypothesize("t", f, [])
     assert p.policy.method == "function_calling" and f.knobs == ["lr"]
-    assert [("response_format" in r, "tools" in r) for r in ep.requests] == [(True, False), (False, True),
-                                                                             (False, True)]
+    assert [("response_format" in r, "tools" in r) for r in ep.requests] == [
+        (True, False),
+        (False, True),
+        (False, True),
+    ]
 
 
 def test_invalid_answers_go_back_and_use_up_the_retries(endpoint):
@@ -264,8 +334,13 @@ def test_slow_and_failing_calls_are_retried_with_backoff(endpoint):
     ep = endpoint([{"sleep": 2.0, "content": "{}"}, {"status": 503}, {"content": json.dumps(FRAME)}])
     policy = CallPolicy(wait_s=30, backoff_s=0.05)
     slept: list[float] = []
-    got = structured(_model(ep.url, timeout_s=0.5), [HumanMessage(content="frame")], Frame, policy=policy,
-                     sleep=lambda s: slept.append(s) or time.sleep(s))
+    got = structured(
+        _model(ep.url, timeout_s=0.5),
+        [HumanMessage(content="frame")],
+        Frame,
+        policy=policy,
+        sleep=lambda s: slept.append(s) or time.sleep(s),
+    )
     assert got.knobs == ["lr"] and policy.transport_retries == 2
     assert len(slept) == 2 and slept[1] > slept[0]  # exponential
 
@@ -306,8 +381,11 @@ def test_settings_fall_back_to_the_openai_environment(monkeypatch):
     monkeypatch.setenv("OPENAI_MODEL", "gpt-x")
     assert llm_settings() == {"api_key": "sk-x", "model": "gpt-x"}  # OpenAI itself
     monkeypatch.setenv("ROOST_LLM_BASE_URL", "http://127.0.0.1:1/v1")
-    assert llm_settings({"llm_model": "mine"}) == {"api_key": "sk-x", "model": "mine",
-                                                   "base_url": "http://127.0.0.1:1/v1"}
+    assert llm_settings({"llm_model": "mine"}) == {
+        "api_key": "sk-x",
+        "model": "mine",
+        "base_url": "http://127.0.0.1:1/v1",
+    }
 
 
 def test_a_cut_off_answer_is_an_invalid_one(endpoint):
@@ -322,9 +400,13 @@ def test_every_planner_schema_bounds_its_answer():
     string has a maxLength, every array a maxItems, every object is closed."""
     knobs = plannable_knobs()
     hyp = HypothesisSpec.model_validate(HYP)
-    schemas = {"frame": frame_schema(knobs), "hypothesis": hypothesis_schema(["lr"], {}),
-               "hypotheses": hypothesis_schema(knobs), "decision": decision_schema(knobs),
-               "design": design_schema("arith", hyp, PlanDefaults(), ["kl_coef"])}
+    schemas = {
+        "frame": frame_schema(knobs),
+        "hypothesis": hypothesis_schema(["lr"], {}),
+        "hypotheses": hypothesis_schema(knobs),
+        "decision": decision_schema(knobs),
+        "design": design_schema("arith", hyp, PlanDefaults(), ["kl_coef"]),
+    }
     sizes = {name: max_answer_chars(js) for name, js in schemas.items()}
     assert all(n is not None and n < 2000 for n in sizes.values()), sizes
     scripted = {"frame": FRAME, "hypothesis": HYP, "hypotheses": HYP, "design": DESIGN}
@@ -338,12 +420,23 @@ def test_every_planner_schema_bounds_its_answer():
 
 def test_the_answer_bound_counts_the_longest_answer():
     text = {"type": "string", "maxLength": 10}
-    schema = {"type": "object", "additionalProperties": False, "properties": {
-        "a": text, "b": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "maxItems": 2},
-        "c": {"enum": ["xy", "long-one"]}, "d": {"anyOf": [{"type": "boolean"}, text]}}}
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "a": text,
+            "b": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "maxItems": 2},
+            "c": {"enum": ["xy", "long-one"]},
+            "d": {"anyOf": [{"type": "boolean"}, text]},
+        },
+    }
     longest = {"a": "x" * 10, "b": [999, 999], "c": "long-one", "d": "y" * 10}
     assert max_answer_chars(schema) >= len(json.dumps(longest))
     assert max_answer_chars(schema) - len(json.dumps(longest)) <= 10  # tight, not a guess
-    for loose in ({"type": "string"}, {"type": "array", "items": text}, {"type": "object", "properties": {"a": text}},
-                  {"$ref": "#/$defs/X"}):
+    for loose in (
+        {"type": "string"},
+        {"type": "array", "items": text},
+        {"type": "object", "properties": {"a": text}},
+        {"$ref": "#/$defs/X"},
+    ):
         assert max_answer_chars(loose) is None, loose

@@ -35,8 +35,9 @@ def test_postgres_checkpoints_survive_a_new_process_context(pg_url, fake_program
     init_db(pg_url, upgrade=True)
     from researcher.runner import checkpointer, create_study, drive, make_context
 
-    sid = create_study(StudyConfig(topic=TOPIC, trial_program=fake_program, approve=True,
-                                   defaults=PlanDefaults(steps=4), poll_s=0.2))
+    sid = create_study(
+        StudyConfig(topic=TOPIC, trial_program=fake_program, approve=True, defaults=PlanDefaults(steps=4), poll_s=0.2)
+    )
     assert drive(sid, poll_s=0.2).state == "approval"
     dispose_engines()  # as if the process had ended
     ctx = make_context(sid)

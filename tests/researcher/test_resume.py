@@ -36,8 +36,7 @@ class CrashAfterSubmit(StoreSink):
 
 
 def test_crash_between_submit_and_record_is_adopted_not_resubmitted(fake_program):
-    cfg = StudyConfig(topic=TOPIC, trial_program=fake_program, defaults=PlanDefaults(steps=5),
-                      approve=True, poll_s=0.2)
+    cfg = StudyConfig(topic=TOPIC, trial_program=fake_program, defaults=PlanDefaults(steps=5), approve=True, poll_s=0.2)
     sid = create_study(cfg)
     assert drive(sid, poll_s=0.2).state == "approval"  # trials exist, nothing launched
     engine = store_engine()
@@ -89,8 +88,14 @@ def _researcher(*args: str, env: dict) -> subprocess.Popen:
     log = Path(os.environ["ROOST_HOME"]) / "researcher.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as out:
-        return subprocess.Popen([sys.executable, "-m", "researcher", *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "researcher", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            text=True,
+        )
 
 
 def _log() -> str:
@@ -139,8 +144,11 @@ def test_daemon_killed_mid_study_then_restarted(fake_program):
     from researcher.cli import app
 
     env = {**os.environ, "FAKE_TRIAL_SLEEP": "2"}
-    res = CliRunner().invoke(app, ["study", TOPIC, "--background", "--steps", "5",
-                                   "--trial-program", " ".join(fake_program)], env={"FAKE_TRIAL_SLEEP": "2"})
+    res = CliRunner().invoke(
+        app,
+        ["study", TOPIC, "--background", "--steps", "5", "--trial-program", " ".join(fake_program)],
+        env={"FAKE_TRIAL_SLEEP": "2"},
+    )
     assert res.exit_code == 0, res.output
     engine = store_engine()
 

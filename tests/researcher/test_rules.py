@@ -22,18 +22,25 @@ def test_learning_rate_topic():
     assert len(d.trial_configs()) == 6
 
 
-@pytest.mark.parametrize("topic, knob, values, task", [
-    ("Does group size matter on the guessing game? Compare 4 and 16", "group_size", [4, 16], "guess"),
-    ("Compare a KL coefficient of 0.1 against none (0)", "kl_coef", [0.0, 0.1], "arith"),
-    ("Is timeline merging on better than off?", "timeline_merge", [True, False], "arith"),
-    ("Sampling temperature 0.7 vs 1.0 for arithmetic", "temperature", [0.7, 1.0], "arith"),
-    ("Is RLOO better than GRPO?", "advantage", ["grpo", "rloo"], "arith"),
-    ("Does the model matter? Try /models/a", "model", ["embedded", "/models/a"], "arith"),
-    ("Does a task mix help?", "task", ["arith", "arith+guess"], "arith"),
-    ("Does sequence-mean loss aggregation help a mix of arithmetic and guess?", "loss_agg",
-     ["token-mean", "seq-mean-token-mean"], "arith+guess"),
-    ("Token-mean loss on the guessing game", "loss_agg", ["token-mean", "seq-mean-token-mean"], "guess"),
-])
+@pytest.mark.parametrize(
+    "topic, knob, values, task",
+    [
+        ("Does group size matter on the guessing game? Compare 4 and 16", "group_size", [4, 16], "guess"),
+        ("Compare a KL coefficient of 0.1 against none (0)", "kl_coef", [0.0, 0.1], "arith"),
+        ("Is timeline merging on better than off?", "timeline_merge", [True, False], "arith"),
+        ("Sampling temperature 0.7 vs 1.0 for arithmetic", "temperature", [0.7, 1.0], "arith"),
+        ("Is RLOO better than GRPO?", "advantage", ["grpo", "rloo"], "arith"),
+        ("Does the model matter? Try /models/a", "model", ["embedded", "/models/a"], "arith"),
+        ("Does a task mix help?", "task", ["arith", "arith+guess"], "arith"),
+        (
+            "Does sequence-mean loss aggregation help a mix of arithmetic and guess?",
+            "loss_agg",
+            ["token-mean", "seq-mean-token-mean"],
+            "arith+guess",
+        ),
+        ("Token-mean loss on the guessing game", "loss_agg", ["token-mean", "seq-mean-token-mean"], "guess"),
+    ],
+)
 def test_knobs_are_parsed(topic, knob, values, task):
     p = RulesPlanner()
     f = p.frame(topic, PlanDefaults())
@@ -49,14 +56,17 @@ def test_more_seeds_and_one_round_only():
     assert p.hypothesize("learning rate 1e-4 vs 3e-4", f, [{"round": 0}]) is None
 
 
-@pytest.mark.parametrize("topic, says", [
-    ("Does Adam beat SGD?", "cannot study the optimizer"),
-    ("Does a cosine schedule help arithmetic?", "cannot study a learning-rate schedule"),
-    ("Do more layers help?", "cannot study the architecture"),
-    ("Does weight decay help?", "found no knob"),
-    ("Does training help on arithmetic?", "found no knob"),
-    ("Does a bigger model help?", "name at least two values of model"),
-])
+@pytest.mark.parametrize(
+    "topic, says",
+    [
+        ("Does Adam beat SGD?", "cannot study the optimizer"),
+        ("Does a cosine schedule help arithmetic?", "cannot study a learning-rate schedule"),
+        ("Do more layers help?", "cannot study the architecture"),
+        ("Does weight decay help?", "found no knob"),
+        ("Does training help on arithmetic?", "found no knob"),
+        ("Does a bigger model help?", "name at least two values of model"),
+    ],
+)
 def test_topics_outside_its_knobs_are_refused_with_what_it_can_study(topic, says):
     p = RulesPlanner()
     with pytest.raises(UnsupportedTopic, match=says) as e:

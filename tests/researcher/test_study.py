@@ -135,10 +135,13 @@ def test_daemon_tick_drives_a_background_study(fake_program):
     assert tick() == {}  # nothing active any more
 
 
-@pytest.mark.parametrize("budget, why", [
-    (Budget(wall_clock_s=0.001), "wall-clock budget"),
-    (Budget(deadline="2000-01-01T00:00:00Z"), "deadline"),
-])
+@pytest.mark.parametrize(
+    "budget, why",
+    [
+        (Budget(wall_clock_s=0.001), "wall-clock budget"),
+        (Budget(deadline="2000-01-01T00:00:00Z"), "deadline"),
+    ],
+)
 def test_spent_budgets_launch_nothing(fake_program, budget, why):
     sid = create_study(config(fake_program, budget=budget))
     assert drive(sid, poll_s=0.2).state == "done"
@@ -172,8 +175,7 @@ def test_a_trial_programs_own_mlflow_run_is_adopted_as_the_child_run():
 
     parent = tracking.start_study_run(99, "x-abcdef", {"topic": "t"})
     exp = get_client().get_run(parent).info.experiment_id
-    own = RunLogger.start(tracking.experiment_name(99, "x-abcdef"), "server", parent_run_id=parent,
-                          flush_interval_s=0)
+    own = RunLogger.start(tracking.experiment_name(99, "x-abcdef"), "server", parent_run_id=parent, flush_interval_s=0)
     own.log_metrics(0, {"reward_mean": 0.5})
     own.flush()
     summary = {"steps": [{"step": 0, "reward_mean": 0.5}]}

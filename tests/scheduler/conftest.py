@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-
-import sys
 
 import pytest
 
@@ -64,8 +63,9 @@ SLURM_TIMEOUT_TEST = "test_time_limit_kills_job[slurm]"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def early_slurm_timeout_job(request: pytest.FixtureRequest,
-                            tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobHandle | None]:
+def early_slurm_timeout_job(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[JobHandle | None]:
     """The Slurm time-limit job, submitted when the session starts (only if that test runs).
 
     Slurm limits are whole minutes and slurmctld checks them every 30 s, so that test
@@ -76,8 +76,14 @@ def early_slurm_timeout_job(request: pytest.FixtureRequest,
         yield None
         return
     backend = SlurmBackend()
-    handle = backend.submit(JobSpec(name="timelimit", command=["sleep", "600"], time_limit_s=60,
-                                    log_dir=str(tmp_path_factory.mktemp("slurm-timeout"))))
+    handle = backend.submit(
+        JobSpec(
+            name="timelimit",
+            command=["sleep", "600"],
+            time_limit_s=60,
+            log_dir=str(tmp_path_factory.mktemp("slurm-timeout")),
+        )
+    )
     yield handle
     backend.cancel(handle)
 

@@ -63,12 +63,14 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def _slurm_env_shared(tmp_path_factory: pytest.TempPathFactory, slurm: None,
-                      early_slurm_timeout_job: JobHandle | None) -> Iterator[Env]:
+def _slurm_env_shared(
+    tmp_path_factory: pytest.TempPathFactory, slurm: None, early_slurm_timeout_job: JobHandle | None
+) -> Iterator[Env]:
     env = Env(SlurmBackend(min_poll_s=0.1, max_poll_s=0.5), tmp_path_factory.mktemp("slurm-logs"), "slurm")
     # Submitted as early as possible (see the module docstring and conftest).
     env.timeout_job = early_slurm_timeout_job or env.backend.submit(
-        env.spec("timelimit", ["sleep", "600"], time_limit_s=60))
+        env.spec("timelimit", ["sleep", "600"], time_limit_s=60)
+    )
     yield env
     for h in [*env.cleanup, env.timeout_job]:
         if h is not None:
@@ -131,8 +133,9 @@ def test_cancel_running_job(env: Env) -> None:
 def test_env_and_cwd_reach_the_job(env: Env, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    h = env.submit(env.spec("envcwd", ["bash", "-c", 'echo "v=$ROOST_T_VAR"; pwd'], env={"ROOST_T_VAR": "a b'c"},
-                            cwd=str(work)))
+    h = env.submit(
+        env.spec("envcwd", ["bash", "-c", 'echo "v=$ROOST_T_VAR"; pwd'], env={"ROOST_T_VAR": "a b'c"}, cwd=str(work))
+    )
     st = env.wait_state(h, lambda s: s.terminal, 30)
     assert st.state == JobState.COMPLETED
     out = env.backend.logs(h)

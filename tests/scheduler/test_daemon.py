@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 from sched_helpers import wait_for
 
-from scheduler.daemon import JOB_DEFAULTS, RECONCILE_JOB_ID, Daemon, list_ticks, make_scheduler, register_tick, unregister_tick
+from scheduler.daemon import (
+    JOB_DEFAULTS,
+    RECONCILE_JOB_ID,
+    Daemon,
+    list_ticks,
+    make_scheduler,
+    register_tick,
+    unregister_tick,
+)
 from scheduler.records import StoreSink
 from store.models import JobState
 
@@ -68,8 +76,13 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _cli(args: list[str], tmp_path: Path, db_url: str) -> subprocess.CompletedProcess[str]:
     cmd, *rest = args  # options before the job's command
-    return subprocess.run([sys.executable, "-m", "scheduler.cli", cmd, "--db", db_url, *rest], env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler.cli", cmd, "--db", db_url, *rest],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -77,8 +90,13 @@ def spawn(tmp_path: Path, db_url: str) -> Iterator[object]:
     procs: list[subprocess.Popen[str]] = []
 
     def start() -> subprocess.Popen[str]:
-        p = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "daemon", "--db", db_url, "--interval", "0.3"],
-                             env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "scheduler.cli", "daemon", "--db", db_url, "--interval", "0.3"],
+            env=_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         procs.append(p)
         return p
 
@@ -97,14 +115,19 @@ def test_sigkill_and_restart_reattaches_jobs(spawn: object, tmp_path: Path, db_u
     # Both jobs wait for a file the test creates, so every step below is deterministic.
     go_quick, go_slow = tmp_path / "go-quick", tmp_path / "go-slow"
     ids = []
-    for name, cmd in (("quick", f"until [ -e {go_quick} ]; do sleep 0.05; done; exit 3"),
-                      ("slow", f"until [ -e {go_slow} ]; do sleep 0.05; done")):
+    for name, cmd in (
+        ("quick", f"until [ -e {go_quick} ]; do sleep 0.05; done; exit 3"),
+        ("slow", f"until [ -e {go_slow} ]; do sleep 0.05; done"),
+    ):
         res = _cli(["submit", "--log-dir", str(tmp_path / "logs"), name, "bash", "-c", cmd], tmp_path, db_url)
         assert res.returncode == 0, res.stderr
         ids.append(int(res.stdout.strip()))
     quick, slow = ids
-    wait_for(lambda: all(sink.get(i).state == JobState.RUNNING for i in ids), 30,  # type: ignore[union-attr]
-             what="daemon records both RUNNING")
+    wait_for(
+        lambda: all(sink.get(i).state == JobState.RUNNING for i in ids),
+        30,  # type: ignore[union-attr]
+        what="daemon records both RUNNING",
+    )
 
     daemon.kill()  # type: ignore[attr-defined]
     daemon.wait()  # type: ignore[attr-defined]

@@ -87,7 +87,7 @@ def test_reattach_from_a_new_backend_instance(tmp_path: Path) -> None:
     first = _backend(tmp_path)
     quick = first.submit(_spec(tmp_path, "quick", ["bash", "-c", "exit 4"]))
     slow = first.submit(_spec(tmp_path, "slow", ["sleep", "2"]))
-    wait_for(lambda: _state(first, slow) == JobState.RUNNING, 10, what="slow running")
+    wait_for(lambda first=first: _state(first, slow) == JobState.RUNNING, 10, what="slow running")
     del first  # "the scheduler died"
     wait_for(lambda: (Path(quick.stdout_path).parent / "exit.json").exists(), 10, what="quick finished")
     second = _backend(tmp_path)
@@ -139,8 +139,15 @@ def test_cancel_pending_and_force_cancel(tmp_path: Path) -> None:
 
 def test_time_limit_kills_whole_process_group(tmp_path: Path) -> None:
     b = _backend(tmp_path)
-    h = b.submit(_spec(tmp_path, "tree", ["bash", "-c", "sleep 60 & sleep 60 & echo $! > pids; wait"],
-                       time_limit_s=1, cwd=str(tmp_path)))
+    h = b.submit(
+        _spec(
+            tmp_path,
+            "tree",
+            ["bash", "-c", "sleep 60 & sleep 60 & echo $! > pids; wait"],
+            time_limit_s=1,
+            cwd=str(tmp_path),
+        )
+    )
     st = wait_for(lambda: (s := b.status([h])[h.external_id]).terminal and s, 15, what="timeout")
     assert st.state == JobState.TIMEOUT  # type: ignore[union-attr]
     grandchild = int((tmp_path / "pids").read_text())
@@ -149,8 +156,7 @@ def test_time_limit_kills_whole_process_group(tmp_path: Path) -> None:
 
 def test_setup_lines_and_missing_command(tmp_path: Path) -> None:
     b = _backend(tmp_path)
-    ok = b.submit(_spec(tmp_path, "setup", ["bash", "-c", 'echo "x=$FROM_SETUP"'],
-                        setup=["export FROM_SETUP=42"]))
+    ok = b.submit(_spec(tmp_path, "setup", ["bash", "-c", 'echo "x=$FROM_SETUP"'], setup=["export FROM_SETUP=42"]))
     bad = b.submit(_spec(tmp_path, "missing", ["/nonexistent/binary"]))
     wait_for(lambda: all(s.terminal for s in b.status([ok, bad]).values()), 15, what="both done")
     assert "x=42" in b.logs(ok)

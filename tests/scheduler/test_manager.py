@@ -35,14 +35,18 @@ def fake() -> FakeSlurm:
 
 @pytest.fixture
 def mgr(sink: JobSink, fake: FakeSlurm, tmp_path: Path) -> Iterator[JobManager]:
-    m = JobManager(sink, {"slurm": SlurmBackend(runner=fake, min_poll_s=0, max_poll_s=0),
-                          "local": LocalBackend(max_concurrent=2, state_dir=tmp_path / "st", kill_wait_s=1)},
-                   runaway_grace_s=0)
+    m = JobManager(
+        sink,
+        {
+            "slurm": SlurmBackend(runner=fake, min_poll_s=0, max_poll_s=0),
+            "local": LocalBackend(max_concurrent=2, state_dir=tmp_path / "st", kill_wait_s=1),
+        },
+        runaway_grace_s=0,
+    )
     yield m
     for rec in sink.active():  # never leave local processes behind
         if rec.backend == "local" and rec.handle() is not None:
             m.backend("local").cancel(rec.handle(), force=True)  # type: ignore[arg-type]
-
 
 
 def test_submit_records_handle_and_job_id_env(mgr: JobManager, fake: FakeSlurm, tmp_path: Path) -> None:
@@ -102,8 +106,11 @@ def test_runaway_guard_kills_jobs_past_their_budget(mgr: JobManager, fake: FakeS
 def test_runaway_guard_on_local_jobs(mgr: JobManager, tmp_path: Path) -> None:
     # A time limit the local supervisor would enforce only in an hour; pretend it started long ago.
     rec = mgr.submit(job_spec(tmp_path, time_limit_s=3600), backend="local")
-    wait_for(lambda: mgr.reconcile() or mgr.get(rec.id).state == JobState.RUNNING, 10,  # type: ignore[union-attr]
-             what="running")
+    wait_for(
+        lambda: mgr.reconcile() or mgr.get(rec.id).state == JobState.RUNNING,
+        10,  # type: ignore[union-attr]
+        what="running",
+    )
     mgr.sink.update(rec.id, started_at=utcnow() - timedelta(hours=2))
     mgr.reconcile()
     final = mgr.get(rec.id)

@@ -19,8 +19,23 @@ def _run(*args: str) -> str:
 
 
 def test_submit_wait_status_logs(db_url: str, tmp_path: Path) -> None:
-    res = runner.invoke(app, ["submit", "--db", db_url, "--log-dir", str(tmp_path), "--wait", "-e", "WHO=cli",
-                              "greet", "bash", "-c", 'echo "hi $WHO"; exit 2'])
+    res = runner.invoke(
+        app,
+        [
+            "submit",
+            "--db",
+            db_url,
+            "--log-dir",
+            str(tmp_path),
+            "--wait",
+            "-e",
+            "WHO=cli",
+            "greet",
+            "bash",
+            "-c",
+            'echo "hi $WHO"; exit 2',
+        ],
+    )
     assert res.exit_code == 2, res.output  # --wait exits with the job's code
     job_id = int(res.output.split()[0])
     rows = [json.loads(line) for line in _run("status", "--db", db_url, "--json").splitlines()]
@@ -54,8 +69,22 @@ def test_ticks_listing(db_url: str) -> None:
 
 def test_submit_takes_options_anywhere_before_dashes(db_url: str, tmp_path: Path) -> None:
     """`swarm sched submit hello --wait -- echo hi`: the options are the scheduler's, the rest the job's."""
-    res = runner.invoke(app, ["submit", "hello", "--db", db_url, "--log-dir", str(tmp_path), "--wait", "--",
-                              "bash", "-c", "echo hi; exit 3"])
+    res = runner.invoke(
+        app,
+        [
+            "submit",
+            "hello",
+            "--db",
+            db_url,
+            "--log-dir",
+            str(tmp_path),
+            "--wait",
+            "--",
+            "bash",
+            "-c",
+            "echo hi; exit 3",
+        ],
+    )
     assert res.exit_code == 3, res.output
     job_id = int(res.output.split()[0])
     assert _run("logs", str(job_id), "--db", db_url) == "hi\n"

@@ -13,10 +13,30 @@ def test_all_is_sorted_and_resolves() -> None:
 
 def test_public_names_are_exactly_these() -> None:
     assert set(scheduler.__all__) == {
-        "Backend", "BackendError", "BackendUnavailable", "Daemon", "JobHandle", "JobManager", "JobRecord",
-        "JobSpec", "JobState", "JobStatus", "LocalBackend", "MemorySink", "SlurmBackend", "StoreSink",
-        "TrialLaunch", "TrialShape", "TrialState", "poll_trials", "register_tick", "render_script", "submit_trial",
-        "trial_jobs", "trial_state", "unregister_tick",
+        "Backend",
+        "BackendError",
+        "BackendUnavailable",
+        "Daemon",
+        "JobHandle",
+        "JobManager",
+        "JobRecord",
+        "JobSpec",
+        "JobState",
+        "JobStatus",
+        "LocalBackend",
+        "MemorySink",
+        "SlurmBackend",
+        "StoreSink",
+        "TrialLaunch",
+        "TrialShape",
+        "TrialState",
+        "poll_trials",
+        "register_tick",
+        "render_script",
+        "submit_trial",
+        "trial_jobs",
+        "trial_state",
+        "unregister_tick",
     }
 
 
@@ -32,7 +52,9 @@ def test_wrapper_starts_without_heavy_imports() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, scheduler._wrap; heavy = {'pydantic', 'sqlalchemy', 'apscheduler', 'sqlmodel'}"
-            " & set(sys.modules); print(sorted(heavy))")
+    code = (
+        "import sys, scheduler._wrap; heavy = {'pydantic', 'sqlalchemy', 'apscheduler', 'sqlmodel'}"
+        " & set(sys.modules); print(sorted(heavy))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -16,8 +16,11 @@ from store.models import JobState
 
 
 def _spec(tmp_path: Path, **kw: object) -> JobSpec:
-    base: dict[str, object] = {"name": "job", "command": ["python", "-c", "print('hi there')"],
-                               "log_dir": str(tmp_path / "logs")}
+    base: dict[str, object] = {
+        "name": "job",
+        "command": ["python", "-c", "print('hi there')"],
+        "log_dir": str(tmp_path / "logs"),
+    }
     base.update(kw)
     return JobSpec(**base)  # type: ignore[arg-type]
 
@@ -25,23 +28,50 @@ def _spec(tmp_path: Path, **kw: object) -> JobSpec:
 # ---------------------------------------------------------------- rendering
 
 
-@pytest.mark.parametrize("seconds,expected", [
-    (1, "0-00:01:00"), (60, "0-00:01:00"), (61, "0-00:02:00"), (3600, "0-01:00:00"),
-    (86400 + 90, "1-00:02:00"),
-])
+@pytest.mark.parametrize(
+    "seconds,expected",
+    [
+        (1, "0-00:01:00"),
+        (60, "0-00:01:00"),
+        (61, "0-00:02:00"),
+        (3600, "0-01:00:00"),
+        (86400 + 90, "1-00:02:00"),
+    ],
+)
 def test_time_limit_rounds_up_to_minutes(seconds: int, expected: str) -> None:
     assert format_time_limit(seconds) == expected
 
 
 def test_script_has_every_resource_and_time_always(tmp_path: Path) -> None:
-    script = render_script(_spec(tmp_path, time_limit_s=90, cpus=4, mem_mb=2048, gpus=2, nodes=3,
-                                 partition="gpu", cwd="/srv/work", env={"A": "x y", "B": "it's"},
-                                 setup=["module load cuda"]))
+    script = render_script(
+        _spec(
+            tmp_path,
+            time_limit_s=90,
+            cpus=4,
+            mem_mb=2048,
+            gpus=2,
+            nodes=3,
+            partition="gpu",
+            cwd="/srv/work",
+            env={"A": "x y", "B": "it's"},
+            setup=["module load cuda"],
+        )
+    )
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
-    for opt in ("--job-name=job", "--time=0-00:02:00", "--nodes=3", "--cpus-per-task=4", "--mem=2048M",
-                "--gpus-per-node=2", "--partition=gpu", "--chdir=/srv/work", "--export=ALL",
-                f"--output={tmp_path}/logs/job-%j.out", f"--error={tmp_path}/logs/job-%j.err"):
+    for opt in (
+        "--job-name=job",
+        "--time=0-00:02:00",
+        "--nodes=3",
+        "--cpus-per-task=4",
+        "--mem=2048M",
+        "--gpus-per-node=2",
+        "--partition=gpu",
+        "--chdir=/srv/work",
+        "--export=ALL",
+        f"--output={tmp_path}/logs/job-%j.out",
+        f"--error={tmp_path}/logs/job-%j.err",
+    ):
         assert f"#SBATCH {opt}" in lines, opt
     assert "export A='x y'" in lines and "export B='it'\"'\"'s'" in lines
     assert lines.index("module load cuda") < lines.index("python -c 'print('\"'\"'hi there'\"'\"')'")
@@ -63,15 +93,25 @@ def test_script_refuses_whitespace_in_log_paths(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- parsing
 
 
-@pytest.mark.parametrize("raw,state,reason", [
-    ("PENDING", JobState.PENDING, None), ("RUNNING", JobState.RUNNING, None),
-    ("COMPLETING", JobState.RUNNING, "completing"), ("COMPLETED", JobState.COMPLETED, None),
-    ("FAILED", JobState.FAILED, None), ("CANCELLED by 0", JobState.CANCELLED, None),
-    ("TIMEOUT", JobState.TIMEOUT, None), ("OUT_OF_MEMORY", JobState.FAILED, "OUT_OF_MEMORY"),
-    ("NODE_FAIL", JobState.FAILED, "NODE_FAIL"), (["FAILED"], JobState.FAILED, None),
-    (["PENDING", "REQUEUED"], JobState.PENDING, None), ("CD", JobState.COMPLETED, None),
-    ("PREEMPTED", JobState.FAILED, "PREEMPTED"), ("DEADLINE", JobState.TIMEOUT, "DEADLINE"),
-])
+@pytest.mark.parametrize(
+    "raw,state,reason",
+    [
+        ("PENDING", JobState.PENDING, None),
+        ("RUNNING", JobState.RUNNING, None),
+        ("COMPLETING", JobState.RUNNING, "completing"),
+        ("COMPLETED", JobState.COMPLETED, None),
+        ("FAILED", JobState.FAILED, None),
+        ("CANCELLED by 0", JobState.CANCELLED, None),
+        ("TIMEOUT", JobState.TIMEOUT, None),
+        ("OUT_OF_MEMORY", JobState.FAILED, "OUT_OF_MEMORY"),
+        ("NODE_FAIL", JobState.FAILED, "NODE_FAIL"),
+        (["FAILED"], JobState.FAILED, None),
+        (["PENDING", "REQUEUED"], JobState.PENDING, None),
+        ("CD", JobState.COMPLETED, None),
+        ("PREEMPTED", JobState.FAILED, "PREEMPTED"),
+        ("DEADLINE", JobState.TIMEOUT, "DEADLINE"),
+    ],
+)
 def test_state_mapping(raw: object, state: JobState, reason: str | None) -> None:
     assert map_state(raw) == (state, reason)  # type: ignore[arg-type]
 
@@ -81,12 +121,26 @@ def test_unknown_state_is_unknown_not_a_crash() -> None:
     assert map_state(None)[0] == JobState.UNKNOWN
 
 
-@pytest.mark.parametrize("value,expected", [
-    (0, (0, None)), (768, (3, None)), (9, (None, 9)), ("2:0", (2, None)), ("0:15", (0, 15)),
-    ({"status": ["EXITED"], "return_code": {"set": True, "number": 4}, "signal": {"id": {"set": False, "number": 0}}},
-     (4, None)),
-    ({"return_code": 0, "signal": {"signal_id": 9}}, (0, 9)), (None, (None, None)),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (0, (0, None)),
+        (768, (3, None)),
+        (9, (None, 9)),
+        ("2:0", (2, None)),
+        ("0:15", (0, 15)),
+        (
+            {
+                "status": ["EXITED"],
+                "return_code": {"set": True, "number": 4},
+                "signal": {"id": {"set": False, "number": 0}},
+            },
+            (4, None),
+        ),
+        ({"return_code": 0, "signal": {"signal_id": 9}}, (0, 9)),
+        (None, (None, None)),
+    ],
+)
 def test_decode_exit(value: object, expected: tuple[int | None, int | None]) -> None:
     assert decode_exit(value) == expected
 
@@ -108,18 +162,29 @@ def test_squeue_json_both_shapes(version: str, tmp_path: Path) -> None:
 
 
 def test_scontrol_line_real_sample() -> None:
-    line = ("JobId=2 JobName=wrap UserId=root(0) JobState=FAILED Reason=NonZeroExitCode Dependency=(null) "
-            "ExitCode=3:0 RunTime=00:00:01 TimeLimit=UNLIMITED StartTime=2026-11-22T00:59:10 "
-            "EndTime=2026-11-22T00:59:11 NtasksPerN:B:S:C=0:0:*:* Command=(null) WorkDir=/tmp")
+    line = (
+        "JobId=2 JobName=wrap UserId=root(0) JobState=FAILED Reason=NonZeroExitCode Dependency=(null) "
+        "ExitCode=3:0 RunTime=00:00:01 TimeLimit=UNLIMITED StartTime=2026-11-22T00:59:10 "
+        "EndTime=2026-11-22T00:59:11 NtasksPerN:B:S:C=0:0:*:* Command=(null) WorkDir=/tmp"
+    )
     st = parse_scontrol_line(line)
     assert (st.state, st.exit_code) == (JobState.FAILED, 3)
     assert st.started_at is not None and st.finished_at is not None
 
 
 def test_sacct_json() -> None:
-    text = json.dumps({"jobs": [{"job_id": 5, "state": {"current": "OUT_OF_MEMORY", "reason": "None"},
-                                 "exit_code": {"status": "ERROR", "return_code": 0, "signal": {"signal_id": 9}},
-                                 "time": {"start": 100, "end": 200}}]})
+    text = json.dumps(
+        {
+            "jobs": [
+                {
+                    "job_id": 5,
+                    "state": {"current": "OUT_OF_MEMORY", "reason": "None"},
+                    "exit_code": {"status": "ERROR", "return_code": 0, "signal": {"signal_id": 9}},
+                    "time": {"start": 100, "end": 200},
+                }
+            ]
+        }
+    )
     st = parse_sacct_json(text)["5"]
     assert (st.state, st.reason, st.exit_code) == (JobState.FAILED, "OUT_OF_MEMORY", 137)
 
@@ -140,6 +205,7 @@ def test_submit_parses_parsable_output_and_paths(tmp_path: Path) -> None:
 def test_submit_with_cluster_suffix(tmp_path: Path) -> None:
     def runner(argv: list[str]) -> object:
         from scheduler.slurm import CommandResult
+
         return CommandResult(0, "42;cluster-a\n", "")
 
     assert SlurmBackend(runner=runner).submit(_spec(tmp_path)).external_id == "42"  # type: ignore[arg-type]
@@ -148,6 +214,7 @@ def test_submit_with_cluster_suffix(tmp_path: Path) -> None:
 def test_sbatch_refusal_is_a_backend_error(tmp_path: Path) -> None:
     def runner(argv: list[str]) -> object:
         from scheduler.slurm import CommandResult
+
         return CommandResult(1, "", "sbatch: error: invalid partition specified: nope")
 
     with pytest.raises(BackendError, match="invalid partition"):

@@ -32,11 +32,44 @@ def test_swarm_train_trial_under_slurm(slurm: None, db_url: str, tmp_path: Path)
 
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "out"
-    train = [sys.executable, "-m", "swarm", "train", "--task", "arith", "--steps", "2", "--model", str(model),
-             "--out", str(out), "--group-size", "2", "--batch-groups", "1", "--concurrency", "4",
-             "--dataset-size", "32", "--max-tokens", "16", "--no-mlflow"]
-    shape = TrialShape(key="e2e", jobs=[JobSpec(name="e2e-train", command=train, env={"HF_HUB_OFFLINE": "1"},
-                                                time_limit_s=600, mem_mb=4000, log_dir=str(tmp_path / "logs"))])
+    train = [
+        sys.executable,
+        "-m",
+        "swarm",
+        "train",
+        "--task",
+        "arith",
+        "--steps",
+        "2",
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--group-size",
+        "2",
+        "--batch-groups",
+        "1",
+        "--concurrency",
+        "4",
+        "--dataset-size",
+        "32",
+        "--max-tokens",
+        "16",
+        "--no-mlflow",
+    ]
+    shape = TrialShape(
+        key="e2e",
+        jobs=[
+            JobSpec(
+                name="e2e-train",
+                command=train,
+                env={"HF_HUB_OFFLINE": "1"},
+                time_limit_s=600,
+                mem_mb=4000,
+                log_dir=str(tmp_path / "logs"),
+            )
+        ],
+    )
     mgr = JobManager(StoreSink(db_url), {"slurm": SlurmBackend(min_poll_s=0.5, max_poll_s=2)})
     launch = submit_trial(mgr, shape, backend="slurm")
     (job,) = launch.records
@@ -47,7 +80,8 @@ def test_swarm_train_trial_under_slurm(slurm: None, db_url: str, tmp_path: Path)
         mgr.cancel_group("e2e")
         raise
     finally:
-        print(f"--- stdout\n{mgr.logs(job.id, tail_bytes=3000)}\n--- stderr\n{mgr.logs(job.id, 'stderr', tail_bytes=3000)}")
+        out, err = mgr.logs(job.id, tail_bytes=3000), mgr.logs(job.id, "stderr", tail_bytes=3000)
+        print(f"--- stdout\n{out}\n--- stderr\n{err}")
 
     assert launch.how == "submitted" and job.external_id and job.external_id.isdigit()  # really a Slurm job
     assert (done.state, done.exit_code) == (JobState.COMPLETED, 0), done

@@ -19,26 +19,29 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-
-
 def _set(srv: RunningServer, body: dict, token: str | None = None) -> httpx.Response:
     return httpx.post(f"{srv.url}/swarm/v1/admin/config", json=body, headers=_h(token or srv.admin_token))
 
 
 def _claim(srv: RunningServer, task_id: str, family: str = "default") -> httpx.Response:
-    return httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": task_id, "task_family": family},
-                      headers=_h(srv.token))
+    return httpx.post(
+        f"{srv.url}/swarm/v1/episodes", json={"task_id": task_id, "task_family": family}, headers=_h(srv.token)
+    )
 
 
 def _call(srv: RunningServer, ep: dict, **extra) -> None:
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                   json={"model": "tiny-model", "messages": MESSAGES, "max_tokens": 4, **extra})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers=_h(ep["api_key"]),
+        json={"model": "tiny-model", "messages": MESSAGES, "max_tokens": 4, **extra},
+    )
     assert r.status_code == 200, r.text
 
 
 def _finish(srv: RunningServer, ep: dict, reward: float = 1.0) -> None:
-    r = httpx.post(f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": reward},
-                   headers=_h(ep["api_key"]))
+    r = httpx.post(
+        f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": reward}, headers=_h(ep["api_key"])
+    )
     assert r.status_code == 200, r.text
 
 
@@ -60,8 +63,10 @@ def _rows(srv: RunningServer) -> list[dict]:
 
 # -- auth -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("route", ["GET /config", "POST /config", "POST /pause", "POST /resume",
-                                   "POST /stop", "POST /checkpoint"])
+
+@pytest.mark.parametrize(
+    "route", ["GET /config", "POST /config", "POST /pause", "POST /resume", "POST /stop", "POST /checkpoint"]
+)
 def test_admin_routes_need_the_admin_token(server: RunningServer, route: str) -> None:
     method, path = route.split()
     url = f"{server.url}/swarm/v1/admin{path}"
@@ -76,10 +81,25 @@ def test_admin_routes_need_the_admin_token(server: RunningServer, route: str) ->
 
 # -- validation -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("body", [{}, {"lr": -1}, {"lr": 0}, {"lr": None}, {"learning_rate": 1e-4},
-                                  {"temperature": 3}, {"batch_groups": 0}, {"quotas": {"a": 0.7, "b": 0.7}},
-                                  {"quotas": {"a": 1}, "quota_schedule": [{"from_step": 0, "quotas": {"a": 1}}]},
-                                  {"advantage": "ppo"}, {"batch_groups": None}, [1, 2], {"lr": "fast"}])
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"lr": -1},
+        {"lr": 0},
+        {"lr": None},
+        {"learning_rate": 1e-4},
+        {"temperature": 3},
+        {"batch_groups": 0},
+        {"quotas": {"a": 0.7, "b": 0.7}},
+        {"quotas": {"a": 1}, "quota_schedule": [{"from_step": 0, "quotas": {"a": 1}}]},
+        {"advantage": "ppo"},
+        {"batch_groups": None},
+        [1, 2],
+        {"lr": "fast"},
+    ],
+)
 def test_invalid_updates_are_400_and_change_nothing(server: RunningServer, body) -> None:
     before = httpx.get(f"{server.url}/swarm/v1/admin/config", headers=_h(server.admin_token)).json()
     r = _set(server, body)
@@ -90,6 +110,7 @@ def test_invalid_updates_are_400_and_change_nothing(server: RunningServer, body)
 
 
 # -- effects ----------------------------------------------------------------------------
+
 
 def test_get_reports_the_live_values(make_server) -> None:
     srv = make_server(temperature=None, quotas={"math": 0.5})
@@ -193,12 +214,12 @@ def test_pause_and_resume(server: RunningServer) -> None:
 
 # -- swarm ctl --------------------------------------------------------------------------
 
+
 def test_ctl_commands(server: RunningServer) -> None:
     runner = CliRunner()
 
     def ctl(*args: str, token: str | None = None) -> object:
-        return runner.invoke(cli_app, ["ctl", "--url", server.url, "--admin-token", token or server.admin_token,
-                                       *args])
+        return runner.invoke(cli_app, ["ctl", "--url", server.url, "--admin-token", token or server.admin_token, *args])
 
     r = ctl("set", "lr=1e-4", "temperature=0.8", "quota.math=0.5", "quota.code=0.5", "kl=0.05")
     assert r.exit_code == 0, r.output
@@ -222,12 +243,22 @@ def test_ctl_commands(server: RunningServer) -> None:
 
 # -- restarts ---------------------------------------------------------------------------
 
+
 def _restart(model_dir, out_dir, **overrides):
     from swarm.config.server import ServerConfig
     from swarm.testing import running_server
 
-    fields = {"engine": "fake", "model_dir": model_dir, "out_dir": out_dir, "group_size": 2, "batch_groups": 2,
-              "checkpoint_every": 0, "token": "worker-token", "admin_token": "admin-token", "stop_grace_s": 0.2}
+    fields = {
+        "engine": "fake",
+        "model_dir": model_dir,
+        "out_dir": out_dir,
+        "group_size": 2,
+        "batch_groups": 2,
+        "checkpoint_every": 0,
+        "token": "worker-token",
+        "admin_token": "admin-token",
+        "stop_grace_s": 0.2,
+    }
     return running_server(ServerConfig(**{**fields, **overrides}), FakeEngine(model_dir))
 
 

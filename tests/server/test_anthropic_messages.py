@@ -20,9 +20,17 @@ from swarm.engine.fake import FakeEngine, token_logprob
 from swarm.testing import RunningServer
 from swarm.timeline import Call, episode_samples
 
-TOOLS = [{"name": "add", "description": "Add two integers.",
-          "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                           "required": ["a", "b"]}}]
+TOOLS = [
+    {
+        "name": "add",
+        "description": "Add two integers.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    }
+]
 QUESTION = {"role": "user", "content": "What is 2+3? Use the tool."}
 CALL_TEXT = 'Adding.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 ANSWER = "The sum is 5."
@@ -74,8 +82,11 @@ def test_tool_episode_non_streaming(srv: RunningServer) -> None:
         assert text.type == "text" and text.text == "Adding."
         assert use.type == "tool_use" and use.name == "add" and use.input == {"a": 2, "b": 3}
         assert first.usage.input_tokens > 0 and first.usage.output_tokens > 0
-        history = [QUESTION, {"role": "assistant", "content": first.content},
-                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]}]
+        history = [
+            QUESTION,
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]},
+        ]
         second = ac.messages.create(model=ep.model, max_tokens=256, tools=TOOLS, messages=history)
         assert second.stop_reason == "end_turn" and second.stop_sequence is None
         assert [(b.type, b.text) for b in second.content] == [("text", ANSWER)]
@@ -96,9 +107,14 @@ def test_tool_episode_streaming(srv: RunningServer) -> None:
         assert [b.type for b in first.content] == ["text", "tool_use"]
         assert first.content[0].text == "Adding." and first.content[1].input == {"a": 2, "b": 3}
         use = first.content[1]
-        history = [QUESTION, {"role": "assistant", "content": first.content},
-                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                 "content": [{"type": "text", "text": "5"}]}]}]
+        history = [
+            QUESTION,
+            {"role": "assistant", "content": first.content},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": [{"type": "text", "text": "5"}]}],
+            },
+        ]
         with ac.messages.stream(model=ep.model, max_tokens=256, tools=TOOLS, messages=history) as stream:
             streamed = "".join(stream.text_stream)
             second = stream.get_final_message()
@@ -111,21 +127,27 @@ def test_tool_episode_streaming(srv: RunningServer) -> None:
 def test_stop_sequence_agent_header_and_bearer(srv: RunningServer) -> None:
     ep = SwarmClient(srv.url, srv.token).claim("t-stop")
     ac = _client(srv, ep.api_key, default_headers={"X-Roost-Agent": "coder"})
-    msg = ac.messages.create(model=ep.model, max_tokens=256, messages=[QUESTION], stop_sequences=["<tool_call>"],
-                             system="You add numbers.")
+    msg = ac.messages.create(
+        model=ep.model, max_tokens=256, messages=[QUESTION], stop_sequences=["<tool_call>"], system="You add numbers."
+    )
     assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == "<tool_call>"
     assert msg.content[0].text == "Adding.\n"
     assert srv.swarm.registry.get(ep.id).calls[-1].agent == "coder"
-    r = httpx.post(f"{srv.url}/v1/messages", headers={"Authorization": f"Bearer {ep.api_key}"},
-                   json={"model": ep.model, "max_tokens": 8, "messages": [QUESTION]}, timeout=30)
+    r = httpx.post(
+        f"{srv.url}/v1/messages",
+        headers={"Authorization": f"Bearer {ep.api_key}"},
+        json={"model": ep.model, "max_tokens": 8, "messages": [QUESTION]},
+        timeout=30,
+    )
     assert r.status_code == 200 and r.json()["type"] == "message", r.text
     assert len(srv.swarm.registry.get(ep.id).calls) == 2
 
 
 def test_worker_token_is_an_evaluation_call(srv: RunningServer) -> None:
     before = srv.swarm.counters["calls"]
-    msg = _client(srv, srv.token).messages.create(model=srv.swarm.model_name, max_tokens=256, tools=TOOLS,
-                                                  messages=[QUESTION])
+    msg = _client(srv, srv.token).messages.create(
+        model=srv.swarm.model_name, max_tokens=256, tools=TOOLS, messages=[QUESTION]
+    )
     assert msg.stop_reason == "tool_use"
     assert srv.swarm.counters["eval_calls"] == 1 and srv.swarm.counters["calls"] == before
 
@@ -141,16 +163,36 @@ def test_errors_in_anthropics_shape(srv: RunningServer) -> None:
     ac = _client(srv, ep.api_key)
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     cases: list[tuple[dict, type, str, str]] = [
-        ({"messages": [{"role": "user", "content": [image]}]}, anthropic.BadRequestError,
-         "invalid_request_error", "unsupported_content"),
-        ({"messages": [QUESTION], "extra_body": {"top_k": 5}}, anthropic.BadRequestError, "invalid_request_error",
-         "unsupported_top_k"),
-        ({"messages": [QUESTION], "extra_body": {"temperature": 3}}, anthropic.BadRequestError, "invalid_request_error",
-         "invalid_request"),
-        ({"messages": [QUESTION], "model": "claude-nope"}, anthropic.NotFoundError, "not_found_error",
-         "model_not_found"),
-        ({"messages": [QUESTION, {"role": "assistant", "content": "The"}]}, anthropic.BadRequestError,
-         "invalid_request_error", "unsupported_prefill"),
+        (
+            {"messages": [{"role": "user", "content": [image]}]},
+            anthropic.BadRequestError,
+            "invalid_request_error",
+            "unsupported_content",
+        ),
+        (
+            {"messages": [QUESTION], "extra_body": {"top_k": 5}},
+            anthropic.BadRequestError,
+            "invalid_request_error",
+            "unsupported_top_k",
+        ),
+        (
+            {"messages": [QUESTION], "extra_body": {"temperature": 3}},
+            anthropic.BadRequestError,
+            "invalid_request_error",
+            "invalid_request",
+        ),
+        (
+            {"messages": [QUESTION], "model": "claude-nope"},
+            anthropic.NotFoundError,
+            "not_found_error",
+            "model_not_found",
+        ),
+        (
+            {"messages": [QUESTION, {"role": "assistant", "content": "The"}]},
+            anthropic.BadRequestError,
+            "invalid_request_error",
+            "unsupported_prefill",
+        ),
     ]
     for kw, kind, etype, code in cases:
         with pytest.raises(kind) as exc:
@@ -161,11 +203,17 @@ def test_errors_in_anthropics_shape(srv: RunningServer) -> None:
     with pytest.raises(anthropic.AuthenticationError) as exc:
         _client(srv, "not-a-key").messages.create(model=ep.model, max_tokens=8, messages=[QUESTION])
     assert _error(exc.value)["type"] == "authentication_error"
-    r = httpx.post(f"{srv.url}/v1/messages", json={"model": ep.model, "messages": [QUESTION]},
-                   headers={"x-api-key": ep.api_key, "anthropic-version": "2023-06-01"})
+    r = httpx.post(
+        f"{srv.url}/v1/messages",
+        json={"model": ep.model, "messages": [QUESTION]},
+        headers={"x-api-key": ep.api_key, "anthropic-version": "2023-06-01"},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request" and "max_tokens" in r.text
-    r = httpx.post(f"{srv.url}/v1/messages", content=b"{not json",
-                   headers={"x-api-key": ep.api_key, "content-type": "application/json"})
+    r = httpx.post(
+        f"{srv.url}/v1/messages",
+        content=b"{not json",
+        headers={"x-api-key": ep.api_key, "content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = httpx.post(f"{srv.url}/v1/messages", json={})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
@@ -181,8 +229,7 @@ def test_timeout_after_headers_is_an_in_band_error(make_server: Any, model_dir: 
     srv = make_server(engine=engine, generate_timeout_s=0.5)
     ep = SwarmClient(srv.url, srv.token).claim("t-slow")
     with pytest.raises(anthropic.APIStatusError) as exc:
-        with _client(srv, ep.api_key).messages.stream(model=ep.model, max_tokens=400,
-                                                      messages=[QUESTION]) as stream:
+        with _client(srv, ep.api_key).messages.stream(model=ep.model, max_tokens=400, messages=[QUESTION]) as stream:
             for _ in stream:
                 pass
     assert exc.value.body["error"]["code"] == "generate_timeout"
@@ -191,7 +238,11 @@ def test_timeout_after_headers_is_an_in_band_error(make_server: Any, model_dir: 
 
 def test_auth_is_checked_before_the_body(server) -> None:
     """A stranger's malformed body gets Anthropic's 401, not a parse error: the key is looked at first."""
-    r = httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": "not-a-key", "content-type": "application/json"},
-                   content=b"{not json", timeout=10)
+    r = httpx.post(
+        f"{server.url}/v1/messages",
+        headers={"x-api-key": "not-a-key", "content-type": "application/json"},
+        content=b"{not json",
+        timeout=10,
+    )
     assert r.status_code == 401, r.text
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error"

@@ -97,8 +97,12 @@ def test_finish_without_slot_is_an_error() -> None:
 def test_batch_stats_report_reward_per_family() -> None:
     from swarm.server.batcher import Batch, Group
 
-    g1 = Group("a#w0g0", "a", 2, finished=[FinishedEpisode("e1", 1.0, [], family="math"),
-                                          FinishedEpisode("e2", 0.0, [], family="math")])
+    g1 = Group(
+        "a#w0g0",
+        "a",
+        2,
+        finished=[FinishedEpisode("e1", 1.0, [], family="math"), FinishedEpisode("e2", 0.0, [], family="math")],
+    )
     g2 = Group("b#w0g1", "b", 1, finished=[FinishedEpisode("e3", 0.5, [], family="code")])
     stats = Batch(window=0, groups=[g1, g2]).stats()
     assert stats["reward_mean/math"] == 0.5 and stats["reward_mean/code"] == 0.5

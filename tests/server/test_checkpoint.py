@@ -54,8 +54,9 @@ def test_restart_resumes_policy_version(make_server, tmp_path: Path, on_stop: bo
     out = tmp_path / "run"
     # durable_buffer off: with it, the episode of the lost step 3 is replayed and trained again at
     # once (tests/server/test_durability.py covers that); here only the checkpoint resume is checked
-    kw = dict(out_dir=out, group_size=1, batch_groups=1, checkpoint_every=2, checkpoint_on_stop=on_stop,
-              durable_buffer=False)
+    kw = dict(
+        out_dir=out, group_size=1, batch_groups=1, checkpoint_every=2, checkpoint_on_stop=on_stop, durable_buffer=False
+    )
     srv = make_server(**kw)
     client = SwarmClient(srv.url, srv.token)
     for i in range(3):
@@ -74,8 +75,7 @@ def _spawn(args: list[str], env: dict, log: Path) -> tuple[subprocess.Popen, str
     """Start `swarm serve` (the typer command) in its own process; output goes to `log`."""
     code = "import typer; from swarm.server.cli import serve_command; typer.run(serve_command)"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=f, stderr=subprocess.STDOUT,
-                                env=env)
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=f, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         m = re.search(r"on (http://\S+)", log.read_text())
@@ -93,9 +93,30 @@ def _spawn(args: list[str], env: dict, log: Path) -> tuple[subprocess.Popen, str
 def test_cli_server_process_max_steps_then_resume(model_dir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "out"
-    args = ["--engine", "fake", "--model", str(model_dir), "--port", "0", "--out", str(out),
-            "--group-size", "1", "--batch-groups", "1", "--checkpoint-every", "1", "--max-steps", "2",
-            "--token", "tok", "--admin-token", "adm", "--log-level", "warning"]
+    args = [
+        "--engine",
+        "fake",
+        "--model",
+        str(model_dir),
+        "--port",
+        "0",
+        "--out",
+        str(out),
+        "--group-size",
+        "1",
+        "--batch-groups",
+        "1",
+        "--checkpoint-every",
+        "1",
+        "--max-steps",
+        "2",
+        "--token",
+        "tok",
+        "--admin-token",
+        "adm",
+        "--log-level",
+        "warning",
+    ]
     procs: list[subprocess.Popen] = []
     try:
         proc, url = _spawn(args, env, tmp_path / "serve1.log")

@@ -12,15 +12,13 @@ import httpx
 import openai
 import pytest
 
-from swarm.testing import wait_until
 from swarm.client import SwarmAPIError, SwarmClient
 from swarm.engine.fake import FakeEngine
+from swarm.testing import wait_until
 
 
 def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
-
-
 
 
 def _rows(out: Path) -> dict[str, tuple]:
@@ -33,8 +31,9 @@ def _rows(out: Path) -> dict[str, tuple]:
 
 def _play(client: SwarmClient, task: str, reward: float = 1.0, status: str | None = None):
     ep = client.claim(task)
-    ep.openai.chat.completions.create(model=ep.model, max_tokens=4,
-                                      messages=[{"role": "user", "content": f"task {task}"}])
+    ep.openai.chat.completions.create(
+        model=ep.model, max_tokens=4, messages=[{"role": "user", "content": f"task {task}"}]
+    )
     if status == "failed":
         ep.fail("tool crashed")
     else:
@@ -62,8 +61,9 @@ def test_idempotent_finish_and_open_group_survive_a_restart(make_server, tmp_pat
     srv = make_server(**kw)
     client = SwarmClient(srv.url, srv.token)
     first = client.claim("t")
-    first.openai.chat.completions.create(model=first.model, max_tokens=4,
-                                         messages=[{"role": "user", "content": "first"}])
+    first.openai.chat.completions.create(
+        model=first.model, max_tokens=4, messages=[{"role": "user", "content": "first"}]
+    )
     body = {"reward": 0.75, "idempotency_key": "finish-1"}
     url = f"{srv.url}/swarm/v1/episodes/{first.id}/finish"
     acked = httpx.post(url, json=body, headers=_h(first.api_key))
@@ -92,8 +92,15 @@ def test_idempotent_finish_and_open_group_survive_a_restart(make_server, tmp_pat
 
 
 def test_restart_rolls_back_lost_steps_and_drops_stale_episodes(make_server, tmp_path: Path) -> None:
-    kw = dict(group_size=1, batch_groups=1, checkpoint_every=0, checkpoint_on_stop=False, max_staleness=1,
-              replay_staleness=1, secret="s")  # a bound on replay (the default replays everything)
+    kw = dict(
+        group_size=1,
+        batch_groups=1,
+        checkpoint_every=0,
+        checkpoint_on_stop=False,
+        max_staleness=1,
+        replay_staleness=1,
+        secret="s",
+    )  # a bound on replay (the default replays everything)
     srv = make_server(**kw)
     client = SwarmClient(srv.url, srv.token)
     ids = {}
@@ -113,8 +120,9 @@ def test_restart_rolls_back_lost_steps_and_drops_stale_episodes(make_server, tmp
 
 
 @pytest.mark.parametrize("policy,size,ok,trained", [("drop", 3, 2, 0), ("keep", 3, 2, 2), ("keep", 2, 1, 0)])
-def test_failed_episodes_and_group_policy(make_server, tmp_path: Path, policy: str, size: int, ok: int,
-                                          trained: int) -> None:
+def test_failed_episodes_and_group_policy(
+    make_server, tmp_path: Path, policy: str, size: int, ok: int, trained: int
+) -> None:
     srv = make_server(group_size=size, batch_groups=1, failed_group_policy=policy)
     client = SwarmClient(srv.url, srv.token)
     good = [_play(client, "t", float(i)).id for i in range(ok)]
@@ -135,12 +143,17 @@ def test_generate_timeout_is_a_504_and_the_server_stays_up(make_server, model_di
     client = SwarmClient(srv.url, srv.token)
     ep = client.claim("t")
     t0 = time.monotonic()
-    r = httpx.post(f"{ep.base_url}/chat/completions", headers=_h(ep.api_key), timeout=30,
-                   json={"model": ep.model, "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        f"{ep.base_url}/chat/completions",
+        headers=_h(ep.api_key),
+        timeout=30,
+        json={"model": ep.model, "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 504 and time.monotonic() - t0 < 5
     assert r.json()["error"]["code"] == "generate_timeout" and r.headers["x-should-retry"] == "false"
     stream = ep.openai_client(max_retries=0).chat.completions.create(
-        model=ep.model, max_tokens=100, stream=True, messages=[{"role": "user", "content": "hi"}])
+        model=ep.model, max_tokens=100, stream=True, messages=[{"role": "user", "content": "hi"}]
+    )
     with pytest.raises(openai.APIError, match="longer than"):
         for _ in stream:
             pass
@@ -171,8 +184,7 @@ def test_checkpoints_compact_what_no_restart_can_replay(make_server, tmp_path: P
     wait_until(lambda: srv2.swarm.trainer.step == 3)  # resumed at 2; step 3 re-trained from the buffer
     assert [s.episode_id for s in srv2.engine.batches[0].samples] == [ids[2]]
     assert srv2.swarm.counters["episodes_rolled_back"] == 1
-    r = httpx.post(f"{srv2.url}/swarm/v1/episodes/{ids[0]}/finish", json={"reward": 1.0},
-                   headers=_h(eps[0].api_key))
+    r = httpx.post(f"{srv2.url}/swarm/v1/episodes/{ids[0]}/finish", json={"reward": 1.0}, headers=_h(eps[0].api_key))
     assert r.status_code == 409, r.text  # a compacted row still closes its episode
 
 
@@ -181,9 +193,20 @@ def test_buffer_compact_and_rollback_unit(tmp_path: Path) -> None:
 
     buf = DurableBuffer(tmp_path / "b.sqlite")
     for i, state in enumerate(["buffered", "buffered", "buffered", "failed"]):
-        buf.add(episode_id=f"e{i}", group_id="t#w0g0", task_id="t", task_family="f", epoch=0, policy_version=0,
-                status="ok" if state == "buffered" else "failed", reward=1.0, state=state,
-                idempotency_key=None, response={}, payload={"samples": [], "pad": "x" * 1000})
+        buf.add(
+            episode_id=f"e{i}",
+            group_id="t#w0g0",
+            task_id="t",
+            task_family="f",
+            epoch=0,
+            policy_version=0,
+            status="ok" if state == "buffered" else "failed",
+            reward=1.0,
+            state=state,
+            idempotency_key=None,
+            response={},
+            payload={"samples": [], "pad": "x" * 1000},
+        )
     buf.mark(["e0"], "trained", 1)
     buf.mark(["e1"], "trained", 2)
     before = buf.payload_bytes()

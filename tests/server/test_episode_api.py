@@ -18,10 +18,14 @@ def _claim(srv: RunningServer, task_id: str = "t1", **body) -> httpx.Response:
     return httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": task_id, **body}, headers=_h(srv.token))
 
 
-def _post(srv: RunningServer, episode: dict, action: str, body: dict | None = None,
-          key: str | None = None) -> httpx.Response:
-    return httpx.post(f"{srv.url}/swarm/v1/episodes/{episode['episode_id']}/{action}", json=body,
-                      headers=_h(key or episode["api_key"]))
+def _post(
+    srv: RunningServer, episode: dict, action: str, body: dict | None = None, key: str | None = None
+) -> httpx.Response:
+    return httpx.post(
+        f"{srv.url}/swarm/v1/episodes/{episode['episode_id']}/{action}",
+        json=body,
+        headers=_h(key or episode["api_key"]),
+    )
 
 
 def test_claim_shape(server: RunningServer) -> None:
@@ -78,8 +82,14 @@ def test_auth_failures(server: RunningServer) -> None:
         (httpx.get(f"{server.url}/swarm/v1/status"), 401),
         (httpx.post(f"{server.url}/swarm/v1/admin/checkpoint", headers=_h(server.token)), 403),
         (httpx.post(f"{server.url}/swarm/v1/admin/stop", headers=_h(ep["api_key"])), 401),
-        (httpx.post(f"{server.url}/swarm/v1/episodes/{'0' * 32}/finish", json={"reward": 1},
-                    headers=_h(server.swarm.registry.signer.sign("0" * 32, 1))), 404),
+        (
+            httpx.post(
+                f"{server.url}/swarm/v1/episodes/{'0' * 32}/finish",
+                json={"reward": 1},
+                headers=_h(server.swarm.registry.signer.sign("0" * 32, 1)),
+            ),
+            404,
+        ),
     ]
     for r, status in cases:
         assert r.status_code == status, (r.request.url, r.text)
@@ -105,8 +115,14 @@ def test_admin_stop_refuses_new_claims_then_exits(make_server) -> None:
 
 def test_openapi_spec_lists_routes(server: RunningServer) -> None:
     spec = httpx.get(f"{server.url}/openapi.json").json()
-    for path in ("/swarm/v1/episodes", "/swarm/v1/episodes/{episode_id}/finish", "/swarm/v1/status",
-                 "/v1/chat/completions", "/v1/completions", "/v1/models"):
+    for path in (
+        "/swarm/v1/episodes",
+        "/swarm/v1/episodes/{episode_id}/finish",
+        "/swarm/v1/status",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+    ):
         assert path in spec["paths"]
 
 

@@ -34,19 +34,33 @@ def _alive(srv: RunningServer) -> None:
     assert r.status_code == 200
 
 
-@pytest.mark.parametrize("raw", [b'{"reward": NaN}', b'{"reward": Infinity}', b'{"reward": -Infinity}',
-                                 b'{"reward": 1e999}', b'{"reward": 1e7}', b'{"reward": "1"x}',
-                                 b'{"reward": 0.5', b"", b"[]", b"null", b'{"reward": true, "metrics": {"a": NaN}}',
-                                 b'{"reward": 1, "agent_rewards": {"a": 1e300}}', b"\xff\xfe",
-                                 b'{"reward": 1, "idempotency_key": ""}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"reward": NaN}',
+        b'{"reward": Infinity}',
+        b'{"reward": -Infinity}',
+        b'{"reward": 1e999}',
+        b'{"reward": 1e7}',
+        b'{"reward": "1"x}',
+        b'{"reward": 0.5',
+        b"",
+        b"[]",
+        b"null",
+        b'{"reward": true, "metrics": {"a": NaN}}',
+        b'{"reward": 1, "agent_rewards": {"a": 1e300}}',
+        b"\xff\xfe",
+        b'{"reward": 1, "idempotency_key": ""}',
+    ],
+)
 def test_bad_finish_bodies(server: RunningServer, raw: bytes) -> None:
     ep = _claim(server)
-    r = httpx.post(f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/finish", content=raw,
-                   headers=_h(ep["api_key"]))
+    r = httpx.post(f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/finish", content=raw, headers=_h(ep["api_key"]))
     _assert_error(r, 400)
     _alive(server)
-    ok = httpx.post(f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": 0.5},
-                    headers=_h(ep["api_key"]))
+    ok = httpx.post(
+        f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": 0.5}, headers=_h(ep["api_key"])
+    )
     assert ok.status_code == 200  # the episode was not consumed by the bad attempt
 
 
@@ -88,17 +102,33 @@ def test_oversized_bodies(make_server) -> None:
     assert "content-length" not in {k.lower() for k in r.request.headers}
     _assert_error(r, 413)
     _alive(srv)
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                   json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers=_h(ep["api_key"]),
+        json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
     assert r.status_code == 200
 
 
-@pytest.mark.parametrize("token", ["Bearer \u00e9t\u00e9".encode("latin-1"), b"Bearer rk.x.\xc2\xb2.abc",
-                                   "Bearer rk.x.1.\u00e9".encode("latin-1"), b"Bearer", b"bearer x"])
+@pytest.mark.parametrize(
+    "token",
+    [
+        "Bearer \u00e9t\u00e9".encode("latin-1"),
+        b"Bearer rk.x.\xc2\xb2.abc",
+        "Bearer rk.x.1.\u00e9".encode("latin-1"),
+        b"Bearer",
+        b"bearer x",
+    ],
+)
 def test_odd_authorization_headers(server: RunningServer, token: bytes) -> None:
-    for method, path in (("POST", "/swarm/v1/episodes"), ("GET", "/swarm/v1/status"),
-                         ("POST", "/v1/chat/completions"), ("POST", "/swarm/v1/episodes/x/finish"),
-                         ("POST", "/swarm/v1/admin/stop"), ("GET", "/v1/models")):
+    for method, path in (
+        ("POST", "/swarm/v1/episodes"),
+        ("GET", "/swarm/v1/status"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/swarm/v1/episodes/x/finish"),
+        ("POST", "/swarm/v1/admin/stop"),
+        ("GET", "/v1/models"),
+    ):
         r = httpx.request(method, f"{server.url}{path}", json={}, headers={"Authorization": token})
         _assert_error(r, 401)
     _alive(server)
@@ -108,22 +138,41 @@ def test_unknown_routes_and_methods_are_json(server: RunningServer) -> None:
     _assert_error(httpx.get(f"{server.url}/nope"), 404)
     _assert_error(httpx.get(f"{server.url}/swarm/v1/episodes"), 405)
     _assert_error(httpx.post(f"{server.url}/v1/chat/completions", json={}), 401)
-    _assert_error(httpx.post(f"{server.url}/v1/chat/completions", json={},
-                             headers={"Authorization": "Basic abc"}), 401)
+    _assert_error(httpx.post(f"{server.url}/v1/chat/completions", json={}, headers={"Authorization": "Basic abc"}), 401)
 
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(body=st.dictionaries(st.sampled_from(["reward", "metrics", "agent_rewards", "status",
-                                             "idempotency_key", "task_id", "messages", "prompt",
-                                             "max_tokens", "stop", "n", "temperature", "seed"]),
-                            json_values, max_size=5),
-       route=st.sampled_from(["finish", "abort", "heartbeat", "claim", "chat", "completions"]))
+@given(
+    body=st.dictionaries(
+        st.sampled_from(
+            [
+                "reward",
+                "metrics",
+                "agent_rewards",
+                "status",
+                "idempotency_key",
+                "task_id",
+                "messages",
+                "prompt",
+                "max_tokens",
+                "stop",
+                "n",
+                "temperature",
+                "seed",
+            ]
+        ),
+        json_values,
+        max_size=5,
+    ),
+    route=st.sampled_from(["finish", "abort", "heartbeat", "claim", "chat", "completions"]),
+)
 def test_fuzzed_bodies_never_500(fuzz_server: RunningServer, body: dict, route: str) -> None:
     srv = fuzz_server
     ep = _claim_or_reuse(srv)
@@ -132,8 +181,7 @@ def test_fuzzed_bodies_never_500(fuzz_server: RunningServer, body: dict, route: 
         "chat": (f"{srv.url}/v1/chat/completions", ep["api_key"]),
         "completions": (f"{srv.url}/v1/completions", ep["api_key"]),
     }.get(route, (f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/{route}", ep["api_key"]))
-    r = httpx.post(url, json={**body, "max_tokens": 4} if route in ("chat", "completions") else body,
-                   headers=_h(key))
+    r = httpx.post(url, json={**body, "max_tokens": 4} if route in ("chat", "completions") else body, headers=_h(key))
     assert r.status_code < 500, r.text
     if r.status_code >= 400:
         _assert_error(r, r.status_code)
@@ -155,11 +203,18 @@ def _claim_or_reuse(srv: RunningServer) -> dict:
 
 @pytest.fixture(scope="module")
 def fuzz_server(model_dir, tmp_path_factory):
-    from swarm.engine.fake import FakeEngine
     from swarm.config.server import ServerConfig
+    from swarm.engine.fake import FakeEngine
     from swarm.testing import running_server
 
-    config = ServerConfig(engine="fake", model_dir=model_dir, out_dir=tmp_path_factory.mktemp("fuzz"),
-                          group_size=1_000_000, batch_groups=1_000_000, token="w", admin_token="a")
+    config = ServerConfig(
+        engine="fake",
+        model_dir=model_dir,
+        out_dir=tmp_path_factory.mktemp("fuzz"),
+        group_size=1_000_000,
+        batch_groups=1_000_000,
+        token="w",
+        admin_token="a",
+    )
     with running_server(config, FakeEngine(model_dir)) as srv:
         yield srv

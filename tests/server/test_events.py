@@ -62,8 +62,14 @@ class _Rows:
 def _ready_batcher(claims_during_step: bool = True) -> Batcher:
     b = Batcher(group_size=1, batch_groups=1, claims_during_step=claims_during_step)
     g = b.admit("t", "e1")
-    sample = TrainSample(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0.0, -1.0, -1.0],
-                         episode_id="e1", group_id=g.group_id, reward=1.0)
+    sample = TrainSample(
+        input_ids=[1, 2, 3],
+        loss_mask=[0, 1, 1],
+        rollout_logprobs=[0.0, -1.0, -1.0],
+        episode_id="e1",
+        group_id=g.group_id,
+        reward=1.0,
+    )
     b.finish(g.group_id, FinishedEpisode("e1", 1.0, [sample]))
     return b
 

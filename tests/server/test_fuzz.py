@@ -12,8 +12,9 @@ Bounded: MAX_EXAMPLES per operation and mode, derandomized, well under a minute.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -23,8 +24,8 @@ from hypothesis.errors import Unsatisfiable
 
 schemathesis = pytest.importorskip("schemathesis")
 
-from swarm.engine.fake import FakeEngine  # noqa: E402
 from swarm.config.server import ServerConfig  # noqa: E402
+from swarm.engine.fake import FakeEngine  # noqa: E402
 from swarm.testing import RunningServer, running_server  # noqa: E402
 
 MAX_EXAMPLES = 25
@@ -33,11 +34,22 @@ MODES = ("POSITIVE", "NEGATIVE")
 
 @pytest.fixture
 def fuzz_server(model_dir: Path, tmp_path: Path) -> Iterator[RunningServer]:
-    config = ServerConfig(engine="fake", model_dir=model_dir, out_dir=tmp_path / "out", group_size=2,
-                          batch_groups=100_000, checkpoint_every=0, keep_checkpoints=1, token="worker-token",
-                          admin_token="admin-token", default_max_tokens=4, max_tokens_limit=8,
-                          max_body_bytes=256 * 1024, stop_grace_s=0.1,
-                          group_stall_s=None)  # fuzzing a loaded machine takes > 60 s: the pool's group must not stall
+    config = ServerConfig(
+        engine="fake",
+        model_dir=model_dir,
+        out_dir=tmp_path / "out",
+        group_size=2,
+        batch_groups=100_000,
+        checkpoint_every=0,
+        keep_checkpoints=1,
+        token="worker-token",
+        admin_token="admin-token",
+        default_max_tokens=4,
+        max_tokens_limit=8,
+        max_body_bytes=256 * 1024,
+        stop_grace_s=0.1,
+        group_stall_s=None,
+    )  # fuzzing a loaded machine takes > 60 s: the pool's group must not stall
     with running_server(config, FakeEngine(model_dir)) as srv:
         yield srv
 
@@ -57,8 +69,13 @@ def _order(op: Any) -> int:
 
 
 def _runner(strategy: Any, body: Any) -> Any:
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def run(case: Any) -> None:
         body(case)
@@ -125,8 +142,10 @@ def test_fuzz_every_operation(fuzz_server: RunningServer) -> None:
                 failures.append(f"{op.method.upper()} {op.path} ({mode}): {type(exc).__name__}: {exc}"[:800])
     elapsed = time.monotonic() - started
     total = sum(ran.values())
-    print(f"fuzzed {total} cases over {len(ran)} operations in {elapsed:.1f}s "
-          f"(no negative cases for {len(skipped)}); statuses {dict(sorted(statuses.items()))}")
+    print(
+        f"fuzzed {total} cases over {len(ran)} operations in {elapsed:.1f}s "
+        f"(no negative cases for {len(skipped)}); statuses {dict(sorted(statuses.items()))}"
+    )
     assert not failures, "\n".join(failures[:20])
     assert total >= 10 * len(ops), ran
     assert not srv.swarm.stopping
@@ -136,10 +155,16 @@ def test_fuzz_every_operation(fuzz_server: RunningServer) -> None:
     assert httpx.get(f"{srv.url}/health").json()["ok"] is True
     assert httpx.get(f"{srv.url}/swarm/v1/status", headers=_bearer(srv.token)).status_code == 200
     assert httpx.get(f"{srv.url}/v1/models", headers=_bearer(srv.token)).status_code == 200
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_bearer(pool["api_key"]),
-                   json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers=_bearer(pool["api_key"]),
+        json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 200, r.text
-    r = httpx.post(f"{srv.url}/swarm/v1/episodes/{pool['episode_id']}/finish", json={"reward": 1.0},
-                   headers=_bearer(pool["api_key"]))
+    r = httpx.post(
+        f"{srv.url}/swarm/v1/episodes/{pool['episode_id']}/finish",
+        json={"reward": 1.0},
+        headers=_bearer(pool["api_key"]),
+    )
     assert r.status_code == 200, r.text
     assert srv.swarm.trainer.errors == 0

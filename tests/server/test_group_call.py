@@ -54,13 +54,21 @@ def test_a_group_in_one_call_trains_a_reward_per_choice(make_server) -> None:
     ep = client.claim("t1")
     r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, n=4, max_tokens=6)
     assert len(r.choices) == 4
-    bad = httpx.post(f"{srv.url}/swarm/v1/episodes/{ep.id}/finish", json={"choice_rewards": [1.0, 0.0]},
-                     headers={"Authorization": f"Bearer {ep.api_key}"})
+    bad = httpx.post(
+        f"{srv.url}/swarm/v1/episodes/{ep.id}/finish",
+        json={"choice_rewards": [1.0, 0.0]},
+        headers={"Authorization": f"Bearer {ep.api_key}"},
+    )
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_choice_rewards", bad.text
-    for body in ({}, {"choice_rewards": []}, {"choice_rewards": ["1"]}, {"choice_rewards": [1.0] * 4,
-                                                                          "agent_rewards": {"a": 1.0}}):
-        r = httpx.post(f"{srv.url}/swarm/v1/episodes/{ep.id}/finish", json=body,
-                       headers={"Authorization": f"Bearer {ep.api_key}"})
+    for body in (
+        {},
+        {"choice_rewards": []},
+        {"choice_rewards": ["1"]},
+        {"choice_rewards": [1.0] * 4, "agent_rewards": {"a": 1.0}},
+    ):
+        r = httpx.post(
+            f"{srv.url}/swarm/v1/episodes/{ep.id}/finish", json=body, headers={"Authorization": f"Bearer {ep.api_key}"}
+        )
         assert r.status_code == 400, (body, r.text)
     done = ep.finish_choices([1.0, 0.0, 0.0, 0.5])  # the episode stayed open through the 400s
     assert done.samples == 4 and done.reward == pytest.approx(0.375)
@@ -84,6 +92,7 @@ def test_the_fleet_and_arith_sample_each_group_in_one_call(make_server) -> None:
     assert srv.swarm.trainer.step == 3
     assert all(len(b.samples) == 8 for b in srv.swarm.engine.batches)  # 2 groups x 4 choices a step
     # a workflow that ignores `episode.choices` is told so, never trained as a group of one
-    stats = run_fleet(client, lambda task, ep: 1.0, arith.dataset(1, 1), n=1, concurrency=1, epochs=1,
-                      choices=4, max_attempts=1)
+    stats = run_fleet(
+        client, lambda task, ep: 1.0, arith.dataset(1, 1), n=1, concurrency=1, epochs=1, choices=4, max_attempts=1
+    )
     assert stats.finished == 0 and "choices=4" in stats.errors[-1]

@@ -10,13 +10,36 @@ import pytest
 
 from swarm.server.errors import status_of
 from swarm.server.exceptions import (
-    EpisodeClosed, EpisodeNotFound, GenerateTimeout, InvalidKey, InvalidRequest, Refused, StaleLease, SwarmError,
-    Unavailable, WrongEpisode,
+    EpisodeClosed,
+    EpisodeNotFound,
+    GenerateTimeout,
+    InvalidKey,
+    InvalidRequest,
+    Refused,
+    StaleLease,
+    SwarmError,
+    Unavailable,
+    WrongEpisode,
 )
 
 SERVER = Path(__file__).resolve().parents[2] / "swarm" / "server"
-DOMAIN = ("episodes", "batcher", "quotas", "buffer", "recovery", "leases", "trainer", "control", "render",
-          "checkpoint", "events", "exceptions", "state", "admin_schema", "openai_schema")
+DOMAIN = (
+    "episodes",
+    "batcher",
+    "quotas",
+    "buffer",
+    "recovery",
+    "leases",
+    "trainer",
+    "control",
+    "render",
+    "checkpoint",
+    "events",
+    "exceptions",
+    "state",
+    "admin_schema",
+    "openai_schema",
+)
 COMPONENTS = ("episodes", "batcher", "quotas", "buffer", "recovery", "leases", "trainer", "control", "render")
 ROUTES = ("openai_routes", "swarm_routes", "admin_routes")
 HTTP = ("fastapi", "starlette", "swarm.server.errors", "swarm.server.auth", "swarm.server.app")
@@ -58,26 +81,44 @@ def test_route_modules_do_not_import_each_other(module: str) -> None:
 
 
 # the only late project imports: heavy edges (module -> what it may import inside a function)
-HEAVY = {"app": ("swarm.engine.torch_engine", "swarm.engine.lora",  # torch (and peft)
-                 "swarm.engine.vllm", "swarm.engine.verl",  # vllm, verl+ray
-                 "swarm.server.http_protocol"),  # uvicorn's protocol classes, only in a serving process
-         "tracking": ("store.tracking",)}  # MLflow
+HEAVY = {
+    "app": (
+        "swarm.engine.torch_engine",
+        "swarm.engine.lora",  # torch (and peft)
+        "swarm.engine.vllm",
+        "swarm.engine.verl",  # vllm, verl+ray
+        "swarm.server.http_protocol",
+    ),  # uvicorn's protocol classes, only in a serving process
+    "tracking": ("store.tracking",),
+}  # MLflow
 
 
 def test_no_late_project_imports_but_heavy_edges() -> None:
     for path in SERVER.glob("*.py"):
         if path.stem in ("cli", "config", "bootstrap"):
             continue  # the CLI's, checked with it
-        late = [m for m, local in _imports(path.stem) if local and m.split(".")[0] in ("swarm", "store")
-                and not m.startswith(HEAVY.get(path.stem, ("-",)))]
+        late = [
+            m
+            for m, local in _imports(path.stem)
+            if local and m.split(".")[0] in ("swarm", "store") and not m.startswith(HEAVY.get(path.stem, ("-",)))
+        ]
         assert not late, f"{path.name} imports {late} inside a function"
 
 
-@pytest.mark.parametrize(("error", "status"), [
-    (InvalidRequest("invalid_prompt", "x"), 400), (InvalidKey(), 401), (WrongEpisode(), 403),
-    (EpisodeNotFound("e"), 404), (StaleLease(), 409), (EpisodeClosed("e", "finished"), 409),
-    (Refused("window_full", "x"), 429), (Unavailable("stopping", "x"), 503), (GenerateTimeout(1.0), 504),
-    (SwarmError("mystery", "x"), 500),
-])
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (InvalidRequest("invalid_prompt", "x"), 400),
+        (InvalidKey(), 401),
+        (WrongEpisode(), 403),
+        (EpisodeNotFound("e"), 404),
+        (StaleLease(), 409),
+        (EpisodeClosed("e", "finished"), 409),
+        (Refused("window_full", "x"), 429),
+        (Unavailable("stopping", "x"), 503),
+        (GenerateTimeout(1.0), 504),
+        (SwarmError("mystery", "x"), 500),
+    ],
+)
 def test_each_domain_error_has_one_status(error: SwarmError, status: int) -> None:
     assert status_of(error) == status

@@ -18,11 +18,10 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-
-
 def _say(ep, text: str, max_tokens: int = 4):
-    return ep.openai.chat.completions.create(model=ep.model, max_tokens=max_tokens,
-                                             messages=[{"role": "user", "content": text}])
+    return ep.openai.chat.completions.create(
+        model=ep.model, max_tokens=max_tokens, messages=[{"role": "user", "content": text}]
+    )
 
 
 def _epoch(api_key: str) -> int:
@@ -43,12 +42,14 @@ def test_zombie_is_fenced_after_hand_over(make_server) -> None:
     _say(b, "holder B speaking")
     # everything the zombie sends now is refused with 409 and lands nowhere
     for action in ("heartbeat", "finish", "abort"):
-        r = httpx.post(f"{srv.url}/swarm/v1/episodes/{zombie.id}/{action}", json={"reward": 1.0},
-                       headers=_h(zombie.api_key))
+        r = httpx.post(
+            f"{srv.url}/swarm/v1/episodes/{zombie.id}/{action}", json={"reward": 1.0}, headers=_h(zombie.api_key)
+        )
         assert r.status_code == 409 and r.json()["error"]["code"] == "stale_epoch", (action, r.text)
     with pytest.raises(openai.ConflictError):
         zombie.openai_client(max_retries=0).chat.completions.create(
-            model=zombie.model, max_tokens=4, messages=[{"role": "user", "content": "holder A again"}])
+            model=zombie.model, max_tokens=4, messages=[{"role": "user", "content": "holder A again"}]
+        )
     b.finish(1.0)
     c = fresh.claim("t")
     _say(c, "holder C speaking")
@@ -60,8 +61,7 @@ def test_zombie_is_fenced_after_hand_over(make_server) -> None:
 
 
 def test_in_flight_call_of_an_expired_episode_is_dropped(make_server, model_dir) -> None:
-    srv = make_server(engine=FakeEngine(model_dir, token_delay_s=0.05), group_size=1, batch_groups=1,
-                      lease_seconds=0.3)
+    srv = make_server(engine=FakeEngine(model_dir, token_delay_s=0.05), group_size=1, batch_groups=1, lease_seconds=0.3)
     ep = SwarmClient(srv.url, srv.token, heartbeats=False).claim("t")
     out: dict = {}
     t = threading.Thread(target=lambda: out.setdefault("r", _say(ep, "slow", max_tokens=40)))

@@ -34,12 +34,22 @@ def _raw(url: str, request: bytes) -> bytes:
 
 @pytest.fixture
 def served(model_dir: Path, tmp_path: Path):
-    config = ServerConfig(engine="fake", model_dir=model_dir, out_dir=tmp_path / "out", port=0, token="tok",
-                          admin_token="adm", secret="sec", checkpoint_every=0, checkpoint_on_stop=False,
-                          stop_grace_s=0.1)
+    config = ServerConfig(
+        engine="fake",
+        model_dir=model_dir,
+        out_dir=tmp_path / "out",
+        port=0,
+        token="tok",
+        admin_token="adm",
+        secret="sec",
+        checkpoint_every=0,
+        checkpoint_on_stop=False,
+        stop_grace_s=0.1,
+    )
     lines: list[str] = []
-    thread = threading.Thread(target=serve, args=(config, FakeEngine(model_dir)), kwargs={"announce": lines.append},
-                              daemon=True)
+    thread = threading.Thread(
+        target=serve, args=(config, FakeEngine(model_dir)), kwargs={"announce": lines.append}, daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + 30
     while not lines and time.monotonic() < deadline:
@@ -58,8 +68,11 @@ def served(model_dir: Path, tmp_path: Path):
 
 @pytest.mark.parametrize("length", [b"abc", b"-1", b"1, 2"])
 def test_invalid_content_length_gets_a_json_error_code(served: str, length: bytes) -> None:
-    reply = _raw(served, b"POST /swarm/v1/episodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: " + length + b"\r\n\r\n{}")
+    reply = _raw(
+        served,
+        b"POST /swarm/v1/episodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + length + b"\r\n\r\n{}",
+    )
     head, _, body = reply.partition(b"\r\n\r\n")
     status_line, *headers = head.decode("latin-1").split("\r\n")
     assert status_line.startswith("HTTP/1.1 400"), reply

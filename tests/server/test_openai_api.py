@@ -24,14 +24,16 @@ def _episode(srv: RunningServer, task_id: str = "t1"):
 def test_chat_returns_token_ids_that_decode_to_text(server: RunningServer, model_dir) -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     ep = _episode(server)
-    r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=24,
-                                          extra_body={"return_token_ids": True})
+    r = ep.openai.chat.completions.create(
+        model=ep.model, messages=MESSAGES, max_tokens=24, extra_body={"return_token_ids": True}
+    )
     extra = r.model_extra or {}
     choice = r.choices[0]
     ids = choice.model_extra["token_ids"]
     assert tok.decode(ids, skip_special_tokens=True) == choice.message.content
     assert extra["prompt_token_ids"] == tok.encode(
-        tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+        tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )
     lps = [c.logprob for c in choice.logprobs.content]
     assert lps == [token_logprob(t) for t in ids]
     assert r.usage.completion_tokens == len(ids) and r.usage.prompt_tokens == len(extra["prompt_token_ids"])
@@ -53,8 +55,13 @@ def test_streaming_matches_token_ids(server: RunningServer, model_dir) -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     ep = _episode(server)
     stream = ep.openai.chat.completions.create(
-        model=ep.model, messages=MESSAGES, max_tokens=40, stream=True,
-        stream_options={"include_usage": True}, extra_body={"return_token_ids": True})
+        model=ep.model,
+        messages=MESSAGES,
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True},
+    )
     text, ids, reasons, usage = "", [], [], None
     for chunk in stream:
         if chunk.usage:
@@ -76,8 +83,9 @@ def test_async_client_and_agent_header(server: RunningServer) -> None:
     async def go() -> list[str]:
         a = ep.async_openai_client(agent="planner")
         b = ep.async_openai_client(agent="critic")
-        rs = await asyncio.gather(*(c.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=6)
-                                    for c in (a, b, a)))
+        rs = await asyncio.gather(
+            *(c.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=6) for c in (a, b, a))
+        )
         stream = await a.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=6, stream=True)
         async for _ in stream:
             pass
@@ -98,8 +106,9 @@ def test_completions_with_text_and_token_prompts(server: RunningServer, model_di
     assert tok.decode(ids, skip_special_tokens=True) == r.choices[0].text
     assert r.choices[0].logprobs.token_logprobs == [token_logprob(t) for t in ids]
     prompt_ids = tok.encode("The answer is", add_special_tokens=False)
-    r2 = ep.openai.completions.create(model=ep.model, prompt=prompt_ids, max_tokens=10,
-                                      extra_body={"return_token_ids": True})
+    r2 = ep.openai.completions.create(
+        model=ep.model, prompt=prompt_ids, max_tokens=10, extra_body={"return_token_ids": True}
+    )
     assert r2.choices[0].model_extra["prompt_token_ids"] == prompt_ids
     chunks = list(ep.openai.completions.create(model=ep.model, prompt=prompt_ids, max_tokens=10, stream=True))
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
@@ -110,8 +119,9 @@ def test_completions_with_text_and_token_prompts(server: RunningServer, model_di
 def test_sampling_knobs_reach_the_engine(server: RunningServer) -> None:
     ep = _episode(server)
     eng: FakeEngine = server.engine
-    ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=7, temperature=0.3,
-                                      top_p=0.9, seed=5, stop=["xyz"])
+    ep.openai.chat.completions.create(
+        model=ep.model, messages=MESSAGES, max_tokens=7, temperature=0.3, top_p=0.9, seed=5, stop=["xyz"]
+    )
     p = eng.requests[-1].params
     assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.3, 0.9, 5, ("xyz",))
     assert eng.tokenizer.eos_token_id in p.stop_token_ids
@@ -127,8 +137,9 @@ def test_stop_string_cuts_text(make_server) -> None:
     srv = make_server(engine=None)
     srv.swarm.engine.script = lambda ids: "12 + 30 = 42. Done"
     ep = _episode(srv)
-    r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, stop=["."],
-                                          extra_body={"return_token_ids": True})
+    r = ep.openai.chat.completions.create(
+        model=ep.model, messages=MESSAGES, stop=["."], extra_body={"return_token_ids": True}
+    )
     assert r.choices[0].message.content == "12 + 30 = 42" and r.choices[0].finish_reason == "stop"
     s = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, stop=["= 4"], stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in s if c.choices) == "12 + 30 "
@@ -139,10 +150,13 @@ def test_multi_turn_prompt_continues_exact_ids(make_server) -> None:
     ep = _episode(srv)
     msgs = list(MESSAGES)
     for _ in range(3):
-        r = ep.openai.chat.completions.create(model=ep.model, messages=msgs, max_tokens=12,
-                                              extra_body={"return_token_ids": True})
-        msgs += [{"role": "assistant", "content": r.choices[0].message.content},
-                 {"role": "user", "content": "Try again."}]
+        r = ep.openai.chat.completions.create(
+            model=ep.model, messages=msgs, max_tokens=12, extra_body={"return_token_ids": True}
+        )
+        msgs += [
+            {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": "Try again."},
+        ]
     calls = srv.swarm.registry.get(ep.id).calls
     for a, b in zip(calls, calls[1:]):
         assert b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
@@ -151,22 +165,27 @@ def test_multi_turn_prompt_continues_exact_ids(make_server) -> None:
     assert srv.swarm.batcher.groups[ep.group_id].finished[0].samples.__len__() == 1  # merged
 
 
-@pytest.mark.parametrize("body,code", [
-    ({"messages": MESSAGES, "n": 129}, "invalid_request"),
-    ({"messages": MESSAGES, "tool_choice": "required"}, "invalid_tool_choice"),
-    ({"messages": MESSAGES, "logprobs": False, "top_logprobs": 2}, "invalid_top_logprobs"),
-    ({"messages": MESSAGES, "response_format": {"type": "yaml"}}, "invalid_response_format"),
-    ({"messages": []}, "invalid_request"),
-    ({"messages": MESSAGES, "temperature": -1}, "invalid_request"),
-    ({"messages": MESSAGES, "max_tokens": 0}, "invalid_request"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     "unsupported_content"),
-    ({"messages": [{"role": "user"}], "stop": ["a"] * 17}, "invalid_stop"),
-])
+@pytest.mark.parametrize(
+    "body,code",
+    [
+        ({"messages": MESSAGES, "n": 129}, "invalid_request"),
+        ({"messages": MESSAGES, "tool_choice": "required"}, "invalid_tool_choice"),
+        ({"messages": MESSAGES, "logprobs": False, "top_logprobs": 2}, "invalid_top_logprobs"),
+        ({"messages": MESSAGES, "response_format": {"type": "yaml"}}, "invalid_response_format"),
+        ({"messages": []}, "invalid_request"),
+        ({"messages": MESSAGES, "temperature": -1}, "invalid_request"),
+        ({"messages": MESSAGES, "max_tokens": 0}, "invalid_request"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "unsupported_content"),
+        ({"messages": [{"role": "user"}], "stop": ["a"] * 17}, "invalid_stop"),
+    ],
+)
 def test_bad_chat_requests_are_400(server: RunningServer, body: dict, code: str) -> None:
     ep = _episode(server)
-    r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": ep.model, **body},
-                   headers={"Authorization": f"Bearer {ep.api_key}"})
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": ep.model, **body},
+        headers={"Authorization": f"Bearer {ep.api_key}"},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == code
     with pytest.raises(openai.BadRequestError):
         ep.openai.chat.completions.create(model=ep.model, **body)
@@ -187,8 +206,9 @@ def test_client_disconnect_mid_stream_leaves_server_clean(make_server, model_dir
     srv = make_server(engine=FakeEngine(model_dir, token_delay_s=0.05, stop_probability=0.0))
     ep = _episode(srv)
     body = {"model": ep.model, "messages": MESSAGES, "max_tokens": 200, "stream": True}
-    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body,
-                      headers={"Authorization": f"Bearer {ep.api_key}"}) as r:
+    with httpx.stream(
+        "POST", f"{srv.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {ep.api_key}"}
+    ) as r:
         assert r.status_code == 200
         next(r.iter_lines())  # one event, then hang up
     deadline = time.monotonic() + 5

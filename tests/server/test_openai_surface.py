@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -14,7 +15,6 @@ import pytest
 from swarm.client import SwarmClient
 from swarm.engine.base import Completion, GenerateRequest, TokenChunk, UnsupportedRequest
 from swarm.engine.fake import FakeEngine
-from swarm.testing import RunningServer
 
 MESSAGES = [{"role": "user", "content": "What is 12+30?"}]
 
@@ -31,8 +31,11 @@ def test_n_choices_are_sibling_calls_and_only_the_continued_one_merges(make_serv
     calls = srv.swarm.registry.get(ep.id).calls
     assert len(calls) == 3 and len({tuple(c.completion_ids) for c in calls}) > 1
     assert r.usage.completion_tokens == sum(len(c.completion_ids) for c in calls)
-    msgs = [*MESSAGES, {"role": "assistant", "content": r.choices[1].message.content},
-            {"role": "user", "content": "Sure?"}]
+    msgs = [
+        *MESSAGES,
+        {"role": "assistant", "content": r.choices[1].message.content},
+        {"role": "user", "content": "Sure?"},
+    ]
     ep.openai.chat.completions.create(model=ep.model, messages=msgs, max_tokens=6)
     calls = list(srv.swarm.registry.get(ep.id).calls)
     ep.finish(1.0)
@@ -47,8 +50,7 @@ def test_n_choices_stream_interleaved(make_server) -> None:
     ep = SwarmClient(srv.url, srv.token).claim("t1")
     texts: dict[int, str] = {}
     reasons: dict[int, str] = {}
-    for chunk in ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, n=2, max_tokens=8,
-                                                   stream=True):
+    for chunk in ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, n=2, max_tokens=8, stream=True):
         for c in chunk.choices:
             texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
             if c.finish_reason:
@@ -61,8 +63,9 @@ def test_n_choices_stream_interleaved(make_server) -> None:
 def test_top_logprobs_shape(make_server) -> None:
     srv = make_server()
     ep = SwarmClient(srv.url, srv.token).claim("t1")
-    r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=5, logprobs=True,
-                                          top_logprobs=3)
+    r = ep.openai.chat.completions.create(
+        model=ep.model, messages=MESSAGES, max_tokens=5, logprobs=True, top_logprobs=3
+    )
     content = r.choices[0].logprobs.content
     assert srv.engine.requests[-1].params.top_logprobs == 3
     for item in content:
@@ -99,18 +102,26 @@ def test_response_format_passed_through_or_refused_with_the_engines_code(make_se
         ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=4, response_format=fmt)
     except openai.BadRequestError:
         pass  # the fake engine may refuse it too: either way it was not ignored
-    assert srv.engine.requests[-1].params.response_format == \
-        '{"json_schema": {"name": "x", "schema": {"type": "object"}}, "type": "json_schema"}'
-    ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=4,
-                                      response_format={"type": "text"})
+    assert (
+        srv.engine.requests[-1].params.response_format
+        == '{"json_schema": {"name": "x", "schema": {"type": "object"}}, "type": "json_schema"}'
+    )
+    ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=4, response_format={"type": "text"})
     assert srv.engine.requests[-1].params.response_format is None
 
     strict = make_server(engine=StrictEngine(model_dir), out_dir=srv.swarm.out_dir.parent / "strict")
     ep = SwarmClient(strict.url, strict.token).claim("t1")
     for stream in (False, True):
-        r = httpx.post(f"{strict.url}/v1/chat/completions", headers=_h(ep.api_key),
-                       json={"model": ep.model, "messages": MESSAGES, "response_format": {"type": "json_object"},
-                             "stream": stream})
+        r = httpx.post(
+            f"{strict.url}/v1/chat/completions",
+            headers=_h(ep.api_key),
+            json={
+                "model": ep.model,
+                "messages": MESSAGES,
+                "response_format": {"type": "json_object"},
+                "stream": stream,
+            },
+        )
         assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_response_format"
     assert strict.swarm.registry.get(ep.id).calls == [] and not strict.swarm.gate._active
 
@@ -135,18 +146,23 @@ def test_evaluation_calls_with_the_worker_token(make_server) -> None:
     ep = SwarmClient(srv.url, srv.token).claim("t1")
     plain = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=srv.token, max_retries=0)
     r = plain.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=5)
-    chunks = list(plain.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=5, stream=True,
-                                                stream_options={"include_usage": True}))
+    chunks = list(
+        plain.chat.completions.create(
+            model=ep.model, messages=MESSAGES, max_tokens=5, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert r.choices[0].finish_reason and chunks[-2].choices[0].finish_reason
     c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=srv.admin_token).completions.create(
-        model=ep.model, prompt="x", max_tokens=3)
+        model=ep.model, prompt="x", max_tokens=3
+    )
     counters = SwarmClient(srv.url, srv.token).status().counters
     assert counters["eval_calls"] == 3 and counters.get("calls", 0) == 0
     assert counters["eval_completion_tokens"] == sum(x.usage.completion_tokens for x in (r, chunks[-1], c))
     assert srv.swarm.registry.get(ep.id).calls == [] and c.choices[0].text is not None
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{srv.url}/v1", api_key="nope", max_retries=0).chat.completions.create(
-            model=ep.model, messages=MESSAGES)
+            model=ep.model, messages=MESSAGES
+        )
 
 
 def test_a_huge_prompt_stalls_nobody(make_server, model_dir) -> None:
@@ -154,8 +170,9 @@ def test_a_huge_prompt_stalls_nobody(make_server, model_dir) -> None:
     prompt under the length bound is tokenized in the render pool: other requests and /health go on.
     (The token bound would refuse it untokenized, tests/server/test_prompt_memory.py; it is off here,
     as for a tokenizer without one.)"""
-    srv = make_server(engine=FakeEngine(model_dir, token_delay_s=0.01, stop_probability=0.0),
-                      max_prompt_chars=2_500_000)
+    srv = make_server(
+        engine=FakeEngine(model_dir, token_delay_s=0.01, stop_probability=0.0), max_prompt_chars=2_500_000
+    )
     srv.swarm.renderer.bound = None
     ep = SwarmClient(srv.url, srv.token).claim("t1")
     results: dict[str, Any] = {}
@@ -172,8 +189,12 @@ def test_a_huge_prompt_stalls_nobody(make_server, model_dir) -> None:
         lat = []
         while t.is_alive():
             t0 = time.monotonic()
-            r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep.api_key), timeout=30,
-                           json={"model": ep.model, "messages": MESSAGES, "max_tokens": 8})
+            r = httpx.post(
+                f"{srv.url}/v1/chat/completions",
+                headers=_h(ep.api_key),
+                timeout=30,
+                json={"model": ep.model, "messages": MESSAGES, "max_tokens": 8},
+            )
             assert r.status_code == 200
             assert httpx.get(f"{srv.url}/health", timeout=30).json()["ok"]
             lat.append(time.monotonic() - t0)

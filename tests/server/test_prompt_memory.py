@@ -44,8 +44,22 @@ def _rss_mb(pid: int) -> float:
 def served(model_dir: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
     """`swarm serve` (the typer command) in its own process, killed by PID afterwards."""
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
-    args = ["--engine", "fake", "--model", str(model_dir), "--port", "0", "--out", str(tmp_path / "out"),
-            "--token", "tok", "--admin-token", "adm", "--log-level", "warning"]
+    args = [
+        "--engine",
+        "fake",
+        "--model",
+        str(model_dir),
+        "--port",
+        "0",
+        "--out",
+        str(tmp_path / "out"),
+        "--token",
+        "tok",
+        "--admin-token",
+        "adm",
+        "--log-level",
+        "warning",
+    ]
     code = "import typer; from swarm.server.cli import serve_command; typer.run(serve_command)"
     log = tmp_path / "serve.log"
     with open(log, "w") as f:
@@ -95,8 +109,9 @@ def test_four_huge_prompts_cost_little_memory_and_time(served: tuple[subprocess.
             time.sleep(0.005)
 
     results: list[tuple[int, dict[str, Any], float]] = []
-    bodies = [_body(ep.model, (f"{i} " + SENTENCE * (PROMPT_CHARS // len(SENTENCE) + 1))[:PROMPT_CHARS])
-              for i in range(4)]  # made before the clock starts
+    bodies = [
+        _body(ep.model, (f"{i} " + SENTENCE * (PROMPT_CHARS // len(SENTENCE) + 1))[:PROMPT_CHARS]) for i in range(4)
+    ]  # made before the clock starts
 
     def big(i: int) -> None:
         results.append(_chat(url, ep.api_key, bodies[i]))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 import time
 
 import httpx
@@ -11,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swarm.config.server import ServerConfig
 from swarm.config.quotas import OTHER, QuotaPhase
+from swarm.config.server import ServerConfig
 from swarm.server.quotas import QuotaBook, QuotaRejected, allocate, shares
 from swarm.testing import RunningServer, wait_until
 
@@ -22,22 +21,26 @@ def _h(token: str) -> dict[str, str]:
 
 
 def _claim(srv: RunningServer, task_id: str, family: str) -> httpx.Response:
-    return httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": task_id, "task_family": family},
-                      headers=_h(srv.token))
+    return httpx.post(
+        f"{srv.url}/swarm/v1/episodes", json={"task_id": task_id, "task_family": family}, headers=_h(srv.token)
+    )
 
 
 def _finish(srv: RunningServer, ep: dict, reward: float = 1.0) -> None:
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                   json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers=_h(ep["api_key"]),
+        json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
     assert r.status_code == 200, r.text
-    r = httpx.post(f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": reward},
-                   headers=_h(ep["api_key"]))
+    r = httpx.post(
+        f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": reward}, headers=_h(ep["api_key"])
+    )
     assert r.status_code == 200, r.text
-
-
 
 
 # -- rounding (pure) ------------------------------------------------------------------
+
 
 def test_largest_remainder_first_window() -> None:
     sh = shares({"math": 0.4, "code": 0.3, "shell": 0.3})
@@ -52,8 +55,10 @@ def test_unnamed_rest_goes_to_other_and_zero_share_gets_nothing() -> None:
     assert allocate(sh, 4) == {"math": 2, "code": 0, OTHER: 2}
 
 
-@given(st.dictionaries(st.sampled_from("abcdefg"), st.floats(0.01, 1.0), min_size=1, max_size=7),
-       st.lists(st.integers(1, 64), min_size=1, max_size=40))
+@given(
+    st.dictionaries(st.sampled_from("abcdefg"), st.floats(0.01, 1.0), min_size=1, max_size=7),
+    st.lists(st.integers(1, 64), min_size=1, max_size=40),
+)
 def test_slots_sum_to_b_and_stay_within_quota_after_every_window(raw: dict, bs: list[int]) -> None:
     total = sum(raw.values())
     quotas = {k: v / total for k, v in raw.items()}
@@ -79,8 +84,7 @@ def test_carry_rotates_the_leftover_slot() -> None:
 
 
 def test_schedule_picks_the_phase_by_step() -> None:
-    book = QuotaBook(schedule=[QuotaPhase(from_step=0, quotas={"a": 1.0}),
-                               QuotaPhase(from_step=3, quotas={"b": 1.0})])
+    book = QuotaBook(schedule=[QuotaPhase(from_step=0, quotas={"a": 1.0}), QuotaPhase(from_step=3, quotas={"b": 1.0})])
     assert book.window_slots(0, 0, 2) == {"a": 2}
     assert book.window_slots(3, 3, 2) == {"b": 2}
     with pytest.raises(QuotaRejected) as exc:
@@ -88,8 +92,7 @@ def test_schedule_picks_the_phase_by_step() -> None:
     assert exc.value.details["slots"] == 0 and exc.value.details["bucket"] == OTHER
 
 
-@pytest.mark.parametrize("bad", [{"a": 0.7, "b": 0.4}, {"a": -0.1}, {"a": 0.0}, {}, {"": 1.0},
-                                 {"a": float("nan")}])
+@pytest.mark.parametrize("bad", [{"a": 0.7, "b": 0.4}, {"a": -0.1}, {"a": 0.0}, {}, {"": 1.0}, {"a": float("nan")}])
 def test_invalid_quotas_are_refused(bad: dict, model_dir) -> None:
     with pytest.raises(ValueError):
         ServerConfig(engine="fake", model_dir=model_dir, quotas=bad)
@@ -97,14 +100,22 @@ def test_invalid_quotas_are_refused(bad: dict, model_dir) -> None:
 
 def test_quotas_and_schedule_are_exclusive(model_dir) -> None:
     with pytest.raises(ValueError, match="not both"):
-        ServerConfig(engine="fake", model_dir=model_dir, quotas={"a": 1.0},
-                     quota_schedule=[{"from_step": 0, "quotas": {"a": 1.0}}])
+        ServerConfig(
+            engine="fake",
+            model_dir=model_dir,
+            quotas={"a": 1.0},
+            quota_schedule=[{"from_step": 0, "quotas": {"a": 1.0}}],
+        )
     with pytest.raises(ValueError, match="same step|two quota phases"):
-        ServerConfig(engine="fake", model_dir=model_dir,
-                     quota_schedule=[{"from_step": 1, "quotas": {"a": 1.0}}, {"from_step": 1, "quotas": {"b": 1.0}}])
+        ServerConfig(
+            engine="fake",
+            model_dir=model_dir,
+            quota_schedule=[{"from_step": 1, "quotas": {"a": 1.0}}, {"from_step": 1, "quotas": {"b": 1.0}}],
+        )
 
 
 # -- on a real server -----------------------------------------------------------------
+
 
 def test_family_over_quota_gets_429_with_reason(make_server) -> None:
     srv = make_server(group_size=1, batch_groups=4, quotas={"math": 0.5, "code": 0.25})
@@ -167,9 +178,11 @@ def test_unlisted_family_without_other_share_is_refused(make_server) -> None:
 
 
 def test_slots_free_up_with_the_next_batch_and_schedule_switches(make_server) -> None:
-    srv = make_server(group_size=1, batch_groups=2,
-                      quota_schedule=[{"from_step": 0, "quotas": {"math": 1.0}},
-                                      {"from_step": 1, "quotas": {"code": 1.0}}])
+    srv = make_server(
+        group_size=1,
+        batch_groups=2,
+        quota_schedule=[{"from_step": 0, "quotas": {"math": 1.0}}, {"from_step": 1, "quotas": {"code": 1.0}}],
+    )
     eps = [_claim(srv, f"m{i}", "math").json() for i in range(2)]
     assert _claim(srv, "c0", "code").status_code == 429
     for ep in eps:
@@ -185,9 +198,16 @@ def test_long_poll_claim_waits_for_the_next_batch(make_server) -> None:
     import threading
 
     got: list[httpx.Response] = []
-    t = threading.Thread(target=lambda: got.append(httpx.post(
-        f"{srv.url}/swarm/v1/episodes", json={"task_id": "m1", "task_family": "math", "wait_s": 5},
-        headers=_h(srv.token), timeout=10)))
+    t = threading.Thread(
+        target=lambda: got.append(
+            httpx.post(
+                f"{srv.url}/swarm/v1/episodes",
+                json={"task_id": "m1", "task_family": "math", "wait_s": 5},
+                headers=_h(srv.token),
+                timeout=10,
+            )
+        )
+    )
     t.start()
     time.sleep(0.3)
     _finish(srv, ep)

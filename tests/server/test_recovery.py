@@ -23,11 +23,18 @@ def _h(token: str) -> dict[str, str]:
 
 def _episode(srv: RunningServer, task: str) -> str:
     ep = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": task}, headers=_h(srv.token)).json()
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                   json={"model": ep["model"], "max_tokens": 3, "messages": [{"role": "user", "content": task}]})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers=_h(ep["api_key"]),
+        json={"model": ep["model"], "max_tokens": 3, "messages": [{"role": "user", "content": task}]},
+    )
     assert r.status_code == 200, r.text
-    assert httpx.post(f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": 1.0},
-                      headers=_h(ep["api_key"])).status_code == 200
+    assert (
+        httpx.post(
+            f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": 1.0}, headers=_h(ep["api_key"])
+        ).status_code
+        == 200
+    )
     return ep["episode_id"]
 
 
@@ -60,8 +67,13 @@ def test_restart_replays_the_lost_steps_and_marks_them_redone(make_server, tmp_p
     assert srv.swarm.checkpointed_step == 3  # resumed there (replayed groups may already be training)
     wait_until(lambda: srv.swarm.trainer.step == 5)  # both lost steps trained again, nothing stale
     rows = _rows(tmp_path / "out")
-    assert {i: rows[i] for i in ids} == {ids[0]: ("trained", 1), ids[1]: ("trained", 2), ids[2]: ("trained", 3),
-                                         ids[3]: ("trained", 4), ids[4]: ("trained", 5)}
+    assert {i: rows[i] for i in ids} == {
+        ids[0]: ("trained", 1),
+        ids[1]: ("trained", 2),
+        ids[2]: ("trained", 3),
+        ids[3]: ("trained", 4),
+        ids[4]: ("trained", 5),
+    }
     # replayed in order: the redone step 4 trains the episode of version 3 at version 3, step 5 that of 4 at 4
     assert [s.policy_version for b in srv.engine.batches for s in b.samples] == [3, 4]
     c = srv.swarm.status().counters

@@ -33,8 +33,11 @@ def test_continuation_reuses_generated_ids(renderer: ChatRenderer) -> None:
     completion = [i for t in said for i in renderer.tok.encode(t, add_special_tokens=False)]
     completion.append(renderer.tok.convert_tokens_to_ids("<|im_end|>"))
     call = Call("main", prompt_ids, completion, [-1.0] * len(completion), 0)
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": said},
-                {"role": "user", "content": "again"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": said},
+        {"role": "user", "content": "again"},
+    ]
     prompt = renderer.chat_prompt(renderer.render(messages), [call], "main")
     assert prompt.continued
     assert prompt.ids[: len(prompt_ids) + len(completion)] == prompt_ids + completion
@@ -60,9 +63,9 @@ def test_output_text_without_stop_decodes_exactly(renderer: ChatRenderer) -> Non
     out = OutputText(renderer)
     pieces = []
     for i in range(0, len(ids), 2):
-        text, kept, _ = out.add(ids[i:i + 2], [-1.0] * len(ids[i:i + 2]))
+        text, kept, _ = out.add(ids[i : i + 2], [-1.0] * len(ids[i : i + 2]))
         pieces.append(text)
-        assert len(kept) == len(ids[i:i + 2])
+        assert len(kept) == len(ids[i : i + 2])
     pieces.append(out.finish())
     assert "".join(pieces) == renderer.decode(ids) == out.text
 
@@ -72,7 +75,7 @@ def test_output_text_stop_string_cuts_text_and_ids(renderer: ChatRenderer) -> No
     out = OutputText(renderer, stop=("STOP",))
     pieces = []
     for i in range(0, len(ids), 3):
-        text, _, _ = out.add(ids[i:i + 3], [-1.0] * len(ids[i:i + 3]))
+        text, _, _ = out.add(ids[i : i + 3], [-1.0] * len(ids[i : i + 3]))
         pieces.append(text)
     pieces.append(out.finish())
     assert out.stopped

@@ -33,9 +33,20 @@ def test_the_buffer_keeps_each_choice_a_member_of_its_group(tmp_path: Path) -> N
     played = {}
     for ep, rewards in (("a", [1.0, 1.0, 1.0, 1.0]), ("b", [1.0, 1.0, 0.0, 0.0])):
         played[ep] = episode_samples(_calls(4), ep, f"g-{ep}", 0.0, choice_rewards=rewards)
-        buf.add(episode_id=ep, group_id=f"g-{ep}", task_id=ep, task_family="arith", epoch=0, policy_version=4,
-                status="ok", reward=sum(rewards) / 4, state="buffered", idempotency_key=None, response={},
-                payload={"samples": encode_samples(played[ep])})
+        buf.add(
+            episode_id=ep,
+            group_id=f"g-{ep}",
+            task_id=ep,
+            task_family="arith",
+            epoch=0,
+            policy_version=4,
+            status="ok",
+            reward=sum(rewards) / 4,
+            state="buffered",
+            idempotency_key=None,
+            response={},
+            payload={"samples": encode_samples(played[ep])},
+        )
     restored = {row.id: row.samples() for row in buf.buffered()}
     buf.close()
     for ep, samples in played.items():
@@ -47,8 +58,20 @@ def test_the_buffer_keeps_each_choice_a_member_of_its_group(tmp_path: Path) -> N
     for s in old:
         del s["episode_id"]
     buf = DurableBuffer(tmp_path / "old.sqlite")
-    buf.add(episode_id="b", group_id="g-b", task_id="b", task_family="arith", epoch=0, policy_version=4,
-            status="ok", reward=0.5, state="buffered", idempotency_key=None, response={}, payload={"samples": old})
+    buf.add(
+        episode_id="b",
+        group_id="g-b",
+        task_id="b",
+        task_family="arith",
+        epoch=0,
+        policy_version=4,
+        status="ok",
+        reward=0.5,
+        state="buffered",
+        idempotency_key=None,
+        response={},
+        payload={"samples": old},
+    )
     assert {s.episode_id for s in buf.buffered()[0].samples()} == {"b"}
     buf.close()
 
@@ -87,5 +110,6 @@ def test_a_replayed_group_call_trains_with_its_own_advantages(make_server) -> No
         by_group.setdefault(s.group_id, []).append((s.reward, round(a, 3)))
     assert sorted(sorted(v) for v in by_group.values()) == [
         [(0.0, -0.866), (0.0, -0.866), (1.0, 0.866), (1.0, 0.866)],
-        [(1.0, 0.0), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0)]]
+        [(1.0, 0.0), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0)],
+    ]
     assert srv.swarm.counters["episodes_replayed"] == 2

@@ -15,9 +15,13 @@ def test_serve_on_a_port_in_use_says_so_in_one_line_and_writes_nothing(tmp_path:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "swarm", "serve", "--engine", "fake", "--port", str(port),
-                            "--out", str(out)], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "ROOST_HOME": str(tmp_path / "home")})
+        r = subprocess.run(
+            [sys.executable, "-m", "swarm", "serve", "--engine", "fake", "--port", str(port), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "ROOST_HOME": str(tmp_path / "home")},
+        )
     assert r.returncode != 0, r.stdout + r.stderr
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
     assert len(lines) == 1, lines  # no traceback

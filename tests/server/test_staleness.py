@@ -21,15 +21,16 @@ from swarm.engine.fake import FakeEngine
 from swarm.samples import TrainSample
 from swarm.server.batcher import Batch, Batcher, FinishedEpisode, Group, episode_lag, policy_lag
 from swarm.server.exceptions import Refused
-from swarm.testing import RunningServer, wait_until
 from swarm.server.trainer import GenerationGate, Trainer
+from swarm.testing import RunningServer, wait_until
 
 MESSAGES = [{"role": "user", "content": "What is 1+1?"}]
 
 
 def _episode(eid: str, group_id: str, *versions: int, reward: float = 1.0) -> FinishedEpisode:
-    samples = [TrainSample([1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.5], eid, group_id, reward, policy_version=v)
-               for v in versions]
+    samples = [
+        TrainSample([1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.5], eid, group_id, reward, policy_version=v) for v in versions
+    ]
     return FinishedEpisode(eid, reward, samples)
 
 
@@ -47,8 +48,7 @@ def _rows(srv: RunningServer) -> list[dict]:
 
 def _trained_lags(engine: FakeEngine, first_version: int = 0) -> list[int]:
     """The fake engine trains batch i at version first_version + i: every trained sample's lag."""
-    return [policy_lag(first_version + i, s.policy_version)
-            for i, b in enumerate(engine.batches) for s in b.samples]
+    return [policy_lag(first_version + i, s.policy_version) for i, b in enumerate(engine.batches) for s in b.samples]
 
 
 # -- the rule (pure) ---------------------------------------------------------------------------------
@@ -60,8 +60,12 @@ def test_lag_is_the_distance_in_versions_and_an_episode_counts_its_worst_sample(
 
 
 def test_screen_drops_whole_episodes_over_the_bound_and_reports_the_lag() -> None:
-    g1 = Group("a#w0g0", "a", 3, finished=[_episode("fresh", "a#w0g0", 5), _episode("lag1", "a#w0g0", 4, 5),
-                                           _episode("old", "a#w0g0", 5, 3)])
+    g1 = Group(
+        "a#w0g0",
+        "a",
+        3,
+        finished=[_episode("fresh", "a#w0g0", 5), _episode("lag1", "a#w0g0", 4, 5), _episode("old", "a#w0g0", 5, 3)],
+    )
     g2 = Group("b#w0g1", "b", 1, finished=[_episode("lost", "b#w0g1", 7)])  # rolled back: |5 - 7| = 2
     batch = Batch(window=0, groups=[g1, g2])
     stale = batch.screen(5, max_staleness=1)
@@ -169,8 +173,7 @@ def test_trainer_never_trains_a_sample_older_than_k(model_dir: Path) -> None:
 
 # -- a real server on loopback -------------------------------------------------------------------------------
 def test_claims_are_admitted_and_served_while_a_slowed_step_trains(make_server, model_dir) -> None:
-    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=3.0), group_size=1, batch_groups=1,
-                      max_staleness=1)
+    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=3.0), group_size=1, batch_groups=1, max_staleness=1)
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", wait=False)
     wait_until(lambda: srv.swarm.batcher.stepping)
@@ -187,8 +190,9 @@ def test_claims_are_admitted_and_served_while_a_slowed_step_trains(make_server, 
 
 
 def test_max_steps_is_not_exceeded_by_a_window_that_filled_during_the_last_step(make_server, model_dir) -> None:
-    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.5), group_size=1, batch_groups=1,
-                      max_staleness=1, max_steps=1)
+    srv = make_server(
+        engine=FakeEngine(model_dir, train_delay_s=1.5), group_size=1, batch_groups=1, max_staleness=1, max_steps=1
+    )
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", wait=False)
     wait_until(lambda: srv.swarm.batcher.stepping)
@@ -204,14 +208,16 @@ def test_max_steps_is_not_exceeded_by_a_window_that_filled_during_the_last_step(
 
 
 def test_on_policy_k0_without_claims_during_step_refuses_claims_while_a_step_trains(make_server, model_dir) -> None:
-    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1,
-                      claims_during_step=False)
+    srv = make_server(
+        engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1, claims_during_step=False
+    )
     assert srv.swarm.config.max_staleness == 0  # the default: on-policy
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", wait=False)
     wait_until(lambda: srv.swarm.batcher.stepping)
-    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": "b"},
-                   headers={"Authorization": f"Bearer {srv.token}"})
+    r = httpx.post(
+        f"{srv.url}/swarm/v1/episodes", json={"task_id": "b"}, headers={"Authorization": f"Bearer {srv.token}"}
+    )
     assert r.status_code == 429 and r.json()["error"]["code"] == "training"
     _play(client, "b")  # waits out the step
     wait_until(lambda: srv.swarm.trainer.step == 2)
@@ -236,12 +242,14 @@ def test_on_policy_claims_during_a_step_wait_at_the_gate_and_train_at_lag_0(make
     assert srv.swarm.counters["expired"] == 0
 
 
-def test_a_window_claimed_during_the_last_step_is_acknowledged_before_the_last_checkpoint(make_server,
-                                                                                          model_dir) -> None:
+def test_a_window_claimed_during_the_last_step_is_acknowledged_before_the_last_checkpoint(
+    make_server, model_dir
+) -> None:
     """At max_steps the next window's episodes may already wait at the gate: they play out during
     the stop grace and are acknowledged (kept for a restart), and the last checkpoint counts them."""
-    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1, max_steps=1,
-                      stop_grace_s=1.5)
+    srv = make_server(
+        engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1, max_steps=1, stop_grace_s=1.5
+    )
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", wait=False)
     wait_until(lambda: srv.swarm.batcher.stepping)
@@ -263,8 +271,7 @@ def test_a_window_claimed_during_the_last_step_is_acknowledged_before_the_last_c
 def test_leases_stand_still_while_a_step_holds_generation_back(make_server, model_dir) -> None:
     """An episode whose call waits at the gate cannot renew its lease through that call: the step's
     time is not counted against it (a 0.5 s lease outlives a 2 s step without any heartbeat)."""
-    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=2.0), group_size=1, batch_groups=1,
-                      lease_seconds=0.5)
+    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=2.0), group_size=1, batch_groups=1, lease_seconds=0.5)
     client = SwarmClient(srv.url, srv.token, heartbeats=False)
     _play(client, "a", wait=False)
     wait_until(lambda: srv.swarm.batcher.stepping)
@@ -279,8 +286,7 @@ def test_leases_stand_still_while_a_step_holds_generation_back(make_server, mode
 def test_a_busy_fleet_never_trains_beyond_k(make_server, model_dir, k: int) -> None:
     """Eight client threads play groups of a task in order while slowed steps train: every trained
     sample is within k versions of the policy that trained it, and with k = 1 the overlap happens."""
-    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=0.15), group_size=2, batch_groups=2,
-                      max_staleness=k)
+    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=0.15), group_size=2, batch_groups=2, max_staleness=k)
     steps = 6
     jobs = itertools.count()
     lock = threading.Lock()
@@ -323,8 +329,15 @@ def test_restart_replays_within_k_and_drops_older_episodes_counted(make_server, 
     """Four steps, no checkpoint, then a restart at version 0: with k = 1 the episodes of versions 0 and
     1 are trained again (lag <= 1), those of versions 2 and 3 are dropped and counted (replay_staleness = 1;
     the default replays them all, tests/server/test_recovery.py)."""
-    kw = dict(group_size=1, batch_groups=1, checkpoint_every=0, checkpoint_on_stop=False, max_staleness=1,
-              replay_staleness=1, secret="s")
+    kw = dict(
+        group_size=1,
+        batch_groups=1,
+        checkpoint_every=0,
+        checkpoint_on_stop=False,
+        max_staleness=1,
+        replay_staleness=1,
+        secret="s",
+    )
     srv = make_server(**kw)
     client = SwarmClient(srv.url, srv.token)
     ids = []
@@ -352,6 +365,7 @@ def test_ppo_ratio_is_taken_against_the_recorded_rollout_logprobs(model_dir: Pat
     negative advantage (for the positive one the unclipped term is the pessimistic one), half the tokens."""
     import torch  # lazy: torch and transformers load in seconds; the rest of this module needs neither
     from transformers import AutoModelForCausalLM
+
     from swarm.engine.policy_step import policy_step
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -361,9 +375,18 @@ def test_ppo_ratio_is_taken_against_the_recorded_rollout_logprobs(model_dir: Pat
         own = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, 1:, None])[..., 0].tolist()
 
     def batch(shift: float) -> list[TrainSample]:
-        return [TrainSample(x, [0, 0, 1, 1, 1], [0.0] + [lp + shift for lp in lp_row], f"e{i}", "g",
-                            reward=float(i == 0), policy_version=0)
-                for i, (x, lp_row) in enumerate(zip(ids, own))]
+        return [
+            TrainSample(
+                x,
+                [0, 0, 1, 1, 1],
+                [0.0] + [lp + shift for lp in lp_row],
+                f"e{i}",
+                "g",
+                reward=float(i == 0),
+                policy_version=0,
+            )
+            for i, (x, lp_row) in enumerate(zip(ids, own))
+        ]
 
     def step(shift: float) -> dict[str, float]:
         opt = torch.optim.SGD(model.parameters(), lr=0.0)  # weights untouched: only the ratio differs

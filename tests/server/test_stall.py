@@ -26,14 +26,18 @@ def _claim(srv: RunningServer, task: str) -> dict:
 
 
 def _play(srv: RunningServer, ep: dict) -> None:
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                   json={"model": ep["model"], "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers=_h(ep["api_key"]),
+        json={"model": ep["model"], "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 200, r.text
 
 
 def _finish(srv: RunningServer, ep: dict, reward: float = 1.0) -> httpx.Response:
-    return httpx.post(f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": reward},
-                      headers=_h(ep["api_key"]))
+    return httpx.post(
+        f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": reward}, headers=_h(ep["api_key"])
+    )
 
 
 def _window_with_a_straggler(srv: RunningServer) -> dict:
@@ -48,10 +52,10 @@ def _window_with_a_straggler(srv: RunningServer) -> dict:
 
 
 @pytest.mark.parametrize("policy,trained", [("partial", 3), ("drop", 2)])
-def test_a_straggler_with_a_live_lease_is_cut_after_the_stall(make_server, tmp_path: Path, policy: str,
-                                                              trained: int) -> None:
-    srv = make_server(group_size=2, batch_groups=2, lease_seconds=30, group_stall_s=0.6,
-                      stalled_group_policy=policy)
+def test_a_straggler_with_a_live_lease_is_cut_after_the_stall(
+    make_server, tmp_path: Path, policy: str, trained: int
+) -> None:
+    srv = make_server(group_size=2, batch_groups=2, lease_seconds=30, group_stall_s=0.6, stalled_group_policy=policy)
     held = _window_with_a_straggler(srv)
     t0 = time.monotonic()
     wait_until(lambda: srv.swarm.trainer.step == 1)

@@ -30,14 +30,18 @@ def _claim(srv: RunningServer, task: str) -> dict:
 
 
 def _call(srv: RunningServer, ep: dict) -> None:
-    r = httpx.post(f"{srv.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                   json={"model": ep["model"], "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        headers=_h(ep["api_key"]),
+        json={"model": ep["model"], "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 200, r.text
 
 
 def _finish(srv: RunningServer, ep: dict) -> httpx.Response:
-    return httpx.post(f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": 1.0},
-                      headers=_h(ep["api_key"]))
+    return httpx.post(
+        f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": 1.0}, headers=_h(ep["api_key"])
+    )
 
 
 def _play(srv: RunningServer, task: str) -> dict:

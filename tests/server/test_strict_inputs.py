@@ -31,11 +31,18 @@ def _code(r: httpx.Response, status: int) -> str:
     return code
 
 
-@pytest.mark.parametrize("body", [
-    {"reward": "0.5"}, {"reward": True}, {"reward": None}, {"reward": [1]},
-    {"reward": 1, "agent_rewards": {"a": "1"}}, {"reward": 1, "metrics": {"m": "0.1"}},
-    {"reward": 1, "metrics": {"m": False}},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"reward": "0.5"},
+        {"reward": True},
+        {"reward": None},
+        {"reward": [1]},
+        {"reward": 1, "agent_rewards": {"a": "1"}},
+        {"reward": 1, "metrics": {"m": "0.1"}},
+        {"reward": 1, "metrics": {"m": False}},
+    ],
+)
 def test_a_number_sent_as_anything_else_is_400(server: RunningServer, body: dict) -> None:
     ep = _claim(server)
     url = f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/finish"
@@ -53,19 +60,32 @@ def test_other_strict_fields(server: RunningServer) -> None:
     r = httpx.post(f"{server.url}/swarm/v1/episodes", json={"task_id": "t", "wait_s": "1"}, headers=_h(server.token))
     assert _code(r, 400) == "invalid_request"
     ep = _claim(server)
-    r = httpx.post(f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/abort", json={"release": "false"},
-                   headers=_h(ep["api_key"]))
+    r = httpx.post(
+        f"{server.url}/swarm/v1/episodes/{ep['episode_id']}/abort", json={"release": "false"}, headers=_h(ep["api_key"])
+    )
     assert _code(r, 400) == "invalid_request"
     admin = _h(server.swarm.config.admin_token)
     for body in ({"lr": "0.1"}, {"batch_groups": 2.0}, {"quotas": {"a": "1"}}):
-        assert _code(httpx.post(f"{server.url}/swarm/v1/admin/config", json=body, headers=admin), 400) \
-            == "invalid_request"
+        assert (
+            _code(httpx.post(f"{server.url}/swarm/v1/admin/config", json=body, headers=admin), 400) == "invalid_request"
+        )
     ok = httpx.post(f"{server.url}/swarm/v1/admin/config", json={"lr": 0.001, "advantage": "grpo"}, headers=admin)
     assert ok.status_code == 200, ok.text  # enums still take their string values
 
 
-@pytest.mark.parametrize("knob", [{"max_tokens": "8"}, {"max_tokens": 8.0}, {"n": "2"}, {"n": True},
-                                  {"temperature": "1"}, {"top_p": True}, {"seed": "3"}, {"top_logprobs": "2"}])
+@pytest.mark.parametrize(
+    "knob",
+    [
+        {"max_tokens": "8"},
+        {"max_tokens": 8.0},
+        {"n": "2"},
+        {"n": True},
+        {"temperature": "1"},
+        {"top_p": True},
+        {"seed": "3"},
+        {"top_logprobs": "2"},
+    ],
+)
 def test_openai_and_anthropic_knobs_are_strict(server: RunningServer, knob: dict) -> None:
     """`"8"` is not 8 (OpenAI answers 400 too): a knob of the wrong type is refused, not coerced."""
     ep = _claim(server)
@@ -74,11 +94,17 @@ def test_openai_and_anthropic_knobs_are_strict(server: RunningServer, knob: dict
     r = httpx.post(f"{server.url}/v1/chat/completions", json=chat, headers=_h(ep["api_key"]))
     assert _code(r, 400) == "invalid_request"
     if set(knob) <= {"max_tokens", "temperature", "top_p"}:
-        r = httpx.post(f"{server.url}/v1/messages", json={"model": "m", "max_tokens": 4, "messages": msgs, **knob},
-                       headers=_h(ep["api_key"]))
+        r = httpx.post(
+            f"{server.url}/v1/messages",
+            json={"model": "m", "max_tokens": 4, "messages": msgs, **knob},
+            headers=_h(ep["api_key"]),
+        )
         assert r.status_code == 400, r.text
-    ok = httpx.post(f"{server.url}/v1/chat/completions", headers=_h(ep["api_key"]),
-                    json={"messages": msgs, "max_tokens": 4, "n": 1, "temperature": 1, "top_p": 1, "seed": 3})
+    ok = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers=_h(ep["api_key"]),
+        json={"messages": msgs, "max_tokens": 4, "n": 1, "temperature": 1, "top_p": 1, "seed": 3},
+    )
     assert ok.status_code == 200, ok.text  # ints are numbers where a float is asked
 
 
@@ -119,19 +145,37 @@ def test_every_4xx_has_a_stable_code(make_server) -> None:
         "unknown route": (httpx.get(f"{u}/nope", headers=w), 404, "not_found"),
         "wrong method": (httpx.get(f"{u}/swarm/v1/episodes", headers=w), 405, "method_not_allowed"),
         "too large": (httpx.post(f"{u}/swarm/v1/episodes", content=b"x" * 5000, headers=w), 413, "body_too_large"),
-        "not json": (httpx.post(f"{u}/swarm/v1/episodes", content=b"task_id=t",
-                                headers={**w, "Content-Type": "text/plain"}), 400, "invalid_request"),
+        "not json": (
+            httpx.post(f"{u}/swarm/v1/episodes", content=b"task_id=t", headers={**w, "Content-Type": "text/plain"}),
+            400,
+            "invalid_request",
+        ),
         "bad json": (httpx.post(f"{u}/swarm/v1/episodes", content=BAD_JSON, headers=w), 400, "invalid_json"),
         "schema": (httpx.post(f"{u}/swarm/v1/episodes", json={"task_id": ""}, headers=w), 400, "invalid_request"),
         "no token": (httpx.get(f"{u}/swarm/v1/status"), 401, "missing_api_key"),
         "bad token": (httpx.get(f"{u}/swarm/v1/status", headers=_h("x")), 401, "invalid_token"),
         "admin only": (httpx.post(f"{u}/swarm/v1/admin/pause", headers=w), 403, "admin_only"),
-        "other episode": (httpx.post(f"{u}/swarm/v1/episodes/{ep['episode_id']}/heartbeat",
-                                     headers=_h(_claim(srv, "o")["api_key"])), 403, "wrong_episode"),
-        "stale epoch": (httpx.post(f"{u}/swarm/v1/episodes/{stale['episode_id']}/finish", json={"reward": 1},
-                                   headers=_h(stale["api_key"])), 409, "stale_epoch"),
-        "unknown model": (httpx.post(f"{u}/v1/chat/completions", headers=w, json={
-            "model": "nope", "messages": [{"role": "user", "content": "hi"}]}), 404, "model_not_found"),
+        "other episode": (
+            httpx.post(f"{u}/swarm/v1/episodes/{ep['episode_id']}/heartbeat", headers=_h(_claim(srv, "o")["api_key"])),
+            403,
+            "wrong_episode",
+        ),
+        "stale epoch": (
+            httpx.post(
+                f"{u}/swarm/v1/episodes/{stale['episode_id']}/finish", json={"reward": 1}, headers=_h(stale["api_key"])
+            ),
+            409,
+            "stale_epoch",
+        ),
+        "unknown model": (
+            httpx.post(
+                f"{u}/v1/chat/completions",
+                headers=w,
+                json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+            ),
+            404,
+            "model_not_found",
+        ),
     }
     got = {name: _code(r, status) for name, (r, status, _) in expected.items()}
     assert got == {name: code for name, (_, _, code) in expected.items()}

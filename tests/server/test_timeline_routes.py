@@ -13,7 +13,8 @@ from swarm.engine.fake import FakeEngine
 def _char_ids(tok, text: str) -> list[int]:
     """The reply spelled one character per token (BPE would merge it): forces drift."""
     return [i for ch in text for i in tok.encode(ch, add_special_tokens=False)] + [
-        tok.convert_tokens_to_ids("<|im_end|>")]
+        tok.convert_tokens_to_ids("<|im_end|>")
+    ]
 
 
 def _play(srv, agents: list[str], turns: int) -> dict:
@@ -22,12 +23,17 @@ def _play(srv, agents: list[str], turns: int) -> dict:
         histories = {a: [{"role": "user", "content": f"hello {a}"}] for a in agents}
         for t in range(turns):
             for a in agents:
-                r = httpx.post(f"{ep.base_url}/chat/completions", headers={
-                    "Authorization": f"Bearer {ep.api_key}", "X-Roost-Agent": a},
-                    json={"model": ep.model, "messages": histories[a], "max_tokens": 32}, timeout=30)
+                r = httpx.post(
+                    f"{ep.base_url}/chat/completions",
+                    headers={"Authorization": f"Bearer {ep.api_key}", "X-Roost-Agent": a},
+                    json={"model": ep.model, "messages": histories[a], "max_tokens": 32},
+                    timeout=30,
+                )
                 assert r.status_code == 200, r.text
-                histories[a] += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
-                                 {"role": "user", "content": f"turn {t}"}]
+                histories[a] += [
+                    {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                    {"role": "user", "content": f"turn {t}"},
+                ]
         ep.finish(1.0)
     lines = (srv.swarm.out_dir / "rollouts.jsonl").read_text().splitlines()
     return json.loads(lines[-1])

@@ -22,10 +22,22 @@ from swarm.samples import Call, TrainSample
 from swarm.testing import RunningServer
 
 TOOLS = [
-    {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
-    {"type": "function", "function": {"name": "mul", "description": "a * b", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "a + b",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "mul",
+            "description": "a * b",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+        },
+    },
 ]
 QUESTION = [{"role": "user", "content": "What is (12 + 30) * 2?"}]
 
@@ -41,6 +53,7 @@ def agent_script(engine: FakeEngine) -> Any:
         if done == 1:
             return tool_call_text("mul", {"a": 42, "b": 2})
         return "The answer is 84."
+
     return script
 
 
@@ -93,8 +106,10 @@ def test_sdk_multi_turn_tool_episode_merges_into_one_sample(srv: RunningServer) 
             for t in assistant["tool_calls"]:
                 t["function"]["arguments"] = json.dumps(json.loads(t["function"]["arguments"]), indent=2)
         msgs.append(assistant)
-        msgs += [{"role": "tool", "tool_call_id": t.id, "content": run_tool(t.function.name, t.function.arguments)}
-                 for t in m.tool_calls]
+        msgs += [
+            {"role": "tool", "tool_call_id": t.id, "content": run_tool(t.function.name, t.function.arguments)}
+            for t in m.tool_calls
+        ]
     assert seen == [("I will add first.", [("add", '{"a": 12,  "b": 30}')]), (None, [("mul", '{"a": 42, "b": 2}')])]
     assert srv.swarm.counters["prompt_continued"] == 2
     calls, samples = finish_and_sample(srv, ep)
@@ -113,8 +128,11 @@ def test_streamed_tool_calls_arrive_as_openai_deltas(srv: RunningServer) -> None
                 for d in c.delta.tool_calls or []:
                     if d.index not in calls:
                         first_deltas.append(d)
-                        calls[d.index] = {"id": d.id, "type": "function",
-                                          "function": {"name": d.function.name, "arguments": ""}}
+                        calls[d.index] = {
+                            "id": d.id,
+                            "type": "function",
+                            "function": {"name": d.function.name, "arguments": ""},
+                        }
                     calls[d.index]["function"]["arguments"] += d.function.arguments or ""
                 if c.finish_reason:
                     reasons.append(c.finish_reason)
@@ -124,9 +142,14 @@ def test_streamed_tool_calls_arrive_as_openai_deltas(srv: RunningServer) -> None
             break
         assert reasons == ["tool_calls"]
         msgs.append({"role": "assistant", "content": content or None, "tool_calls": list(calls.values())})
-        msgs += [{"role": "tool", "tool_call_id": c["id"], "content": run_tool(c["function"]["name"],
-                                                                               c["function"]["arguments"])}
-                 for c in calls.values()]
+        msgs += [
+            {
+                "role": "tool",
+                "tool_call_id": c["id"],
+                "content": run_tool(c["function"]["name"], c["function"]["arguments"]),
+            }
+            for c in calls.values()
+        ]
     calls_, samples = finish_and_sample(srv, ep)
     assert len(calls_) == 3 and len(samples) == 1
     check_one_sample(srv, calls_, samples[0])
@@ -136,25 +159,38 @@ def test_tool_choice_none_required_and_named(srv: RunningServer) -> None:
     ep = SwarmClient(srv.url, srv.token).claim("t1")
     r = ep.openai.chat.completions.create(model=ep.model, messages=QUESTION, tools=TOOLS, tool_choice="none")
     assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
-    r = ep.openai.chat.completions.create(model=ep.model, messages=QUESTION, tools=TOOLS,
-                                          tool_choice={"type": "function", "function": {"name": "mul"}},
-                                          extra_body={"return_token_ids": True})
+    r = ep.openai.chat.completions.create(
+        model=ep.model,
+        messages=QUESTION,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "mul"}},
+        extra_body={"return_token_ids": True},
+    )
     (call,) = r.choices[0].message.tool_calls
-    assert (call.function.name, call.function.arguments, r.choices[0].finish_reason) == \
-        ("mul", '{"a": 5, "b": 6}', "tool_calls")
+    assert (call.function.name, call.function.arguments, r.choices[0].finish_reason) == (
+        "mul",
+        '{"a": 5, "b": 6}',
+        "tool_calls",
+    )
     prompt = srv.engine.tokenizer.decode(r.model_extra["prompt_token_ids"])
     assert prompt.endswith('<|im_start|>assistant\n<tool_call>\n{"name": "mul", "arguments": ')  # prefilled
-    msgs = [*QUESTION, r.choices[0].message.model_dump(exclude_none=True),
-            {"role": "tool", "tool_call_id": call.id, "content": "30"},
-            {"role": "tool", "tool_call_id": call.id, "content": "30"}]
+    msgs = [
+        *QUESTION,
+        r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "30"},
+        {"role": "tool", "tool_call_id": call.id, "content": "30"},
+    ]
     ep.openai.chat.completions.create(model=ep.model, messages=msgs, tools=TOOLS)
     calls, samples = finish_and_sample(srv, ep)
     merged = [s for s in samples if len(s.input_ids) == len(calls[-1].full)]
     check_one_sample(srv, calls[1:], merged[0])  # the prefill is prompt: mask 0, never trained
     with pytest.raises(openai.BadRequestError):
         SwarmClient(srv.url, srv.token).claim("t2").openai.chat.completions.create(
-            model=ep.model, messages=QUESTION, tools=TOOLS,
-            tool_choice={"type": "function", "function": {"name": "nope"}})
+            model=ep.model,
+            messages=QUESTION,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )
 
 
 def test_malformed_call_is_plain_content(make_server, model_dir) -> None:
@@ -163,8 +199,11 @@ def test_malformed_call_is_plain_content(make_server, model_dir) -> None:
     srv = make_server(engine=engine)
     ep = SwarmClient(srv.url, srv.token).claim("t1")
     for stream in (False, True):
-        r = httpx.post(f"{srv.url}/v1/chat/completions", headers={"Authorization": f"Bearer {ep.api_key}"},
-                       json={"model": ep.model, "messages": QUESTION, "tools": TOOLS, "stream": stream})
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {ep.api_key}"},
+            json={"model": ep.model, "messages": QUESTION, "tools": TOOLS, "stream": stream},
+        )
         assert r.status_code == 200
         if not stream:
             m = r.json()["choices"][0]

@@ -28,15 +28,17 @@ def test_torch_engine_end_to_end(make_server, model_dir: Path, tmp_path: Path) -
     srv = make_server(engine=eng, out_dir=out, group_size=2, batch_groups=2, checkpoint_every=1)
     client = SwarmClient(srv.url, srv.token)
     with client.episode("probe") as ep:
-        r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=16,
-                                              extra_body={"return_token_ids": True})
+        r = ep.openai.chat.completions.create(
+            model=ep.model, messages=MESSAGES, max_tokens=16, extra_body={"return_token_ids": True}
+        )
         ids = r.choices[0].model_extra["token_ids"]
         assert tok.decode(ids, skip_special_tokens=True) == r.choices[0].message.content
         lps = [c.logprob for c in r.choices[0].logprobs.content]
         pids = r.model_extra["prompt_token_ids"]
-        assert lps == pytest.approx(eng.logprobs(pids + ids)[len(pids) - 1:], abs=2e-3)  # rollout == teacher-forced
-        stream = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=16,
-                                                   stream=True, extra_body={"return_token_ids": True})
+        assert lps == pytest.approx(eng.logprobs(pids + ids)[len(pids) - 1 :], abs=2e-3)  # rollout == teacher-forced
+        stream = ep.openai.chat.completions.create(
+            model=ep.model, messages=MESSAGES, max_tokens=16, stream=True, extra_body={"return_token_ids": True}
+        )
         text, sids = "", []
         for c in stream:
             if c.choices:
@@ -49,8 +51,9 @@ def test_torch_engine_end_to_end(make_server, model_dir: Path, tmp_path: Path) -
     lock = threading.Lock()
 
     def workflow(task: dict, episode) -> float:
-        episode.openai.chat.completions.create(model=episode.model, max_tokens=6,
-                                               messages=[{"role": "user", "content": task["q"]}])
+        episode.openai.chat.completions.create(
+            model=episode.model, max_tokens=6, messages=[{"role": "user", "content": task["q"]}]
+        )
         with lock:  # one success and one failure per group: a nonzero GRPO advantage
             seen[task["task_id"]] += 1
             return float(seen[task["task_id"]] % 2)
@@ -63,8 +66,7 @@ def test_torch_engine_end_to_end(make_server, model_dir: Path, tmp_path: Path) -
         assert time.monotonic() < end
         time.sleep(0.1)
     assert eng.policy_version == 1
-    probe = tok.encode("<|im_start|>user\nWhat is 1+1?<|im_end|>\n<|im_start|>assistant\n2",
-                       add_special_tokens=False)
+    probe = tok.encode("<|im_start|>user\nWhat is 1+1?<|im_end|>\n<|im_start|>assistant\n2", add_special_tokens=False)
     after = eng.logprobs(probe)
     srv.stop()
 

@@ -18,8 +18,15 @@ pytestmark = pytest.mark.slow  # MLflow, torch and transformers imported, a SQLi
 
 
 def _sink(out: Path, uri: str, final_step: int | None, base: Path) -> MlflowSink:
-    return MlflowSink(out, "final-model", "run", {"engine": "torch", "group_size": 1}, tracking_uri=uri,
-                      final_step=final_step, base_model=base)
+    return MlflowSink(
+        out,
+        "final-model",
+        "run",
+        {"engine": "torch", "group_size": 1},
+        tracking_uri=uri,
+        final_step=final_step,
+        base_model=base,
+    )
 
 
 def test_the_model_is_logged_at_a_close_after_the_final_step(tmp_path: Path, model_dir: Path) -> None:
@@ -32,9 +39,15 @@ def test_the_model_is_logged_at_a_close_after_the_final_step(tmp_path: Path, mod
     checkpoint = tmp_path / "checkpoints" / "step_000003"
     shutil.copytree(model_dir, checkpoint)
     (tmp_path / "run.yaml").write_text("task: arith\n")
-    (out / EXTRA_FILE).write_text(json.dumps({
-        "params": {"task": "arith", "group_size": "8"}, "artifacts": [str(tmp_path / "run.yaml")],
-        "model_card": {"title": "run: trained by `swarm train`", "description": "the card's words"}}))
+    (out / EXTRA_FILE).write_text(
+        json.dumps(
+            {
+                "params": {"task": "arith", "group_size": "8"},
+                "artifacts": [str(tmp_path / "run.yaml")],
+                "model_card": {"title": "run: trained by `swarm train`", "description": "the card's words"},
+            }
+        )
+    )
     sink = _sink(out, uri, 3, model_dir)
     sink.checkpoint(2, checkpoint.parent / "step_000002")  # an earlier checkpoint: not the final model
     sink.checkpoint(3, checkpoint)
@@ -51,8 +64,9 @@ def test_the_model_is_logged_at_a_close_after_the_final_step(tmp_path: Path, mod
     logged = client.get_logged_model(state["model_uri"].split("/")[-1])
     # in the run's experiment (without the run active, MLflow puts it in Default, under the working directory)
     assert logged.source_run_id == run.info.run_id and logged.experiment_id == run.info.experiment_id
-    card = mlflow.artifacts.download_artifacts(artifact_uri=f"{logged.artifact_location}/model_card.md",
-                                               dst_path=str(tmp_path / "card"))
+    card = mlflow.artifacts.download_artifacts(
+        artifact_uri=f"{logged.artifact_location}/model_card.md", dst_path=str(tmp_path / "card")
+    )
     assert "run: trained by `swarm train`" in Path(card).read_text()
     assert not mlflow.tracking.is_tracking_uri_set()  # the global URI it needed is put back
     from mlflow.utils import environment  # lazy: as above

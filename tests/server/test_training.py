@@ -14,8 +14,6 @@ from swarm.testing import RunningServer, wait_until
 MESSAGES = [{"role": "user", "content": "What is 1+1?"}]
 
 
-
-
 def _play(client: SwarmClient, task_id: str, reward: float) -> None:
     ep = client.claim(task_id, wait=False)
     ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=8)
@@ -54,8 +52,10 @@ def test_admission_429_with_retry_after_and_abort_frees_slot(server: RunningServ
     assert r.status_code == 429 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["code"] == "window_full"
     assert claim("a").json()["error"]["code"] == "window_full"  # "a" is full too
-    httpx.post(f"{server.url}/swarm/v1/episodes/{eps[0]['episode_id']}/abort",
-               headers={"Authorization": f"Bearer {eps[0]['api_key']}"})
+    httpx.post(
+        f"{server.url}/swarm/v1/episodes/{eps[0]['episode_id']}/abort",
+        headers={"Authorization": f"Bearer {eps[0]['api_key']}"},
+    )
     again = claim("a")
     assert again.status_code == 200 and again.json()["group_id"] == eps[0]["group_id"]
     status = httpx.get(f"{server.url}/swarm/v1/status", headers=h).json()
@@ -74,13 +74,15 @@ def test_dropped_slot_lets_a_group_complete_smaller(server: RunningServer) -> No
 
 
 def test_claims_get_429_while_training_and_generation_waits(make_server, model_dir) -> None:
-    srv = make_server(engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1,
-                      claims_during_step=False)
+    srv = make_server(
+        engine=FakeEngine(model_dir, train_delay_s=1.0), group_size=1, batch_groups=1, claims_during_step=False
+    )
     client = SwarmClient(srv.url, srv.token)
     _play(client, "a", 1.0)
     wait_until(lambda: srv.swarm.batcher.training)
-    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": "b"},
-                   headers={"Authorization": f"Bearer {srv.token}"})
+    r = httpx.post(
+        f"{srv.url}/swarm/v1/episodes", json={"task_id": "b"}, headers={"Authorization": f"Bearer {srv.token}"}
+    )
     assert r.status_code == 429 and r.json()["error"]["code"] == "training"
     got: list[int] = []
     t = threading.Thread(target=lambda: got.append(client.claim("b").policy_version))  # waits out 429s
@@ -122,8 +124,10 @@ def test_rollout_log_and_knobs(make_server) -> None:
         msgs = list(MESSAGES)
         for _ in range(2):
             r = ep.openai.chat.completions.create(model=ep.model, messages=msgs, max_tokens=4, temperature=1.5)
-            msgs += [{"role": "assistant", "content": r.choices[0].message.content},
-                     {"role": "user", "content": "more"}]
+            msgs += [
+                {"role": "assistant", "content": r.choices[0].message.content},
+                {"role": "user", "content": "more"},
+            ]
         ep.finish(0.75)
     assert all(q.params.temperature == 0.0 for q in srv.engine.requests)  # forced by the server
     wait_until(lambda: srv.swarm.trainer.step == 1)

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from alembic import command
 from alembic.config import main as alembic_main
 from sqlalchemy import inspect, text
 from typer.testing import CliRunner
 
+from alembic import command
 from store import StoreNotMigrated, StoreTooNew, init_db, make_engine, metadata, migrate, require_current
 from store.cli import app
 
@@ -134,8 +134,12 @@ def test_concurrent_first_starts_migrate_once(tmp_path: Path) -> None:
     """Several processes starting at once on a fresh SQLite file: one migrates, all run."""
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "shared")}
     code = "from store import init_db; print(init_db().url)"
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     url = f"sqlite:///{tmp_path / 'shared' / 'roost.db'}"
@@ -162,8 +166,9 @@ def test_cli_commands(db_url: str) -> None:
 
 def test_python_dash_m_store(tmp_path: Path) -> None:
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    out = subprocess.run([sys.executable, "-m", "store", "upgrade"], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "store", "upgrade"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert f"at {migrate.head()}" in out.stdout
     assert (tmp_path / "home" / "roost.db").exists()

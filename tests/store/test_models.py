@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import text
@@ -43,24 +43,36 @@ def test_job_and_server_round_trip(engine) -> None:  # type: ignore[no-untyped-d
         trial = Trial(study_id=study.id, arm="lr-high", seed=2, config={"lr": 3e-5})
         s.add(trial)
         s.flush()
-        job = Job(name="server", backend="slurm", external_id="1234", state=JobState.RUNNING,
-                  spec={"argv": ["swarm", "serve"], "env": {"A": "1"}, "nested": [1, {"x": None}]},
-                  stdout_path="/tmp/o", stderr_path="/tmp/e", time_limit_s=3600,
-                  started_at=started, trial_id=trial.id, group_key=f"trial-{trial.id}")
+        job = Job(
+            name="server",
+            backend="slurm",
+            external_id="1234",
+            state=JobState.RUNNING,
+            spec={"argv": ["swarm", "serve"], "env": {"A": "1"}, "nested": [1, {"x": None}]},
+            stdout_path="/tmp/o",
+            stderr_path="/tmp/e",
+            time_limit_s=3600,
+            started_at=started,
+            trial_id=trial.id,
+            group_key=f"trial-{trial.id}",
+        )
         s.add(job)
         s.flush()
-        s.add(SwarmServer(name="srv", url="http://127.0.0.1:1", model="tiny", status="UP",
-                          last_heartbeat=utcnow(), job_id=job.id))
+        s.add(
+            SwarmServer(
+                name="srv", url="http://127.0.0.1:1", model="tiny", status="UP", last_heartbeat=utcnow(), job_id=job.id
+            )
+        )
         job_id = job.id
     with get_session(engine) as s:
         job = s.get(Job, job_id)
         assert job is not None
         assert job.state == JobState.RUNNING and job.backend == "slurm" and job.external_id == "1234"
         assert job.spec == {"argv": ["swarm", "serve"], "env": {"A": "1"}, "nested": [1, {"x": None}]}
-        assert job.started_at == started and job.started_at.tzinfo == timezone.utc
-        assert job.created_at.tzinfo == timezone.utc and job.finished_at is None
+        assert job.started_at == started and job.started_at.tzinfo == UTC
+        assert job.created_at.tzinfo == UTC and job.finished_at is None
         srv = s.exec(select(SwarmServer).where(SwarmServer.job_id == job_id)).one()
-        assert srv.last_heartbeat is not None and srv.last_heartbeat.tzinfo == timezone.utc
+        assert srv.last_heartbeat is not None and srv.last_heartbeat.tzinfo == UTC
         running = s.exec(select(Job).where(Job.state == JobState.RUNNING)).all()
         assert [j.id for j in running] == [job_id]
 
@@ -77,7 +89,7 @@ def test_timestamps_are_utc_whatever_the_session_timezone(db_url: str) -> None:
     if db_url.startswith("postgresql"):
         kwargs["connect_args"] = {"options": "-c timezone=America/New_York"}
     eng = make_engine(db_url, **kwargs)
-    when = datetime(2026, 7, 1, 12, 0, tzinfo=timezone.utc)
+    when = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
     try:
         with session_scope(eng) as s:
             s.add(Job(name="tz", started_at=when))
@@ -125,8 +137,8 @@ def test_foreign_keys_enforced_and_set_null(engine) -> None:  # type: ignore[no-
     with engine.begin() as conn:  # delete below the ORM: the database's rules act
         conn.execute(text("DELETE FROM studies WHERE id = :i"), {"i": study_id})
     with get_session(engine) as s:
-        assert s.exec(select(Trial)).all() == []          # CASCADE from studies
-        assert s.exec(select(RunSummary)).all() == []     # CASCADE from trials
+        assert s.exec(select(Trial)).all() == []  # CASCADE from studies
+        assert s.exec(select(RunSummary)).all() == []  # CASCADE from trials
         assert s.exec(select(Job)).one().trial_id is None  # SET NULL
 
 
@@ -143,6 +155,13 @@ def test_sqlite_pragmas(sqlite_url: str) -> None:
 
 def test_job_state_values() -> None:
     assert {s.value for s in JobState} == {
-        "PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "UNKNOWN"}
+        "PENDING",
+        "RUNNING",
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "UNKNOWN",
+    }
     assert JobState.TIMEOUT.terminal and not JobState.RUNNING.terminal
     assert JobState("RUNNING") == "RUNNING"

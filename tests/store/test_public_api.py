@@ -10,7 +10,8 @@ import store
 def test_all_is_sorted_and_complete() -> None:
     assert store.__all__ == sorted(store.__all__)
     defined = {
-        name for name, value in vars(store).items()
+        name
+        for name, value in vars(store).items()
         if not name.startswith("_") and not isinstance(value, ModuleType) and name != "annotations"
     }
     assert defined <= set(store.__all__)
@@ -32,8 +33,7 @@ def test_importing_store_paths_stays_stdlib_only() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, store.paths; print(sorted({'sqlmodel', 'sqlalchemy', 'pydantic', 'mlflow'}"
-            " & set(sys.modules)))")
+    code = "import sys, store.paths; print(sorted({'sqlmodel', 'sqlalchemy', 'pydantic', 'mlflow'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -47,5 +47,9 @@ def test_schema_state_lives_above_db_and_migrate() -> None:
     imported = {node.module for node in ast.walk(ast.parse(src)) if isinstance(node, ast.ImportFrom)}
     imported |= {a.name for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Import) for a in node.names}
     assert not any(m and (m.startswith("store.migrate") or m.startswith("store.schema")) for m in imported)
-    assert "migrate" not in {a.name for node in ast.walk(ast.parse(src))
-                             if isinstance(node, ast.ImportFrom) and node.module == "store" for a in node.names}
+    assert "migrate" not in {
+        a.name
+        for node in ast.walk(ast.parse(src))
+        if isinstance(node, ast.ImportFrom) and node.module == "store"
+        for a in node.names
+    }

@@ -161,9 +161,10 @@ def test_trials_frames_and_summaries(mlflow_uri: str, sqlite_url: str) -> None:
     assert by_arm["b"][1][1].tolist() == [1.0, 2.0]
     empty = histories_frame([], "reward", tracking_uri=mlflow_uri)
     assert empty.empty and list(empty.columns)[:4] == ["run_id", "key", "step", "value"]
+    from sqlmodel import select
+
     from store import RunSummary
     from store.db import get_session
-    from sqlmodel import select
 
     with get_session(engine) as s:
         rows = s.exec(select(RunSummary)).all()

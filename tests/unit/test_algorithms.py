@@ -100,7 +100,7 @@ def test_seq_mean_weighs_each_sample_once_whatever_its_length():
 
     def agg(mode):
         scales, denom = loss_scales(masks, [1.0, 1.0], mode)
-        return sum(sc * sum(l) for sc, l in zip(scales, losses)) / denom
+        return sum(sc * sum(loss) for sc, loss in zip(scales, losses)) / denom
 
     assert agg("token-mean") == pytest.approx((8 + 10) / 5)
     assert agg("seq-mean-token-mean") == pytest.approx((2 + 10) / 2)

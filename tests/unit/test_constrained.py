@@ -14,6 +14,8 @@ import jsonschema_rs
 import llguidance
 import pytest
 import torch
+from torch_helpers import chat_prompt
+from torch_helpers import generate_all as _gen
 
 from swarm.engine import GenerateRequest, SamplingParams
 from swarm.engine.base import Completion, UnsupportedRequest
@@ -21,7 +23,6 @@ from swarm.engine.constrained import JSON_OPTIONS, Grammars, json_schema_of, unp
 from swarm.engine.fake import FakeEngine, token_logprob
 from swarm.engine.torch_engine import TorchEngine
 from swarm.testing import tiny_model_dir
-from torch_helpers import chat_prompt, generate_all as _gen
 
 SCHEMA = {
     "type": "object",
@@ -67,9 +68,12 @@ def _text(engine, c: Completion) -> str:
 
 # -- torch engine: response_format -------------------------------------------------
 
+
 def test_json_schema_output_validates_for_every_seed(engine):
-    reqs = [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=120, seed=s, response_format=JSON_SCHEMA))
-            for s in range(8)]
+    reqs = [
+        GenerateRequest(_prompt(engine), SamplingParams(max_tokens=120, seed=s, response_format=JSON_SCHEMA))
+        for s in range(8)
+    ]
     # unconstrained rows share the batch: only the constrained ones are masked
     free = [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=20, seed=100 + s)) for s in range(3)]
     outs = _gen(engine, reqs + free)
@@ -81,17 +85,23 @@ def test_json_schema_output_validates_for_every_seed(engine):
 
 
 def test_json_schema_greedy_and_low_temperature(engine):
-    for params in (SamplingParams(max_tokens=120, temperature=0.0, response_format=JSON_SCHEMA),
-                   SamplingParams(max_tokens=120, temperature=0.5, top_p=0.9, seed=3, response_format=JSON_SCHEMA)):
+    for params in (
+        SamplingParams(max_tokens=120, temperature=0.0, response_format=JSON_SCHEMA),
+        SamplingParams(max_tokens=120, temperature=0.5, top_p=0.9, seed=3, response_format=JSON_SCHEMA),
+    ):
         c = _gen(engine, [GenerateRequest(_prompt(engine), params)])[0]
         assert c.finish_reason == "stop"
         jsonschema_rs.validate(SCHEMA, json.loads(_text(engine, c)))
 
 
 def test_json_object_is_an_object_or_a_valid_prefix(engine):
-    outs = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=160, seed=s,
-                                                                         response_format=JSON_OBJECT))
-                         for s in range(6)])
+    outs = _gen(
+        engine,
+        [
+            GenerateRequest(_prompt(engine), SamplingParams(max_tokens=160, seed=s, response_format=JSON_OBJECT))
+            for s in range(6)
+        ],
+    )
     grammars = engine.batcher.grammars
     assert any(c.finish_reason == "stop" for c in outs)
     for c in outs:
@@ -104,20 +114,29 @@ def test_json_object_is_an_object_or_a_valid_prefix(engine):
 
 
 def test_recorded_logprobs_are_raw_unmasked(engine):
-    c = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=120, seed=1,
-                                                                      response_format=JSON_SCHEMA))])[0]
-    recomputed = engine.logprobs(c.prompt_ids + c.token_ids)[len(c.prompt_ids) - 1:]
+    c = _gen(
+        engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=120, seed=1, response_format=JSON_SCHEMA))]
+    )[0]
+    recomputed = engine.logprobs(c.prompt_ids + c.token_ids)[len(c.prompt_ids) - 1 :]
     assert max(abs(a - b) for a, b in zip(recomputed, c.logprobs)) < 1e-4  # what the trainer recomputes
     # forced tokens ('{', '"name": ') are certain under the mask, far from it under the raw model
     assert min(c.logprobs) < -1.0
 
 
-@pytest.mark.parametrize("bad, code", [
-    (fmt({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}), "invalid_json_schema"),
-    (fmt({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "("}}}),
-     "invalid_json_schema"),
-    (fmt({"type": "yaml"}), "invalid_response_format"),
-])
+@pytest.mark.parametrize(
+    "bad, code",
+    [
+        (
+            fmt({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}),
+            "invalid_json_schema",
+        ),
+        (
+            fmt({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "("}}}),
+            "invalid_json_schema",
+        ),
+        (fmt({"type": "yaml"}), "invalid_response_format"),
+    ],
+)
 def test_invalid_format_refused_before_generating(engine, bad, code):
     tokens = engine.batcher.tokens_out
     with pytest.raises(UnsupportedRequest) as err:
@@ -129,21 +148,35 @@ def test_invalid_format_refused_before_generating(engine, bad, code):
 def test_text_format_is_unconstrained(engine):
     p = SamplingParams(max_tokens=12, seed=7, ignore_eos=True)
     a = _gen(engine, [GenerateRequest(_prompt(engine), p)])[0]
-    b = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(
-        max_tokens=12, seed=7, ignore_eos=True, response_format=fmt({"type": "text"})))])[0]
+    b = _gen(
+        engine,
+        [
+            GenerateRequest(
+                _prompt(engine),
+                SamplingParams(max_tokens=12, seed=7, ignore_eos=True, response_format=fmt({"type": "text"})),
+            )
+        ],
+    )[0]
     assert a.token_ids == b.token_ids
 
 
 # -- torch engine: top_logprobs ----------------------------------------------------
+
 
 def test_top_logprobs_shape_order_and_consistency(engine):
     k = 5
     # Three sampled requests and one greedy: the untrained model is nearly flat, so a sampled token
     # is seldom among the top 5, but a greedy one always is (and is the first of them).
     temps = [1.0, 1.0, 1.0, 0.0]
-    outs = _gen(engine, [GenerateRequest(_prompt(engine, f"q{i}"),
-                                         SamplingParams(max_tokens=16, seed=i, top_logprobs=k, temperature=t))
-                         for i, t in enumerate(temps)])
+    outs = _gen(
+        engine,
+        [
+            GenerateRequest(
+                _prompt(engine, f"q{i}"), SamplingParams(max_tokens=16, seed=i, top_logprobs=k, temperature=t)
+            )
+            for i, t in enumerate(temps)
+        ],
+    )
     hits = 0
     for c, t in zip(outs, temps):
         if t == 0.0:
@@ -162,9 +195,13 @@ def test_top_logprobs_shape_order_and_consistency(engine):
 
 def test_top_logprobs_zero_is_none_and_changes_no_token(engine):
     base = SamplingParams(max_tokens=16, seed=11, ignore_eos=True)
-    plain, with_top = _gen(engine, [GenerateRequest(_prompt(engine), base),
-                                    GenerateRequest(_prompt(engine), SamplingParams(
-                                        max_tokens=16, seed=11, ignore_eos=True, top_logprobs=3))])
+    plain, with_top = _gen(
+        engine,
+        [
+            GenerateRequest(_prompt(engine), base),
+            GenerateRequest(_prompt(engine), SamplingParams(max_tokens=16, seed=11, ignore_eos=True, top_logprobs=3)),
+        ],
+    )
     assert plain.top_logprobs is None
     assert plain.token_ids == with_top.token_ids and plain.logprobs == with_top.logprobs
     assert with_top.top_logprobs is not None and all(len(t) == 3 for t in with_top.top_logprobs)
@@ -172,8 +209,10 @@ def test_top_logprobs_zero_is_none_and_changes_no_token(engine):
 
 def test_top_logprobs_under_a_constraint_are_raw(engine):
     prompt = _prompt(engine)
-    c = _gen(engine, [GenerateRequest(prompt, SamplingParams(max_tokens=120, seed=2, top_logprobs=3,
-                                                             response_format=JSON_SCHEMA))])[0]
+    c = _gen(
+        engine,
+        [GenerateRequest(prompt, SamplingParams(max_tokens=120, seed=2, top_logprobs=3, response_format=JSON_SCHEMA))],
+    )[0]
     assert c.top_logprobs is not None and len(c.top_logprobs) == len(c.token_ids)
     with torch.inference_mode():
         raw = torch.log_softmax(engine.model(input_ids=torch.tensor([prompt])).logits[0, -1].float(), -1)
@@ -183,6 +222,7 @@ def test_top_logprobs_under_a_constraint_are_raw(engine):
 
 
 # -- the library pieces ----------------------------------------------------------------
+
 
 def test_json_schema_of_formats():
     assert json_schema_of(fmt({"type": "text"})) is None
@@ -211,6 +251,7 @@ def test_grammar_cache_gives_independent_matchers(model_dir):
 
 # -- fake engine -----------------------------------------------------------------------
 
+
 def test_fake_engine_top_logprobs_consistent(model_dir):
     e = FakeEngine(model_dir, seed=0)
     c = asyncio.run(e.generate(GenerateRequest([1, 2, 3], SamplingParams(max_tokens=12, seed=1, top_logprobs=4))))
@@ -226,14 +267,25 @@ def test_fake_engine_top_logprobs_consistent(model_dir):
 def test_fake_engine_response_format(model_dir):
     e = FakeEngine(model_dir, seed=0)
     for s in range(5):
-        c = asyncio.run(e.generate(GenerateRequest([1, 2, 3], SamplingParams(
-            max_tokens=200, seed=s, response_format=JSON_SCHEMA))))
+        c = asyncio.run(
+            e.generate(GenerateRequest([1, 2, 3], SamplingParams(max_tokens=200, seed=s, response_format=JSON_SCHEMA)))
+        )
         assert c.finish_reason == "stop"
         jsonschema_rs.validate(SCHEMA, json.loads(e.tokenizer.decode(c.token_ids, skip_special_tokens=True)))
     scripted = FakeEngine(model_dir, script=lambda ids: '{"answer": 42}')
     c = asyncio.run(scripted.generate(GenerateRequest([1], SamplingParams(response_format=JSON_OBJECT))))
     assert json.loads(scripted.tokenizer.decode(c.token_ids, skip_special_tokens=True)) == {"answer": 42}
     with pytest.raises(UnsupportedRequest) as err:
-        asyncio.run(e.generate(GenerateRequest([1], SamplingParams(response_format=fmt(
-            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}})))))
+        asyncio.run(
+            e.generate(
+                GenerateRequest(
+                    [1],
+                    SamplingParams(
+                        response_format=fmt(
+                            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}
+                        )
+                    ),
+                )
+            )
+        )
     assert err.value.code == "invalid_json_schema"

@@ -90,5 +90,6 @@ def test_template_that_strips_reasoning_falls_back_to_separate_samples(tok):
     for seg, call in zip(segs, calls):
         assert seg.input_ids == call.full
         assert seg.loss_mask == [0] * len(call.prompt_ids) + [1] * len(call.completion_ids)
-        assert re.sub(r"\s", "", _dec(tok)(seg.input_ids[len(call.prompt_ids):])).startswith(
-            re.sub(r"\s", "", _dec(tok)(call.completion_ids))[:3])
+        assert re.sub(r"\s", "", _dec(tok)(seg.input_ids[len(call.prompt_ids) :])).startswith(
+            re.sub(r"\s", "", _dec(tok)(call.completion_ids))[:3]
+        )

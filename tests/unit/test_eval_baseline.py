@@ -49,8 +49,9 @@ def test_eval_of_a_run_folder_compares_with_the_initial_model(fake_run, tmp_path
 
     run, initial = fake_run
     out = tmp_path / "eval.json"
-    r = CliRunner().invoke(app, ["eval", "--model", str(run), "--task", "arith", "--n", "4", "--json", str(out)],
-                           env={"COLUMNS": "200"})
+    r = CliRunner().invoke(
+        app, ["eval", "--model", str(run), "--task", "arith", "--n", "4", "--json", str(out)], env={"COLUMNS": "200"}
+    )
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     header = next(line for line in lines if "greedy" in line)
@@ -59,11 +60,32 @@ def test_eval_of_a_run_folder_compares_with_the_initial_model(fake_run, tmp_path
     assert any(line.lstrip("│ ").startswith("trained") for line in lines), r.output
     rows = json.loads(out.read_text())
     assert {(row["model_role"], row["temperature"]) for row in rows} == {
-        ("initial", 0.0), ("initial", 1.0), ("trained", 0.0), ("trained", 1.0)}
+        ("initial", 0.0),
+        ("initial", 1.0),
+        ("trained", 0.0),
+        ("trained", 1.0),
+    }
     # a checkpoint with --baseline does the same; without it, one model only
-    r = CliRunner().invoke(app, ["eval", "--model", str(run / "server" / "checkpoints" / "latest"), "--task", "arith",
-                                 "--n", "2", "--temperature", "0", "--baseline"], env={"COLUMNS": "200"})
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(run / "server" / "checkpoints" / "latest"),
+            "--task",
+            "arith",
+            "--n",
+            "2",
+            "--temperature",
+            "0",
+            "--baseline",
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert r.exit_code == 0 and "initial" in r.output, r.output
-    r = CliRunner().invoke(app, ["eval", "--model", str(initial), "--task", "arith", "--n", "2", "--temperature", "0",
-                                 "--baseline"], env={"COLUMNS": "200"})
+    r = CliRunner().invoke(
+        app,
+        ["eval", "--model", str(initial), "--task", "arith", "--n", "2", "--temperature", "0", "--baseline"],
+        env={"COLUMNS": "200"},
+    )
     assert r.exit_code == 2 and "initial model" in r.output, r.output

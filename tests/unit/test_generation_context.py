@@ -4,7 +4,8 @@ and counters, with no `Swarm` (no batcher, registry, leases or config file) behi
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,12 +21,26 @@ from swarm.server.render import ChatRenderer
 from swarm.server.trainer import GenerationGate
 from swarm.testing import tiny_model_dir
 
-LIMITS = GenerationLimits(max_prompt_chars=1000, max_tokens_limit=64, default_max_tokens=16,
-                          default_temperature=1.0, temperature=None, generate_timeout_s=None,
-                          tool_parser="hermes", continuity="exact")
+LIMITS = GenerationLimits(
+    max_prompt_chars=1000,
+    max_tokens_limit=64,
+    default_max_tokens=16,
+    default_temperature=1.0,
+    temperature=None,
+    generate_timeout_s=None,
+    tool_parser="hermes",
+    continuity="exact",
+)
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +51,14 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> FakeEngine:
 @pytest.fixture
 def made(engine: FakeEngine) -> Iterator[tuple[GenerationCore, list[tuple[Episode, Call]]]]:
     recorded: list[tuple[Episode, Call]] = []
-    ctx = GenerationContext(engine, GenerationGate(), ChatRenderer(engine.tokenizer), limits=lambda: LIMITS,
-                            counters=Counters(), record=lambda ep, call: recorded.append((ep, call)))
+    ctx = GenerationContext(
+        engine,
+        GenerationGate(),
+        ChatRenderer(engine.tokenizer),
+        limits=lambda: LIMITS,
+        counters=Counters(),
+        record=lambda ep, call: recorded.append((ep, call)),
+    )
     core = GenerationCore(ctx)
     yield core, recorded
     core.pool.shutdown()
@@ -58,8 +79,12 @@ def test_an_evaluation_turn_runs_and_is_counted(made: Any) -> None:
     assert result.choices[0].text == "hello there" and result.choices[0].finish_reason == "stop"
     assert result.usage.completion_tokens == len(result.choices[0].ids) > 0
     assert recorded == []  # no episode: generated, never recorded
-    assert core.ctx.counters.snapshot() == {"eval_calls": 1, "eval_completion_tokens": result.usage.completion_tokens,
-                                            "prompt_continued": 0, "prompt_drift": 0}
+    assert core.ctx.counters.snapshot() == {
+        "eval_calls": 1,
+        "eval_completion_tokens": result.usage.completion_tokens,
+        "prompt_continued": 0,
+        "prompt_drift": 0,
+    }
 
 
 def test_an_episode_turn_streams_records_and_remembers_its_tool_calls(made: Any, engine: FakeEngine) -> None:
@@ -68,8 +93,15 @@ def test_an_episode_turn_streams_records_and_remembers_its_tool_calls(made: Any,
     engine.script = lambda ids: CALL
 
     async def go() -> list[Any]:
-        prepared = await core.prepare_chat(ChatTurn(messages=[{"role": "user", "content": "1+2?"}], tools=TOOLS,
-                                                    sampling=Sampling(max_tokens=64), episode=ep, agent="solver"))
+        prepared = await core.prepare_chat(
+            ChatTurn(
+                messages=[{"role": "user", "content": "1+2?"}],
+                tools=TOOLS,
+                sampling=Sampling(max_tokens=64),
+                episode=ep,
+                agent="solver",
+            )
+        )
         return [e async for e in prepared.stream()]
 
     try:
@@ -103,8 +135,16 @@ def test_limits_are_read_live(made: Any) -> None:
 def test_rows_get_the_eval_counters_when_a_step_topic_is_given(engine: FakeEngine) -> None:
     topic: StepTopic[[int, dict[str, Any]]] = StepTopic("step done")
     counters = Counters()
-    core = GenerationCore(GenerationContext(engine, GenerationGate(), ChatRenderer(engine.tokenizer),
-                                            limits=lambda: LIMITS, counters=counters, step_done=topic))
+    core = GenerationCore(
+        GenerationContext(
+            engine,
+            GenerationGate(),
+            ChatRenderer(engine.tokenizer),
+            limits=lambda: LIMITS,
+            counters=counters,
+            step_done=topic,
+        )
+    )
     counters.add("eval_calls", 3)
     row: dict[str, Any] = {}
     asyncio.run(topic.publish(1, row))
@@ -113,8 +153,11 @@ def test_rows_get_the_eval_counters_when_a_step_topic_is_given(engine: FakeEngin
 
 
 def test_without_a_recorder_an_episode_call_is_refused_loudly(engine: FakeEngine) -> None:
-    core = GenerationCore(GenerationContext(engine, GenerationGate(), ChatRenderer(engine.tokenizer),
-                                            limits=lambda: LIMITS, counters=Counters()))
+    core = GenerationCore(
+        GenerationContext(
+            engine, GenerationGate(), ChatRenderer(engine.tokenizer), limits=lambda: LIMITS, counters=Counters()
+        )
+    )
 
     async def go() -> Any:
         prepared = await core.prepare_chat(ChatTurn(messages=[{"role": "user", "content": "hi"}], episode=_episode()))

@@ -16,8 +16,10 @@ def _write_rollouts(path):
         {"agent": "main", "prompt_ids": [1, 2], "completion_ids": [3, 4], "logprobs": [-0.1, -0.2]},
         {"agent": "main", "prompt_ids": [1, 2, 3, 4, 5], "completion_ids": [6], "logprobs": [-3.0]},
     ]
-    eps = [{"episode_id": "ep-a", "task_id": "t1", "reward": 1.0, "calls": calls},
-           {"episode_id": "ep-b", "task_id": "t2", "reward": 0.0, "calls": calls[:1]}]
+    eps = [
+        {"episode_id": "ep-a", "task_id": "t1", "reward": 1.0, "calls": calls},
+        {"episode_id": "ep-b", "task_id": "t2", "reward": 0.0, "calls": calls[:1]},
+    ]
     path.write_text("\n".join(json.dumps(e) for e in eps) + "\n{torn")  # a torn last line is skipped
 
 
@@ -36,8 +38,9 @@ def test_render_terminal_and_html(tmp_path):
 
 
 def test_cli_errors_are_clear(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "swarm", "inspect", str(tmp_path)], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm", "inspect", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and "no rollout log" in r.stderr
 
 
@@ -56,22 +59,31 @@ def test_list_and_filter_episodes(tmp_path):
             assert message in str(exc)
         else:
             raise AssertionError(bad)
-    r = subprocess.run([sys.executable, "-m", "swarm", "inspect", str(tmp_path), "--list", "--filter", "reward<1"],
-                       capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "COLUMNS": "200"})
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm", "inspect", str(tmp_path), "--list", "--filter", "reward<1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
     assert r.returncode == 0, r.stderr
     assert "ep-b" in r.stdout and "ep-a" not in r.stdout and "1 episode(s)" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "swarm", "inspect", str(tmp_path), "--filter", "bogus=1"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm", "inspect", str(tmp_path), "--filter", "bogus=1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "unknown field" in r.stderr
 
 
 def test_group_call_episode_shows_each_choice_reward(tmp_path):
     """A group-call episode (one call, n choices, a reward per choice): each sample shows its own reward,
     so the wrong choices stand out (issue item 10)."""
-    choices = [{"agent": "main", "prompt_ids": [1, 2], "completion_ids": [10 + i], "logprobs": [-0.5]}
-               for i in range(3)]
-    ep = {"episode_id": "ep-g", "task_id": "t1", "reward": 1 / 3, "choice_rewards": [1.0, 0.0, 0.0],
-          "calls": choices}
+    choices = [
+        {"agent": "main", "prompt_ids": [1, 2], "completion_ids": [10 + i], "logprobs": [-0.5]} for i in range(3)
+    ]
+    ep = {"episode_id": "ep-g", "task_id": "t1", "reward": 1 / 3, "choice_rewards": [1.0, 0.0, 0.0], "calls": choices}
     (tmp_path / "rollouts.jsonl").write_text(json.dumps(ep) + "\n")
     ep = find_episode(tmp_path, "ep-g")
     decode = lambda ids: "".join(f"<{i}>" for i in ids)  # noqa: E731
@@ -80,8 +92,11 @@ def test_group_call_episode_shows_each_choice_reward(tmp_path):
     out = console.export_text()
     assert "calls 3 → samples 3" in out
     rules = [line.strip("─ ") for line in out.splitlines() if line.lstrip("─ ").startswith("sample ")]
-    assert [("reward 1.000" in r, "reward 0.000 (wrong)" in r) for r in rules] == [(True, False), (False, True),
-                                                                                  (False, True)]
+    assert [("reward 1.000" in r, "reward 0.000 (wrong)" in r) for r in rules] == [
+        (True, False),
+        (False, True),
+        (False, True),
+    ]
     assert [r.endswith(f"calls [{i}]") for i, r in enumerate(rules)] == [True] * 3
     page = render_html(ep, decode)
     assert page.count("reward 1.0") == 1 and page.count("reward 0.0") == 2
@@ -90,8 +105,10 @@ def test_group_call_episode_shows_each_choice_reward(tmp_path):
 
 def test_agent_rewards_shown_per_sample(tmp_path):
     """A team episode: a sample of an agent with its own reward shows that reward, not the episode's."""
-    calls = [{"agent": "a", "prompt_ids": [1], "completion_ids": [2], "logprobs": [-0.1]},
-             {"agent": "b", "prompt_ids": [5], "completion_ids": [6], "logprobs": [-0.1]}]
+    calls = [
+        {"agent": "a", "prompt_ids": [1], "completion_ids": [2], "logprobs": [-0.1]},
+        {"agent": "b", "prompt_ids": [5], "completion_ids": [6], "logprobs": [-0.1]},
+    ]
     ep = {"episode_id": "ep-t", "task_id": "t1", "reward": 0.5, "agent_rewards": {"b": 0.0}, "calls": calls}
     page = render_html(ep, lambda ids: str(ids))
     assert page.count("reward 0.5") == 2 and page.count("reward 0.0") == 1  # header + sample a; sample b

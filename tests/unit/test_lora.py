@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch_helpers import chat_prompt as _prompt
+from torch_helpers import generate_all as _gen
 from transformers import AutoModelForCausalLM
 
 from swarm.config.lora import LoraSettings
@@ -17,7 +19,6 @@ from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfi
 from swarm.engine.lora import LoraError, adapters_off, is_peft
 from swarm.engine.torch_engine import EngineError, TorchEngine
 from swarm.model.build import build_untrained
-from torch_helpers import chat_prompt as _prompt, generate_all as _gen
 
 PARITY_TOL = 1e-5  # fp32: base + adapter vs the same weights merged
 
@@ -50,12 +51,22 @@ def _adapter_params(engine: TorchEngine) -> dict[str, torch.Tensor]:
 
 
 def _batch(engine: TorchEngine, n: int = 8) -> list[TrainSample]:
-    reqs = [GenerateRequest(_prompt(engine, f"What is {i // 4}+1?"), SamplingParams(max_tokens=6, seed=i,
-                                                                                ignore_eos=True)) for i in range(n)]
+    reqs = [
+        GenerateRequest(_prompt(engine, f"What is {i // 4}+1?"), SamplingParams(max_tokens=6, seed=i, ignore_eos=True))
+        for i in range(n)
+    ]
     outs = _gen(engine, reqs)
-    return [TrainSample(o.prompt_ids + o.token_ids, [0] * len(o.prompt_ids) + [1] * len(o.token_ids),
-                        [0.0] * len(o.prompt_ids) + o.logprobs, f"e{i}", f"g{i // 4}", float(i % 2))
-            for i, o in enumerate(outs)]
+    return [
+        TrainSample(
+            o.prompt_ids + o.token_ids,
+            [0] * len(o.prompt_ids) + [1] * len(o.token_ids),
+            [0.0] * len(o.prompt_ids) + o.logprobs,
+            f"e{i}",
+            f"g{i // 4}",
+            float(i % 2),
+        )
+        for i, o in enumerate(outs)
+    ]
 
 
 def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
@@ -138,10 +149,11 @@ def test_generation_through_the_adapter_matches_recompute(model_dir):
     engine = _engine(model_dir)
     try:
         _randomize_adapter(engine, seed=2)
-        outs = _gen(engine, [GenerateRequest(_prompt(engine, f"{i}?"), SamplingParams(max_tokens=8, seed=i))
-                             for i in range(6)])
+        outs = _gen(
+            engine, [GenerateRequest(_prompt(engine, f"{i}?"), SamplingParams(max_tokens=8, seed=i)) for i in range(6)]
+        )
         for o in outs:
-            again = engine.logprobs(o.prompt_ids + o.token_ids)[len(o.prompt_ids) - 1:]
+            again = engine.logprobs(o.prompt_ids + o.token_ids)[len(o.prompt_ids) - 1 :]
             assert max(abs(a - b) for a, b in zip(again, o.logprobs)) < 1e-4
     finally:
         engine.batcher.close()
@@ -160,9 +172,17 @@ def test_shared_prefix_forward_through_peft_equals_plain(model_dir):
             if "lora_" in name:
                 p.normal_(0.0, 0.05)
     prompts = [[1, 5, 9, 17, 33, 65], [1, 5, 9, 40, 41]]
-    samples = [TrainSample(prompts[i // 4] + [100 + i, 101, 102 + i % 2], [0] * len(prompts[i // 4]) + [1, 1, 1],
-                           [0.0] * len(prompts[i // 4]) + [-1.0, -2.0, -1.5], f"e{i}", f"g{i // 4}", float(i % 3 == 0))
-               for i in range(8)]
+    samples = [
+        TrainSample(
+            prompts[i // 4] + [100 + i, 101, 102 + i % 2],
+            [0] * len(prompts[i // 4]) + [1, 1, 1],
+            [0.0] * len(prompts[i // 4]) + [-1.0, -2.0, -1.5],
+            f"e{i}",
+            f"g{i // 4}",
+            float(i % 3 == 0),
+        )
+        for i in range(8)
+    ]
     config = TrainConfig(lr=1.0, kl_coef=0.1)
     out = {}
     for share in (True, False):

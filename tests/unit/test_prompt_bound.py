@@ -32,19 +32,62 @@ from swarm.server.trainer import GenerationGate
 from swarm.testing import tiny_model_dir
 
 CONTEXT = 1024  # the embedded model's
-LIMITS = GenerationLimits(max_prompt_chars=1_000_000, max_tokens_limit=64, default_max_tokens=16,
-                          default_temperature=1.0, temperature=None, generate_timeout_s=None,
-                          tool_parser="hermes", continuity="exact")
+LIMITS = GenerationLimits(
+    max_prompt_chars=1_000_000,
+    max_tokens_limit=64,
+    default_max_tokens=16,
+    default_temperature=1.0,
+    temperature=None,
+    generate_timeout_s=None,
+    tool_parser="hermes",
+    continuity="exact",
+)
 SENTENCE = "The quick brown fox, 12 jumps over the lazy dog; naïve café ünïcode 東京. "
 #: what makes a bound wrong if anything does: the longest tokens (special, added, vocab), and text that a
 #: Unicode normalizer shrinks (combining marks, Hangul jamo, compatibility forms) or that decodes oddly
-PIECES = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
-          "</tool_response>", "description", " description", "parameters", " integers", "properties",
-          "e\u0301", "u\u0308\u0304", "e\u0302\u0323", "\u03b1\u0313\u0301\u0345", "\u1100\u1161\u11a8",
-          "\u0958", "\u2126", "\u212a", "\uff21", "\U0001d400", "\ufb01", "\u3392", "\ufdfa", "\ufffd",
-          "\u0301", "\u0338", "<\u0338", "東京", "😀", "\r\n", "\n\n", "    ", "\t", "12345", "'s", "'ll"]
-TEXTS = st.lists(st.one_of(st.sampled_from(PIECES), st.text(st.characters(codec="utf-8"), max_size=12)),
-                 max_size=60).map("".join)
+PIECES = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "description",
+    " description",
+    "parameters",
+    " integers",
+    "properties",
+    "e\u0301",
+    "u\u0308\u0304",
+    "e\u0302\u0323",
+    "\u03b1\u0313\u0301\u0345",
+    "\u1100\u1161\u11a8",
+    "\u0958",
+    "\u2126",
+    "\u212a",
+    "\uff21",
+    "\U0001d400",
+    "\ufb01",
+    "\u3392",
+    "\ufdfa",
+    "\ufffd",
+    "\u0301",
+    "\u0338",
+    "<\u0338",
+    "東京",
+    "😀",
+    "\r\n",
+    "\n\n",
+    "    ",
+    "\t",
+    "12345",
+    "'s",
+    "'ll",
+]
+TEXTS = st.lists(
+    st.one_of(st.sampled_from(PIECES), st.text(st.characters(codec="utf-8"), max_size=12)), max_size=60
+).map("".join)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +134,7 @@ def test_the_bound_is_tight_on_the_longest_tokens(renderer: ChatRenderer) -> Non
 def test_no_character_shrinks_below_the_floor() -> None:
     """The normalized floor: ASCII kept, no character (alone, or recomposed from its decomposition) under a
     quarter of its bytes, for every assigned code point and every Unicode form."""
+
     def floor4(s: str) -> int:  # 4x (ascii + other bytes / 4)
         return 3 * len(s.encode("ascii", "ignore")) + len(s.encode())
 
@@ -101,8 +145,9 @@ def test_no_character_shrinks_below_the_floor() -> None:
             continue
         for dec, comp in (("NFD", "NFC"), ("NFKD", "NFKC")):
             d = unicodedata.normalize(dec, c)
-            if min(len(d.encode()), len(unicodedata.normalize(comp, c).encode())) * 4 < floor4(c) \
-                    or len(unicodedata.normalize(comp, d).encode()) * 4 < floor4(d):
+            if min(len(d.encode()), len(unicodedata.normalize(comp, c).encode())) * 4 < floor4(c) or len(
+                unicodedata.normalize(comp, d).encode()
+            ) * 4 < floor4(d):
                 bad.append((hex(cp), dec))
     assert bad == []
 
@@ -146,8 +191,9 @@ def test_tokenizers_it_cannot_bound_get_none(why: str) -> None:
         if why == "lowercase":
             tok.normalizer = normalizers.Lowercase()
         elif why == "removed split":
-            tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(" ", behavior="removed"),
-                                                         pre_tokenizers.ByteLevel(add_prefix_space=False)])
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(" ", behavior="removed"), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+            )
         fast = _fast(tok)
         if why == "lstrip":
             from tokenizers import AddedToken  # lazy: only this case adds one
@@ -157,13 +203,19 @@ def test_tokenizers_it_cannot_bound_get_none(why: str) -> None:
     assert ChatRenderer(fast).past_context("x" * 100_000, [], "main", 10) is None
 
 
-def test_a_continued_prompt_is_bounded_by_its_prior_ids(renderer: ChatRenderer,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_continued_prompt_is_bounded_by_its_prior_ids(
+    renderer: ChatRenderer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Continuity reuses a prior call's exact ids: the bound then counts those ids, never their text."""
     first = renderer.render([{"role": "user", "content": "hi " * 40}])
     prior = Call("main", renderer.encode(first), renderer.encode("hello<|im_end|>"), [0.0] * 4)
-    text = renderer.render([{"role": "user", "content": "hi " * 40}, {"role": "assistant", "content": "hello"},
-                            {"role": "user", "content": "<|endoftext|>" * 50}])
+    text = renderer.render(
+        [
+            {"role": "user", "content": "hi " * 40},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "<|endoftext|>" * 50},
+        ]
+    )
     prefix = renderer.tok.decode(prior.prompt_ids + prior.completion_ids, skip_special_tokens=False)
     assert text.startswith(prefix)
     got = renderer.chat_prompt(text, [prior], "main")
@@ -171,7 +223,7 @@ def test_a_continued_prompt_is_bounded_by_its_prior_ids(renderer: ChatRenderer,
     # a bound of a byte per token: the text's count is its bytes, the continued prompt's far less
     monkeypatch.setattr(renderer, "bound", TokenBound(longest=1, normalized=False))
     plain = len(text.encode())
-    continued = len(prior.prompt_ids) + len(prior.completion_ids) + len(text[len(prefix):].encode())
+    continued = len(prior.prompt_ids) + len(prior.completion_ids) + len(text[len(prefix) :].encode())
     assert continued < plain
     assert renderer.past_context(text, [prior], "main", continued) == continued
     assert renderer.past_context(text, [prior], "main", continued + 1) is None  # may fit: extends the prior
@@ -182,15 +234,22 @@ def test_a_continued_prompt_is_bounded_by_its_prior_ids(renderer: ChatRenderer,
 @pytest.fixture
 def core(model_dir: Path) -> Iterator[GenerationCore]:
     engine = FakeEngine(model_dir, seed=0, script=lambda ids: "ok")
-    ctx = GenerationContext(engine, GenerationGate(), ChatRenderer(engine.tokenizer), limits=lambda: LIMITS,
-                            counters=Counters(), context_length=CONTEXT)
+    ctx = GenerationContext(
+        engine,
+        GenerationGate(),
+        ChatRenderer(engine.tokenizer),
+        limits=lambda: LIMITS,
+        counters=Counters(),
+        context_length=CONTEXT,
+    )
     made = GenerationCore(ctx)
     yield made
     made.pool.shutdown()
 
 
-def test_an_impossible_prompt_is_refused_without_tokenizing(core: GenerationCore,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_impossible_prompt_is_refused_without_tokenizing(
+    core: GenerationCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def never(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("tokenized a prompt the bound refuses")
 
@@ -219,8 +278,9 @@ def test_a_prompt_long_in_characters_that_fits_is_served(core: GenerationCore) -
     content = "</tool_response>" * 1000  # 16k characters; ~1010 tokens with the template: fits 1024
 
     async def go() -> Any:
-        prepared = await core.prepare_chat(ChatTurn(messages=[{"role": "user", "content": content}],
-                                                    sampling=Sampling(max_tokens=4)))
+        prepared = await core.prepare_chat(
+            ChatTurn(messages=[{"role": "user", "content": content}], sampling=Sampling(max_tokens=4))
+        )
         return prepared, await prepared.run()
 
     prepared, result = asyncio.run(go())
@@ -232,8 +292,9 @@ def test_a_prompt_long_in_characters_that_fits_is_served(core: GenerationCore) -
     assert err.value.code == "context_length_exceeded"
 
 
-def test_large_prompts_without_a_bound_are_tokenized_one_at_a_time(core: GenerationCore,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_prompts_without_a_bound_are_tokenized_one_at_a_time(
+    core: GenerationCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Where no bound refuses a long prompt, its tokenizing (hundreds of MB) is one at a time, and a
     request that gives up frees the slot only once its thread is done."""
     renderer = core.ctx.renderer

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch_helpers import chat_prompt as _prompt
+from torch_helpers import generate_all as _gen
 
 from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
 from swarm.engine.prompt_cache import PrefilledPrompt, PromptCache, split_rows, stack
 from swarm.engine.torch_engine import TorchEngine
 from swarm.model.build import build_untrained
-from torch_helpers import chat_prompt as _prompt, generate_all as _gen
 
 TOL = 1e-4
 
@@ -35,13 +36,15 @@ def engine(model_dir):
 
 def _exact(engine, outs) -> None:
     for o in outs:
-        recomputed = engine.logprobs(o.prompt_ids + o.token_ids)[len(o.prompt_ids) - 1:]
+        recomputed = engine.logprobs(o.prompt_ids + o.token_ids)[len(o.prompt_ids) - 1 :]
         assert max(abs(a - b) for a, b in zip(recomputed, o.logprobs)) < TOL
 
 
 def _group(engine, text: str, size: int, seed0: int = 0, max_tokens: int = 12):
-    return [GenerateRequest(_prompt(engine, text), SamplingParams(max_tokens=max_tokens, seed=seed0 + i,
-                                                                  ignore_eos=True)) for i in range(size)]
+    return [
+        GenerateRequest(_prompt(engine, text), SamplingParams(max_tokens=max_tokens, seed=seed0 + i, ignore_eos=True))
+        for i in range(size)
+    ]
 
 
 def test_a_group_in_one_batch_prefills_its_prompt_once(engine):
@@ -73,9 +76,17 @@ def test_new_weights_empty_the_cache(engine):
     reqs = _group(engine, "What is 5+5?", 4)
     outs = _gen(engine, reqs)
     assert len(engine.batcher.prompts) > 0
-    samples = [TrainSample(o.prompt_ids + o.token_ids, [0] * len(o.prompt_ids) + [1] * len(o.token_ids),
-                           [0.0] * len(o.prompt_ids) + o.logprobs, f"e{i}", "g", float(i % 2))
-               for i, o in enumerate(outs)]
+    samples = [
+        TrainSample(
+            o.prompt_ids + o.token_ids,
+            [0] * len(o.prompt_ids) + [1] * len(o.token_ids),
+            [0.0] * len(o.prompt_ids) + o.logprobs,
+            f"e{i}",
+            "g",
+            float(i % 2),
+        )
+        for i, o in enumerate(outs)
+    ]
     engine.train_step(TrainBatch(samples, TrainConfig(lr=5e-2)))
     assert len(engine.batcher.prompts) == 0
     reused = engine.batcher.prompts_reused
@@ -87,8 +98,7 @@ def test_new_weights_empty_the_cache(engine):
 
 def test_lru_bounded_by_prompt_tokens():
     cache = PromptCache(max_tokens=10)
-    entry = PrefilledPrompt((torch.zeros(1, 1, 4, 2),), (torch.zeros(1, 1, 4, 2),), torch.ones(1, 4),
-                            torch.zeros(5))
+    entry = PrefilledPrompt((torch.zeros(1, 1, 4, 2),), (torch.zeros(1, 1, 4, 2),), torch.ones(1, 4), torch.zeros(5))
     cache.put((1, 2, 3, 4), entry)
     cache.put((5, 6, 7, 8), entry)
     assert cache.get((1, 2, 3, 4)) is entry  # now the most recent

@@ -23,9 +23,15 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def _sample(prompt: list[int], rest: list[int], mask: list[int], i: int, group: str, reward: float) -> TrainSample:
-    return TrainSample(input_ids=prompt + rest, loss_mask=[0] * len(prompt) + mask,
-                       rollout_logprobs=[0.0] * len(prompt) + [-1.0 - 0.1 * j for j in range(len(rest))],
-                       episode_id=f"e{i}", group_id=group, reward=reward, weight=0.5 + (i % 3) / 2)
+    return TrainSample(
+        input_ids=prompt + rest,
+        loss_mask=[0] * len(prompt) + mask,
+        rollout_logprobs=[0.0] * len(prompt) + [-1.0 - 0.1 * j for j in range(len(rest))],
+        episode_id=f"e{i}",
+        group_id=group,
+        reward=reward,
+        weight=0.5 + (i % 3) / 2,
+    )
 
 
 def _batch() -> list[TrainSample]:
@@ -51,9 +57,13 @@ def _step(base, samples, config, share: bool, reference=None):
     return metrics, model
 
 
-@pytest.mark.parametrize("config", [TrainConfig(lr=1.0),
-                                    TrainConfig(lr=1.0, kl_coef=0.1, entropy_coef=0.01, micro_batch_tokens=24,
-                                                loss_agg="seq-mean-token-mean")])
+@pytest.mark.parametrize(
+    "config",
+    [
+        TrainConfig(lr=1.0),
+        TrainConfig(lr=1.0, kl_coef=0.1, entropy_coef=0.01, micro_batch_tokens=24, loss_agg="seq-mean-token-mean"),
+    ],
+)
 def test_shared_prefix_update_equals_the_plain_forward(model_dir, config) -> None:
     """The same gradient up to rounding: the model runs in float64 and the loss in float32 (the
     log-softmax is taken in fp32), so they agree to ~1e-7; a wrong position, mask or prefix would be
@@ -85,9 +95,17 @@ def test_a_sample_with_nothing_trained_rides_along(model_dir) -> None:
 
     base = AutoModelForCausalLM.from_pretrained(model_dir).double()
     samples = _batch()
-    idle = TrainSample(input_ids=[1, 2, 7, 7], loss_mask=[0, 0, 0, 0], rollout_logprobs=[0.0] * 4,
-                       episode_id="idle", group_id="g0", reward=0.0)
-    (m_shared, shared), (m_plain, plain) = (_step(base, samples + [idle], TrainConfig(lr=1.0), s) for s in (True, False))
+    idle = TrainSample(
+        input_ids=[1, 2, 7, 7],
+        loss_mask=[0, 0, 0, 0],
+        rollout_logprobs=[0.0] * 4,
+        episode_id="idle",
+        group_id="g0",
+        reward=0.0,
+    )
+    (m_shared, shared), (m_plain, plain) = (
+        _step(base, samples + [idle], TrainConfig(lr=1.0), s) for s in (True, False)
+    )
     assert m_shared["shared_prefix"] == 1.0 and m_shared["trained_tokens"] == m_plain["trained_tokens"]
     for p, q in zip(shared.parameters(), plain.parameters()):
         assert torch.allclose(p, q, rtol=1e-6, atol=1e-9)
@@ -106,13 +124,26 @@ def test_distinct_prompts_take_the_plain_forward(model_dir) -> None:
 def test_split_point_is_the_first_trained_token() -> None:
     s = _sample([1, 2, 3], [7, 8], [0, 1], 0, "g", 0.0)
     assert split_point(s) == 4
-    assert split_point(TrainSample(input_ids=[5, 6], loss_mask=[1, 1], rollout_logprobs=[0.0, 0.0],
-                                   episode_id="e", group_id="g", reward=0.0)) == 1  # token 0 is never a target
+    assert (
+        split_point(
+            TrainSample(
+                input_ids=[5, 6],
+                loss_mask=[1, 1],
+                rollout_logprobs=[0.0, 0.0],
+                episode_id="e",
+                group_id="g",
+                reward=0.0,
+            )
+        )
+        == 1
+    )  # token 0 is never a target
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6), st.integers(1, 12)), min_size=1, max_size=40),
-       st.integers(4, 64))
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6), st.integers(1, 12)), min_size=1, max_size=40),
+    st.integers(4, 64),
+)
 def test_plan_covers_every_sample_once_within_budget(rows, budget) -> None:
     prompts = [[1] * 3, [1, 2] * 4, [3] * 10, [4]]  # shared prompts of 3, 8, 10 and 1 tokens
     samples = [_sample(prompts[p], [9] * n, [1] * n, i, f"g{p}", 0.0) for i, (p, _, n) in enumerate(rows)]
@@ -123,7 +154,7 @@ def test_plan_covers_every_sample_once_within_budget(rows, budget) -> None:
     assert sorted(seen) == list(range(len(samples)))
     for mb in batches:
         for group in mb:
-            assert len({tuple(samples[i].input_ids[:split_point(samples[i])]) for i in group}) == 1
+            assert len({tuple(samples[i].input_ids[: split_point(samples[i])]) for i in group}) == 1
         cuts = [split_point(samples[g[0]]) for g in mb]
         suffix = max(len(samples[i].input_ids) - split_point(samples[i]) for g in mb for i in g)
         rows_n = sum(len(g) for g in mb)

@@ -78,6 +78,7 @@ def test_episode_samples_weights_and_rewards():
 
 # ---- properties --------------------------------------------------------------
 
+
 @st.composite
 def call_trees(draw):
     """Random episodes: calls that extend earlier calls (linear, branching), retries,
@@ -121,12 +122,17 @@ def test_every_generated_token_trained_exactly_once(calls):
             c = calls[ci]
             lo = len(c.prompt_ids)
             assert s.input_ids[: lo + len(c.completion_ids)] == c.full
-            assert s.loss_mask[lo: lo + len(c.completion_ids)] == [1] * len(c.completion_ids)
+            assert s.loss_mask[lo : lo + len(c.completion_ids)] == [1] * len(c.completion_ids)
             assert s.agent == c.agent
 
 
-@given(st.lists(st.tuples(st.lists(st.integers(0, 9), max_size=3), st.lists(st.integers(0, 9), min_size=1, max_size=3)),
-                min_size=1, max_size=10))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 9), max_size=3), st.lists(st.integers(0, 9), min_size=1, max_size=3)),
+        min_size=1,
+        max_size=10,
+    )
+)
 @settings(max_examples=200, deadline=None)
 def test_linear_conversation_is_one_sample(turns):
     calls, history = [], [1]

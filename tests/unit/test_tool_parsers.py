@@ -8,15 +8,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarm.model.tokenizer import render_chat, tool_call_text
 from swarm.chat.tool_parsers import PARSERS, ParsedCall, collect, get_parser, parse
+from swarm.model.tokenizer import render_chat, tool_call_text
 
 HERMES = get_parser("hermes")
 
 
 def test_hermes_calls_and_content() -> None:
-    text = 'Let me look.\n' + tool_call_text("get_weather", '{"city": "Paris"}') + "\n" + \
-        tool_call_text("add", {"a": 1, "b": 2})
+    text = (
+        "Let me look.\n"
+        + tool_call_text("get_weather", '{"city": "Paris"}')
+        + "\n"
+        + tool_call_text("add", {"a": 1, "b": 2})
+    )
     got = parse(HERMES, text)
     assert got.content == "Let me look."
     assert got.calls == [ParsedCall("get_weather", '{"city": "Paris"}'), ParsedCall("add", '{"a": 1, "b": 2}')]
@@ -36,13 +40,16 @@ def test_the_template_renders_what_the_parser_reads() -> None:
     assert got.content == "ok" and got.calls == [ParsedCall("f", '{"q": "a b"}')]
 
 
-@pytest.mark.parametrize("text", [
-    "<tool_call>\n{not json}\n</tool_call>",
-    '<tool_call>\n{"arguments": {}}\n</tool_call>',
-    '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',
-    '<tool_call>\n{"name": "f", "arguments": {"a": 1}}',  # cut off: no closing tag
-    "plain <tool_ text",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>\n{not json}\n</tool_call>",
+        '<tool_call>\n{"arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>',
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}}',  # cut off: no closing tag
+        "plain <tool_ text",
+    ],
+)
 def test_malformed_hermes_is_plain_content(text: str) -> None:
     got = parse(HERMES, text)
     assert got.calls == [] and got.content == text
@@ -79,10 +86,28 @@ def test_forced_prefill_is_continued_into_a_call(name: str) -> None:
     assert got.calls == [ParsedCall("f", '{"a": 1}')] and got.content == ""
 
 
-_pieces = st.lists(st.sampled_from([
-    "Sure.", " ", "\n", "<tool_call>", "\n</tool_call>", '{"name": "f", "arguments": {"a": 1}}', "<tool",
-    "_call>", "{bad", "</tool_call>", "x", "<", '{"name": "g", "parameters": {}}', "[f(a=1)]", ";",
-]), max_size=12)
+_pieces = st.lists(
+    st.sampled_from(
+        [
+            "Sure.",
+            " ",
+            "\n",
+            "<tool_call>",
+            "\n</tool_call>",
+            '{"name": "f", "arguments": {"a": 1}}',
+            "<tool",
+            "_call>",
+            "{bad",
+            "</tool_call>",
+            "x",
+            "<",
+            '{"name": "g", "parameters": {}}',
+            "[f(a=1)]",
+            ";",
+        ]
+    ),
+    max_size=12,
+)
 
 
 @settings(max_examples=300, deadline=None)

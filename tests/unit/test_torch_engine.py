@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch_helpers import chat_prompt as _prompt
+from torch_helpers import generate_all as _gen
 
 from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
 from swarm.engine.torch_engine import TorchEngine
 from swarm.model.build import build_untrained
-from torch_helpers import chat_prompt as _prompt, generate_all as _gen
 
 LOGPROB_TOL = 1e-4  # fp32 CPU: batched KV-cache decoding vs a full teacher-forced forward
 
@@ -29,14 +30,18 @@ def engine(model_dir):
 
 
 def test_concurrent_generation_logprobs_match_recompute(engine):
-    reqs = [GenerateRequest(_prompt(engine, f"What is {i}+{i}?") + [7] * (i % 4),
-                            SamplingParams(max_tokens=24, temperature=1.0, seed=i)) for i in range(12)]
+    reqs = [
+        GenerateRequest(
+            _prompt(engine, f"What is {i}+{i}?") + [7] * (i % 4), SamplingParams(max_tokens=24, temperature=1.0, seed=i)
+        )
+        for i in range(12)
+    ]
     saved = engine.batcher.prefix_tokens_saved
     outs = _gen(engine, reqs)
     assert engine.batcher.prefix_tokens_saved > saved  # the chat template was prefilled once, not per row
     for o in outs:
         assert 1 <= len(o.token_ids) <= 24 and len(o.logprobs) == len(o.token_ids)
-        recomputed = engine.logprobs(o.prompt_ids + o.token_ids)[len(o.prompt_ids) - 1:]
+        recomputed = engine.logprobs(o.prompt_ids + o.token_ids)[len(o.prompt_ids) - 1 :]
         assert max(abs(a - b) for a, b in zip(recomputed, o.logprobs)) < LOGPROB_TOL
 
 
@@ -54,16 +59,29 @@ def test_greedy_max_tokens_and_ignore_eos(engine):
 
 
 def test_stop_token_and_stop_string(engine):
-    first = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=8, temperature=0.0,
-                                                                           ignore_eos=True))])[0]
+    first = _gen(
+        engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))]
+    )[0]
     tok = first.token_ids[2]
-    out = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=8, temperature=0.0,
-                                                                         ignore_eos=True, stop_token_ids=(tok,)))])[0]
+    out = _gen(
+        engine,
+        [
+            GenerateRequest(
+                _prompt(engine), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=(tok,))
+            )
+        ],
+    )[0]
     assert out.finish_reason == "stop" and out.token_ids[-1] == tok and len(out.token_ids) <= 3
     text = engine.tokenizer.decode(first.token_ids[:3])
     if text.strip():
-        out = _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(
-            max_tokens=8, temperature=0.0, ignore_eos=True, stop=(text[-1],)))])[0]
+        out = _gen(
+            engine,
+            [
+                GenerateRequest(
+                    _prompt(engine), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop=(text[-1],))
+                )
+            ],
+        )[0]
         assert out.finish_reason == "stop" and len(out.token_ids) <= 3
 
 
@@ -75,16 +93,26 @@ def test_bad_prompts_rejected(engine):
 
 
 def _samples(outs, rewards):
-    return [TrainSample(o.prompt_ids + o.token_ids, [0] * len(o.prompt_ids) + [1] * len(o.token_ids),
-                        [0.0] * len(o.prompt_ids) + o.logprobs, f"e{i}", f"g{i // 4}", r)
-            for i, (o, r) in enumerate(zip(outs, rewards))]
+    return [
+        TrainSample(
+            o.prompt_ids + o.token_ids,
+            [0] * len(o.prompt_ids) + [1] * len(o.token_ids),
+            [0.0] * len(o.prompt_ids) + o.logprobs,
+            f"e{i}",
+            f"g{i // 4}",
+            r,
+        )
+        for i, (o, r) in enumerate(zip(outs, rewards))
+    ]
 
 
 def test_train_step_moves_toward_rewarded_tokens(model_dir):
     engine = TorchEngine(model_dir, seed=1)
     try:
-        reqs = [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=6, temperature=1.0, seed=i,
-                                                                ignore_eos=True)) for i in range(8)]
+        reqs = [
+            GenerateRequest(_prompt(engine), SamplingParams(max_tokens=6, temperature=1.0, seed=i, ignore_eos=True))
+            for i in range(8)
+        ]
         outs = _gen(engine, reqs)
         rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
         samples = _samples(outs, rewards)
@@ -118,15 +146,22 @@ def test_save_load_roundtrip(model_dir, tmp_path):
 def test_loss_aggregation_modes_agree_on_equal_lengths_and_differ_otherwise(model_dir):
     import copy
 
-    from swarm.engine.policy_step import policy_step
     from transformers import AutoModelForCausalLM
+
+    from swarm.engine.policy_step import policy_step
 
     base = AutoModelForCausalLM.from_pretrained(model_dir)
 
     def sample(ids, gen, reward, group="g"):
         mask = [0] * (len(ids) - gen) + [1] * gen
-        return TrainSample(input_ids=ids, loss_mask=mask, rollout_logprobs=[0.0] * len(ids), episode_id=str(ids),
-                           group_id=group, reward=reward)
+        return TrainSample(
+            input_ids=ids,
+            loss_mask=mask,
+            rollout_logprobs=[0.0] * len(ids),
+            episode_id=str(ids),
+            group_id=group,
+            reward=reward,
+        )
 
     equal = [sample([1, 5, 6, 7], 2, 1.0), sample([1, 5, 8, 9], 2, 0.0)]
     uneven = [sample([1, 5, 6, 7, 8, 9, 10, 11], 6, 1.0), sample([1, 5, 8, 9], 1, 0.0)]
@@ -143,6 +178,7 @@ def test_loss_aggregation_modes_agree_on_equal_lengths_and_differ_otherwise(mode
 
 
 # -- placement: the device/dtype/attention choice is pure, so the CUDA rules are checked on CPU ------------------
+
 
 def test_placement_cpu_is_unchanged_fp32_default_attention():
     from swarm.engine.precision import choose_placement
@@ -162,8 +198,12 @@ def test_placement_cuda_bf16_sdpa_master_weights():
     assert (p.device, p.dtype, p.attn_implementation, p.master_weights) == ("cuda", "bfloat16", "sdpa", True)
     assert p.torch_dtype is torch.bfloat16 and p.threads is None and p.fuse_pad_tokens > 1000
     old_gpu = choose_placement("cuda:1", cuda_available=True, bf16_supported=False)
-    assert (old_gpu.device, old_gpu.dtype, old_gpu.attn_implementation, old_gpu.master_weights) == \
-        ("cuda:1", "float32", "sdpa", False)
+    assert (old_gpu.device, old_gpu.dtype, old_gpu.attn_implementation, old_gpu.master_weights) == (
+        "cuda:1",
+        "float32",
+        "sdpa",
+        False,
+    )
     assert choose_placement("cuda", True, True, dtype="float32").master_weights is False
     with pytest.raises(ValueError, match="no CUDA"):
         choose_placement("cuda", cuda_available=False, bf16_supported=False)
@@ -210,13 +250,17 @@ def test_bf16_master_weights_train_save_and_resume(model_dir, tmp_path):
 
 # -- continuous batching: requests arriving while others decode --------------------------------------------------
 
+
 def _staggered(engine, n: int, gap_s: float, max_tokens: int = 20):
     async def go():
         async def one(i):
             await asyncio.sleep(gap_s * i)
-            return await engine.generate(GenerateRequest(
-                _prompt(engine, f"What is {i}+{2 * i}?") + [7] * (i % 3),
-                SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=100 + i)))
+            return await engine.generate(
+                GenerateRequest(
+                    _prompt(engine, f"What is {i}+{2 * i}?") + [7] * (i % 3),
+                    SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=100 + i),
+                )
+            )
 
         return await asyncio.gather(*(one(i) for i in range(n)))
 
@@ -232,7 +276,7 @@ def test_staggered_arrivals_logprobs_exact_and_cache_narrow(model_dir, fuse):
         outs = _staggered(engine, 10, 0.01)
         assert (engine.batcher.fused_steps > 0) is (fuse > 0)
         for o in outs:
-            recomputed = engine.logprobs(o.prompt_ids + o.token_ids)[len(o.prompt_ids) - 1:]
+            recomputed = engine.logprobs(o.prompt_ids + o.token_ids)[len(o.prompt_ids) - 1 :]
             assert max(abs(a - b) for a, b in zip(recomputed, o.logprobs)) < LOGPROB_TOL
         # a seeded request samples the same tokens whatever joined the batch around it
         again = _staggered(engine, 10, 0.0)
@@ -254,14 +298,24 @@ def test_dead_columns_are_dropped(model_dir):
         real(logits, offset)
         if b._attn is not None:
             widths.append(int(b._attn.shape[1]))
+
     b._sample = spy
     try:
+
         async def go():
-            long = asyncio.create_task(engine.generate(GenerateRequest(
-                _prompt(engine), SamplingParams(max_tokens=40, temperature=1.0, seed=1, ignore_eos=True))))
+            long = asyncio.create_task(
+                engine.generate(
+                    GenerateRequest(
+                        _prompt(engine), SamplingParams(max_tokens=40, temperature=1.0, seed=1, ignore_eos=True)
+                    )
+                )
+            )
             await asyncio.sleep(0.05)
-            short = await engine.generate(GenerateRequest(
-                _prompt(engine, "What is 12+30? " * 6), SamplingParams(max_tokens=2, seed=2, ignore_eos=True)))
+            short = await engine.generate(
+                GenerateRequest(
+                    _prompt(engine, "What is 12+30? " * 6), SamplingParams(max_tokens=2, seed=2, ignore_eos=True)
+                )
+            )
             return await long, short
 
         long, short = asyncio.run(go())
@@ -270,7 +324,7 @@ def test_dead_columns_are_dropped(model_dir):
         # tokens but the two last (the 40th ends the row; the 39th was pending when it was sampled)
         assert widths[-1] == len(long.prompt_ids) + 38
         assert max(widths) > widths[-1] + 20  # while the short one ran, the batch was wider
-        recomputed = engine.logprobs(long.prompt_ids + long.token_ids)[len(long.prompt_ids) - 1:]
+        recomputed = engine.logprobs(long.prompt_ids + long.token_ids)[len(long.prompt_ids) - 1 :]
         assert max(abs(x - y) for x, y in zip(recomputed, long.logprobs)) < LOGPROB_TOL
     finally:
         b.close()
@@ -284,26 +338,38 @@ def test_common_prefix_leaves_every_prompt_a_token():
     assert _common_prefix([[7], [7, 8]]) == 0 and _common_prefix([[1, 2], [3, 2]]) == 0
 
 
-@pytest.mark.parametrize("config", [TrainConfig(lr=1e-3),
-                                    TrainConfig(lr=1e-3, entropy_coef=0.01, kl_coef=0.1, micro_batch_tokens=64,
-                                                loss_agg="seq-mean-token-mean")])
+@pytest.mark.parametrize(
+    "config",
+    [
+        TrainConfig(lr=1e-3),
+        TrainConfig(lr=1e-3, entropy_coef=0.01, kl_coef=0.1, micro_batch_tokens=64, loss_agg="seq-mean-token-mean"),
+    ],
+)
 def test_trained_positions_head_equals_full_logits(model_dir, config, monkeypatch):
     """The LM head on trained positions only is the same update as slicing full-vocabulary logits."""
     import copy
 
-    import swarm.engine.policy_step as ps
     from transformers import AutoModelForCausalLM
+
+    import swarm.engine.policy_step as ps
 
     base = AutoModelForCausalLM.from_pretrained(model_dir)
     reference = copy.deepcopy(base).requires_grad_(False)
     with torch.no_grad():  # a reference that differs from the policy, so the KL term is live
         for p in reference.parameters():
             p.add_(torch.randn_like(p) * 0.01)
-    samples = [TrainSample(input_ids=[1, 5, 6, 7, 8, 9][: 3 + i % 4] + [10 + i, 11],
-                           loss_mask=[0] * (3 + i % 4) + [1, 1],
-                           rollout_logprobs=[0.0] * (3 + i % 4) + [-1.0, -2.0], episode_id=f"e{i}",
-                           group_id=f"g{i // 4}", reward=float(i % 3 == 0), weight=0.5 + (i % 2))
-               for i in range(8)]
+    samples = [
+        TrainSample(
+            input_ids=[1, 5, 6, 7, 8, 9][: 3 + i % 4] + [10 + i, 11],
+            loss_mask=[0] * (3 + i % 4) + [1, 1],
+            rollout_logprobs=[0.0] * (3 + i % 4) + [-1.0, -2.0],
+            episode_id=f"e{i}",
+            group_id=f"g{i // 4}",
+            reward=float(i % 3 == 0),
+            weight=0.5 + (i % 2),
+        )
+        for i in range(8)
+    ]
     out = {}
     for plain in (True, False):
         monkeypatch.setattr(ps, "PLAIN_HEAD_MODELS", ps.PLAIN_HEAD_MODELS if plain else frozenset())

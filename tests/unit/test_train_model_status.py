@@ -48,5 +48,6 @@ def test_a_server_that_does_not_stop_fails_the_run_but_slow_logging_does_not(tmp
     with pytest.raises(TimeoutError, match="did not exit"):
         train._await_exit(_Server(tmp_path, [], polls=10**9), tmp_path, stop_s=-1.0)
     # still logging past its time: `run` stops the server and ends the MLflow run, the training stands
-    train._await_exit(_Server(tmp_path, [{"state": "logging", "run_id": "r"}], polls=10**9), tmp_path,
-                      stop_s=60.0, model_s=-1.0)
+    train._await_exit(
+        _Server(tmp_path, [{"state": "logging", "run_id": "r"}], polls=10**9), tmp_path, stop_s=60.0, model_s=-1.0
+    )

@@ -14,4 +14,3 @@ HAVE_VERL = importlib.util.find_spec("verl") is not None
 
 if not HAVE_VERL and os.environ.get("ROOST_REQUIRE_VERL") == "1":
     raise RuntimeError("ROOST_REQUIRE_VERL=1 but verl is not importable in this interpreter")
-

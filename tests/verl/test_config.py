@@ -7,10 +7,10 @@ import pytest
 pytest.importorskip("verl", reason="verl is not installed in this venv: run .ci/verl.sh (its own venv)")
 
 from swarm.algorithms.choices import Advantage, LossAgg
-from swarm.config.train import TrainConfig
-from swarm.engine.verl.config import ADV_ESTIMATOR, VerlConfigError, verl_config, verl_overrides
-from swarm.config.verl import VerlSettings
 from swarm.config.server import ServerConfig
+from swarm.config.train import TrainConfig
+from swarm.config.verl import VerlSettings
+from swarm.engine.verl.config import ADV_ESTIMATOR, VerlConfigError, verl_config, verl_overrides
 
 
 def test_every_roost_estimator_is_registered_in_verl() -> None:
@@ -22,11 +22,26 @@ def test_every_roost_estimator_is_registered_in_verl() -> None:
 
 def test_mapped_config_passes_verls_validation_and_carries_the_settings(tmp_path) -> None:
     server = ServerConfig(
-        engine="verl", model_dir=tmp_path / "m", out_dir=tmp_path / "out", group_size=8, batch_groups=16,
-        max_steps=50, checkpoint_every=5, temperature=0.9,
-        train=TrainConfig(lr=3e-6, advantage=Advantage.rloo, clip_eps=0.2, clip_eps_high=0.28, kl_coef=0.01,
-                          entropy_coef=0.001, loss_agg=LossAgg.seq_mean_token_mean, weight_decay=0.1),
-        verl=VerlSettings(nodes=2, gpus_per_node=8, rollout_tp=2))
+        engine="verl",
+        model_dir=tmp_path / "m",
+        out_dir=tmp_path / "out",
+        group_size=8,
+        batch_groups=16,
+        max_steps=50,
+        checkpoint_every=5,
+        temperature=0.9,
+        train=TrainConfig(
+            lr=3e-6,
+            advantage=Advantage.rloo,
+            clip_eps=0.2,
+            clip_eps_high=0.28,
+            kl_coef=0.01,
+            entropy_coef=0.001,
+            loss_agg=LossAgg.seq_mean_token_mean,
+            weight_decay=0.1,
+        ),
+        verl=VerlSettings(nodes=2, gpus_per_node=8, rollout_tp=2),
+    )
     cfg = verl_config(server)  # raises if verl's validate_config or RolloutConfig refuses it
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     assert cfg.trainer.use_v1 and cfg.trainer.v1.trainer_mode == "colocate_async"
@@ -48,8 +63,9 @@ def test_mapped_config_passes_verls_validation_and_carries_the_settings(tmp_path
 def test_verl_refuses_what_it_cannot_run() -> None:
     # fixed micro-batches without a micro-batch size: verl's ActorConfig refuses it, we say so
     with pytest.raises(VerlConfigError, match="validation refused"):
-        verl_config(ServerConfig(engine="verl", batch_groups=2),
-                    extra=["actor_rollout_ref.actor.use_dynamic_bsz=false"])
+        verl_config(
+            ServerConfig(engine="verl", batch_groups=2), extra=["actor_rollout_ref.actor.use_dynamic_bsz=false"]
+        )
     with pytest.raises(VerlConfigError, match="could not compose"):
         verl_config(ServerConfig(engine="verl"), extra=["actor_rollout_ref.actor.no_such_key=1"])
 
@@ -66,9 +82,9 @@ def test_verl_has_no_cpu_training_engine() -> None:
     language-model engine for cuda/npu only, so `TrainingWorker` cannot build one on a CPU host
     (and its rollout needs vLLM/SGLang on a GPU). If this starts failing, verl gained a CPU path:
     add the real one-step test."""
+    import verl.workers.engine  # noqa: F401  (registers the engines)
     from verl.workers.engine.base import EngineRegistry
 
-    import verl.workers.engine  # noqa: F401  (registers the engines)
     for backend in ("fsdp", "fsdp2"):
         devices = {k if isinstance(k, str) else k[0] for k in EngineRegistry._engines["language_model"][backend]}
         assert "cpu" not in devices, devices

@@ -18,11 +18,11 @@ import torch
 
 from swarm.algorithms import kl_k3, loss_scales, ppo_clip_loss
 from swarm.algorithms.choices import Advantage, LossAgg
+from swarm.config.server import ServerConfig
 from swarm.config.train import TrainConfig
 from swarm.engine.policy_step import sample_advantages
 from swarm.engine.verl.config import ADV_ESTIMATOR, verl_config
 from swarm.engine.verl.records import group_records, pad_samples, split_sample, to_dataproto
-from swarm.config.server import ServerConfig
 from tests.verl.helpers import batch
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -34,30 +34,49 @@ def _verl_advantages(samples, train: TrainConfig, multi: bool = False) -> torch.
 
     dp = to_dataproto(samples)
     if not multi:
-        return compute_advantage(dp, adv_estimator=ADV_ESTIMATOR[train.advantage],
-                                 norm_adv_by_std_in_grpo=train.normalize_std).batch["advantages"]
+        return compute_advantage(
+            dp, adv_estimator=ADV_ESTIMATOR[train.advantage], norm_adv_by_std_in_grpo=train.normalize_std
+        ).batch["advantages"]
     uids = [f"slot{k}" for k in range(len({s.group_id for s in samples}))]
     records, _ = group_records(samples, uids, global_steps=1)
     dp.non_tensor_batch["uid"] = __import__("numpy").array([r.fields["uid"] for r in records], dtype=object)
     out = compute_advantage_for_multi_trajectories(
-        dp, [r.key for r in records], adv_estimator=ADV_ESTIMATOR[train.advantage],
-        norm_adv_by_std_in_grpo=train.normalize_std)
+        dp,
+        [r.key for r in records],
+        adv_estimator=ADV_ESTIMATOR[train.advantage],
+        norm_adv_by_std_in_grpo=train.normalize_std,
+    )
     return out.batch["advantages"]
 
 
-LONE_RLOO = pytest.mark.xfail(strict=True, reason=(
-    "known divergence: for a group of ONE episode Roost's rloo gives advantage 0 "
-    "(swarm/algorithms/advantages.py) while verl's compute_rloo_outcome_advantage leaves the raw reward"))
-RFPP = pytest.mark.xfail(strict=True, reason=(
-    "known divergence: verl's reinforce_plus_plus_baseline whitens over response TOKENS (masked_whiten), "
-    "Roost's reinforce_pp over EPISODES; equal only in the limit of equal-length responses and large batches"))
+LONE_RLOO = pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known divergence: for a group of ONE episode Roost's rloo gives advantage 0 "
+        "(swarm/algorithms/advantages.py) while verl's compute_rloo_outcome_advantage leaves the raw reward"
+    ),
+)
+RFPP = pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known divergence: verl's reinforce_plus_plus_baseline whitens over response TOKENS (masked_whiten), "
+        "Roost's reinforce_pp over EPISODES; equal only in the limit of equal-length responses and large batches"
+    ),
+)
 
 
-@pytest.mark.parametrize("advantage,normalize_std,lone", [
-    (Advantage.grpo, True, False), (Advantage.grpo, False, False), (Advantage.rloo, True, False),
-    pytest.param(Advantage.reinforce_pp, True, False, marks=RFPP), (Advantage.grpo, True, True),
-    (Advantage.grpo, False, True), pytest.param(Advantage.rloo, True, True, marks=LONE_RLOO),
-])
+@pytest.mark.parametrize(
+    "advantage,normalize_std,lone",
+    [
+        (Advantage.grpo, True, False),
+        (Advantage.grpo, False, False),
+        (Advantage.rloo, True, False),
+        pytest.param(Advantage.reinforce_pp, True, False, marks=RFPP),
+        (Advantage.grpo, True, True),
+        (Advantage.grpo, False, True),
+        pytest.param(Advantage.rloo, True, True, marks=LONE_RLOO),
+    ],
+)
 def test_advantages_equal_roosts(advantage: Advantage, normalize_std: bool, lone: bool) -> None:
     samples = batch(groups=4, n=4, seed=11)
     if lone:  # a group of one episode (a stalled group that completed smaller)
@@ -93,6 +112,7 @@ def actor_config_for():
             cfg = verl_config(ServerConfig(engine="verl", train=train, batch_groups=2, group_size=2))
             cache[key] = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
         return cache[key]
+
     return make
 
 
@@ -107,10 +127,12 @@ def test_ppo_loss_equals_roosts(actor_config_for, loss_agg: LossAgg, kl_coef: fl
     rng = random.Random(5)
     # current and reference policies: old logprob + noise large enough that some ratios clip,
     # and some exceed verl's default dual-clip bound of 3 (which the mapping turns off)
-    new = [[lp + rng.uniform(-1.5, 1.5) if m else 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask)]
-           for s in samples]
-    ref = [[lp + rng.uniform(-0.5, 0.5) if m else 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask)]
-           for s in samples]
+    new = [
+        [lp + rng.uniform(-1.5, 1.5) if m else 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask)] for s in samples
+    ]
+    ref = [
+        [lp + rng.uniform(-0.5, 0.5) if m else 0.0 for lp, m in zip(s.rollout_logprobs, s.loss_mask)] for s in samples
+    ]
     adv = sample_advantages(samples, train)
 
     # Roost: targets shifted by one, exactly as swarm.engine.policy_step shapes them
@@ -139,8 +161,9 @@ def test_ppo_loss_equals_roosts(actor_config_for, loss_agg: LossAgg, kl_coef: fl
         out = torch.zeros(len(samples), Rm)
         for b, s in enumerate(samples):
             P = len(split_sample(s).prompt)
-            out[b, :len(s.input_ids) - P] = torch.tensor(rows[b][P:])
+            out[b, : len(s.input_ids) - P] = torch.tensor(rows[b][P:])
         return out
+
     td["old_log_probs"] = resp([s.rollout_logprobs for s in samples])
     td["advantages"] = torch.tensor(adv).unsqueeze(1) * mask.float()
     if kl_coef:

@@ -15,10 +15,15 @@ from swarm.samples import TrainSample
 from tests.verl.helpers import batch
 
 
-
 def test_split_puts_the_prompt_before_the_first_trained_token() -> None:
-    s = TrainSample(input_ids=[5, 6, 7, 8, 9, 10, 11], loss_mask=[1, 0, 0, 1, 1, 0, 1],
-                    rollout_logprobs=[-9.0, 0, 0, -0.5, -0.25, 0, -1.0], episode_id="e", group_id="g", reward=1.0)
+    s = TrainSample(
+        input_ids=[5, 6, 7, 8, 9, 10, 11],
+        loss_mask=[1, 0, 0, 1, 1, 0, 1],
+        rollout_logprobs=[-9.0, 0, 0, -0.5, -0.25, 0, -1.0],
+        episode_id="e",
+        group_id="g",
+        reward=1.0,
+    )
     sp = split_sample(s)
     # position 0 is never trained by Roost (nothing predicts it), so it stays in the prompt
     assert sp.prompt == [5, 6, 7]
@@ -27,14 +32,23 @@ def test_split_puts_the_prompt_before_the_first_trained_token() -> None:
     assert sp.rollout_logprobs == [-0.5, -0.25, 0.0, -1.0]
 
 
-@pytest.mark.parametrize("bad", [
-    dict(loss_mask=[0, 0, 0]),                       # nothing trained
-    dict(weight=0.5),                                # verl has no per-sample weight
-    dict(rollout_logprobs=[0.0, -1.0]),              # lengths differ
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(loss_mask=[0, 0, 0]),  # nothing trained
+        dict(weight=0.5),  # verl has no per-sample weight
+        dict(rollout_logprobs=[0.0, -1.0]),  # lengths differ
+    ],
+)
 def test_bad_samples_are_refused(bad: dict) -> None:
-    kw = dict(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0.0, -1.0, -1.0],
-              episode_id="e", group_id="g", reward=1.0)
+    kw = dict(
+        input_ids=[1, 2, 3],
+        loss_mask=[0, 1, 1],
+        rollout_logprobs=[0.0, -1.0, -1.0],
+        episode_id="e",
+        group_id="g",
+        reward=1.0,
+    )
     with pytest.raises(ValueError):
         split_sample(TrainSample(**{**kw, **bad}))
 
@@ -54,8 +68,8 @@ def test_padded_layout_is_verls() -> None:
         sp = split_sample(s)
         P, R = len(sp.prompt), len(sp.response)
         # prompts left-padded, responses right-padded; attention exactly on real tokens
-        assert b["prompts"][i, Pm - P:].tolist() == sp.prompt and b["attention_mask"][i, :Pm - P].sum() == 0
-        assert b["responses"][i, :R].tolist() == sp.response and b["attention_mask"][i, Pm + R:].sum() == 0
+        assert b["prompts"][i, Pm - P :].tolist() == sp.prompt and b["attention_mask"][i, : Pm - P].sum() == 0
+        assert b["responses"][i, :R].tolist() == sp.response and b["attention_mask"][i, Pm + R :].sum() == 0
         assert b["attention_mask"][i].sum() == P + R
         # valid tokens, in order, are exactly the sample's tokens
         assert b["input_ids"][i][b["attention_mask"][i].bool()].tolist() == s.input_ids
@@ -98,7 +112,7 @@ def test_v1_records_match_the_padded_batch_and_verls_tensordict() -> None:
         P, R = r.tag["prompt_len"], r.tag["response_len"]
         assert r.tag["seq_len"] == P + R and r.tag["status"] == "success" and r.tag["global_steps"] == 7
         assert td["input_ids"][i].tolist() == samples[i].input_ids
-        assert td["prompts"][i].tolist() == padded.prompts[i, Pm - P:].tolist()
+        assert td["prompts"][i].tolist() == padded.prompts[i, Pm - P :].tolist()
         assert td["responses"][i].tolist() == padded.responses[i, :R].tolist()
         assert td["response_mask"][i].tolist() == padded.response_mask[i, :R].tolist()
         assert td["rollout_log_probs"][i].tolist() == padded.rollout_log_probs[i, :R].tolist()

@@ -18,13 +18,22 @@ ARGV = ["swarm", "serve", "--engine", "verl", "--verl-nodes", "2", "--verl-gpus-
 
 
 def test_job_starts_ray_on_every_node_then_serves(tmp_path) -> None:
-    spec = verl_job(VerlJob(name="swarm-verl", serve_argv=ARGV, nodes=2, gpus_per_node=8, cpus_per_node=64,
-                            log_dir=str(tmp_path), network_interface="ib0"))
+    spec = verl_job(
+        VerlJob(
+            name="swarm-verl",
+            serve_argv=ARGV,
+            nodes=2,
+            gpus_per_node=8,
+            cpus_per_node=64,
+            log_dir=str(tmp_path),
+            network_interface="ib0",
+        )
+    )
     script = render_script(spec)
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert 'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))' in script  # an array, not one string
     assert "ray start --head" in script and '--address="$head_ip:6379"' in script
-    assert script.index('export RAY_ADDRESS=') < script.index("swarm serve --engine verl")
+    assert script.index("export RAY_ADDRESS=") < script.index("swarm serve --engine verl")
     assert "NCCL_SOCKET_IFNAME=ib0" in script
     if shutil.which("bash"):
         subprocess.run(["bash", "-n"], input=script, text=True, check=True)

@@ -70,18 +70,28 @@ class SlotBroker:
     async def put_groups(self, records: list[Record], groups: list[tuple[str, int]]) -> None:
         """Write the records to TransferQueue, then mark each slot uid finished (docs/verl.md, "Records")."""
         if records:
-            await tq.async_kv_batch_put(keys=[r.key for r in records], partition_id="train",
-                                        fields=tu.list_of_dict_to_tensordict([r.fields for r in records]),
-                                        tags=[r.tag for r in records])
+            await tq.async_kv_batch_put(
+                keys=[r.key for r in records],
+                partition_id="train",
+                fields=tu.list_of_dict_to_tensordict([r.fields for r in records]),
+                tags=[r.tag for r in records],
+            )
         for uid, oldest_version in groups:
             # re-base the staleness clock to the oldest weights that generated the group (docs/verl.md, "Slots")
-            await tq.async_kv_put(key=uid, partition_id="train",
-                                  tag={"status": "finished", "global_steps": int(oldest_version) + 1})
+            await tq.async_kv_put(
+                key=uid, partition_id="train", tag={"status": "finished", "global_steps": int(oldest_version) + 1}
+            )
 
-    async def generate(self, request_id: str, prompt_ids: list[int], max_tokens: int,
-                       stop_token_ids: list[int], seed: int | None) -> dict[str, Any]:
-        params: dict[str, Any] = {"temperature": self.temperature, "top_p": 1.0, "top_k": -1, "logprobs": True,
-                                  "max_tokens": int(max_tokens)}  # always explicit (docs/verl.md, "Generation")
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], max_tokens: int, stop_token_ids: list[int], seed: int | None
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": 1.0,
+            "top_k": -1,
+            "logprobs": True,
+            "max_tokens": int(max_tokens),
+        }  # always explicit (docs/verl.md, "Generation")
         if stop_token_ids:
             params["stop_token_ids"] = list(stop_token_ids)
         if seed is not None:
@@ -89,8 +99,12 @@ class SlotBroker:
         out = await self.llm.generate(request_id, prompt_ids=list(prompt_ids), sampling_params=params)
         version = int((out.extra_fields or {}).get("global_steps", self.weight_version) or 0)
         self.weight_version = max(self.weight_version, version)
-        return {"token_ids": list(out.token_ids), "log_probs": list(out.log_probs or []),
-                "stop_reason": out.stop_reason, "weight_version": version}
+        return {
+            "token_ids": list(out.token_ids),
+            "log_probs": list(out.log_probs or []),
+            "stop_reason": out.stop_reason,
+            "weight_version": version,
+        }
 
 
 class SwarmRolloutAdapter:
@@ -100,8 +114,9 @@ class SwarmRolloutAdapter:
         self.broker = broker
 
     @classmethod
-    def create(cls, config: Any, llm_client: Any, teacher_client: Any = None,
-               reward_loop_worker_handles: Any = None, **_: Any) -> SwarmRolloutAdapter:
+    def create(
+        cls, config: Any, llm_client: Any, teacher_client: Any = None, reward_loop_worker_handles: Any = None, **_: Any
+    ) -> SwarmRolloutAdapter:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: only on a cluster
 
         # near the swarm server (VerlEngine puts its node id in every worker's environment):

@@ -62,8 +62,10 @@ def verl_overrides(server: ServerConfig) -> list[str]:
     """Hydra overrides of verl's `ppo_trainer.yaml` that express `server` (pure; no verl needed)."""
     t, v = server.train, server.verl
     if server.per_episode_norm:
-        raise VerlConfigError("per_episode_norm has no verl equivalent (verl has no per-sample loss weight); "
-                              "turn it off for --engine verl")
+        raise VerlConfigError(
+            "per_episode_norm has no verl equivalent (verl has no per-sample loss weight); "
+            "turn it off for --engine verl"
+        )
     if v.rollout_tp > v.nodes * v.gpus_per_node:
         raise VerlConfigError(f"rollout tensor parallel {v.rollout_tp} exceeds the {v.nodes * v.gpus_per_node} GPUs")
     seq_len = v.max_prompt_tokens + v.max_response_tokens
@@ -146,9 +148,9 @@ def verl_config(server: ServerConfig, extra: list[str] | None = None) -> Any:
     `extra` overrides go last (a site's cluster tweaks). Raises `VerlConfigError`
     naming verl's complaint when verl's validation refuses the result.
     """
+    import verl.trainer.config as verl_config_pkg  # lazy: as above
     from hydra import compose, initialize_config_dir  # lazy: hydra ships with verl, an optional extra
     from hydra.core.global_hydra import GlobalHydra  # lazy: as above
-    import verl.trainer.config as verl_config_pkg  # lazy: as above
 
     overrides = verl_overrides(server) + list(extra or [])
     config_dir = str(Path(verl_config_pkg.__file__).parent)

@@ -30,16 +30,17 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import ray
 
+from swarm.config.server import ServerConfig
 from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch, UnsupportedRequest
 from swarm.engine.verl.adapter import BROKER_NAME, BROKER_NAMESPACE, HEAD_NODE_ENV
 from swarm.engine.verl.config import verl_config
 from swarm.engine.verl.records import group_records
-from swarm.config.server import ServerConfig
 
 STARTUP_TIMEOUT_S = 1800.0  # model load + vLLM start + first weight sync on a big model
 STEP_TIMEOUT_S = 3600.0
@@ -69,11 +70,13 @@ class VerlEngine:
         env = runtime_env.setdefault("env_vars", {})
         env["TRANSFER_QUEUE_ENABLE"] = "1"  # as verl.trainer.main_ppo.run_ppo sets it
         # every worker imports this package: put the checkout on its path unless installed there
-        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(Path(__file__).resolve().parents[3]),
-                                                        os.environ.get("PYTHONPATH", "")] if p)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH", "")] if p
+        )
         address = self.config.verl.ray_address or os.environ.get("RAY_ADDRESS")
-        ray.init(address=address, runtime_env=OmegaConf.to_container(OmegaConf.create(runtime_env)),
-                 ignore_reinit_error=True)
+        ray.init(
+            address=address, runtime_env=OmegaConf.to_container(OmegaConf.create(runtime_env)), ignore_reinit_error=True
+        )
         # known only once Ray runs; the adapter reads it inside verl's TaskRunner
         os.environ[HEAD_NODE_ENV] = ray.get_runtime_context().get_node_id()
 
@@ -81,8 +84,12 @@ class VerlEngine:
         from verl.trainer.main_ppo import TaskRunnerV1, run_ppo  # lazy: verl is optional
 
         try:
-            run_ppo(self.verl_cfg, task_runner_class=TaskRunnerV1.options(
-                runtime_env={"env_vars": {HEAD_NODE_ENV: os.environ[HEAD_NODE_ENV]}}))
+            run_ppo(
+                self.verl_cfg,
+                task_runner_class=TaskRunnerV1.options(
+                    runtime_env={"env_vars": {HEAD_NODE_ENV: os.environ[HEAD_NODE_ENV]}}
+                ),
+            )
         except BaseException as exc:  # surfaced by the next engine call
             self._failure = exc
 
@@ -105,12 +112,17 @@ class VerlEngine:
         p = request.params
         _refuse_unsupported(p.top_logprobs, p.response_format)
         stops = list(p.stop_token_ids)
-        out = await self.broker.generate.remote(uuid.uuid4().hex, list(request.prompt_ids), p.max_tokens,
-                                                stops, p.seed)
-        finish = {"aborted": "abort"}.get(out["stop_reason"], "length" if len(out["token_ids"]) >= p.max_tokens
-                                          else "stop")
-        return Completion(prompt_ids=list(request.prompt_ids), token_ids=out["token_ids"],
-                          logprobs=out["log_probs"], finish_reason=finish, policy_version=out["weight_version"])
+        out = await self.broker.generate.remote(uuid.uuid4().hex, list(request.prompt_ids), p.max_tokens, stops, p.seed)
+        finish = {"aborted": "abort"}.get(
+            out["stop_reason"], "length" if len(out["token_ids"]) >= p.max_tokens else "stop"
+        )
+        return Completion(
+            prompt_ids=list(request.prompt_ids),
+            token_ids=out["token_ids"],
+            logprobs=out["log_probs"],
+            finish_reason=finish,
+            policy_version=out["weight_version"],
+        )
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
         """verl's token-in/token-out call is not streamed: one chunk with the whole completion."""
@@ -131,25 +143,38 @@ class VerlEngine:
         ray.get(self.broker.wait_issue_step.remote(step + 1, STEP_TIMEOUT_S))
         self._check()
         self.policy_version += 1
-        return {"verl_step": float(step), "samples": float(len(samples)), "groups": float(len(groups)),
-                "trained_tokens": float(sum(sum(s.loss_mask) for s in samples)),
-                "step_s": time.perf_counter() - t0, "lr": batch.config.lr}
+        return {
+            "verl_step": float(step),
+            "samples": float(len(samples)),
+            "groups": float(len(groups)),
+            "trained_tokens": float(sum(sum(s.loss_mask) for s in samples)),
+            "step_s": time.perf_counter() - t0,
+            "lr": batch.config.lr,
+        }
 
     def save(self, path: Path) -> None:
         """verl writes its own checkpoints; record which of them this Roost checkpoint means."""
         root = Path(self.verl_cfg.trainer.default_local_dir)
         latest = root / "latest_checkpointed_iteration.txt"
         path.mkdir(parents=True, exist_ok=True)
-        (path / POINTER).write_text(json.dumps({
-            "verl_dir": str(root), "verl_step": int(latest.read_text().strip()) if latest.exists() else None,
-            "policy_version": self.policy_version}))
+        (path / POINTER).write_text(
+            json.dumps(
+                {
+                    "verl_dir": str(root),
+                    "verl_step": int(latest.read_text().strip()) if latest.exists() else None,
+                    "policy_version": self.policy_version,
+                }
+            )
+        )
 
     def load(self, path: Path) -> None:
         """verl resumes itself (`resume_mode=auto`) from the same directory; check that it is the one recorded."""
         pointer = json.loads((path / POINTER).read_text())
         if Path(pointer["verl_dir"]) != Path(self.verl_cfg.trainer.default_local_dir):
-            raise ValueError(f"checkpoint {path} belongs to verl run {pointer['verl_dir']}, not "
-                             f"{self.verl_cfg.trainer.default_local_dir}")
+            raise ValueError(
+                f"checkpoint {path} belongs to verl run {pointer['verl_dir']}, not "
+                f"{self.verl_cfg.trainer.default_local_dir}"
+            )
 
     async def close(self) -> None:
         if ray.is_initialized():
@@ -160,13 +185,17 @@ def _refuse_unsupported(top_logprobs: int, response_format: str | None) -> None:
     """verl's token-in/token-out client (`LLMServerClient.generate`) returns only the sampled tokens'
     logprobs and takes no structured-output parameters: refuse rather than silently ignore."""
     if top_logprobs > 0:
-        raise UnsupportedRequest("unsupported_top_logprobs",
-                                 "the verl engine cannot return top_logprobs (verl's rollout client reports only "
-                                 "the sampled tokens' logprobs); use the torch or vllm engine")
+        raise UnsupportedRequest(
+            "unsupported_top_logprobs",
+            "the verl engine cannot return top_logprobs (verl's rollout client reports only "
+            "the sampled tokens' logprobs); use the torch or vllm engine",
+        )
     if response_format is not None and json.loads(response_format).get("type") not in (None, "text"):
-        raise UnsupportedRequest("unsupported_response_format",
-                                 "the verl engine cannot constrain decoding (verl's rollout client takes no "
-                                 "structured-output parameters); use the torch or vllm engine")
+        raise UnsupportedRequest(
+            "unsupported_response_format",
+            "the verl engine cannot constrain decoding (verl's rollout client takes no "
+            "structured-output parameters); use the torch or vllm engine",
+        )
 
 
 __all__ = ["VerlEngine"]

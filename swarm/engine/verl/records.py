@@ -51,16 +51,22 @@ def split_sample(sample: TrainSample) -> Split:
     if not (n == len(sample.loss_mask) == len(sample.rollout_logprobs)):
         raise ValueError(f"sample of episode {sample.episode_id}: ids, mask and logprobs differ in length")
     if sample.weight != 1.0:
-        raise ValueError(f"sample of episode {sample.episode_id} has loss weight {sample.weight}; verl has no "
-                         "per-sample weights (turn per_episode_norm off for the verl engine)")
+        raise ValueError(
+            f"sample of episode {sample.episode_id} has loss weight {sample.weight}; verl has no "
+            "per-sample weights (turn per_episode_norm off for the verl engine)"
+        )
     start = next((i for i in range(1, n) if sample.loss_mask[i]), None)
     if start is None:
         raise ValueError(f"sample of episode {sample.episode_id} has no trained token after position 0")
-    return Split(prompt=list(sample.input_ids[:start]), response=list(sample.input_ids[start:]),
-                 response_mask=[int(bool(m)) for m in sample.loss_mask[start:]],
-                 rollout_logprobs=[float(lp) if m else 0.0
-                                   for lp, m in zip(sample.rollout_logprobs[start:], sample.loss_mask[start:])],
-                 reward=float(sample.reward))
+    return Split(
+        prompt=list(sample.input_ids[:start]),
+        response=list(sample.input_ids[start:]),
+        response_mask=[int(bool(m)) for m in sample.loss_mask[start:]],
+        rollout_logprobs=[
+            float(lp) if m else 0.0 for lp, m in zip(sample.rollout_logprobs[start:], sample.loss_mask[start:])
+        ],
+        reward=float(sample.reward),
+    )
 
 
 @dataclass
@@ -84,7 +90,9 @@ def _episodes(samples: Sequence[TrainSample]) -> dict[str, dict[tuple[str, float
     return groups
 
 
-def group_records(samples: Sequence[TrainSample], uids: Sequence[str], global_steps: int) -> tuple[list[Record], list[str]]:
+def group_records(
+    samples: Sequence[TrainSample], uids: Sequence[str], global_steps: int
+) -> tuple[list[Record], list[str]]:
     """Records of a batch of whole groups, group k under verl slot uid `uids[k]`.
 
     Returns the records and the uid of each group in order; `global_steps` is the
@@ -123,11 +131,21 @@ def group_records(samples: Sequence[TrainSample], uids: Sequence[str], global_st
                     "global_steps": int(global_steps),
                     "num_turns": torch.tensor(1, dtype=torch.int64),
                     "multi_modal_inputs": {},
-                    "extra_fields": {"min_global_steps": version, "max_global_steps": version,
-                                     "episode_id": s.episode_id},
+                    "extra_fields": {
+                        "min_global_steps": version,
+                        "max_global_steps": version,
+                        "episode_id": s.episode_id,
+                    },
                 }
-                tag = {"status": "success", "prompt_len": P, "response_len": R, "seq_len": P + R,
-                       "global_steps": int(global_steps), "min_global_steps": version, "max_global_steps": version}
+                tag = {
+                    "status": "success",
+                    "prompt_len": P,
+                    "response_len": R,
+                    "seq_len": P + R,
+                    "global_steps": int(global_steps),
+                    "min_global_steps": version,
+                    "max_global_steps": version,
+                }
                 records.append(Record(key=f"{uid}_{session}_{index}", fields=fields, tag=tag))
     return records, used
 
@@ -136,15 +154,15 @@ def group_records(samples: Sequence[TrainSample], uids: Sequence[str], global_st
 class Padded:
     """verl's padded layout (docs/verl.md, "Padded layout") as plain tensors; `to_dataproto` wraps it."""
 
-    prompts: torch.Tensor            # (B, Pmax) left-padded
-    responses: torch.Tensor          # (B, Rmax) right-padded
-    input_ids: torch.Tensor          # (B, Pmax + Rmax)
-    attention_mask: torch.Tensor     # (B, Pmax + Rmax)
-    position_ids: torch.Tensor       # (B, Pmax + Rmax), 0-based over valid tokens, 0 on padding
-    response_mask: torch.Tensor      # (B, Rmax) trained tokens
+    prompts: torch.Tensor  # (B, Pmax) left-padded
+    responses: torch.Tensor  # (B, Rmax) right-padded
+    input_ids: torch.Tensor  # (B, Pmax + Rmax)
+    attention_mask: torch.Tensor  # (B, Pmax + Rmax)
+    position_ids: torch.Tensor  # (B, Pmax + Rmax), 0-based over valid tokens, 0 on padding
+    response_mask: torch.Tensor  # (B, Rmax) trained tokens
     rollout_log_probs: torch.Tensor  # (B, Rmax)
     token_level_scores: torch.Tensor  # (B, Rmax) reward at the last valid response token
-    uid: np.ndarray                  # (B,) object: the group id (GRPO's grouping key)
+    uid: np.ndarray  # (B,) object: the group id (GRPO's grouping key)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
@@ -167,8 +185,8 @@ def pad_samples(samples: Sequence[TrainSample], pad_token_id: int = 0) -> Padded
     scores = torch.zeros(B, Rm, dtype=torch.float32)
     for b, sp in enumerate(splits):
         P, R = len(sp.prompt), len(sp.response)
-        prompts[b, Pm - P:] = torch.tensor(sp.prompt)
-        p_attn[b, Pm - P:] = 1
+        prompts[b, Pm - P :] = torch.tensor(sp.prompt)
+        p_attn[b, Pm - P :] = 1
         responses[b, :R] = torch.tensor(sp.response)
         r_attn[b, :R] = 1
         mask[b, :R] = torch.tensor(sp.response_mask)
@@ -177,9 +195,17 @@ def pad_samples(samples: Sequence[TrainSample], pad_token_id: int = 0) -> Padded
     attn = torch.cat([p_attn, r_attn], dim=1)
     # verl.utils.model.compute_position_id_with_mask: cumsum - 1, clipped at 0 on padding
     position_ids = torch.clip(torch.cumsum(attn, dim=-1) - 1, min=0, max=None)
-    return Padded(prompts=prompts, responses=responses, input_ids=torch.cat([prompts, responses], dim=1),
-                  attention_mask=attn, position_ids=position_ids, response_mask=mask, rollout_log_probs=lp,
-                  token_level_scores=scores, uid=np.array([s.group_id for s in samples], dtype=object))
+    return Padded(
+        prompts=prompts,
+        responses=responses,
+        input_ids=torch.cat([prompts, responses], dim=1),
+        attention_mask=attn,
+        position_ids=position_ids,
+        response_mask=mask,
+        rollout_log_probs=lp,
+        token_level_scores=scores,
+        uid=np.array([s.group_id for s in samples], dtype=object),
+    )
 
 
 def to_dataproto(samples: Sequence[TrainSample], pad_token_id: int = 0) -> Any:

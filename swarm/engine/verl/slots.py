@@ -20,8 +20,15 @@ SLOTS = 1 << 30
 class SlotDataset(Dataset):
     """`data.custom_cls`: constructed by verl's `create_rl_dataset` with its usual arguments."""
 
-    def __init__(self, data_files: Any = None, tokenizer: Any = None, processor: Any = None,
-                 config: Any = None, max_samples: int = -1, **_: Any) -> None:
+    def __init__(
+        self,
+        data_files: Any = None,
+        tokenizer: Any = None,
+        processor: Any = None,
+        config: Any = None,
+        max_samples: int = -1,
+        **_: Any,
+    ) -> None:
         self.size = SLOTS if max_samples is None or max_samples < 0 else int(max_samples)
 
     def __len__(self) -> int:

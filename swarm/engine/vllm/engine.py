@@ -53,8 +53,16 @@ log = logging.getLogger("swarm.engine.vllm")
 class VllmEngine:
     """The Engine over a supervised vLLM server (generation) and an in-process `TorchEngine` (training)."""
 
-    def __init__(self, model_dir: Path, work_dir: Path, *, seed: int = 0, device: str | None = None,
-                 settings: VllmSettings = VllmSettings(), served_name: str = "roost") -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        work_dir: Path,
+        *,
+        seed: int = 0,
+        device: str | None = None,
+        settings: VllmSettings = VllmSettings(),
+        served_name: str = "roost",
+    ) -> None:
         python = find_python(settings.python)  # fail in one line before loading anything heavy
         from swarm.engine.torch_engine import TorchEngine  # lazy: torch and transformers take seconds
 
@@ -67,12 +75,24 @@ class VllmEngine:
         state = unique_state(self.trainer.model)
         self.serving = ServingDir(Path(work_dir) / "model", layout_of(state))
         self.serving.prepare(self.model_dir, state)
-        self.process = VllmProcess(python, self.serving.root, served_name, settings, Path(work_dir) / "vllm.log",
-                                   seed=seed, max_model_len=self.max_positions)
+        self.process = VllmProcess(
+            python,
+            self.serving.root,
+            served_name,
+            settings,
+            Path(work_dir) / "vllm.log",
+            seed=seed,
+            max_model_len=self.max_positions,
+        )
         self.gate = DrainGate()
         self.supervisor = Supervisor(self.process, self.gate)
-        self.publisher = WeightPublisher(self.serving, self.gate, self.supervisor,
-                                         version=self.trainer.policy_version, drain_timeout_s=settings.drain_timeout_s)
+        self.publisher = WeightPublisher(
+            self.serving,
+            self.gate,
+            self.supervisor,
+            version=self.trainer.policy_version,
+            drain_timeout_s=settings.drain_timeout_s,
+        )
         self.supervisor.on_start = self.publisher.relabel  # every (re)start serves the last good file
         self.client = CompletionsClient(lambda: self.process.url, served_name, self.max_positions, self._eos_ids())
         self.supervisor.start()
@@ -96,9 +116,14 @@ class VllmEngine:
     def counters(self) -> dict[str, int]:
         """Supervision counters, shown in the swarm server's status."""
         c = self.publisher.counters
-        return {"vllm_syncs": c["syncs"], "vllm_sync_failures": c["sync_failures"], "vllm_refused": c["refused"],
-                "vllm_rollbacks": c["rollbacks"], "vllm_restarts": self.supervisor.restarts,
-                "vllm_aborted_in_sync": c["aborted_in_sync"]}
+        return {
+            "vllm_syncs": c["syncs"],
+            "vllm_sync_failures": c["sync_failures"],
+            "vllm_refused": c["refused"],
+            "vllm_rollbacks": c["rollbacks"],
+            "vllm_restarts": self.supervisor.restarts,
+            "vllm_aborted_in_sync": c["aborted_in_sync"],
+        }
 
     def _eos_ids(self) -> list[int]:
         tok = self.tokenizer

@@ -62,8 +62,9 @@ class Upstream(Protocol):
 class WeightPublisher:
     """Publishes weights files from `serving` to the server `upstream` supervises, as numbered versions."""
 
-    def __init__(self, serving: ServingDir, gate: DrainGate, upstream: Upstream, *, version: int,
-                 drain_timeout_s: float) -> None:
+    def __init__(
+        self, serving: ServingDir, gate: DrainGate, upstream: Upstream, *, version: int, drain_timeout_s: float
+    ) -> None:
         self.serving = serving
         self.gate = gate
         self.upstream = upstream
@@ -134,21 +135,29 @@ class WeightPublisher:
                 self.counters["sync_failures"] += 1
                 self.counters["rollbacks"] += 1
                 self.serving.discard_candidate()
-                self.upstream.restart(f"weight reload failed ({exc}); rolling back to {self.serving.good}, "
-                                      f"version {self.good_version}")
-                raise VllmEngineError(f"vLLM could not load the weights of version {version}; serving "
-                                      f"version {self.good_version} again (restarted)") from exc
+                self.upstream.restart(
+                    f"weight reload failed ({exc}); rolling back to {self.serving.good}, version {self.good_version}"
+                )
+                raise VllmEngineError(
+                    f"vLLM could not load the weights of version {version}; serving "
+                    f"version {self.good_version} again (restarted)"
+                ) from exc
             finally:
                 self.gate.reopen()
         worker = (result.get("results") or [{}])[0] if isinstance(result, dict) else {}
-        return {"vllm_validate_s": t_valid, "vllm_wait_s": t_drain - t0 - t_valid, "vllm_drain_s": drain_s,
-                "vllm_reload_s": reload_s,
-                "vllm_worker_reload_s": float(worker.get("reload_s", 0.0))}
+        return {
+            "vllm_validate_s": t_valid,
+            "vllm_wait_s": t_drain - t0 - t_valid,
+            "vllm_drain_s": drain_s,
+            "vllm_reload_s": reload_s,
+            "vllm_worker_reload_s": float(worker.get("reload_s", 0.0)),
+        }
 
     def _abort(self, running: int) -> None:
         """The drain timed out: end the `running` requests (they finish with `finish_reason: abort`)."""
-        log.warning("%d requests still running after %.0fs: aborting them for the weight sync",
-                    running, self.drain_timeout_s)
+        log.warning(
+            "%d requests still running after %.0fs: aborting them for the weight sync", running, self.drain_timeout_s
+        )
         self.counters["aborted_in_sync"] += running
         self._post("/pause", params={"mode": "abort"})
 

