@@ -80,8 +80,10 @@ class StudyConfig(BaseModel):
     poll_s: float = Field(default=5.0, gt=0, description="seconds between checks in the foreground")
     study_dir: str = ""
     model_dir: str | None = Field(default=None, description="--model for every trial; None: embedded")
-    workflow: str | None = Field(default=None, description="--workflow module:function for every trial (your own "
-                                                           "agent); None: the built-in task's")
+    workflow: str | None = Field(
+        default=None,
+        description="--workflow module:function for every trial (your own agent); None: the built-in task's",
+    )
     dataset: str | None = Field(default=None, description="--dataset module:function for every trial")
     llm_base_url: str | None = None
     llm_model: str | None = None

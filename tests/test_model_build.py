@@ -12,17 +12,18 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from swarm.model.build import (MARKER, build_tokenizer, build_untrained, init_model,
-                               is_complete, task_corpus)
+from swarm.model.build import MARKER, build_tokenizer, build_untrained, init_model, is_complete, task_corpus
 from swarm.model.evaluate import evaluate
 from swarm.model.tokenizer import ENDOFTEXT, IM_END, IM_START, TOOL_TOKENS, render_chat
 from swarm.model.warmstart import WarmStartConfig, encode_transcript
 from swarm.tasks import get_task
 
 TINY = WarmStartConfig(arith_examples=64, guess_examples=16, calc_examples=16, arith_batch=32, guess_batch=8)
-MESSAGES = [{"role": "user", "content": "What is 47+85?"},
-            {"role": "assistant", "content": "132"},
-            {"role": "user", "content": "Higher."}]
+MESSAGES = [
+    {"role": "user", "content": "What is 47+85?"},
+    {"role": "assistant", "content": "132"},
+    {"role": "user", "content": "Higher."},
+]
 
 
 @pytest.fixture(autouse=True)
@@ -43,8 +44,10 @@ def untrained(tmp_path_factory) -> Path:
 
 # --- tokenizer ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text", ["What is 47+85?", "Guess my number from 1 to 16.",
-                                  "héllo wörld 😀\n\n  tabs\tand  spaces ", "x" * 300, ""])
+
+@pytest.mark.parametrize(
+    "text", ["What is 47+85?", "Guess my number from 1 to 16.", "héllo wörld 😀\n\n  tabs\tand  spaces ", "x" * 300, ""]
+)
 def test_tokenizer_round_trips(tokenizer, text):
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
@@ -52,7 +55,7 @@ def test_tokenizer_round_trips(tokenizer, text):
 def test_digits_are_single_tokens(tokenizer):
     pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode("What is 123+4567? 90"))
     digits = [p.lstrip("Ġ") for p in pieces if any(ch.isdigit() for ch in p)]
-    assert digits == list("12345679" "0")
+    assert digits == list("123456790")
     assert all(len(d) == 1 for d in digits)
 
 
@@ -76,9 +79,11 @@ def test_tool_tags_are_single_tokens_that_decoding_keeps(tokenizer, untrained):
 
 def test_chat_template_is_chatml(tokenizer):
     text = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
-    assert text == ("<|im_start|>user\nWhat is 47+85?<|im_end|>\n"
-                    "<|im_start|>assistant\n132<|im_end|>\n"
-                    "<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>user\nWhat is 47+85?<|im_end|>\n"
+        "<|im_start|>assistant\n132<|im_end|>\n"
+        "<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert text == render_chat(MESSAGES, add_generation_prompt=True)
     ids = tokenizer.apply_chat_template(MESSAGES[:1], add_generation_prompt=True)["input_ids"]
     assert ids == tokenizer.encode(render_chat(MESSAGES[:1], add_generation_prompt=True))
@@ -92,7 +97,7 @@ def test_tokenizer_is_deterministic():
 
 def _generated(message: dict) -> str:
     """What the assistant generates for `message`: the template's rendering minus its header."""
-    return render_chat([message])[len(f"{IM_START}assistant\n"):-1]
+    return render_chat([message])[len(f"{IM_START}assistant\n") : -1]
 
 
 @pytest.mark.parametrize("name", ["arith", "guess", "calc"])
@@ -100,8 +105,7 @@ def test_warm_start_encoding_matches_plain_rendering(tokenizer, name):
     """Piecewise encoding (as the server builds prompts) equals encoding the rendered text."""
     task = get_task(name)
     for conv in task.transcripts(0, 30, noise=0.5):
-        ids, mask = encode_transcript(
-            lambda s: tokenizer.encode(s, add_special_tokens=False), conv, task.tools)
+        ids, mask = encode_transcript(lambda s: tokenizer.encode(s, add_special_tokens=False), conv, task.tools)
         full = tokenizer.encode(render_chat(conv, tools=task.tools))
         assert full[: len(ids)] == ids and len(full) == len(ids) + 1  # trailing "\n"
         answers = "".join(_generated(m) for m in conv if m["role"] == "assistant")
@@ -125,16 +129,16 @@ def test_warm_start_encoding_of_tool_turns_is_what_the_server_continues(tokenize
     rendered = render_chat(conv[:2], add_generation_prompt=True, tools=TOOLS) + _generated(conv[2])
     second_text = render_chat(conv[:4], add_generation_prompt=True, tools=TOOLS)
     assert second_text.startswith(rendered)
-    second = first + call + encode(second_text[len(rendered):])
+    second = first + call + encode(second_text[len(rendered) :])
     answer = encode(_generated(conv[4]))
     assert ids == second + answer
-    assert mask == [0] * len(first) + [1] * len(call) + [0] * (len(second) - len(first) - len(call)) \
-        + [1] * len(answer)
+    assert mask == [0] * len(first) + [1] * len(call) + [0] * (len(second) - len(first) - len(call)) + [1] * len(answer)
     assert tokenizer.decode(call).startswith("<tool_call>\n") and tokenizer.decode(call).endswith(IM_END)
     assert "be brief\n# Tools" in tokenizer.decode(first)
 
 
 # --- model -------------------------------------------------------------------------------
+
 
 def test_untrained_loads_back_with_auto_classes(untrained, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(untrained)
@@ -150,9 +154,11 @@ def test_untrained_loads_back_with_auto_classes(untrained, tokenizer):
     # AutoTokenizer may pick another class (Qwen2Tokenizer); it must encode alike.
     for text in task_corpus(seed=7, per_task=50) + ["odd +abc's 12 345\n\n", "é café"]:
         assert tok.encode(text) == tokenizer.encode(text)
-    out = model.generate(torch.tensor([tok.apply_chat_template(
-        MESSAGES[:1], add_generation_prompt=True)["input_ids"]]), max_new_tokens=3,
-        do_sample=False)
+    out = model.generate(
+        torch.tensor([tok.apply_chat_template(MESSAGES[:1], add_generation_prompt=True)["input_ids"]]),
+        max_new_tokens=3,
+        do_sample=False,
+    )
     assert out.shape[1] > 0
 
 
@@ -173,6 +179,7 @@ def test_local_evaluation_runs_workflows(untrained):
 
 
 # --- init_model --------------------------------------------------------------------------
+
 
 def test_init_model_is_idempotent_and_atomic(tmp_path):
     out = tmp_path / "m"
@@ -246,21 +253,48 @@ def test_init_model_default_recipe(tmp_path):
     assert calc_greedy >= 0.3 and 0.05 <= calc_sampled <= 0.4
 
 
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate an expression",
-                                            "parameters": {"type": "object",
-                                                           "properties": {"expression": {"type": "string"}},
-                                                           "required": ["expression"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "evaluate an expression",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
 TOOL_CONVERSATIONS = [
     [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 2+3?"}],
-    [{"role": "user", "content": "what is 2+3?"},
-     {"role": "assistant", "content": "", "tool_calls": [
-         {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"expression": "2+3"}'}}]},
-     {"role": "tool", "tool_call_id": "c1", "content": "5"}, {"role": "tool", "content": "6"}],
-    [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
-     {"role": "assistant", "content": "let me see", "tool_calls": [
-         {"function": {"name": "calc", "arguments": {"expression": "1"}}},
-         {"function": {"name": "calc", "arguments": "{}"}}]},
-     {"role": "tool", "content": "1"}, {"role": "assistant", "content": "done"}],
+    [
+        {"role": "user", "content": "what is 2+3?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"expression": "2+3"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {"role": "tool", "content": "6"},
+    ],
+    [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "let me see",
+            "tool_calls": [
+                {"function": {"name": "calc", "arguments": {"expression": "1"}}},
+                {"function": {"name": "calc", "arguments": "{}"}},
+            ],
+        },
+        {"role": "tool", "content": "1"},
+        {"role": "assistant", "content": "done"},
+    ],
 ]
 
 
@@ -272,5 +306,6 @@ def test_tool_template_matches_its_python_twin(conv, with_tools):
     tokenizer = build_tokenizer(task_corpus(seed=0, per_task=50), 512)
     tools = TOOLS if with_tools else None
     for gen in (False, True):
-        assert (tokenizer.apply_chat_template(conv, tools=tools, tokenize=False, add_generation_prompt=gen)
-                == render_chat(conv, add_generation_prompt=gen, tools=tools))
+        assert tokenizer.apply_chat_template(
+            conv, tools=tools, tokenize=False, add_generation_prompt=gen
+        ) == render_chat(conv, add_generation_prompt=gen, tools=tools)

@@ -27,12 +27,25 @@ def play(task: dict, episode) -> None:
     lo, hi = (float(x) for x in os.environ.get("CHAOS_TURN_S", "0.05,0.25").split(","))
     for turn in range(rng.randint(1, 3)):
         episode.openai.chat.completions.create(
-            model=episode.model, max_tokens=6,
-            messages=[{"role": "user", "content": f"{marker} turn {turn} of {task['task_id']}"}])
+            model=episode.model,
+            max_tokens=6,
+            messages=[{"role": "user", "content": f"{marker} turn {turn} of {task['task_id']}"}],
+        )
         time.sleep(rng.uniform(lo, hi))
     result = episode.finish(rng.random())
-    line = json.dumps({"episode_id": result.episode_id, "pid": os.getpid(), "epoch": int(epoch),
-                       "task_id": task["task_id"], "group_id": result.group_id, "time": time.time()}) + "\n"
+    line = (
+        json.dumps(
+            {
+                "episode_id": result.episode_id,
+                "pid": os.getpid(),
+                "epoch": int(epoch),
+                "task_id": task["task_id"],
+                "group_id": result.group_id,
+                "time": time.time(),
+            }
+        )
+        + "\n"
+    )
     fd = os.open(os.environ["CHAOS_ACK_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())

@@ -47,21 +47,47 @@ class Cluster:
     """The processes of one run: `serve_args` are the server's own flags beyond the fixed ones
     (engine, model, port, out, tokens, log level); clients in slot `s` use dataset seed `seeds[s]`."""
 
-    def __init__(self, tmp: Path, model_dir: Path, serve_args: list[str], seeds: list[int],
-                 concurrency: int, engine: str = "fake", client_args: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        model_dir: Path,
+        serve_args: list[str],
+        seeds: list[int],
+        concurrency: int,
+        engine: str = "fake",
+        client_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.tmp = tmp
         self.out = tmp / "out"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.serve_args = [
-            "--engine", engine, "--model", str(model_dir), "--port", str(self.port), "--out", str(self.out),
-            "--token", TOKEN, "--admin-token", ADMIN, "--log-level", "warning", *serve_args]
+            "--engine",
+            engine,
+            "--model",
+            str(model_dir),
+            "--port",
+            str(self.port),
+            "--out",
+            str(self.out),
+            "--token",
+            TOKEN,
+            "--admin-token",
+            ADMIN,
+            "--log-level",
+            "warning",
+            *serve_args,
+        ]
         self.seeds = seeds
         self.concurrency = concurrency
         self.client_args = client_args or []
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {}),
-                    "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        self.env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            **(env or {}),
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        }
         self.server: subprocess.Popen | None = None
         self.server_logs: list[Path] = []
         self.clients: dict[int, subprocess.Popen] = {}
@@ -71,8 +97,9 @@ class Cluster:
     # -- processes ------------------------------------------------------------------------
     def _spawn(self, code: str, args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
         with open(log, "w") as f:
-            p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=f, stderr=subprocess.STDOUT,
-                                 env=env or self.env)
+            p = subprocess.Popen(
+                [sys.executable, "-c", code, *args], stdout=f, stderr=subprocess.STDOUT, env=env or self.env
+            )
         self.all.append(p)
         return p
 
@@ -100,12 +127,31 @@ class Cluster:
     def start_client(self, slot: int) -> None:
         n = self.events[f"client{slot}_starts"]
         self.events[f"client{slot}_starts"] += 1
-        env = {**self.env, "CHAOS_ACK_LOG": str(self.tmp / f"ack{slot}.log"),
-               "ROOST_HOME": str(self.tmp / "home")}
-        args = ["--url", self.url, "--token", TOKEN, "--workflow", "chaos_agent:play",
-                "--dataset", "chaos_agent:dataset", "--dataset-size", "5000", "--seed", str(self.seeds[slot]),
-                "--n", "4", "--concurrency", str(self.concurrency), "--quiet",
-                "--state", str(self.tmp / f"cursor{slot}.json"), "--reconnect-s", "60", *self.client_args]
+        env = {**self.env, "CHAOS_ACK_LOG": str(self.tmp / f"ack{slot}.log"), "ROOST_HOME": str(self.tmp / "home")}
+        args = [
+            "--url",
+            self.url,
+            "--token",
+            TOKEN,
+            "--workflow",
+            "chaos_agent:play",
+            "--dataset",
+            "chaos_agent:dataset",
+            "--dataset-size",
+            "5000",
+            "--seed",
+            str(self.seeds[slot]),
+            "--n",
+            "4",
+            "--concurrency",
+            str(self.concurrency),
+            "--quiet",
+            "--state",
+            str(self.tmp / f"cursor{slot}.json"),
+            "--reconnect-s",
+            "60",
+            *self.client_args,
+        ]
         self.clients[slot] = self._spawn(CLIENT, args, self.tmp / f"client{slot}-{n}.log", env)
 
     @staticmethod
@@ -117,8 +163,7 @@ class Cluster:
 
     def status(self) -> dict:
         try:
-            r = httpx.get(f"{self.url}/swarm/v1/status", headers={"Authorization": f"Bearer {TOKEN}"},
-                          timeout=2)
+            r = httpx.get(f"{self.url}/swarm/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=2)
             return r.json() if r.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
             return {}
@@ -203,7 +248,8 @@ def check_trained_once(rows: dict[str, tuple], steps: dict[int, dict]) -> int:
     trained = {i: r for i, r in rows.items() if r[0] == "trained"}
     assert all(r[1] in steps for r in trained.values()), "a trained row names a step that did not survive"
     assert sum(s["episodes"] for s in steps.values()) == len(trained), (
-        f"steps count {sum(s['episodes'] for s in steps.values())} episodes, the buffer {len(trained)} trained rows")
+        f"steps count {sum(s['episodes'] for s in steps.values())} episodes, the buffer {len(trained)} trained rows"
+    )
     return len(trained)
 
 

@@ -15,8 +15,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # chaos_harness, chaos
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--soak-full", action="store_true", default=False,
-                     help="test_soak.py at the issue's full size (64 clients x 600 s) instead of the CI size")
+    parser.addoption(
+        "--soak-full",
+        action="store_true",
+        default=False,
+        help="test_soak.py at the issue's full size (64 clients x 600 s) instead of the CI size",
+    )
 
 
 @pytest.fixture(autouse=True)

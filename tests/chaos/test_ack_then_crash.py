@@ -37,8 +37,12 @@ def _free_port() -> int:
 
 def _serve(args: list[str], log: Path, url: str) -> subprocess.Popen:
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-c", SERVE, *args], stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE, *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
     deadline = time.monotonic() + 90
     while True:
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -97,9 +101,32 @@ def test_batched_acknowledged_finishes_survive_sigkill(tmp_path: Path, model_dir
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     out = tmp_path / "out"
-    args = ["--engine", "fake", "--model", str(model_dir), "--port", str(port), "--out", str(out),
-            "--group-size", "4", "--batch-groups", "4", "--checkpoint-every", "0", "--token", TOKEN,
-            "--admin-token", "adm", "--secret", "fixed", "--log-level", "warning", "--max-tokens", "8"]
+    args = [
+        "--engine",
+        "fake",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--out",
+        str(out),
+        "--group-size",
+        "4",
+        "--batch-groups",
+        "4",
+        "--checkpoint-every",
+        "0",
+        "--token",
+        TOKEN,
+        "--admin-token",
+        "adm",
+        "--secret",
+        "fixed",
+        "--log-level",
+        "warning",
+        "--max-tokens",
+        "8",
+    ]
     server = _serve(args, tmp_path / "serve0.log", url)
     try:
         with SwarmClient(url, TOKEN) as client:

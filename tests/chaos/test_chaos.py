@@ -25,9 +25,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from chaos_harness import (Cluster, buffer_rows, check_acknowledged, check_trained_once, count_5xx, metric_rows,
-                     read_acks, surviving_steps)
+from chaos_harness import (
+    Cluster,
+    buffer_rows,
+    check_acknowledged,
+    check_trained_once,
+    count_5xx,
+    metric_rows,
+    read_acks,
+    surviving_steps,
+)
 
 MARKER = re.compile(r"\[pid=(\d+) epoch=(\d+) ep=([0-9a-f]+)\]")
 
@@ -35,12 +42,43 @@ MARKER = re.compile(r"\[pid=(\d+) epoch=(\d+) ep=([0-9a-f]+)\]")
 class Chaos(Cluster):
     """The processes of one chaos run; everything it starts is killed by PID in `teardown`."""
 
-    def __init__(self, tmp: Path, model_dir: Path, engine: str, max_steps: int, lease_s: float,
-                 seeds: list[int], concurrency: int, extra: list[str] | None = None) -> None:
-        super().__init__(tmp, model_dir, [
-            "--group-size", "4", "--batch-groups", "2", "--checkpoint-every", "2", "--max-steps", str(max_steps),
-            "--lease-seconds", str(lease_s), "--group-stall-s", str(3 * lease_s), "--max-staleness", "0",
-            "--max-tokens", "8", *(extra or [])], seeds, concurrency, engine=engine)
+    def __init__(
+        self,
+        tmp: Path,
+        model_dir: Path,
+        engine: str,
+        max_steps: int,
+        lease_s: float,
+        seeds: list[int],
+        concurrency: int,
+        extra: list[str] | None = None,
+    ) -> None:
+        super().__init__(
+            tmp,
+            model_dir,
+            [
+                "--group-size",
+                "4",
+                "--batch-groups",
+                "2",
+                "--checkpoint-every",
+                "2",
+                "--max-steps",
+                str(max_steps),
+                "--lease-seconds",
+                str(lease_s),
+                "--group-stall-s",
+                str(3 * lease_s),
+                "--max-staleness",
+                "0",
+                "--max-tokens",
+                "8",
+                *(extra or []),
+            ],
+            seeds,
+            concurrency,
+            engine=engine,
+        )
 
     # -- the run ----------------------------------------------------------------------------
     def run(self, max_steps: int, lease_s: float, budget_s: float, seed: int = 0) -> int:
@@ -137,27 +175,44 @@ def _analyse(chaos: Chaos, model_dir: Path, max_steps: int) -> dict:
     assert unverified <= 9, f"{unverified} compacted trained rows have no rollouts.jsonl line"
     # 4. the server never answered a 5xx
     fivexx = count_5xx(chaos.server_logs)
-    assert fivexx == 0, "5xx answered: " + "".join(l.read_text()[-2000:] for l in chaos.server_logs)
+    assert fivexx == 0, "5xx answered: " + "".join(log.read_text()[-2000:] for log in chaos.server_logs)
     state = json.loads((chaos.out / "checkpoints" / "latest" / "server_state.json").read_text())
     counters = state.get("counters", {})
     return {
-        "steps": max(steps), "acknowledged": len(acks), "buffer_rows": len(rows),
-        "acked_trained": acked_states["trained"], "acked_dropped_stale": acked_states["dropped_stale"],
-        "acked_buffered_at_end": acked_states["buffered"], "trained_rows": len(trained),
-        "all_states": dict(Counter(r[0] for r in rows.values())), "http_5xx": fivexx,
-        "markers_checked": markers, "trained_rows_compacted": compacted,
-        "trained_rows_unverified": unverified, **dict(chaos.events),
-        "server_counters": {k: counters.get(k, 0) for k in (
-            "expired", "episodes_replayed", "episodes_rolled_back", "dropped_stale", "slots_abandoned",
-            "calls_dropped", "resumes", "finished")},
+        "steps": max(steps),
+        "acknowledged": len(acks),
+        "buffer_rows": len(rows),
+        "acked_trained": acked_states["trained"],
+        "acked_dropped_stale": acked_states["dropped_stale"],
+        "acked_buffered_at_end": acked_states["buffered"],
+        "trained_rows": len(trained),
+        "all_states": dict(Counter(r[0] for r in rows.values())),
+        "http_5xx": fivexx,
+        "markers_checked": markers,
+        "trained_rows_compacted": compacted,
+        "trained_rows_unverified": unverified,
+        **dict(chaos.events),
+        "server_counters": {
+            k: counters.get(k, 0)
+            for k in (
+                "expired",
+                "episodes_replayed",
+                "episodes_rolled_back",
+                "dropped_stale",
+                "slots_abandoned",
+                "calls_dropped",
+                "resumes",
+                "finished",
+            )
+        },
     }
 
 
-def _chaos_run(tmp_path: Path, model_dir: Path, engine: str, max_steps: int, budget_s: float,
-               extra: list[str] | None = None) -> dict:
+def _chaos_run(
+    tmp_path: Path, model_dir: Path, engine: str, max_steps: int, budget_s: float, extra: list[str] | None = None
+) -> dict:
     lease_s = 2.0
-    chaos = Chaos(tmp_path, model_dir, engine, max_steps, lease_s, seeds=[0, 0, 1], concurrency=3,
-                  extra=extra)
+    chaos = Chaos(tmp_path, model_dir, engine, max_steps, lease_s, seeds=[0, 0, 1], concurrency=3, extra=extra)
     try:
         rc = chaos.run(max_steps, lease_s, budget_s)
         assert rc == 0, chaos.server_logs[-1].read_text()[-3000:]

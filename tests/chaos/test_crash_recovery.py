@@ -30,7 +30,7 @@ from chaos_harness import buffer_rows, free_port, metric_rows
 HERE = Path(__file__).parent
 TOKEN = "crash-token"
 MAX_STEPS = 10
-SERVER = """
+SERVER = f"""
 import sys
 from pathlib import Path
 from swarm.engine.fake import FakeEngine
@@ -38,10 +38,10 @@ from swarm.server.app import serve
 from swarm.config.server import ServerConfig
 model, port, out, token = sys.argv[1:5]
 config = ServerConfig(engine="fake", model_dir=Path(model), port=int(port), out_dir=Path(out), group_size=2,
-                      batch_groups=2, checkpoint_every=4, max_steps=%d, token=token, admin_token="crash-admin",
+                      batch_groups=2, checkpoint_every=4, max_steps={MAX_STEPS}, token=token, admin_token="crash-admin",
                       default_max_tokens=8, group_stall_s=5, stop_grace_s=0.5)
 serve(config, FakeEngine(Path(model), train_delay_s=0.4))
-""" % MAX_STEPS
+"""
 CLIENT = "import typer; from swarm.client.cli import client_command; typer.run(client_command)"
 
 
@@ -60,14 +60,19 @@ def test_kill_9_mid_step_keeps_every_acknowledged_episode(tmp_path: Path, model_
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     out = tmp_path / "out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "ROOST_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
     procs: list[subprocess.Popen] = []
 
     def spawn(args: list[str], log: str, extra: dict | None = None) -> subprocess.Popen:
         with open(tmp_path / log, "w") as f:
-            p = subprocess.Popen([sys.executable, "-c", *args], stdout=f, stderr=subprocess.STDOUT,
-                                 env={**env, **(extra or {})})
+            p = subprocess.Popen(
+                [sys.executable, "-c", *args], stdout=f, stderr=subprocess.STDOUT, env={**env, **(extra or {})}
+            )
         procs.append(p)
         return p
 
@@ -82,10 +87,34 @@ def test_kill_9_mid_step_keeps_every_acknowledged_episode(tmp_path: Path, model_
     try:
         server = start_server(0)
         for slot in range(2):
-            spawn([CLIENT, "--url", url, "--token", TOKEN, "--workflow", "chaos_agent:play", "--dataset",
-                   "chaos_agent:dataset", "--dataset-size", "500", "--seed", str(slot), "--n", "2",
-                   "--concurrency", "2", "--quiet", "--state", str(tmp_path / f"cursor{slot}.json"),
-                   "--reconnect-s", "60"], f"client{slot}.log", {"CHAOS_ACK_LOG": str(tmp_path / f"ack{slot}.log")})
+            spawn(
+                [
+                    CLIENT,
+                    "--url",
+                    url,
+                    "--token",
+                    TOKEN,
+                    "--workflow",
+                    "chaos_agent:play",
+                    "--dataset",
+                    "chaos_agent:dataset",
+                    "--dataset-size",
+                    "500",
+                    "--seed",
+                    str(slot),
+                    "--n",
+                    "2",
+                    "--concurrency",
+                    "2",
+                    "--quiet",
+                    "--state",
+                    str(tmp_path / f"cursor{slot}.json"),
+                    "--reconnect-s",
+                    "60",
+                ],
+                f"client{slot}.log",
+                {"CHAOS_ACK_LOG": str(tmp_path / f"ack{slot}.log")},
+            )
         deadline = time.monotonic() + 90
         while True:  # kill mid-step, one or two steps after the checkpoint of step 4
             st = _status(url)
@@ -121,5 +150,7 @@ def test_kill_9_mid_step_keeps_every_acknowledged_episode(tmp_path: Path, model_
     state = json.loads((out / "checkpoints" / "latest" / "server_state.json").read_text())
     assert state["counters"]["finished"] == len(rows)  # counters rebuilt from the buffer, then counted on
     assert state["counters"]["resumes"] == 1
-    print(f"\nCRASH RECOVERY: killed during step {killed_at + 1}; {len(acks)} acknowledged, {len(rows)} rows, "
-          f"states {dict(states)}, redone steps {redone}, replayed {state['counters'].get('episodes_replayed')}")
+    print(
+        f"\nCRASH RECOVERY: killed during step {killed_at + 1}; {len(acks)} acknowledged, {len(rows)} rows, "
+        f"states {dict(states)}, redone steps {redone}, replayed {state['counters'].get('episodes_replayed')}"
+    )

@@ -21,13 +21,20 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
-from chaos_harness import (Cluster, buffer_rows, check_acknowledged, check_trained_once, count_5xx, metric_rows,
-                           read_acks, surviving_steps)
+from chaos_harness import (
+    Cluster,
+    buffer_rows,
+    check_acknowledged,
+    check_trained_once,
+    count_5xx,
+    metric_rows,
+    read_acks,
+    surviving_steps,
+)
 
 LEASE_S = 1.5
 STALL_S = 3.0
@@ -99,8 +106,13 @@ def server_kill9_after_ack(c: Cluster) -> dict:
     return {"acked_before_kill": sorted(acked_before_kill)}
 
 
-FAULTS = [client_sigkill_mid_episode, client_sigstop_then_cont, client_sigstop_forever,
-          server_kill9_mid_step, server_kill9_after_ack]
+FAULTS = [
+    client_sigkill_mid_episode,
+    client_sigstop_then_cont,
+    client_sigstop_forever,
+    server_kill9_mid_step,
+    server_kill9_after_ack,
+]
 
 
 @pytest.mark.slow
@@ -108,10 +120,29 @@ FAULTS = [client_sigkill_mid_episode, client_sigstop_then_cont, client_sigstop_f
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.__name__ for f in FAULTS])
 def test_fault(fault: Callable[[Cluster], dict], tmp_path: Path, model_dir: Path) -> None:
-    c = Cluster(tmp_path, model_dir, [
-        "--group-size", "4", "--batch-groups", "2", "--checkpoint-every", "2", "--lease-seconds", str(LEASE_S),
-        "--group-stall-s", str(STALL_S), "--max-staleness", "0", "--max-tokens", "8"],
-        seeds=[0, 0], concurrency=4, env={"CHAOS_TURN_S": "0.3,0.8"})
+    c = Cluster(
+        tmp_path,
+        model_dir,
+        [
+            "--group-size",
+            "4",
+            "--batch-groups",
+            "2",
+            "--checkpoint-every",
+            "2",
+            "--lease-seconds",
+            str(LEASE_S),
+            "--group-stall-s",
+            str(STALL_S),
+            "--max-staleness",
+            "0",
+            "--max-tokens",
+            "8",
+        ],
+        seeds=[0, 0],
+        concurrency=4,
+        env={"CHAOS_TURN_S": "0.3,0.8"},
+    )
     try:
         c.start_server()
         for slot in range(2):
@@ -132,13 +163,16 @@ def test_fault(fault: Callable[[Cluster], dict], tmp_path: Path, model_dir: Path
     check_trained_once(rows, surviving_steps(metric_rows(c.out), int(state["step"])))
     assert count_5xx(c.server_logs) == 0, "".join(log.read_text()[-2000:] for log in c.server_logs)
     counters = after["counters"]
-    print(f"\n{fault.__name__}: acked {len(acks)} {dict(acked)}, steps {state['step']}, "
-          f"expired {counters.get('expired', 0)}, replayed {counters.get('episodes_replayed', 0)}, "
-          f"{ {k: v for k, v in notes.items() if k != 'acked_before_kill'} }")
+    print(
+        f"\n{fault.__name__}: acked {len(acks)} {dict(acked)}, steps {state['step']}, "
+        f"expired {counters.get('expired', 0)}, replayed {counters.get('episodes_replayed', 0)}, "
+        f"{ {k: v for k, v in notes.items() if k != 'acked_before_kill'} }"
+    )
     if fault.__name__.startswith("client_"):  # the victim's leases lapsed (no abort was ever sent)
         assert counters.get("expired", 0) >= 1, counters
     if fault is client_sigstop_then_cont:  # the zombie was fenced, then went on playing new episodes
-        assert any(a["pid"] == notes["zombie_pid"] and a["time"] > notes["thawed_at"] for a in acks.values()), \
+        assert any(a["pid"] == notes["zombie_pid"] and a["time"] > notes["thawed_at"] for a in acks.values()), (
             "the thawed client never acked again"
+        )
     if fault is server_kill9_after_ack:
         assert set(notes["acked_before_kill"]) <= set(rows)

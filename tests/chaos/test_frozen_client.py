@@ -58,12 +58,21 @@ def _h(token: str) -> dict[str, str]:
 
 
 def _play(url: str, task: str) -> None:
-    ep = httpx.post(f"{url}/swarm/v1/episodes", json={"task_id": task, "wait_s": 10}, headers=_h(TOKEN),
-                    timeout=30).json()
-    httpx.post(f"{url}/v1/chat/completions", headers=_h(ep["api_key"]), timeout=30,
-               json={"model": ep["model"], "max_tokens": 4, "messages": [{"role": "user", "content": task}]})
-    r = httpx.post(f"{url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": 1.0},
-                   headers=_h(ep["api_key"]), timeout=30)
+    ep = httpx.post(
+        f"{url}/swarm/v1/episodes", json={"task_id": task, "wait_s": 10}, headers=_h(TOKEN), timeout=30
+    ).json()
+    httpx.post(
+        f"{url}/v1/chat/completions",
+        headers=_h(ep["api_key"]),
+        timeout=30,
+        json={"model": ep["model"], "max_tokens": 4, "messages": [{"role": "user", "content": task}]},
+    )
+    r = httpx.post(
+        f"{url}/swarm/v1/episodes/{ep['episode_id']}/finish",
+        json={"reward": 1.0},
+        headers=_h(ep["api_key"]),
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
 
 
@@ -81,17 +90,51 @@ def test_sigstopped_client_holds_training_at_most_the_stall_bound(tmp_path: Path
     procs: list[subprocess.Popen] = []
     try:
         with open(tmp_path / "serve.log", "w") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-c", SERVE, "--engine", "fake", "--model", str(model_dir), "--port", str(port),
-                 "--out", str(tmp_path / "out"), "--group-size", "2", "--batch-groups", "2",
-                 "--group-stall-s", str(STALL_S), "--checkpoint-every", "0", "--token", TOKEN,
-                 "--admin-token", "frozen-admin", "--max-tokens", "8", "--log-level", "warning"],
-                stdout=log, stderr=subprocess.STDOUT, env=env))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        SERVE,
+                        "--engine",
+                        "fake",
+                        "--model",
+                        str(model_dir),
+                        "--port",
+                        str(port),
+                        "--out",
+                        str(tmp_path / "out"),
+                        "--group-size",
+                        "2",
+                        "--batch-groups",
+                        "2",
+                        "--group-stall-s",
+                        str(STALL_S),
+                        "--checkpoint-every",
+                        "0",
+                        "--token",
+                        TOKEN,
+                        "--admin-token",
+                        "frozen-admin",
+                        "--max-tokens",
+                        "8",
+                        "--log-level",
+                        "warning",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            )
         _wait(lambda: _healthy(url), 90, "the server")
         ready, go, out = tmp_path / "ready", tmp_path / "go", tmp_path / "result.json"
         with open(tmp_path / "frozen.log", "w") as log:
-            frozen = subprocess.Popen([sys.executable, "-c", FROZEN, url, TOKEN, str(ready), str(go), str(out)],
-                                      stdout=log, stderr=subprocess.STDOUT, env=env)
+            frozen = subprocess.Popen(
+                [sys.executable, "-c", FROZEN, url, TOKEN, str(ready), str(go), str(out)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         procs.append(frozen)
         _wait(ready.exists, 60, "the frozen client's claim")
         os.kill(frozen.pid, signal.SIGSTOP)

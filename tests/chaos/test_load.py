@@ -33,13 +33,38 @@ def _free_port() -> int:
 def test_64_concurrent_clients(tmp_path: Path, model_dir: Path) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    args = ["--engine", "fake", "--model", str(model_dir), "--port", str(port), "--out", str(tmp_path / "out"),
-            "--group-size", "8", "--batch-groups", "8", "--checkpoint-every", "0", "--token", "tok",
-            "--admin-token", "adm", "--log-level", "warning", "--max-tokens", "16"]
+    args = [
+        "--engine",
+        "fake",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--out",
+        str(tmp_path / "out"),
+        "--group-size",
+        "8",
+        "--batch-groups",
+        "8",
+        "--checkpoint-every",
+        "0",
+        "--token",
+        "tok",
+        "--admin-token",
+        "adm",
+        "--log-level",
+        "warning",
+        "--max-tokens",
+        "16",
+    ]
     log = tmp_path / "serve.log"
     with open(log, "w") as f:
-        server = subprocess.Popen([sys.executable, "-c", SERVE, *args], stdout=f, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVE, *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -63,8 +88,10 @@ def test_64_concurrent_clients(tmp_path: Path, model_dir: Path) -> None:
                             barrier.wait(60) if r == 0 else None  # all 64 open at once
                             for turn in range(2):
                                 ep.openai.chat.completions.create(
-                                    model=ep.model, max_tokens=16,
-                                    messages=[{"role": "user", "content": f"client {i} turn {turn}"}])
+                                    model=ep.model,
+                                    max_tokens=16,
+                                    messages=[{"role": "user", "content": f"client {i} turn {turn}"}],
+                                )
                             ep.finish(float(i % 2))
                         with lock:
                             finished.append(ep.id)
@@ -91,8 +118,10 @@ def test_64_concurrent_clients(tmp_path: Path, model_dir: Path) -> None:
         assert status["step"] == ROUNDS and c["finished"] == CLIENTS * ROUNDS
         assert c.get("http_5xx", 0) == 0 and c.get("expired", 0) == 0
         assert c["buffer_trained"] == CLIENTS * ROUNDS
-        print(f"\nLOAD {CLIENTS} clients x {ROUNDS} rounds: {elapsed:.1f}s, "
-              f"{CLIENTS * ROUNDS / elapsed:.1f} episodes/s, {c['calls']} calls")
+        print(
+            f"\nLOAD {CLIENTS} clients x {ROUNDS} rounds: {elapsed:.1f}s, "
+            f"{CLIENTS * ROUNDS / elapsed:.1f} episodes/s, {c['calls']} calls"
+        )
         assert "HTTP-5XX" not in log.read_text()
     finally:
         if server.poll() is None:

@@ -45,9 +45,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from chaos_harness import (Cluster, buffer_rows, check_acknowledged, check_trained_once, count_5xx, metric_rows,
-                           read_acks, rss_kb, surviving_steps)
+from chaos_harness import (
+    Cluster,
+    buffer_rows,
+    check_acknowledged,
+    check_trained_once,
+    count_5xx,
+    metric_rows,
+    read_acks,
+    rss_kb,
+    surviving_steps,
+)
 
 PER_PROCESS = 4  # episodes in flight per client process: one group's n
 LEASE_S = 4.0
@@ -84,12 +92,28 @@ class Soak(Cluster):
     def __init__(self, tmp: Path, model_dir: Path, clients: int) -> None:
         processes = max(2, math.ceil(clients / PER_PROCESS))
         groups = max(2, processes)  # a window holds every client's episodes: all N are in flight at once
-        super().__init__(tmp, model_dir, [
-            "--group-size", str(PER_PROCESS), "--batch-groups", str(groups), "--checkpoint-every", "4",
-            "--lease-seconds", str(LEASE_S), "--group-stall-s", str(GROUP_STALL_S), "--max-staleness", "1",
-            "--max-tokens", "8"],
+        super().__init__(
+            tmp,
+            model_dir,
+            [
+                "--group-size",
+                str(PER_PROCESS),
+                "--batch-groups",
+                str(groups),
+                "--checkpoint-every",
+                "4",
+                "--lease-seconds",
+                str(LEASE_S),
+                "--group-stall-s",
+                str(GROUP_STALL_S),
+                "--max-staleness",
+                "1",
+                "--max-tokens",
+                "8",
+            ],
             seeds=[slot // 2 for slot in range(processes)],  # twins share tasks: a frozen slot can be handed over
-            concurrency=PER_PROCESS)
+            concurrency=PER_PROCESS,
+        )
 
     def _sample_rss(self, run: SoakRun) -> None:
         assert self.server is not None
@@ -207,25 +231,47 @@ def test_soak(tmp_path: Path, model_dir: Path, request: pytest.FixtureRequest) -
     first_life = [s for s in run.rss if s[1] == run.rss[0][1]]
     rss_kill, rss_end = first_life[-1][2], run.rss[-1][2]
     figures = {
-        "clients": clients, "client_processes": len(soak.seeds), "seconds": seconds,
-        "episodes_acknowledged": len(acks), "acked_trained": acked["trained"],
-        "acked_dropped_stale": acked["dropped_stale"], "acked_buffered_at_end": acked["buffered"],
-        "trained_rows": trained_rows, "steps": int(state["step"]), "buffer_rows": len(rows),
+        "clients": clients,
+        "client_processes": len(soak.seeds),
+        "seconds": seconds,
+        "episodes_acknowledged": len(acks),
+        "acked_trained": acked["trained"],
+        "acked_dropped_stale": acked["dropped_stale"],
+        "acked_buffered_at_end": acked["buffered"],
+        "trained_rows": trained_rows,
+        "steps": int(state["step"]),
+        "buffer_rows": len(rows),
         "row_states": dict(Counter(r[0] for r in rows.values())),
-        **dict(run.faults), "server_restart_s": round(run.restart_s or 0.0, 1),
-        "stall_bound_s": STALL_BOUND_S, "max_step_gap_s": round(longest, 1),
+        **dict(run.faults),
+        "server_restart_s": round(run.restart_s or 0.0, 1),
+        "stall_bound_s": STALL_BOUND_S,
+        "max_step_gap_s": round(longest, 1),
         "first_step_after_restart_s": None if after_restart is None else round(after_restart, 1),
-        "rss_20pct_mib": round(rss20 / 1024, 1), "rss_20pct_at_s": round(t20),
-        "rss_first_life_end_mib": round(rss_kill / 1024, 1), "rss_end_mib": round(rss_end / 1024, 1),
-        "rss_growth_pct": round(100 * (rss_end - rss20) / rss20, 1), "http_5xx": fivexx,
-        "server_counters": {k: status.get("counters", {}).get(k, 0) for k in (
-            "expired", "episodes_replayed", "episodes_rolled_back", "dropped_stale", "slots_abandoned",
-            "finished", "http_5xx")},
+        "rss_20pct_mib": round(rss20 / 1024, 1),
+        "rss_20pct_at_s": round(t20),
+        "rss_first_life_end_mib": round(rss_kill / 1024, 1),
+        "rss_end_mib": round(rss_end / 1024, 1),
+        "rss_growth_pct": round(100 * (rss_end - rss20) / rss20, 1),
+        "http_5xx": fivexx,
+        "server_counters": {
+            k: status.get("counters", {}).get(k, 0)
+            for k in (
+                "expired",
+                "episodes_replayed",
+                "episodes_rolled_back",
+                "dropped_stale",
+                "slots_abandoned",
+                "finished",
+                "http_5xx",
+            )
+        },
         "rss_samples": [(round(t), pid, round(kb / 1024, 1)) for t, pid, kb in run.rss],  # (s, pid, MiB)
     }
     report = json.dumps(figures, indent=2, sort_keys=True)
-    print("\nSOAK FIGURES\n" + json.dumps({k: v for k, v in figures.items() if k != "rss_samples"}, indent=2,
-                                            sort_keys=True))
+    print(
+        "\nSOAK FIGURES\n"
+        + json.dumps({k: v for k, v in figures.items() if k != "rss_samples"}, indent=2, sort_keys=True)
+    )
     (tmp_path / "soak.json").write_text(report)
     if os.environ.get("ROOST_SOAK_REPORT"):
         Path(os.environ["ROOST_SOAK_REPORT"]).write_text(report)
