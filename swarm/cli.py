@@ -174,10 +174,13 @@ def eval_command(
     model is scored beside the one it started from: training may sharpen sampling and dip greedy.
     """
     require_extra("server", "torch", "transformers")
-    from swarm.model.evaluate import comparison_table, evaluate, run_models  # lazy: torch, transformers: seconds
+    from swarm.model.evaluate import RunFolderError, comparison_table, evaluate, run_models  # lazy: torch: seconds
 
     given = model or default_model_dir()
-    model, initial = run_models(given)
+    try:
+        model, initial = run_models(given)
+    except RunFolderError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--model") from None
     if baseline is None:  # a run folder (resolved to its last checkpoint) compares by itself
         baseline = initial is not None and model != given
     if baseline and initial is None:

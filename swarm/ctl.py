@@ -5,6 +5,9 @@
     swarm ctl set quota.math=0.5 quota.code=0.5        # replaces the quotas; `quotas=null` clears them
     swarm ctl set 'quota_schedule=[{"from_step": 0, "quotas": {"math": 1}}]'
     swarm ctl pause | resume | checkpoint | stop | status
+    swarm ctl --policy planner set lr=1e-4             # one policy of a server of several
+    swarm ctl policy add critic lora_rank=16 lr=5e-5   # a new LoRA policy on the running server's base
+    swarm ctl policy remove critic | policy list
 
 `--url` and `--admin-token` default to ROOST_URL and ROOST_ADMIN_TOKEN. Values
 are parsed as JSON when they parse (numbers, null, lists, objects), else taken
@@ -33,10 +36,11 @@ ALIASES = {"kl": "kl_coef", "temp": "temperature", "B": "batch_groups", "batch-g
 
 
 class _Ctx:
-    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+    def __init__(self, url: str, token: str | None, timeout: float, policy: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.policy = policy
 
     def call(self, method: str, path: str, body: Any = None) -> dict:
         if not self.token:  # checked here, not in the callback, so `--help` of every command works without one
@@ -49,6 +53,7 @@ class _Ctx:
             r = httpx.request(
                 method,
                 f"{self.url}/swarm/v1{path}",
+                params={"policy": self.policy} if self.policy else None,
                 json=body,
                 timeout=self.timeout,
                 headers={"Authorization": f"Bearer {self.token}"},
@@ -102,8 +107,11 @@ def main(
     url: str = typer.Option("http://127.0.0.1:8000", "--url", envvar="ROOST_URL", help="swarm server URL"),
     admin_token: str = typer.Option(None, "--admin-token", envvar="ROOST_ADMIN_TOKEN", help="the server's admin token"),
     timeout: float = typer.Option(30.0, "--timeout", help="seconds per request"),
+    policy: str = typer.Option(
+        None, "--policy", help="the policy to operate, on a server of several (default: its first)"
+    ),
 ) -> None:
-    ctx.obj = _Ctx(url, admin_token, timeout)
+    ctx.obj = _Ctx(url, admin_token, timeout, policy)
 
 
 @app.command("get")
@@ -156,3 +164,55 @@ def stop(ctx: typer.Context) -> None:
 def status(ctx: typer.Context) -> None:
     """Step, policy version, groups, counters, paused, quotas."""
     _echo(ctx.obj.call("GET", "/status"))
+
+
+policy_app = typer.Typer(
+    help="Policies of a server of several (swarm serve --policy): add, remove, list.", no_args_is_help=True
+)
+app.add_typer(policy_app, name="policy")
+
+#: KEY=VALUE of `policy add` that are not training knobs: where each goes in the PolicySpec
+_SPEC_KEYS = {"group_size", "batch_groups", "max_staleness", "max_steps", "temperature", "seed"}
+_LORA_KEYS = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_targets": "targets", "lora_dropout": "dropout"}
+
+
+def policy_spec(name: str, items: list[str]) -> dict[str, Any]:
+    """`("critic", ["lora_rank=16", "lr=5e-5", "B=2"])` -> the PolicySpec body the server validates."""
+    spec: dict[str, Any] = {"name": name}
+    for key, value in parse_settings(items).items():
+        if key in _LORA_KEYS:
+            spec.setdefault("lora", {})[_LORA_KEYS[key]] = value
+        elif key in _SPEC_KEYS:
+            spec[key] = value
+        elif key == "quotas":
+            raise typer.BadParameter("quotas are set per policy with `swarm ctl --policy NAME set quota.F=S`")
+        else:
+            spec.setdefault("train", {})[key] = value
+    return spec
+
+
+@policy_app.command("add")
+def policy_add(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="the new policy's name (its `model` in requests)"),
+    settings: list[str] = typer.Argument(
+        None,
+        help="KEY=VALUE: lora_rank, lora_alpha, lora_targets, lora_dropout, group_size, batch_groups, "
+        "max_staleness, max_steps, temperature, seed, or a training knob (lr, kl_coef, clip_eps...); "
+        "default: the server's",
+    ),
+) -> None:
+    """Add a LoRA policy to the running server (a name whose folder holds checkpoints resumes them)."""
+    _echo(ctx.obj.call("POST", "/admin/policies", policy_spec(name, settings or [])))
+
+
+@policy_app.command("remove")
+def policy_remove(ctx: typer.Context, name: str = typer.Argument(..., help="the policy to remove")) -> None:
+    """Stop a policy (its step ends, its last steps are checkpointed) and free its adapter."""
+    _echo(ctx.obj.call("DELETE", f"/admin/policies/{name}"))
+
+
+@policy_app.command("list")
+def policy_list(ctx: typer.Context) -> None:
+    """Every policy: step, policy version, out folder, LoRA rank."""
+    _echo(ctx.obj.call("GET", "/admin/policies"))

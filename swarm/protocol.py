@@ -85,6 +85,13 @@ class ClaimRequest(_Request):
         le=30.0,
         description="long poll: wait up to this long for admission before answering 429",
     )
+    policy: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="which policy of a server of several plays this episode (default: the first); "
+        "an unknown one is 404 model_not_found",
+    )
 
 
 class ClaimResponse(_Response):
@@ -236,6 +243,7 @@ class StatusResponse(_Response):
     counters: dict[str, int]
     last_checkpoint: str | None = None
     max_steps: int | None = None
+    policies: list[str] | None = Field(None, description="every policy of a server of several (`?policy=NAME`)")
 
 
 class AdminResponse(_Response):

@@ -71,7 +71,14 @@ def running_server(
             app, log_level="warning", access_log=False, timeout_graceful_shutdown=5, http=json_error_protocol()
         )
     )
-    swarm.stop_callback = lambda: setattr(server, "should_exit", True)
+    from swarm.server.policy_routes import wire_stop  # lazy: as create_app above
+
+    def stop() -> None:
+        server.should_exit = True
+
+    policies = app.state.policies
+    wire_stop(list(policies), lambda: list(policies), stop)  # the last policy to stop stops the server
+    app.state.stop_server = stop
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{port}")
     thread.start()
     deadline = time.monotonic() + timeout

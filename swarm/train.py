@@ -42,6 +42,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
+from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text, tracking_params
 from swarm.config.server import ServerConfig
 from swarm.run_checks import METRICS, RUN_FILE, MetricsTail, previous_run, read_metrics
@@ -142,6 +143,22 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
     }
 
 
+def summarize_policies(spec: RunConfig, metrics: dict[str, Path], wall_s: float) -> dict:
+    """A --shared-base run: each role's summary under `policies`, the run's reward the mean of the roles'."""
+    per = {role: summarize(read_metrics(path), wall_s, spec) for role, path in metrics.items()}
+    summary = dict(next(iter(per.values())))
+    for key in ("reward_first_mean", "reward_last_mean"):
+        values = [p[key] for p in per.values() if p[key] is not None]
+        summary[key] = sum(values) / len(values) if values else None
+    summary["steps_done"] = min(p["steps_done"] for p in per.values())
+    summary["metrics"] = {role: str(path.relative_to(spec.out)) for role, path in metrics.items()}
+    summary["policies"] = {
+        role: {k: p[k] for k in ("reward_first_mean", "reward_last_mean", "steps_done", "timing")}
+        for role, p in per.items()
+    }
+    return summary
+
+
 def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -> ServerConfig:
     """The run's server settings with what `swarm train` orchestrates filled in."""
     update: dict = {
@@ -157,7 +174,22 @@ def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -
     mix = spec.mix
     if len(mix) > 1:  # one fleet per task; the server's quotas hold the shares in every batch
         update.update(quotas={_family(name): share for name, share in mix.items()}, quota_schedule=None)
+    if spec.roles:  # --shared-base: a LoRA policy per role on the one base
+        update["policies"] = [PolicySpec(name=role) for role in spec.roles]
+        if not spec.server.lora.enabled and spec.server.engine == "torch":
+            update["lora"] = spec.server.lora.model_copy(update={"rank": SHARED_BASE_RANK})
     return spec.server.model_copy(update=update)
+
+
+#: the LoRA rank of `--shared-base` policies when the run gives none (policies on one base are adapters)
+SHARED_BASE_RANK = 8
+
+
+def metric_files(spec: RunConfig, out: Path) -> dict[str, Path]:
+    """Each trained policy's metrics: {"": server/metrics.jsonl}, or one per role with --shared-base."""
+    if not spec.roles:
+        return {"": out / METRICS}
+    return {role: out / "server" / "policies" / role / "metrics.jsonl" for role in spec.roles}
 
 
 def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
@@ -181,6 +213,7 @@ def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
                         concurrency=per_client,
                         seed=spec.server.seed * 1000 + i,
                         dataset_size=spec.dataset_size,
+                        team=",".join(spec.roles) or None,
                     ),
                 )
             )
@@ -210,12 +243,17 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if not resume and previous_run(out):
         raise RuntimeError(f"{out} holds an earlier run: resume it or clear it first")
-    done = len(read_metrics(out / METRICS)) if resume else 0
+    metrics = metric_files(spec, out)
+    done = min(len(read_metrics(m)) for m in metrics.values()) if resume else 0
     if done >= spec.steps:
         raise RuntimeError(f"the run in {out} already has {done} steps; ask for more with --steps")
     port, token, admin = free_port(), secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     url = f"http://127.0.0.1:{port}"
     served = server_config(spec, out, port, resume)
+    if spec.roles and served.lora.rank != spec.server.lora.rank:
+        console.print(
+            f"--shared-base: the roles train LoRA adapters of rank {served.lora.rank} (--lora-rank to change)"
+        )
     fleets = dict(fleet_configs(spec, url))
     (out / f".{RUN_FILE}.tmp").write_text(run_file_text(spec, served, fleets))
     (out / f".{RUN_FILE}.tmp").replace(out / RUN_FILE)
@@ -252,8 +290,8 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                     start_new_session=True,
                 )
             clients = {log: p for log, p in procs.items() if p is not server}
-            _follow(spec, url, token, server, out / METRICS, t0, clients, done)
-            _await_exit(server, out / "server")
+            _follow(spec, url, token, server, metrics, t0, clients, done)
+            _await_exit(server, [m.parent for m in metrics.values()])  # each policy logs its own model
         finally:
             for p in reversed(procs.values()):  # the server last, given the time to open and close its
                 _stop(p, grace=45.0 if p is procs[server_log] else 10.0)  # MLflow run (it waits <= 30 s)
@@ -262,7 +300,9 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
         _record_failure(out, spec, time.monotonic() - t0, exc)
         raise
     wall = time.monotonic() - t0
-    summary = summarize(read_metrics(out / METRICS), wall, spec)
+    summary = (
+        summarize_policies(spec, metrics, wall) if spec.roles else summarize(read_metrics(out / METRICS), wall, spec)
+    )
     run_file = out / "server" / MLFLOW_RUN_FILE
     if run_file.exists():  # the server logged the run's params and the final model itself (no MLflow here)
         summary["mlflow"] = json.loads(run_file.read_text())
@@ -305,16 +345,19 @@ def _model_state(path: Path) -> dict:
         return {}
 
 
-def _await_exit(server: subprocess.Popen, server_dir: Path, stop_s: float = 60.0, model_s: float = 900.0) -> None:
+def _await_exit(
+    server: subprocess.Popen, server_dirs: list[Path], stop_s: float = 60.0, model_s: float = 900.0
+) -> None:
     """Wait for the server, at its last step, to exit by itself (after --max-steps), with a status line of what
     it is doing: its last checkpoint (within `stop_s`, else TimeoutError: the run failed), then, MLflow on,
-    logging the trained model (within `model_s` more: a large model takes minutes to write). Past that the
+    logging the trained model (within `model_s` more: a large model takes minutes to write; with several
+    policies, from the first that starts logging its own). Past that the
     server is stopped with the run finished all the same: the model is only its record."""
     deadline = time.monotonic() + stop_s
     logging_model = False
     with console.status("server: saving the last checkpoint…") as line:
         while server.poll() is None:
-            if not logging_model and _model_state(server_dir / MODEL_FILE).get("state") == "logging":
+            if not logging_model and any(_model_state(d / MODEL_FILE).get("state") == "logging" for d in server_dirs):
                 logging_model, deadline = True, time.monotonic() + model_s
                 line.update("server: logging the trained model to MLflow…")
             if time.monotonic() > deadline:
@@ -416,12 +459,13 @@ def _follow(
     url: str,
     token: str,
     server: subprocess.Popen,
-    metrics: Path,
+    metrics: dict[str, Path],
     t0: float,
     clients: dict[Path, subprocess.Popen],
     shown: int = 0,
 ) -> None:
-    """Print each new metrics row (rows of an earlier part of a resumed run are not shown again)."""
+    """Print each new metrics row (rows of an earlier part of a resumed run are not shown again); with
+    several policies (--shared-base) each role's rows, and the run's progress is the slowest role's."""
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -431,21 +475,27 @@ def _follow(
         console=console,
     ) as progress:
         bar = progress.add_task(f"training {spec.name}", total=spec.steps, info="")
-        tail = MetricsTail(metrics)
+        tails = {role: MetricsTail(path) for role, path in metrics.items()}
+        printed = dict.fromkeys(metrics, shown)
         while True:
-            rows = tail.poll()
-            for r in rows[shown:]:
-                progress.console.print(
-                    f"step {r.get('step')}: {_info(r)}  "
-                    f"loss {r.get('loss', float('nan')):+.4f}  kl {r.get('kl', float('nan')):.4f}  "
-                    f"entropy {r.get('entropy', float('nan')):.3f}  {r.get('tokens_per_s', 0):.0f} tok/s"
-                )
-            shown = len(rows)
-            info = _info(rows[-1]) if rows else "collecting…"
+            latest = {}
+            for role, tail in tails.items():
+                rows = tail.poll()
+                for r in rows[printed[role] :]:
+                    progress.console.print(
+                        f"{f'{role} ' if role else ''}step {r.get('step')}: {_info(r)}  "
+                        f"loss {r.get('loss', float('nan')):+.4f}  kl {r.get('kl', float('nan')):.4f}  "
+                        f"entropy {r.get('entropy', float('nan')):.3f}  {r.get('tokens_per_s', 0):.0f} tok/s"
+                    )
+                printed[role] = len(rows)
+                if rows:
+                    latest[role] = rows[-1]
+            shown = min(printed.values())
+            info = "  ".join(f"{f'{role} ' if role else ''}{_info(r)}" for role, r in latest.items()) or "collecting…"
             progress.update(bar, completed=min(shown, spec.steps), info=info)
             if server.poll() is not None:
                 if shown < spec.steps:
-                    log = metrics.parent.parent / "logs" / "server.log"
+                    log = spec.out / "logs" / "server.log"
                     raise RuntimeError(
                         f"server stopped after {shown} of {spec.steps} steps "
                         f"(exit code {server.returncode}); see its log, {log}:\n{_tail(log)}"

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from swarm.client._client import EpisodeBase
+from swarm.client._client import EpisodeBase, _status_path
 from swarm.client._heartbeat import AsyncHeartbeats
 from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError, amark_stopping
 from swarm.protocol import API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
@@ -42,11 +42,14 @@ class AsyncSwarmClient:
         reconnect_s: float | None = None,
         heartbeat_s: float | None = None,
         heartbeats: bool = True,
+        model: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.token = token or os.environ.get("ROOST_TOKEN") or ""
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
+        #: the policy episodes are claimed for on a server of several (`--policy`); None: its first
+        self.model = model
         self.policy = Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
         #: Set for good by a 503 "stopping" on any response (SDK requests, heartbeats, model calls).
         self.stopping_event = threading.Event()
@@ -95,6 +98,7 @@ class AsyncSwarmClient:
         roles: list[str] | None = None,
         wait: bool = True,
         wait_timeout: float | None = None,
+        model: str | None = None,
     ) -> AsyncEpisode:
         body = {
             "task_id": task_id,
@@ -103,6 +107,7 @@ class AsyncSwarmClient:
             "roles": roles,
             "claim_key": uuid.uuid4().hex,
             "wait_s": self.claim_wait_s if wait else 0.0,
+            "policy": model or self.model,  # which policy plays it (a server of several); None: the first
         }
         data = await self.request("POST", f"{API_PREFIX}/episodes", json=body, wait_429=wait, wait_timeout=wait_timeout)
         ep = AsyncEpisode(self, ClaimResponse.model_validate(data))
@@ -126,7 +131,7 @@ class AsyncSwarmClient:
             await ep.aclose()
 
     async def status(self) -> StatusResponse:
-        return StatusResponse.model_validate(await self.request("GET", f"{API_PREFIX}/status"))
+        return StatusResponse.model_validate(await self.request("GET", _status_path(self.model)))
 
     async def aclose(self) -> None:
         if self._heartbeats is not None:

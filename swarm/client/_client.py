@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property, partial
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -66,6 +67,7 @@ class SwarmClient:
         reconnect_s: float | None = None,
         heartbeat_s: float | None = None,
         heartbeats: bool = True,
+        model: str | None = None,
     ) -> None:
         """`reconnect_s`: once the server was reached, keep retrying connection errors and
         502/503/504 this long (a restart) beyond `max_retries`. `heartbeats`: renew the lease of
@@ -74,6 +76,8 @@ class SwarmClient:
         self.token = token or os.environ.get("ROOST_TOKEN") or ""
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
+        #: the policy episodes are claimed for on a server of several (`--policy`); None: its first
+        self.model = model
         self.policy = Policy(max_retries, backoff_s, max_backoff_s, reconnect_s)
         #: Set for good by a 503 "stopping" on any response (SDK requests, heartbeats, model calls).
         self.stopping_event = threading.Event()
@@ -154,6 +158,7 @@ class SwarmClient:
         wait: bool = True,
         wait_timeout: float | None = None,
         stop: threading.Event | None = None,
+        model: str | None = None,
     ) -> Episode:
         """Claim an episode; with `wait`, 429s are waited out (until `wait_timeout` or `stop`)."""
         body = {
@@ -163,6 +168,7 @@ class SwarmClient:
             "roles": roles,
             "claim_key": uuid.uuid4().hex,
             "wait_s": self.claim_wait_s if wait else 0.0,
+            "policy": model or self.model,  # which policy plays it (a server of several); None: the first
         }
         data = self.request(
             "POST",
@@ -195,7 +201,8 @@ class SwarmClient:
             ep.close()
 
     def status(self) -> StatusResponse:
-        return StatusResponse.model_validate(self.request("GET", f"{API_PREFIX}/status"))
+        """The server's status; on a server of several policies, that of this client's (`model`)."""
+        return StatusResponse.model_validate(self.request("GET", _status_path(self.model)))
 
     def open_episodes(self) -> list[Episode]:
         """Episodes claimed through this client and not yet finished, aborted or closed."""
@@ -446,3 +453,7 @@ class Episode(EpisodeBase):
         except SwarmError:
             self.done = True  # the server is gone or the episode already closed: nothing to undo
             self._untrack()
+
+
+def _status_path(model: str | None) -> str:
+    return f"{API_PREFIX}/status" + (f"?policy={quote(model, safe='')}" if model else "")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +182,8 @@ class _Fleet:
                                 f"the workflow returned one reward; with choices={self.choices} "
                                 "it must ask for n=episode.choices and return a reward per choice"
                             )
+                        elif isinstance(reward, Mapping):  # a team's reward per role
+                            ep.finish(reward)
                         else:
                             ep.finish(float(reward))
                 except ServerStopping:

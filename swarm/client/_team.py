@@ -54,6 +54,28 @@ class TeamEpisode:
         self.id = team_id
         self.episodes = episodes
         self.results: dict[str, FinishResponse] = {}
+        self.choices = 1  # what a fleet sets on an episode: a team's members make ordinary calls
+
+    # -- what `run_fleet` reads of an episode, so a fleet plays teams as it plays episodes --------------
+    @property
+    def policy_version(self) -> int:
+        return min(ep.policy_version for ep in self.episodes.values())
+
+    @property
+    def lost(self) -> bool:
+        return any(ep.lost for ep in self.episodes.values())
+
+    @property
+    def result(self) -> FinishResponse | None:
+        """After `finish`: the first member's answer with the team's mean reward (the fleet's statistic)."""
+        if len(self.results) < len(self.episodes):
+            return None
+        first = next(iter(self.results.values()))
+        mean = sum(r.reward for r in self.results.values()) / len(self.results)
+        return first.model_copy(update={"reward": mean})
+
+    def _abort_quietly(self, reason: str, release: bool = True) -> None:
+        self._abort_rest(reason, release)
 
     @property
     def roles(self) -> list[str]:
@@ -166,6 +188,20 @@ class TeamClient:
     @property
     def roles(self) -> list[str]:
         return list(self.members)
+
+    @property
+    def stopping(self) -> bool:
+        """A member's server said it is stopping (the team cannot play on without it)."""
+        return any(getattr(c, "stopping", False) for c in self.members.values())
+
+    def status(self) -> Any:
+        """The first role's server status (`swarm client` checks its URL and token with it)."""
+        return next(iter(self.members.values())).status()
+
+    def abort_open(self, reason: str) -> None:
+        """Every member's open episodes given back (a fleet's Ctrl-C)."""
+        for client in self.members.values():
+            client.abort_open(reason)
 
     def claim(
         self, task_id: str, task_family: str = "default", metadata: dict | None = None, **claim_kwargs: Any

@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from swarm.client import FleetStats, SwarmClient, SwarmError, run_fleet
+from swarm.client import FleetStats, SwarmClient, SwarmError, TeamClient, run_fleet
 from swarm.client._cursor import JobCursor, default_state_path
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import build_config, config_options
@@ -79,6 +79,17 @@ def _resolve(
     return flow, list(make(seed, size)), family
 
 
+def _client(cfg: FleetConfig, url: str, token: str) -> SwarmClient | TeamClient:
+    """One client for the fleet's policy, or with `--team` one per role, each for the policy of its name."""
+    kw: dict[str, Any] = {"max_retries": cfg.retries, "max_backoff_s": 5.0, "reconnect_s": cfg.reconnect_s or None}
+    if cfg.team:
+        roles = [r.strip() for r in cfg.team.split(",") if r.strip()]
+        if len(set(roles)) != len(roles) or not roles:
+            raise typer.BadParameter(f"name each role once: {cfg.team!r}", param_hint="--team")
+        return TeamClient({role: SwarmClient(url, token, model=role, **kw) for role in roles})
+    return SwarmClient(url, token, model=cfg.policy, **kw)
+
+
 @config_options(FleetConfig)
 def client_command(
     overrides: dict[str, Any],
@@ -108,9 +119,7 @@ def client_command(
         )
     with (
         _terminate_as_interrupt(),
-        SwarmClient(
-            url, token, max_retries=cfg.retries, max_backoff_s=5.0, reconnect_s=cfg.reconnect_s or None
-        ) as client,
+        _client(cfg, url, token) as client,
     ):
         try:
             status = client.status()  # fail fast on a wrong URL or token

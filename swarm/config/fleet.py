@@ -24,6 +24,14 @@ class FleetConfig(BaseModel):
 
     url: Annotated[str, Flag(envvar="ROOST_URL")] = Field("http://127.0.0.1:8000", description="swarm server URL")
     token: Annotated[str | None, Flag(envvar="ROOST_TOKEN")] = Field(None, description="worker token")
+    policy: Annotated[str | None, Flag(studied=False, default_text="the server's first")] = Field(
+        None, description="the policy this fleet's episodes train, on a server of several (swarm serve --policy)"
+    )
+    team: Annotated[str | None, Flag(studied=False)] = Field(
+        None,
+        description="ROLE,ROLE,...: play a team task with one episode per role, each claimed for the policy "
+        "of that name on the server (swarm serve --policy ROLE ...); the workflow gets a TeamEpisode",
+    )
     workflow: str | None = Field(None, description="module:function(task, episode) -> reward")
     task: str | None = Field(None, description="built-in task (arith, guess, ...)")
     dataset: str | None = Field(None, description="module:function(seed, size) -> list of tasks")

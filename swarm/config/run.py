@@ -126,6 +126,11 @@ class RunConfig(BaseModel):
     timeout_s: Annotated[float, Flag(name="--timeout", studied=False)] = Field(
         3600.0, gt=0, description="give up after this many seconds"
     )
+    shared_base: Annotated[bool, Flag(studied=False, panel="task and fleet")] = Field(
+        False,
+        description="a team task (duet): every role a LoRA policy of ONE server on one base model "
+        "(--policy per role; --lora-rank, 8 unless given), played as team episodes; each role trains on its own",
+    )
     server: ServerConfig = Field(default_factory=train_server_defaults)
 
     @model_validator(mode="before")
@@ -155,6 +160,12 @@ class RunConfig(BaseModel):
             raise ValueError("--workflow plays one dataset: give a single --task with it, not a mix")
         if self.workflow is None and self.dataset is not None:
             raise ValueError("--dataset goes with --workflow")
+        if self.shared_base:
+            if self.workflow is not None or len(self.mix) != 1 or not get_task(next(iter(self.mix))).roles:
+                teams = ", ".join(t for t in list_tasks() if get_task(t).roles)
+                raise ValueError(f"--shared-base trains the roles of one team task ({teams}) as policies of one server")
+            if self.server.engine not in ("torch", "fake"):
+                raise ValueError("--shared-base: several policies on one base run in the torch engine")
         if self.group_call and self.workflow is None:
             single = [t for t in self.mix if not get_task(t).group_call]
             if single:
@@ -163,6 +174,11 @@ class RunConfig(BaseModel):
                     "(its workflow makes several calls or ignores episode.choices)"
                 )
         return self
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The policies of a `--shared-base` run (its team task's roles); () otherwise."""
+        return get_task(next(iter(self.mix))).roles if self.shared_base else ()
 
     @property
     def grouped(self) -> bool:

@@ -20,10 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from store.paths import data_dir, default_model_dir
 from swarm.config.lora import LoraSettings
 from swarm.config.options import Flag
+from swarm.config.policies import PolicySpec
 from swarm.config.quotas import QuotaPhase, check_quotas, check_schedule
 from swarm.config.train import TrainConfig
 from swarm.config.verl import VerlSettings
-from swarm.config.vllm import VllmSettings
+from swarm.config.vllm import LORA_RANKS, VllmSettings
 
 
 def _default_model_dir() -> Path:
@@ -204,6 +205,11 @@ class ServerConfig(BaseModel):
         description="names a request's `model` may use (--served-model-name, repeatable); "
         "default: the served model name; others get 404 model_not_found",
     )
+    policies: list[PolicySpec] | None = Field(
+        None,
+        description="several named LoRA policies on this one base (--policy NAME, repeatable; a config "
+        "file's `policies:` list gives each its own settings); requests pick one by `model`",
+    )
     lease_seconds: float = Field(
         30.0,
         gt=0,
@@ -294,13 +300,62 @@ class ServerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _lora_engine(self) -> ServerConfig:
-        if self.lora.enabled and self.engine in (EngineName.vllm, EngineName.verl):
+        if self.lora.enabled and self.engine == EngineName.verl:
             raise ValueError(
-                f"--lora-rank: LoRA is implemented in the torch engine only, not --engine "
-                f"{self.engine.value} (export a merged model with `swarm model export --merge` "
-                "to serve it elsewhere)"
+                "--lora-rank: LoRA runs in the torch and vllm engines, not --engine verl "
+                "(export a merged model with `swarm model export --merge` to serve it elsewhere)"
             )
+        if self.lora.enabled and self.engine == EngineName.vllm and self.lora.rank > LORA_RANKS[-1]:
+            raise ValueError(f"--lora-rank {self.lora.rank}: vLLM serves adapters of rank at most {LORA_RANKS[-1]}")
         return self
+
+    @model_validator(mode="after")
+    def _policies(self) -> ServerConfig:
+        if not self.policies:
+            return self
+        names = [p.name for p in self.policies]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"policies: {', '.join(twice)} named more than once")
+        if self.engine not in (EngineName.torch, EngineName.fake):
+            raise ValueError(
+                f"policies: several policies on one base run in the torch engine, not --engine {self.engine.value}"
+            )
+        full = [p.name for p in self.policies if not (p.lora or self.lora).enabled]
+        if full and self.engine == EngineName.torch:
+            raise ValueError(
+                f"policies {', '.join(full)}: policies that share a base train LoRA adapters, and a "
+                "full-parameter policy would change the base under the others; give --lora-rank r > 0 "
+                "(or a `lora:` per policy), or serve a full-parameter policy on a server of its own"
+            )
+        for p in self.policies:
+            try:
+                TrainConfig(**{**self.train.model_dump(), **p.train})
+            except ValueError as exc:
+                raise ValueError(f"policy {p.name}: train: {exc}") from None
+        return self
+
+    def for_policy(self, spec: PolicySpec) -> ServerConfig:
+        """The config of one policy's own `Swarm`: the server's, with the spec's differences, its name
+        as the model name and its own out folder (`OUT/policies/NAME`: buffer, checkpoints, metrics)."""
+        given = {
+            k: v
+            for k in ("group_size", "batch_groups", "max_staleness", "max_steps", "temperature", "seed")
+            if (v := getattr(spec, k)) is not None
+        }
+        run = self.mlflow_run_name
+        return self.model_copy(
+            update={
+                **given,
+                "policies": None,
+                "model_name": spec.name,
+                "served_model_names": None,
+                "out_dir": Path(self.out_dir) / "policies" / spec.name,
+                "lora": spec.lora or self.lora,
+                "train": TrainConfig(**{**self.train.model_dump(), **spec.train}),
+                "mlflow_run_name": f"{run}-{spec.name}" if run else spec.name,
+            }
+        )
 
     @model_validator(mode="after")
     def _one_quota_source(self) -> ServerConfig:

@@ -2,7 +2,8 @@
 
 Pure pydantic (no vLLM, no torch), so a server config can carry them on a
 machine without vLLM, and the engine (swarm/engine/vllm) reads this one object
-instead of a copy of its fields. The flags keep their `--vllm-*` names.
+instead of a copy of its fields. The flags keep their `--vllm-*` names. `max_lora_rank`
+maps a `--lora-rank` to the `--max-lora-rank` vLLM accepts (the config refuses one above it).
 """
 
 from __future__ import annotations
@@ -61,4 +62,17 @@ class VllmSettings(BaseModel):
         return tuple(shlex.split(self.args))
 
 
-__all__ = ["VllmSettings"]
+#: the `--max-lora-rank` values vLLM accepts (its `MaxLoRARanks`, vllm/config/lora.py, 0.32)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def max_lora_rank(rank: int) -> int:
+    """vLLM's `--max-lora-rank` for an adapter of `rank`: the smallest value it accepts that is >= `rank`
+    (`ValueError` above the largest)."""
+    for allowed in LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"vLLM serves LoRA adapters of rank at most {LORA_RANKS[-1]}, not {rank}")
+
+
+__all__ = ["LORA_RANKS", "VllmSettings", "max_lora_rank"]

@@ -35,15 +35,25 @@ carries an llguidance matcher (`swarm.engine.constrained`): its token mask is fi
 sampling, it consumes the sampled token, EOS only where the grammar accepts. Recorded logprobs
 (and top-k) stay raw and unmasked: what the trainer recomputes, so the PPO ratio is exactly 1
 on-policy; the grammar is part of the environment the policy acts in, not of the policy.
+
+Several LoRA policies on one shared base share the batch too: a row may name its adapter, and
+every forward runs inside `adapter_scope(names)` (peft's per-row `adapter_names`: each LoRA layer
+adds each row's own adapter), so rows of different policies prefill and decode together. Whatever
+is shared between rows is shared only within one adapter: a cached or twin prompt's prefill is
+keyed by (adapter, prompt), a shared prefix is computed once only when all the rows of a prefill
+use the same adapter, and one adapter's training step drops only its own cached prefills. Without
+adapter names no scope is entered at all: one model, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,10 +63,14 @@ from transformers import DynamicCache
 from swarm.engine.base import SamplingParams, TokenChunk, UnsupportedRequest
 from swarm.engine.constrained import Grammars
 from swarm.engine.kv_layout import cache_kwargs, cat_left_padded, common_prefix, left_padded, pad_left, returned_cache
-from swarm.engine.prompt_cache import PromptCache, split_rows, stack
+from swarm.engine.prompt_cache import PromptCache, PromptKey, prompt_key, split_rows, stack
 from swarm.engine.sampling import RowKnobs, sample_rows
 
 Emit = Callable[[TokenChunk], None]
+#: enters per-row adapters for the forwards inside it: one adapter name per row of the batch
+AdapterScope = Callable[[list[str]], AbstractContextManager[Any]]
+#: peft's name for a row without an adapter (the base model) in a batch that names adapters
+BASE_ADAPTER = "__base__"
 
 
 @dataclass
@@ -69,6 +83,12 @@ class _Row:
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
     matcher: Any = None  # an llguidance LLMatcher when the row is constrained by a response_format
+    adapter: str | None = None  # the LoRA adapter (policy) this row runs through; None: the model as is
+
+    @property
+    def key(self) -> PromptKey:
+        """Its prompt as the prompt cache knows it: a prefill is valid only for its own adapter."""
+        return prompt_key(self.prompt_ids, self.adapter)
 
 
 class Handle:
@@ -103,10 +123,13 @@ class ContinuousBatcher:
         prompt_cache_tokens: int = 16384,
         gather_s: float = 0.003,
         gather_max_s: float = 0.02,
+        adapter_scope: AdapterScope | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.grammars = grammars  # compiles response_formats; None: constrained requests are refused
         self.model = model
+        #: rows that name adapters run every forward inside `adapter_scope(names)` (None: rows may not)
+        self.adapter_scope = adapter_scope
         self.lock = lock  # held per step; train_step holds it for a whole update
         self.eos_ids = eos_ids
         self.max_positions = max_positions
@@ -142,11 +165,14 @@ class ContinuousBatcher:
         emit: Emit,
         loop: asyncio.AbstractEventLoop | None = None,
         matcher: Any = None,
+        adapter: str | None = None,
     ) -> Handle:
         """Queue a request. `emit` gets its chunks: on `loop` when given (batched per step), else in the worker.
 
         A `params.response_format` is compiled here unless the caller passes its `matcher`
         (the torch engine compiles off its event loop); `UnsupportedRequest` when it cannot be.
+        `adapter` names the LoRA adapter the row generates with (needs an `adapter_scope`); a row
+        without one beside rows with one runs the base model (peft's "__base__").
         """
         if not prompt_ids:
             raise ValueError("empty prompt")
@@ -154,10 +180,12 @@ class ContinuousBatcher:
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
         if len(prompt_ids) >= self.max_positions:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens exceeds the context of {self.max_positions}")
+        if adapter is not None and self.adapter_scope is None:
+            raise ValueError(f"adapter {adapter!r} requested, but this batcher has no adapter_scope")
         if matcher is None and params.response_format is not None:
             matcher = self.compile(params.response_format)
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        row = _Row(list(prompt_ids), params, emit, gen, loop, matcher=matcher)
+        row = _Row(list(prompt_ids), params, emit, gen, loop, matcher=matcher, adapter=adapter)
         self._ensure_thread()
         self._inbox.put(row)
         return Handle(row)
@@ -258,48 +286,56 @@ class ContinuousBatcher:
             return False
         if not self.reuse_prompts:
             return True
-        prompts = {tuple(r.prompt_ids) for r in new}  # a prompt to reuse is better than any fusing
-        return len(prompts) == len(new) and not any(p in self.prompts for p in prompts)
+        keys = {r.key for r in new}  # a prompt to reuse is better than any fusing
+        return len(keys) == len(new) and not any(k in self.prompts for k in keys)
 
     def _prefill(self, new: list[_Row]) -> None:
         """New rows alone: their prompts prefilled, then spliced into the running batch.
 
         A prompt prefilled before with these weights (`self.prompts`), or twice in this batch
-        (a GRPO group's first turn), is computed once: its rows share its KV and logits.
+        (a GRPO group's first turn), is computed once: its rows share its KV and logits. Only
+        rows of one adapter share (the key holds the adapter): the KV depends on it.
         """
-        prompts = [tuple(r.prompt_ids) for r in new]
-        entries = {p: self.prompts.get(p) for p in dict.fromkeys(prompts)} if self.reuse_prompts else {}
-        missing = [p for p, e in entries.items() if e is None] if self.reuse_prompts else prompts
+        keys = [r.key for r in new]
+        if self.reuse_prompts:
+            firsts = dict(zip(keys, new))  # one row per distinct key, in order of first appearance
+            entries = {k: self.prompts.get(k) for k in firsts}
+            missing = [firsts[k] for k, e in entries.items() if e is None]
+        else:
+            entries, missing = {}, new
         every_row_fresh = len(missing) == len(new)  # then the forward's own batch is the rows' batch
         if missing:
-            cache, attn, logits = self._forward_prompts([list(p) for p in missing])
+            cache, attn, logits = self._forward_prompts(missing)
             if self.reuse_prompts and (self.prompts.max_tokens or not every_row_fresh):
-                for p, e in zip(
+                for r, e in zip(
                     missing,
                     split_rows([lay.keys for lay in cache.layers], [lay.values for lay in cache.layers], attn, logits),
                 ):
-                    entries[p] = e
-                    self.prompts.put(p, e)
+                    entries[r.key] = e
+                    self.prompts.put(r.key, e)
         if not every_row_fresh:
-            keys, values, attn, logits = stack([entries[p] for p in prompts])  # type: ignore[misc]
+            ks, vs, attn, logits = stack([entries[k] for k in keys])  # type: ignore[misc]
             cache = DynamicCache()
-            for j, (k, v) in enumerate(zip(keys, values)):
+            for j, (k, v) in enumerate(zip(ks, vs)):
                 cache.update(k, v, j)
             self.prompts_reused += len(new) - len(missing)
-            self.prefix_tokens_saved += sum(len(p) for p in prompts) - sum(len(p) for p in missing)
+            self.prefix_tokens_saved += sum(len(r.prompt_ids) for r in new) - sum(len(r.prompt_ids) for r in missing)
         offset = len(self._rows)
         self._splice(new, cache, attn)
         self._sample(logits, offset)
 
-    def _forward_prompts(self, prompts: list[list[int]]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-        """One forward over `prompts`: (KV cache, attention [n, W], last-position logits [n, V]).
+    def _forward_prompts(self, rows: list[_Row]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """One forward over the rows' prompts: (KV cache, attention [n, W], last-position logits [n, V]).
 
         When the prompts share a prefix of at least `min_shared_prefix` tokens (a chat
         template, a system prompt), the prefix is computed once and its KV cache copied
-        to every row; the forward then covers only the rest of each prompt.
+        to every row; the forward then covers only the rest of each prompt. Only when every
+        row uses the same adapter: the prefix's KV is that adapter's.
         """
         dev = self._device()
-        shared = common_prefix(prompts) if len(prompts) > 1 else 0
+        prompts = [r.prompt_ids for r in rows]
+        one_adapter = all(r.adapter == rows[0].adapter for r in rows)
+        shared = common_prefix(prompts) if len(prompts) > 1 and one_adapter else 0
         if shared < self.min_shared_prefix:
             ids, attn = left_padded(prompts)
             ids, attn = ids.to(dev), attn.to(dev)
@@ -308,12 +344,13 @@ class ContinuousBatcher:
         else:
             head = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=dev)
             cache = DynamicCache()
-            self.model(
-                input_ids=head,
-                position_ids=torch.arange(shared, device=dev).unsqueeze(0),
-                **cache_kwargs(self.model, cache),
-                use_cache=True,
-            )
+            with self._scope(rows[:1]):
+                self.model(
+                    input_ids=head,
+                    position_ids=torch.arange(shared, device=dev).unsqueeze(0),
+                    **cache_kwargs(self.model, cache),
+                    use_cache=True,
+                )
             for layer in cache.layers:
                 layer.keys = layer.keys.expand(len(prompts), -1, -1, -1).contiguous()
                 layer.values = layer.values.expand(len(prompts), -1, -1, -1).contiguous()
@@ -322,14 +359,60 @@ class ContinuousBatcher:
             pos = shared + (tail_attn.cumsum(-1) - 1).clamp_min(0)
             attn = torch.cat([tail_attn.new_ones(len(prompts), shared), tail_attn], dim=1)
             self.prefix_tokens_saved += shared * (len(prompts) - 1)
-        out = self.model(
-            input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kwargs(self.model, cache), use_cache=True
-        )
+        with self._scope(rows):
+            out = self.model(
+                input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kwargs(self.model, cache), use_cache=True
+            )
         return returned_cache(out), attn, out.logits[:, -1, :]
 
-    def weights_changed(self) -> None:
-        """Forget prefilled prompts: their KV was computed with the old weights (call under `lock`)."""
-        self.prompts.clear()
+    def _scope(self, rows: list[_Row]) -> AbstractContextManager[Any]:
+        """The context of a forward over `rows` (its batch, in order).
+
+        No row names an adapter: nothing is entered (the model as is, no per-forward cost).
+        Otherwise `adapter_scope` gets every row's adapter, a row without one being the base
+        (`BASE_ADAPTER`). Derived from the rows each time, so it follows joins and drops.
+        A row without an adapter is thus exact only if the unscoped model is the base too (a peft
+        model runs its active adapter there): else it would change model with its batch-mates,
+        and its cached prefill with it. A host of several adapters names every row.
+        """
+        if self.adapter_scope is None or all(r.adapter is None for r in rows):
+            return contextlib.nullcontext()
+        return self.adapter_scope([BASE_ADAPTER if r.adapter is None else r.adapter for r in rows])
+
+    def weights_changed(self, adapter: str | None = None) -> None:
+        """Forget prefilled prompts: their KV was computed with the old weights (call under `lock`).
+
+        None: the model's weights changed, every prefill is stale. An adapter's name: only its
+        LoRA weights changed (one policy's training step); the other adapters' prefills stay.
+        """
+        self.prompts.clear(adapter)
+
+    def drop_adapter(self, adapter: str) -> None:
+        """End every row of `adapter` now ("abort"), queued or running (call under `lock`, before the
+        adapter is deleted: a forward naming an adapter peft no longer has fails every row of it).
+
+        The abort reaches each caller directly, not through the worker's per-step hand-over, which
+        this thread must not touch (the worker flushes outside the lock)."""
+        ended: list[_Row] = []
+        with self._inbox.mutex:
+            for row in self._inbox.queue:
+                if row.adapter == adapter and not row.cancelled:
+                    row.cancelled = True
+                    ended.append(row)
+        doomed = [i for i, r in enumerate(self._rows) if r.adapter == adapter]
+        ended += [self._rows[i] for i in doomed]
+        if doomed:
+            self._drop(doomed)
+        self.prompts.clear(adapter)
+        for row in ended:
+            chunk = TokenChunk([], [], finish_reason="abort")
+            if row.loop is None:
+                row.emit(chunk)
+                continue
+            try:
+                row.loop.call_soon_threadsafe(row.emit, chunk)
+            except RuntimeError:  # the caller's loop closed
+                pass
 
     def _fused(self, new: list[_Row]) -> None:
         """Running rows decode their pending token while new rows prefill, in one forward."""
@@ -352,13 +435,14 @@ class ContinuousBatcher:
             layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(n, *layer.keys.shape[1:])], dim=0)
             layer.values = torch.cat([layer.values, layer.values.new_zeros(n, *layer.values.shape[1:])], dim=0)
         attn = torch.cat([torch.cat([self._attn, self._attn.new_zeros(n, old_width)], dim=0), step_attn], dim=1)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attn,
-            position_ids=pos,
-            **cache_kwargs(self.model, self._cache),
-            use_cache=True,
-        )
+        with self._scope(self._rows + new):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=attn,
+                position_ids=pos,
+                **cache_kwargs(self.model, self._cache),
+                use_cache=True,
+            )
         self._cache, self._attn = returned_cache(out), attn
         self._rows.extend(new)
         self._knobs = None
@@ -368,13 +452,14 @@ class ContinuousBatcher:
         assert self._cache is not None and self._attn is not None and self._pending is not None
         pos = self._attn.sum(-1, keepdim=True)
         attn = torch.cat([self._attn, self._attn.new_ones(len(self._rows), 1)], dim=1)
-        out = self.model(
-            input_ids=self._pending.unsqueeze(-1),
-            attention_mask=attn,
-            position_ids=pos,
-            **cache_kwargs(self.model, self._cache),
-            use_cache=True,
-        )
+        with self._scope(self._rows):
+            out = self.model(
+                input_ids=self._pending.unsqueeze(-1),
+                attention_mask=attn,
+                position_ids=pos,
+                **cache_kwargs(self.model, self._cache),
+                use_cache=True,
+            )
         self._cache, self._attn = returned_cache(out), attn
         self._sample(out.logits[:, -1, :], 0)
 

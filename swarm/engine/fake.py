@@ -216,3 +216,27 @@ class FakeEngine:
 
     async def close(self) -> None:
         return None
+
+
+class FakePolicyHost:
+    """Several policies for fast server tests: one independent `FakeEngine` each (nothing shared to check)."""
+
+    def __init__(self, model_dir: Path, seed: int = 0) -> None:
+        self.model_dir, self.seed = Path(model_dir), seed
+        self.policies: dict[str, FakeEngine] = {}
+
+    def add(self, name: str, settings: Any = None) -> FakeEngine:
+        if name in self.policies:
+            raise ValueError(f"a policy named {name!r} already exists")
+        engine = self.policies[name] = FakeEngine(self.model_dir, seed=self.seed + len(self.policies), history=8)
+        return engine
+
+    def remove(self, name: str) -> None:
+        del self.policies[name]
+
+    def policy(self, name: str) -> FakeEngine:
+        return self.policies[name]
+
+    async def close(self) -> None:
+        for engine in self.policies.values():
+            await engine.close()

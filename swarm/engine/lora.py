@@ -21,7 +21,7 @@ import contextlib
 import json
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -68,16 +68,11 @@ def quiet_peft() -> Iterator[None]:
         yield
 
 
-def attach(model: torch.nn.Module, settings: LoraSettings, base_dir: Path) -> torch.nn.Module:
-    """`model` wrapped by peft with a fresh adapter (B = 0: the policy starts equal to the base).
+def lora_config(settings: LoraSettings) -> Any:
+    """peft's `LoraConfig` for `settings` (one place: every adapter of every policy is built from it)."""
+    from peft import LoraConfig  # lazy: peft (and accelerate) take seconds; rank 0 never needs them
 
-    Only the adapter's parameters require grad afterwards. Raises `LoraError` when the targets
-    match no layer or the rank exceeds a target layer's width (a rank-r update of an
-    in x out layer has rank at most min(in, out): a larger r only wastes memory and misleads).
-    """
-    from peft import LoraConfig, get_peft_model  # lazy: peft (and accelerate) take seconds; rank 0 never needs them
-
-    config = LoraConfig(
+    return LoraConfig(
         r=settings.rank,
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
@@ -85,28 +80,86 @@ def attach(model: torch.nn.Module, settings: LoraSettings, base_dir: Path) -> to
         bias="none",
         task_type="CAUSAL_LM",
     )
+
+
+def attach(
+    model: torch.nn.Module, settings: LoraSettings, base_dir: Path, adapter_name: str = "default"
+) -> torch.nn.Module:
+    """`model` wrapped by peft with a fresh adapter (B = 0: the policy starts equal to the base).
+
+    Only the adapter's parameters require grad afterwards. Raises `LoraError` when the targets
+    match no layer or the rank exceeds a target layer's width (a rank-r update of an
+    in x out layer has rank at most min(in, out): a larger r only wastes memory and misleads).
+    """
+    from peft import get_peft_model  # lazy: see lora_config
+
     try:
         with quiet_peft():
-            wrapped = get_peft_model(model, config)
+            wrapped = get_peft_model(model, lora_config(settings), adapter_name=adapter_name)
     except ValueError as exc:  # peft: target modules not found
         raise LoraError(f"--lora-targets {settings.targets}: {exc}") from None
     check_rank(wrapped, settings.rank)
-    wrapped.peft_config["default"].base_model_name_or_path = str(Path(base_dir).resolve())
+    wrapped.peft_config[adapter_name].base_model_name_or_path = str(Path(base_dir).resolve())
     return wrapped
 
 
-def adapted_layers(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
-    """(in features, out features) of every layer an adapter wraps, by module name."""
+def add_adapter(model: Any, name: str, settings: LoraSettings, base_dir: Path) -> None:
+    """One more named adapter on a peft model (another policy on the same base); `LoraError` as `attach`.
+
+    A failed add leaves nothing behind: the half-added adapter is deleted again.
+    """
+    try:
+        with quiet_peft():
+            model.add_adapter(name, lora_config(settings))
+    except ValueError as exc:
+        raise LoraError(f"policy {name!r}: --lora-targets {settings.targets}: {exc}") from None
+    try:
+        check_rank(model, settings.rank, adapter_name=name)
+    except LoraError:
+        model.delete_adapter(name)
+        raise
+    model.peft_config[name].base_model_name_or_path = str(Path(base_dir).resolve())
+
+
+def mixed_scope(model: Any) -> Callable[[list[str]], AbstractContextManager[Any]]:
+    """A context factory for per-row adapters in one forward of the model inside `model`.
+
+    peft routes each row of a batch through its own adapter when the peft model's forward gets
+    `adapter_names`; the continuous batcher calls the HF model inside the wrapper directly (its
+    KV cache, its positions), so it enters the same hooks peft's forward enters for that call.
+    A batch of one adapter instead makes it the active one (peft's plain, faster path): callers
+    that train or read an adapter set the active one themselves under the same lock.
+    """
+    tuner = model.base_model
+
+    def scope(names: list[str]) -> AbstractContextManager[Any]:
+        first = names[0]
+        if first != "__base__" and all(n == first for n in names):
+            # one adapter for every row (the common batch): peft's plain path with that adapter
+            # active, not the per-row gather and scatter (measured 5.9 vs 8.6 ms per 8-row decode
+            # forward of the tiny model); the switch costs nothing when it is active already
+            if tuner.active_adapters != [first]:
+                tuner.set_adapter(first)
+            return contextlib.nullcontext()
+        return tuner._enable_peft_forward_hooks(adapter_names=names)
+
+    return scope
+
+
+def adapted_layers(model: torch.nn.Module, adapter_name: str | None = None) -> dict[str, tuple[int, int]]:
+    """(in features, out features) of every layer an adapter (`adapter_name`: that one) wraps, by module name."""
     from peft.tuners.lora import LoraLayer  # lazy: only ever called on a peft model (peft already loaded)
 
     return {
-        name: (int(m.in_features), int(m.out_features)) for name, m in model.named_modules() if isinstance(m, LoraLayer)
+        name: (int(m.in_features), int(m.out_features))
+        for name, m in model.named_modules()
+        if isinstance(m, LoraLayer) and (adapter_name is None or adapter_name in m.lora_A)
     }
 
 
-def check_rank(model: torch.nn.Module, rank: int) -> None:
+def check_rank(model: torch.nn.Module, rank: int, adapter_name: str | None = None) -> None:
     """`LoraError` naming the narrowest target layer when `rank` exceeds its width."""
-    layers = adapted_layers(model)
+    layers = adapted_layers(model, adapter_name)
     if not layers:
         raise LoraError("--lora-targets matched no linear layer of the model")
     name, (fan_in, fan_out) = min(layers.items(), key=lambda kv: min(kv[1]))
@@ -120,16 +173,31 @@ def check_rank(model: torch.nn.Module, rank: int) -> None:
         )
 
 
-def save_adapter(model: torch.nn.Module, path: Path) -> None:
-    """The adapter's weights and peft config (adapter_model.safetensors, adapter_config.json), not the base."""
-    model.save_pretrained(str(path), safe_serialization=True, save_embedding_layers=False)
+def save_adapter(model: torch.nn.Module, path: Path, adapter_name: str = "default") -> None:
+    """One adapter's weights and peft config (adapter_model.safetensors, adapter_config.json), not the base.
+
+    The same two files whatever the adapter's name (peft's own `save_pretrained` puts a
+    non-default adapter in a sub-folder), so every policy's checkpoint exports, evaluates and
+    loads into vLLM the same way.
+    """
+    if adapter_name == "default":
+        model.save_pretrained(str(path), safe_serialization=True, save_embedding_layers=False)
+        return
+    from peft import get_peft_model_state_dict  # lazy: peft already loaded (a LoRA engine)
+    from safetensors.torch import save_file  # lazy: beside peft's
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers=False)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(path / ADAPTER_WEIGHTS))
+    model.peft_config[adapter_name].save_pretrained(str(path))
 
 
 def read_adapter_config(path: Path) -> dict[str, Any]:
     return json.loads((Path(path) / ADAPTER_CONFIG).read_text())
 
 
-def load_adapter(model: torch.nn.Module, path: Path, settings: LoraSettings) -> None:
+def load_adapter(model: torch.nn.Module, path: Path, settings: LoraSettings, adapter_name: str = "default") -> None:
     """Load a saved adapter into `model`'s (same shape) adapter; `LoraError` when it does not fit."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict  # lazy: peft already loaded (a LoRA engine)
     from safetensors.torch import load_file  # lazy: beside peft's, only for a LoRA checkpoint
@@ -149,14 +217,14 @@ def load_adapter(model: torch.nn.Module, path: Path, settings: LoraSettings) -> 
         )
     device = next(model.parameters()).device
     state = load_file(str(path / ADAPTER_WEIGHTS), device=str(device))
-    expected = get_peft_model_state_dict(model)
+    expected = get_peft_model_state_dict(model, adapter_name=adapter_name)
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
         raise LoraError(
             f"checkpoint {path} wraps other layers than --lora-targets {settings.targets}: "
             f"missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
-    set_peft_model_state_dict(model, {k: v.to(expected[k].dtype) for k, v in state.items()})
+    set_peft_model_state_dict(model, {k: v.to(expected[k].dtype) for k, v in state.items()}, adapter_name=adapter_name)
 
 
 __all__ = [
@@ -164,12 +232,15 @@ __all__ = [
     "ADAPTER_WEIGHTS",
     "LoraError",
     "adapted_layers",
+    "add_adapter",
     "adapters_off",
     "attach",
     "check_rank",
     "is_adapter_dir",
     "is_peft",
     "load_adapter",
+    "lora_config",
+    "mixed_scope",
     "quiet_peft",
     "read_adapter_config",
     "save_adapter",

@@ -27,6 +27,7 @@ import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -48,6 +49,21 @@ class EngineError(RuntimeError):
     pass
 
 
+def load_optimizer(optimizer: Any, model: torch.nn.Module, file: Path, device: torch.device) -> None:
+    """A saved optimizer state into `optimizer` (the parameters that train in `model`, in order).
+
+    A bf16 (GPU) run's state holds fp32 masters: resumed in fp32 they become the weights.
+    """
+    state = torch.load(file, weights_only=True, map_location=device)
+    if "adamw" in state and not isinstance(optimizer, MasterWeightAdamW):
+        optimizer.load_state_dict(state["adamw"])
+        with torch.no_grad():
+            params = [p for p in model.parameters() if p.requires_grad]
+            torch._foreach_copy_(params, [m.to(p.dtype) for p, m in zip(params, state["master"])])
+    else:
+        optimizer.load_state_dict(state)
+
+
 class TorchEngine:
     def __init__(
         self,
@@ -58,6 +74,7 @@ class TorchEngine:
         reference: bool = True,
         dtype: str | None = None,
         lora: LoraSettings | None = None,
+        trainable: bool = True,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.lora = lora or LoraSettings()
@@ -95,7 +112,8 @@ class TorchEngine:
             if reference
             else None
         )
-        self.optimizer = build_optimizer(self.model, self.placement)
+        #: None for a host of several policies (swarm/engine/policies.py): each brings its own
+        self.optimizer = build_optimizer(self.model, self.placement) if trainable else None
         self.policy_version = 0
         self._lock = threading.Lock()
         cfg = self.network.config
@@ -135,15 +153,18 @@ class TorchEngine:
         return ids
 
     # -- generation -----------------------------------------------------------
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+    async def stream(self, request: GenerateRequest, adapter: str | None = None) -> AsyncIterator[TokenChunk]:
         """Chunks of one request; `UnsupportedRequest` (before any chunk) for a response_format
         the grammar library refuses. A constraint is compiled in a worker thread: a big schema
-        takes milliseconds, which the event loop serving every other episode should not wait out."""
+        takes milliseconds, which the event loop serving every other episode should not wait out.
+        `adapter`: the LoRA adapter (policy) that generates this row (swarm/engine/policies.py)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[TokenChunk] = asyncio.Queue()
         fmt = request.params.response_format
         matcher = await asyncio.to_thread(self.batcher.compile, fmt) if fmt is not None else None
-        handle = self.batcher.submit(request.prompt_ids, request.params, q.put_nowait, loop=loop, matcher=matcher)
+        handle = self.batcher.submit(
+            request.prompt_ids, request.params, q.put_nowait, loop=loop, matcher=matcher, adapter=adapter
+        )
         try:
             while True:
                 chunk = await q.get()
@@ -155,13 +176,13 @@ class TorchEngine:
         finally:
             handle.cancel()  # no-op when finished; frees the row when the caller went away
 
-    async def generate(self, request: GenerateRequest) -> Completion:
+    async def generate(self, request: GenerateRequest, adapter: str | None = None) -> Completion:
         version = self.policy_version
         ids: list[int] = []
         logps: list[float] = []
         tops: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs > 0 else None
         reason = "length"
-        async for chunk in self.stream(request):
+        async for chunk in self.stream(request, adapter):
             ids.extend(chunk.token_ids)
             logps.extend(chunk.logprobs)
             if tops is not None:
@@ -258,15 +279,7 @@ class TorchEngine:
 
     def _load_state(self, path: Path) -> None:
         if (path / OPTIMIZER_FILE).exists():
-            state = torch.load(path / OPTIMIZER_FILE, weights_only=True, map_location=self.device)
-            if "adamw" in state and not isinstance(self.optimizer, MasterWeightAdamW):
-                # a bf16 (GPU) run resumed in fp32: its unrounded masters become the weights
-                self.optimizer.load_state_dict(state["adamw"])
-                with torch.no_grad():
-                    params = [p for p in self.model.parameters() if p.requires_grad]
-                    torch._foreach_copy_(params, [m.to(p.dtype) for p, m in zip(params, state["master"])])
-            else:
-                self.optimizer.load_state_dict(state)
+            load_optimizer(self.optimizer, self.model, path / OPTIMIZER_FILE, self.device)
         if (path / STATE_FILE).exists():
             self.policy_version = int(json.loads((path / STATE_FILE).read_text())["policy_version"])
 

@@ -250,13 +250,31 @@ def run_models(path: Path) -> tuple[Path, Path | None]:
     """
     path = Path(path)
     for server_dir in (path / "server", path):
+        policies = server_dir / "policies"
+        if policies.is_dir() and (server_dir / "config.yaml").is_file():  # a server of several policies
+            names = sorted(p.name for p in policies.iterdir() if (p / "checkpoints").is_dir())
+            raise RunFolderError(
+                f"{path} trained several policies ({', '.join(names) or 'none checkpointed yet'}): "
+                f"evaluate one of them, e.g. --model {policies / (names[0] if names else 'NAME')}"
+            )
         if (server_dir / "checkpoints").is_dir() and (server_dir / "config.yaml").is_file():
             checkpoint = _latest_checkpoint(server_dir / "checkpoints")
             if checkpoint is not None:
                 return checkpoint, _initial_model(server_dir)
-    if (path / CHECKPOINT_STATE).is_file():  # OUT/server/checkpoints/step_N (or latest)
-        return path, _initial_model(path.parent.parent)
+    if (path / "checkpoints").is_dir() and path.parent.name == "policies":  # OUT/server/policies/NAME
+        checkpoint = _latest_checkpoint(path / "checkpoints")
+        if checkpoint is not None:
+            return checkpoint, _initial_model(path.parent.parent)
+    if (path / CHECKPOINT_STATE).is_file():  # OUT/server/checkpoints/step_N (or latest), or a policy's
+        server_dir = path.parent.parent
+        if server_dir.parent.name == "policies":
+            server_dir = server_dir.parent.parent
+        return path, _initial_model(server_dir)
     return path, None
+
+
+class RunFolderError(ValueError):
+    """A run folder that names no one model to evaluate (the message says which to give)."""
 
 
 def comparison_table(results: list[dict]) -> Table:

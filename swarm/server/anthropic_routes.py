@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from swarm.server.anthropic_schema import MessagesRequest, error_payload, message_id, message_response
 from swarm.server.anthropic_stream import MessageStream
-from swarm.server.auth import caller_of, current_swarm
+from swarm.server.auth import caller_of, generation_swarm
 from swarm.server.auth_first import AuthFirstRoute
 from swarm.server.episodes import Episode
 from swarm.server.errors import describe_validation, error_headers, status_of
@@ -93,7 +93,7 @@ async def messages_caller(
         token = authorization[7:].strip()
     if not token:
         raise Unauthorized("missing_api_key", "missing credential: send the episode's api_key as x-api-key")
-    return caller_of(current_swarm(request), token)
+    return caller_of(request, token)
 
 
 _SAMPLING_FIELDS = {f.name for f in fields(Sampling)}
@@ -119,7 +119,7 @@ async def messages(
     ep: Episode | None = Depends(messages_caller),
     x_roost_agent: str | None = Header(None),
 ) -> Any:
-    swarm = current_swarm(request)
+    swarm = generation_swarm(request, ep, body.model)
     if body.model not in swarm.config.model_aliases:
         raise NotFound(
             "model_not_found", f"model {body.model!r} is not served here; use {swarm.config.served_model_name!r}"
@@ -132,7 +132,7 @@ async def messages(
         episode=ep,
         agent=agent_tag(x_roost_agent),
     )
-    prepared = await generation_core(request).prepare_chat(turn)
+    prepared = await generation_core(request, swarm).prepare_chat(turn)
     rid = message_id()
     if body.stream:
         return await _stream_response(prepared, rid, body.model)

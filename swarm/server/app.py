@@ -24,21 +24,45 @@ from fastapi import FastAPI
 
 from swarm.config.server import ServerConfig
 from swarm.engine.base import Engine
-from swarm.engine.fake import FakeEngine
+from swarm.engine.fake import FakeEngine, FakePolicyHost
 from swarm.server.access import ServerErrorCounter
 from swarm.server.admin_routes import router as admin_router
 from swarm.server.anthropic_routes import router as anthropic_router
 from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
 from swarm.server.openai_routes import router as openai_router
+from swarm.server.policies import PolicyRouter
+from swarm.server.policy_routes import router as policy_router
+from swarm.server.policy_routes import start_policy, stop_policy, wire_stop
 from swarm.server.state import Swarm
 from swarm.server.swarm_routes import router as swarm_router
 
 log = logging.getLogger("swarm.server")
 
 
+def make_host(config: ServerConfig) -> Any:
+    """A server of several policies: the shared base with one adapter per `config.policies` entry."""
+    assert config.policies
+    if config.engine == "fake":
+        host: Any = FakePolicyHost(config.model_dir, seed=config.seed)
+    else:
+        from swarm.engine.policies import PolicyHost  # lazy: importing torch takes seconds
+
+        host = PolicyHost(config.model_dir, seed=config.seed, device=config.device)
+    from swarm.engine.lora import LoraError  # lazy: beside the engines' imports
+
+    for spec in config.policies:
+        try:
+            host.add(spec.name, config.for_policy(spec).lora)
+        except LoraError as exc:
+            raise SystemExit(f"swarm serve: policy {spec.name}: {exc}") from None
+    return host
+
+
 def make_engine(config: ServerConfig) -> Engine:
-    """The engine named by `config.engine`."""
+    """The engine named by `config.engine` (a `PolicyHost` when `config.policies` names several)."""
+    if config.policies:
+        return make_host(config)
     if config.engine == "fake":
         return FakeEngine(config.model_dir, seed=config.seed, history=8)  # a served fake keeps no growing log
     if config.engine == "torch":
@@ -61,6 +85,7 @@ def make_engine(config: ServerConfig) -> Engine:
                 device=config.device,
                 settings=config.vllm,
                 served_name=config.served_model_name,
+                lora=config.lora,
             )
         except VllmUnavailable as exc:
             raise SystemExit(str(exc)) from None  # one line naming what to install, no traceback
@@ -73,34 +98,45 @@ def make_engine(config: ServerConfig) -> Engine:
     raise ValueError(f"unknown engine {config.engine!r}; known: torch, vllm, verl, fake")
 
 
-def create_app(config: ServerConfig, engine: Engine) -> FastAPI:
-    swarm = Swarm(config, engine)
+def create_app(config: ServerConfig, engine: Any) -> FastAPI:
+    """The app of one model (`engine` an `Engine`), or of several policies (`config.policies`, `engine`
+    the host holding their adapters: one `Swarm` per policy, routed by `model`)."""
+    if config.policies:
+        if not (config.token and config.admin_token and config.secret):
+            config = config.with_secrets()  # one set for every policy: one key verifies anywhere
+        swarms = {p.name: Swarm(config.for_policy(p), engine.policy(p.name)) for p in config.policies}
+        host = engine
+    else:
+        swarms = {"": Swarm(config, engine)}
+        host = None
+    router = PolicyRouter(swarms)
+    swarm = router.default
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        swarm.leases.start()  # the lease sweeper
-        swarm.trainer.kick()  # complete groups replayed from the durable buffer train at once
+        for one in router:
+            start_policy(one)  # lease sweepers; complete groups replayed from the durable buffer train at once
         yield
-        await swarm.leases.stop()
-        await swarm.trainer.wait()  # never exit halfway through a step
-        if swarm.config.checkpoint_on_stop and swarm.trainer.step > swarm.checkpointed_step:
-            await swarm.checkpoint()  # Ctrl-C keeps the steps since the last checkpoint
-        if swarm.tracking is not None:
-            await asyncio.to_thread(swarm.tracking.close)
+        for one in router:  # (a removed policy was stopped when it was removed)
+            await stop_policy(one)  # never exit halfway through a step; Ctrl-C keeps the last steps
 
     app = FastAPI(title="Roost swarm server", version="1", lifespan=lifespan)
     app.state.swarm = swarm
+    app.state.policies = router
+    app.state.host = host
+    app.state.config = config
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=swarm.config.max_body_bytes)
     app.add_middleware(ServerErrorCounter, counters=swarm.counters)  # http_5xx in status, and logged
     app.include_router(swarm_router)
     app.include_router(admin_router)
+    app.include_router(policy_router)
     app.include_router(openai_router)
     app.include_router(anthropic_router)  # POST /v1/messages
 
     @app.get("/health", tags=["swarm"])
     async def health() -> dict[str, Any]:
-        return {"ok": True, "policy_version": engine.policy_version, "stopping": swarm.stopping}
+        return {"ok": True, "policy_version": swarm.engine.policy_version, "stopping": swarm.stopping}
 
     return app
 
@@ -146,15 +182,23 @@ def serve(config: ServerConfig, engine: Engine | None = None, announce: Callable
     def stop() -> None:
         server.should_exit = True
 
-    swarm.stop_callback = stop
+    router: PolicyRouter = app.state.policies
+    wire_stop(list(router), lambda: list(router), stop)
+    app.state.stop_server = stop
     config.out_dir.mkdir(parents=True, exist_ok=True)
     (config.out_dir / "server.json").write_text(
-        json.dumps({"url": url, "pid": os.getpid(), "model": swarm.model_name}, indent=2)
+        json.dumps(
+            {"url": url, "pid": os.getpid(), "model": swarm.model_name, "policies": [n for n in router.names() if n]},
+            indent=2,
+        )
     )
-    announce(
-        f"Roost swarm server on {url} (model {swarm.model_name}, policy version "
-        f"{engine.policy_version}, step {swarm.trainer.step})"
-    )
+    if config.policies:
+        announce(f"Roost swarm server on {url} (policies {', '.join(router.names())} on {config.model_dir})")
+    else:
+        announce(
+            f"Roost swarm server on {url} (model {swarm.model_name}, policy version "
+            f"{engine.policy_version}, step {swarm.trainer.step})"
+        )
     shown = {"config": "(as given)", "env": "(from the environment)"}
     announce(f"  worker token: {shown.get(source['token'], config.token)}")
     announce(f"  admin token:  {shown.get(source['admin_token'], config.admin_token)}")

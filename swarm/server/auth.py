@@ -17,15 +17,35 @@ schema (and gets 401, not 400). Failures raise the domain's `Unauthorized` /
 
 from __future__ import annotations
 
-from fastapi import Header, Request
+from fastapi import Header, Query, Request
 
 from swarm.server.episodes import Episode, same_secret
 from swarm.server.exceptions import Forbidden, Unauthorized, Unavailable
+from swarm.server.policies import PolicyRouter
 from swarm.server.state import Swarm
 
 
 def current_swarm(request: Request) -> Swarm:
-    return request.app.state.swarm
+    """The default policy's `Swarm` (a one-policy server's only one)."""
+    return request.app.state.policies.default
+
+
+def policies(request: Request) -> PolicyRouter:
+    return request.app.state.policies
+
+
+def episode_swarm(request: Request, ep: Episode) -> Swarm:
+    """The `Swarm` of the policy `ep` belongs to."""
+    return policies(request).owner(ep.id)
+
+
+def _episode_of(request: Request, key: str, episode_id: str | None = None) -> Episode:
+    """The episode a genuine key names, found in the policy that issued it (one secret signs for all)."""
+    router = policies(request)
+    if not router.several:
+        return router.default.registry.authorize(key, episode_id)
+    key_id, _ = router.default.registry.signer.verify(key)  # InvalidKey before any lookup
+    return router.owner(key_id).registry.authorize(key, episode_id)
 
 
 def bearer(authorization: str | None) -> str:
@@ -45,40 +65,58 @@ async def worker(request: Request, authorization: str | None = Header(None)) -> 
     return swarm
 
 
-async def admin(request: Request, authorization: str | None = Header(None)) -> Swarm:
+async def admin(
+    request: Request,
+    authorization: str | None = Header(None),
+    policy: str | None = Query(None, description="the policy of a server of several (default: the first)"),
+) -> Swarm:
     swarm = current_swarm(request)
     token = bearer(authorization)
     if not same_secret(token, swarm.config.admin_token):
         kind = Forbidden if same_secret(token, swarm.config.token) else Unauthorized
         raise kind("admin_only", "admin token required")
-    return swarm
+    return policies(request).by_model(policy) if policy is not None else swarm
 
 
 async def episode(episode_id: str, request: Request, authorization: str | None = Header(None)) -> Episode:
-    return current_swarm(request).registry.authorize(bearer(authorization), episode_id)
+    return _episode_of(request, bearer(authorization), episode_id)
 
 
 async def open_episode(request: Request, authorization: str | None = Header(None)) -> Episode:
-    swarm = current_swarm(request)
-    ep = swarm.registry.authorize(bearer(authorization))
-    swarm.begin_call(ep)
+    ep = _episode_of(request, bearer(authorization))
+    episode_swarm(request, ep).begin_call(ep)
     return ep
 
 
-def caller_of(swarm: Swarm, token: str) -> Episode | None:
+def caller_of(request: Request, token: str) -> Episode | None:
     """The open episode a generation call is recorded into, or None for an evaluation call
     (worker or admin token). Shared by every protocol's generation routes."""
+    swarm = current_swarm(request)
     if _is_worker(swarm, token):
-        if swarm.stopping:
+        if not policies(request).several and swarm.stopping:  # several: the policy `model` names, later
             raise Unavailable("stopping", "the server is stopping")
         return None
-    ep = swarm.registry.authorize(token)
-    swarm.begin_call(ep)
+    ep = _episode_of(request, token)
+    episode_swarm(request, ep).begin_call(ep)
     return ep
+
+
+def generation_swarm(request: Request, ep: Episode | None, model: str | None) -> Swarm:
+    """Whose policy generates a call: the episode's; for an evaluation call, the one `model` names
+    (a one-policy server checks `model` against its names where the route does, as before)."""
+    router = policies(request)
+    if ep is not None:
+        return router.owner(ep.id)
+    if not router.several:
+        return router.default
+    swarm = router.by_model(model)
+    if swarm.stopping:
+        raise Unavailable("stopping", f"policy {swarm.model_name!r} is stopping")
+    return swarm
 
 
 async def generation_caller(request: Request, authorization: str | None = Header(None)) -> Episode | None:
-    return caller_of(current_swarm(request), bearer(authorization))
+    return caller_of(request, bearer(authorization))
 
 
 async def any_caller(request: Request, authorization: str | None = Header(None)) -> Swarm:

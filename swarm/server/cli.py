@@ -4,6 +4,7 @@
     swarm serve --model ./my-hf-model --port 0 --group-size 8 --batch-groups 4 --max-steps 100
     ROOST_TOKEN=secret swarm serve --out runs/exp1 --checkpoint-every 5 --advantage rloo
     swarm serve --config server.yaml --quota math=0.5 --quota code=0.5   # file + flags on top
+    swarm serve --lora-rank 8 --policy planner --policy executor        # two LoRA policies, one base
 
 Every option but `--config`, `--quota` and `--log-level` is derived from a field of
 `ServerConfig` (swarm/config/server.py): its help text, default and bounds live
@@ -54,6 +55,14 @@ def serve_command(
         metavar="NAME",
         help="a name requests may give as `model` (repeatable; the first is reported); others get 404",
     ),
+    policy: list[str] = typer.Option(
+        None,
+        "--policy",
+        metavar="NAME",
+        help="train several LoRA policies on this one base model (repeatable; each gets the --lora-* "
+        "and training settings, its own adapter, windows, checkpoints and metrics under OUT/policies/NAME); "
+        "requests pick one by `model`, claims by `policy`. A config file's `policies:` list sets each apart",
+    ),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning"),
 ) -> None:
     """Serve a trainable model: OpenAI-compatible endpoints plus the episode API."""
@@ -65,6 +74,8 @@ def serve_command(
             raise typer.BadParameter(str(exc), param_hint="--quota") from None
     if served_model_name:
         overrides = {**overrides, "served_model_names": list(served_model_name)}
+    if policy:
+        overrides = {**overrides, "policies": [{"name": name} for name in policy]}
     config: ServerConfig = build_config(ServerConfig, overrides, config_file)
     if not (Path(config.model_dir) / "config.json").exists() and config.engine == "torch":
         typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)

@@ -407,13 +407,14 @@ def _tool_mode(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] 
     return name, True
 
 
-def generation_core(request: Request) -> GenerationCore:
-    """The app's core (made on first use, on the swarm's context): a FastAPI dependency, or call it
-    with the request."""
-    state = request.app.state
-    core = getattr(state, "generation", None)
+def generation_core(request: Request, swarm: Any = None) -> GenerationCore:
+    """The core of `swarm` (default: the server's default policy), made on first use on its context:
+    a FastAPI dependency, or call it with the request. Each policy generates through its own."""
+    if swarm is None:
+        swarm = request.app.state.policies.default
+    core = getattr(swarm, "_generation_core", None)
     if core is None:
-        core = state.generation = GenerationCore(state.swarm.generation_context)
+        core = swarm._generation_core = GenerationCore(swarm.generation_context)
     return core
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 
-from swarm.server.auth import any_caller, current_swarm, generation_caller
+from swarm.server.auth import any_caller, generation_caller, generation_swarm, policies
 from swarm.server.auth_first import AuthFirstRoute
 from swarm.server.episodes import Episode
 from swarm.server.errors import domain_error_body, error_body
@@ -139,8 +139,8 @@ async def chat_completions(
     ep: Episode | None = Depends(generation_caller),
     x_roost_agent: str | None = Header(None),
 ) -> Any:
-    swarm = current_swarm(request)
-    core = generation_core(request)
+    swarm = generation_swarm(request, ep, body.model)
+    core = generation_core(request, swarm)
     body.check_model(swarm.config.model_aliases)
     turn = ChatTurn(
         body.message_dicts(),
@@ -266,8 +266,8 @@ async def completions(
     ep: Episode | None = Depends(generation_caller),
     x_roost_agent: str | None = Header(None),
 ) -> Any:
-    swarm = current_swarm(request)
-    core = generation_core(request)
+    swarm = generation_swarm(request, ep, body.model)
+    core = generation_core(request, swarm)
     body.check_model(swarm.config.model_aliases)
     body.check_unsupported()
     sampling = body.to_sampling()
@@ -362,18 +362,19 @@ async def completions(
 
 
 @router.get("/models")
-async def models(swarm: Swarm = Depends(any_caller)) -> Any:
-    names = [swarm.model_name, *sorted(swarm.config.model_aliases - {swarm.model_name})]
-    return {
-        "object": "list",
-        "data": [
+async def models(request: Request, swarm: Swarm = Depends(any_caller)) -> Any:
+    """Every model a request may name: each policy (its name first, then the server's aliases)."""
+    data = []
+    for one in policies(request):
+        names = [one.model_name, *sorted(one.config.model_aliases - {one.model_name})]
+        data += [
             {
                 "id": name,
                 "object": "model",
                 "created": 0,
                 "owned_by": "roost",
-                "policy_version": swarm.engine.policy_version,
+                "policy_version": one.engine.policy_version,
             }
             for name in names
-        ],
-    }
+        ]
+    return {"object": "list", "data": data}

@@ -33,7 +33,7 @@ from swarm.protocol import (
     HeartbeatResponse,
     StatusResponse,
 )
-from swarm.server.auth import admin, current_swarm, episode, worker
+from swarm.server.auth import admin, episode, episode_swarm, policies, worker
 from swarm.server.auth_first import AuthFirstRoute
 from swarm.server.episodes import Episode
 from swarm.server.errors import batch_item_error, batch_item_invalid
@@ -50,56 +50,66 @@ def _base_url(request: Request, swarm: Swarm) -> str:
 
 
 @router.post("/episodes", response_model=ClaimResponse)
-async def claim(body: ClaimRequest, request: Request, swarm: Swarm = Depends(worker)) -> ClaimResponse:
+async def claim(body: ClaimRequest, request: Request, _: Swarm = Depends(worker)) -> ClaimResponse:
+    swarm = policies(request).by_model(body.policy)
     return await swarm.claim(body, _base_url(request, swarm))
 
 
 @router.post("/episodes/{episode_id}/heartbeat", response_model=HeartbeatResponse)
 async def heartbeat(request: Request, ep: Episode = Depends(episode)) -> HeartbeatResponse:
-    return HeartbeatResponse(episode_id=ep.id, lease_expires_at=current_swarm(request).registry.heartbeat(ep))
+    return HeartbeatResponse(episode_id=ep.id, lease_expires_at=episode_swarm(request, ep).registry.heartbeat(ep))
 
 
 @router.post("/episodes/{episode_id}/finish", response_model=FinishResponse)
 async def finish(body: FinishRequest, request: Request, ep: Episode = Depends(episode)) -> FinishResponse:
-    return await current_swarm(request).finish(ep, body)
+    return await episode_swarm(request, ep).finish(ep, body)
 
 
 @router.post("/episodes/{episode_id}/abort", response_model=AbortResponse)
 async def abort(request: Request, body: AbortRequest | None = None, ep: Episode = Depends(episode)) -> AbortResponse:
-    return current_swarm(request).abort(ep, body or AbortRequest())
+    return episode_swarm(request, ep).abort(ep, body or AbortRequest())
 
 
 @router.post("/claims", response_model=BatchResponse)
-async def claims(body: ClaimBatch, request: Request, swarm: Swarm = Depends(worker)) -> Any:
-    """Several claims in one request (the SDK coalesces concurrent ones); answers in order."""
-    reqs: list[ClaimRequest] = []
-    results: list[dict | None] = []
-    for item in body.claims:
+async def claims(body: ClaimBatch, request: Request, _: Swarm = Depends(worker)) -> Any:
+    """Several claims in one request (the SDK coalesces concurrent ones); answers in order.
+    Claims of different policies go to each policy's own window, concurrently."""
+    router = policies(request)
+    results: list[dict | None] = [None] * len(body.claims)
+    by_policy: dict[Swarm, list[tuple[int, ClaimRequest]]] = {}
+    for i, item in enumerate(body.claims):
         try:
-            reqs.append(ClaimRequest.model_validate(item))
-            results.append(None)
+            req = ClaimRequest.model_validate(item)
+            by_policy.setdefault(router.by_model(req.policy), []).append((i, req))
         except ValidationError as exc:
-            results.append(batch_item_invalid(exc.errors()))
-    got = iter(await swarm.claim_many(reqs, _base_url(request, swarm)) if reqs else [])
-    for i, r in enumerate(results):
-        if r is None:
-            one = next(got)
+            results[i] = batch_item_invalid(exc.errors())
+        except SwarmError as exc:  # an unknown policy: this item's 404
+            results[i] = batch_item_error(exc)
+
+    async def one_policy(swarm: Swarm, items: list[tuple[int, ClaimRequest]]) -> None:
+        got = await swarm.claim_many([r for _, r in items], _base_url(request, swarm))
+        for (i, _), one in zip(items, got):
             results[i] = (
                 batch_item_error(one)
                 if isinstance(one, SwarmError)
                 else {"status": 200, "body": one.model_dump(), "retry_after": None}
             )
+
+    await asyncio.gather(*(one_policy(s, items) for s, items in by_policy.items()))
     return JSONResponse({"results": results})
 
 
 @router.post("/finishes", response_model=BatchResponse)
-async def finishes(body: FinishBatch, swarm: Swarm = Depends(worker)) -> Any:
+async def finishes(body: FinishBatch, request: Request, _: Swarm = Depends(worker)) -> Any:
     """Several finishes in one request: each authorized by its own episode key (fenced by its
     epoch), all committed together (group commit), each answered as its single route would."""
+    router = policies(request)
 
     async def one(item: dict) -> dict:
         try:
-            ep = swarm.registry.authorize(str(item.get("api_key") or ""), str(item.get("episode_id") or ""))
+            episode_id = str(item.get("episode_id") or "")
+            swarm = router.owner(episode_id) if router.several else router.default
+            ep = swarm.registry.authorize(str(item.get("api_key") or ""), episode_id)
             req = FinishRequest.model_validate(item)
             return {"status": 200, "body": (await swarm.finish(ep, req)).model_dump(), "retry_after": None}
         except SwarmError as exc:
@@ -111,18 +121,23 @@ async def finishes(body: FinishBatch, swarm: Swarm = Depends(worker)) -> Any:
 
 
 @router.get("/status", response_model=StatusResponse)
-async def status(swarm: Swarm = Depends(worker)) -> StatusResponse:
-    return swarm.status()
+async def status(request: Request, policy: str | None = None, _: Swarm = Depends(worker)) -> StatusResponse:
+    """The status of one policy (`?policy=NAME`; default: the first); `policies` lists them all."""
+    router = policies(request)
+    out = router.by_model(policy).status()
+    return out.model_copy(update={"policies": router.names()}) if router.several else out
 
 
 @router.post("/admin/stop", response_model=AdminResponse)
-async def admin_stop(swarm: Swarm = Depends(admin)) -> AdminResponse:
-    swarm.request_stop("admin request")
+async def admin_stop(request: Request, swarm: Swarm = Depends(admin)) -> AdminResponse:
+    for one in policies(request):
+        one.request_stop("admin request")
     return AdminResponse(message="stopping", step=swarm.trainer.step)
 
 
 @router.post("/admin/checkpoint", response_model=AdminResponse)
 async def admin_checkpoint(swarm: Swarm = Depends(admin)) -> AdminResponse:
+    """A checkpoint of one policy (`?policy=NAME`; default: the first); each policy has its own."""
     await swarm.trainer.wait()
     async with swarm.gate.exclusive():
         path = await swarm.checkpoint()

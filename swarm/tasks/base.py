@@ -36,6 +36,7 @@ class Task:
     `group_call`: the workflow makes one call and honours `episode.choices` (k > 1: it asks
     for n = k and returns a reward per choice), so `swarm train` samples a GRPO group in
     one call by default.
+    `roles`: a team task's roles; its workflow plays a `TeamEpisode` (one member per role).
     """
 
     name: str
@@ -46,6 +47,8 @@ class Task:
     transcripts: Callable[[int, int], list[list[dict]]]
     tools: list[dict] | None = None
     group_call: bool = False
+    #: the roles of a team task (one trainable policy each with `swarm train --shared-base`); () for one model
+    roles: tuple[str, ...] = ()
 
 
 def completion_text(response: Any) -> str:

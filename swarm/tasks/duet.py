@@ -132,4 +132,5 @@ TASK = Task(
     dataset=dataset,
     workflow=workflow,
     transcripts=transcripts,
+    roles=ROLES,
 )

@@ -57,6 +57,7 @@ class Cluster:
         engine: str = "fake",
         client_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        slot_args: dict[int, list[str]] | None = None,
     ) -> None:
         self.tmp = tmp
         self.out = tmp / "out"
@@ -82,6 +83,7 @@ class Cluster:
         self.seeds = seeds
         self.concurrency = concurrency
         self.client_args = client_args or []
+        self.slot_args = slot_args or {}  # a slot's own client flags (e.g. the policy it plays)
         self.env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
@@ -151,6 +153,7 @@ class Cluster:
             "--reconnect-s",
             "60",
             *self.client_args,
+            *self.slot_args.get(slot, []),
         ]
         self.clients[slot] = self._spawn(CLIENT, args, self.tmp / f"client{slot}-{n}.log", env)
 
@@ -161,9 +164,14 @@ class Cluster:
             if sig == signal.SIGKILL:
                 p.wait(10)
 
-    def status(self) -> dict:
+    def status(self, policy: str | None = None) -> dict:
         try:
-            r = httpx.get(f"{self.url}/swarm/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=2)
+            r = httpx.get(
+                f"{self.url}/swarm/v1/status",
+                params={"policy": policy} if policy else None,
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=2,
+            )
             return r.json() if r.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
             return {}
@@ -191,10 +199,10 @@ class Cluster:
 
 
 # -- what a run leaves on disk --------------------------------------------------------------------
-def read_acks(tmp: Path) -> dict[str, dict]:
+def read_acks(tmp: Path, pattern: str = "ack*.log") -> dict[str, dict]:
     """Every acknowledged episode the clients logged: id -> its ack line (pid, epoch, task, group)."""
     acks: dict[str, dict] = {}
-    for log in tmp.glob("ack*.log"):
+    for log in tmp.glob(pattern):
         for line in log.read_text().splitlines():
             if line.strip():
                 a = json.loads(line)

@@ -7,6 +7,8 @@
     client_sigstop_forever       SIGSTOP a client and leave it frozen: its twin and the stall bound carry on
     server_kill9_mid_step        kill -9 the server while it trains a step; restart on the same out dir
     server_kill9_after_ack       kill -9 the server the instant a client logs an acknowledgement
+    two_policies_kill9_mid_step  a server of two policies (--policy a --policy b), one client each:
+                                 kill -9 while one trains; each policy resumes from its own checkpoint
 
 Each case: training makes a step, the fault lands, training makes two more steps (liveness),
 then the server stops. Verdict from the server's files: every acknowledged episode is in the
@@ -40,10 +42,17 @@ LEASE_S = 1.5
 STALL_S = 3.0
 
 
-def _wait(cluster: Cluster, what: str, cond: Callable[[dict], bool], timeout_s: float, poll_s: float = 0.1) -> dict:
+def _wait(
+    cluster: Cluster,
+    what: str,
+    cond: Callable[[dict], bool],
+    timeout_s: float,
+    poll_s: float = 0.1,
+    policy: str | None = None,
+) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        st = cluster.status()
+        st = cluster.status(policy)
         if st and cond(st):
             return st
         assert cluster.server is not None and cluster.server.poll() is None, cluster.server_logs[-1].read_text()[-3000:]
@@ -176,3 +185,51 @@ def test_fault(fault: Callable[[Cluster], dict], tmp_path: Path, model_dir: Path
         )
     if fault is server_kill9_after_ack:
         assert set(notes["acked_before_kill"]) <= set(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_two_policies_kill9_mid_step(tmp_path: Path, model_dir: Path) -> None:
+    """The same verdict, per policy: each has its own buffer, checkpoints and metrics under
+    OUT/policies/NAME, and a kill -9 loses no episode either acknowledged."""
+    c = Cluster(
+        tmp_path,
+        model_dir,
+        ["--policy", "a", "--policy", "b", "--group-size", "4", "--batch-groups", "2", "--checkpoint-every", "2"]
+        + ["--lease-seconds", str(LEASE_S), "--group-stall-s", str(STALL_S), "--max-tokens", "8"],
+        seeds=[0, 1],
+        concurrency=4,
+        env={"CHAOS_TURN_S": "0.2,0.5"},
+        slot_args={0: ["--policy", "a"], 1: ["--policy", "b"]},
+    )
+    policies = ("a", "b")
+    try:
+        c.start_server()
+        for slot in range(2):
+            c.start_client(slot)
+        before = {
+            p: _wait(c, f"a first step of {p}", lambda st: st["step"] >= 1, 60, policy=p)["step"] for p in policies
+        }
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(c.status(p).get("training") for p in policies):
+            time.sleep(0.005)
+        c.kill_server()
+        time.sleep(0.3)
+        c.start_server()
+        for p in policies:
+            _wait(c, f"two steps of {p} after the kill", lambda st, p=p: st["step"] >= before[p] + 2, 90, policy=p)
+        c.stop_clients()
+        rc = c.stop_server()
+        assert rc == 0, c.server_logs[-1].read_text()[-3000:]
+    finally:
+        c.teardown()
+    assert count_5xx(c.server_logs) == 0, "".join(log.read_text()[-2000:] for log in c.server_logs)
+    for slot, name in enumerate(policies):
+        out = c.out / "policies" / name
+        state = json.loads((out / "checkpoints" / "latest" / "server_state.json").read_text())
+        rows = buffer_rows(out)
+        acked = check_acknowledged(read_acks(tmp_path, f"ack{slot}.log"), rows)
+        check_trained_once(rows, surviving_steps(metric_rows(out), int(state["step"])))
+        assert state["model_name"] == name
+        print(f"policy {name}: acked {dict(acked)}, steps {state['step']}")

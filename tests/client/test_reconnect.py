@@ -202,12 +202,13 @@ def test_async_client_heartbeats_and_fail(make_server) -> None:
 
     from swarm.client import AsyncSwarmClient
 
-    srv = make_server(group_size=2, batch_groups=1, lease_seconds=0.6)
+    # beats every 0.4 s against a 1.2 s lease: a loaded machine (two test workers) may delay one beat, not three
+    srv = make_server(group_size=2, batch_groups=1, lease_seconds=1.2)
 
     async def go() -> None:
         async with AsyncSwarmClient(srv.url, srv.token) as client:
             ep = await client.claim("a")
-            await asyncio.sleep(1.5)  # the background task renews the lease meanwhile
+            await asyncio.sleep(3.0)  # the background task renews the lease meanwhile (2.5 leases)
             await ep.async_openai.chat.completions.create(
                 model=ep.model, max_tokens=3, messages=[{"role": "user", "content": "x"}]
             )

@@ -24,8 +24,10 @@ import pytest
 from safetensors.torch import load_file, save_file
 from vllm_helpers import chat_prompt as _prompt
 from vllm_helpers import generate_all as _gen
+from vllm_helpers import max_diff as _diff
+from vllm_helpers import train_batch as _batch
 
-from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
+from swarm.engine import GenerateRequest, SamplingParams
 from swarm.engine.vllm.engine import VllmEngineError
 from swarm.engine.vllm.weights import CheckpointRefused, unique_state, validate, write_atomic
 
@@ -39,34 +41,6 @@ HF_TOL = 0.05
 def engine(vllm_engine):
     """The session's shared vLLM (conftest)."""
     return vllm_engine
-
-
-def _batch(engine, n: int = 4, max_tokens: int = 12) -> TrainBatch:
-    """A small on-policy batch with unequal rewards (a real gradient)."""
-    outs = _gen(
-        engine,
-        [
-            GenerateRequest(_prompt(engine, f"What is {i}+1?"), SamplingParams(max_tokens=max_tokens, seed=i))
-            for i in range(n)
-        ],
-    )
-    samples = [
-        TrainSample(
-            o.prompt_ids + o.token_ids,
-            [0] * len(o.prompt_ids) + [1] * len(o.token_ids),
-            [0.0] * len(o.prompt_ids) + o.logprobs,
-            f"ep{i}",
-            "g0",
-            float(i % 2),
-        )
-        for i, o in enumerate(outs)
-    ]
-    return TrainBatch(samples, TrainConfig(lr=5e-3))
-
-
-def _diff(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b)
-    return max(abs(x - y) for x, y in zip(a, b))
 
 
 def _wait_restarted(engine, restarts: int, timeout: float = 400.0) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from vllm_helpers import loopback_server, reply
+from vllm_helpers import StubSupervisor, loopback_server, reply
 
 from swarm.engine.vllm.errors import VllmEngineError
 from swarm.engine.vllm.gate import DrainGate
@@ -28,27 +27,6 @@ from swarm.engine.vllm.publisher import WeightPublisher
 from swarm.engine.vllm.weights import CheckpointRefused, ServingDir, layout_of
 
 SYNC = ["/pause?mode=wait", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache", "/resume"]
-
-
-class StubSupervisor:
-    """The publisher's `Upstream`: a server at `url` that is always healthy; restarts are recorded."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.lock = threading.RLock()
-        self.restarts: list[str] = []
-        self.publisher: WeightPublisher | None = None
-
-    def healthy(self) -> bool:
-        return True
-
-    def recover(self, reason: str) -> None:
-        raise AssertionError("a healthy server is never recovered")
-
-    def restart(self, reason: str) -> None:
-        self.restarts.append(reason)
-        assert self.publisher is not None
-        self.publisher.relabel()  # the real supervisor's on_start
 
 
 class Control:

@@ -20,8 +20,8 @@ def _steps(out) -> list[dict]:
     return [json.loads(line) for line in (out / summary["metrics"]).read_text().splitlines()]
 
 
-def _train_arith(tmp_path, *args: str):
-    """`swarm train --task arith` for 2 steps on an untrained model under its own ROOST_HOME."""
+def _train_arith(tmp_path, *args: str, task: str = "arith"):
+    """`swarm train --task arith` (or `task`) for 2 steps on an untrained model under its own ROOST_HOME."""
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
@@ -32,7 +32,7 @@ def _train_arith(tmp_path, *args: str):
             "swarm",
             "train",
             "--task",
-            "arith",
+            task,
             "--model",
             str(model),
             "--steps",
@@ -194,3 +194,24 @@ def test_train_rejects_a_bad_mix(task, message):
         [sys.executable, "-m", "swarm", "train", "--task", task], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_train_shared_base_trains_each_role_as_a_policy_of_one_server(tmp_path):
+    """--shared-base: duet's planner and executor are LoRA policies of one server, played as team episodes."""
+    out = _train_arith(
+        tmp_path, "--shared-base", "--group-size", "2", "--batch-groups", "1", "--concurrency", "4", task="duet"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["policies"]) == {"planner", "executor"}
+    assert summary["steps_done"] == 2 and all(p["steps_done"] >= 2 for p in summary["policies"].values())
+    for role in ("planner", "executor"):
+        rows = [json.loads(x) for x in (out / summary["metrics"][role]).read_text().splitlines()]
+        assert [r["step"] for r in rows][:2] == [1, 2]
+        assert rows[0]["episodes"] == 2  # one episode per team, one group of 2 per step
+        ckpt = json.loads(
+            (out / "server" / "policies" / role / "checkpoints" / "latest" / "engine_state.json").read_text()
+        )
+        assert ckpt["policy"] == role and ckpt["lora"]["rank"] == 8  # the default rank of --shared-base
+    served = (out / "server.yaml").read_text()
+    assert "planner" in served and "executor" in served
+    assert json.loads((out / "server" / "server.json").read_text())["policies"] == ["planner", "executor"]

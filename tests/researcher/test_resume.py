@@ -137,6 +137,15 @@ def test_kill_9_mid_study_then_resume(fake_program, tmp_path):
     assert "lr=0 is worse" in study.report
 
 
+def _explain(engine) -> str:
+    """Trial and job rows, then the log: what a failure here needs to be diagnosed from CI output."""
+    with Session(engine) as s:
+        rows = [f"trial {t.id}: {t.status} {t.config.get('reason', '')}" for t in s.exec(select(Trial)).all()]
+        for j in s.exec(select(Job)).all():
+            rows.append(f"job {j.id}: {j.state} exit={j.exit_code} {j.external_id} {j.reason or ''}")
+    return "\n".join(rows) + "\n" + _log()
+
+
 @pytest.mark.integration
 def test_daemon_killed_mid_study_then_restarted(fake_program):
     from typer.testing import CliRunner
@@ -164,15 +173,18 @@ def test_daemon_killed_mid_study_then_restarted(fake_program):
             time.sleep(0.3)
         return False
 
-    daemon = _researcher("daemon", "--interval", "1", env=env)
+    daemon = _researcher("-v", "daemon", "--interval", "1", env=env)
     try:
         assert wait_for(lambda: trials("RUNNING") >= 1, 120), "the daemon never launched a trial"
     finally:
         os.killpg(daemon.pid, signal.SIGKILL)
         daemon.wait(timeout=10)
-    daemon = _researcher("daemon", "--interval", "1", env=env)
+    daemon = _researcher("-v", "daemon", "--interval", "1", env=env)
     try:
-        assert wait_for(lambda: trials("COMPLETED") == 6, 240), _log()
+        # Wait for every trial to end (not for six COMPLETED): a failed trial then shows up at
+        # once, with its reason and its job, instead of as a timeout.
+        ended = wait_for(lambda: trials("COMPLETED") + trials("FAILED") + trials("CANCELLED") == 6, 240)
+        assert ended and trials("COMPLETED") == 6, _explain(engine)
 
         def completed() -> bool:
             with Session(engine) as s:

@@ -80,8 +80,8 @@ def test_swarm_train_trial_under_slurm(slurm: None, db_url: str, tmp_path: Path)
         mgr.cancel_group("e2e")
         raise
     finally:
-        out, err = mgr.logs(job.id, tail_bytes=3000), mgr.logs(job.id, "stderr", tail_bytes=3000)
-        print(f"--- stdout\n{out}\n--- stderr\n{err}")
+        stdout, stderr = mgr.logs(job.id, tail_bytes=3000), mgr.logs(job.id, "stderr", tail_bytes=3000)
+        print(f"--- stdout\n{stdout}\n--- stderr\n{stderr}")
 
     assert launch.how == "submitted" and job.external_id and job.external_id.isdigit()  # really a Slurm job
     assert (done.state, done.exit_code) == (JobState.COMPLETED, 0), done

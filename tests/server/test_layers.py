@@ -85,6 +85,7 @@ HEAVY = {
     "app": (
         "swarm.engine.torch_engine",
         "swarm.engine.lora",  # torch (and peft)
+        "swarm.engine.policies",  # torch and peft: the shared base of several policies
         "swarm.engine.vllm",
         "swarm.engine.verl",  # vllm, verl+ray
         "swarm.server.http_protocol",

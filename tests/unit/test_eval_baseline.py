@@ -89,3 +89,22 @@ def test_eval_of_a_run_folder_compares_with_the_initial_model(fake_run, tmp_path
         env={"COLUMNS": "200"},
     )
     assert r.exit_code == 2 and "initial model" in r.output, r.output
+
+
+def test_run_models_of_a_run_with_several_policies(tmp_path, fake_run):
+    """A --shared-base run: the run folder names no one model (the error lists the policies); a policy's
+    folder or checkpoint is evaluated beside the run's initial model."""
+    from swarm.model.evaluate import RunFolderError, run_models
+
+    _, initial = fake_run
+    server = tmp_path / "run" / "server"
+    for name in ("executor", "planner"):
+        step = server / "policies" / name / "checkpoints" / "step_000002"
+        step.mkdir(parents=True)
+        (step / "server_state.json").write_text(json.dumps({"step": 2}))
+    (server / "config.yaml").write_text(yaml.safe_dump({"model_dir": str(initial), "out_dir": "x"}))
+    with pytest.raises(RunFolderError, match=r"several policies \(executor, planner\)"):
+        run_models(tmp_path / "run")
+    policy = server / "policies" / "planner"
+    assert run_models(policy) == ((policy / "checkpoints" / "step_000002").resolve(), initial)
+    assert run_models(policy / "checkpoints" / "step_000002") == (policy / "checkpoints" / "step_000002", initial)

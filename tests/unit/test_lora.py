@@ -325,8 +325,11 @@ def test_config_fields_flags_and_knobs():
     assert ServerConfig().lora == LoraSettings() and LoraSettings().rank == 0
     cfg = ServerConfig.model_validate({"lora": {"rank": 8, "targets": " q_proj , v_proj "}})
     assert cfg.lora.target_modules == ["q_proj", "v_proj"] and LoraSettings().target_modules == "all-linear"
-    with pytest.raises(ValueError, match="torch engine only"):
-        ServerConfig.model_validate({"engine": "vllm", "lora": {"rank": 8}})
+    assert ServerConfig.model_validate({"engine": "vllm", "lora": {"rank": 8}}).lora.rank == 8  # adapter-only sync
+    with pytest.raises(ValueError, match="rank at most 512"):
+        ServerConfig.model_validate({"engine": "vllm", "lora": {"rank": 513}})
+    with pytest.raises(ValueError, match="not --engine verl"):
+        ServerConfig.model_validate({"engine": "verl", "lora": {"rank": 8}})
     for bad in ({"rank": -1}, {"alpha": 0}, {"dropout": 1.0}, {"targets": ""}, {"targets": "all-linear,q_proj"}):
         with pytest.raises(ValueError):
             LoraSettings.model_validate(bad)

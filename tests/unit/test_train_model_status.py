@@ -31,7 +31,7 @@ def _quick(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_model_the_server_logged_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     logged = {"state": "logged", "run_id": "r", "model_uri": "models:/m-1", "seconds": 0.8}
-    train._await_exit(_Server(tmp_path, [{"state": "logging", "run_id": "r"}, logged], polls=3), tmp_path)
+    train._await_exit(_Server(tmp_path, [{"state": "logging", "run_id": "r"}, logged], polls=3), [tmp_path])
     assert train._logged_model(tmp_path / MODEL_FILE) == "models:/m-1"
     assert "logged the trained model to MLflow in 0.8s" in capsys.readouterr().err
 
@@ -46,8 +46,8 @@ def test_a_failure_is_a_warning_and_no_file_is_no_model(tmp_path: Path, capsys: 
 
 def test_a_server_that_does_not_stop_fails_the_run_but_slow_logging_does_not(tmp_path: Path) -> None:
     with pytest.raises(TimeoutError, match="did not exit"):
-        train._await_exit(_Server(tmp_path, [], polls=10**9), tmp_path, stop_s=-1.0)
+        train._await_exit(_Server(tmp_path, [], polls=10**9), [tmp_path], stop_s=-1.0)
     # still logging past its time: `run` stops the server and ends the MLflow run, the training stands
     train._await_exit(
-        _Server(tmp_path, [{"state": "logging", "run_id": "r"}], polls=10**9), tmp_path, stop_s=60.0, model_s=-1.0
+        _Server(tmp_path, [{"state": "logging", "run_id": "r"}], polls=10**9), [tmp_path], stop_s=60.0, model_s=-1.0
     )

@@ -7,7 +7,10 @@ test_vllm_publisher.py, test_vllm_supervisor.py, without vLLM):
   top-k, aborts, the unmasked logprob pass of a constrained request);
 * `publisher.WeightPublisher`: after every `train_step` (the same `policy_step` as the
   `torch` engine) the new weights reach vLLM before any later generation (write, validate,
-  drain, reload, relabel, resume; a rollback when vLLM cannot load them);
+  drain, reload, relabel, resume; a rollback when vLLM cannot load them); with a LoRA rank
+  (`lora=LoraSettings(rank=r)`) `adapters.AdapterPublisher` instead: vLLM serves the frozen base
+  with LoRA enabled and each step's adapter alone is written, validated, loaded as a new named
+  version (`{served}-v{N}`, the `model` new requests name) and the previous one unloaded;
 * `supervisor.Supervisor` over `server.VllmProcess`: a vLLM that dies (crash, kill, OOM) is
   restarted on the last good file by a watchdog, or by the next request or sync that finds
   it gone;
@@ -35,8 +38,10 @@ from pathlib import Path
 
 import httpx
 
+from swarm.config.lora import LoraSettings
 from swarm.config.vllm import VllmSettings
 from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
+from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout
 from swarm.engine.vllm.errors import VllmEngineError
 from swarm.engine.vllm.gate import DrainGate
 from swarm.engine.vllm.publisher import WeightPublisher
@@ -62,37 +67,61 @@ class VllmEngine:
         device: str | None = None,
         settings: VllmSettings = VllmSettings(),
         served_name: str = "roost",
+        lora: LoraSettings | None = None,
     ) -> None:
         python = find_python(settings.python)  # fail in one line before loading anything heavy
+        from swarm.engine.lora import save_adapter  # lazy: beside the trainer's
         from swarm.engine.torch_engine import TorchEngine  # lazy: torch and transformers take seconds
 
-        self.trainer = TorchEngine(Path(model_dir), seed=seed, device=device, max_batch=1)
+        self.lora = lora or LoraSettings()
+        self.trainer = TorchEngine(Path(model_dir), seed=seed, device=device, max_batch=1, lora=self.lora)
         self.model_dir = Path(model_dir)
+        work_dir = Path(work_dir)
         self.tokenizer = self.trainer.tokenizer
         self.max_positions = min(self.trainer.max_positions, settings.max_model_len or self.trainer.max_positions)
         self.settings = settings
         self.served_name = served_name
-        state = unique_state(self.trainer.model)
-        self.serving = ServingDir(Path(work_dir) / "model", layout_of(state))
-        self.serving.prepare(self.model_dir, state)
+        if self.lora.enabled:  # vLLM serves the frozen base as it is: only adapters travel
+            served_dir = self.model_dir
+        else:
+            state = unique_state(self.trainer.model)
+            self.serving = ServingDir(work_dir / "model", layout_of(state))
+            self.serving.prepare(self.model_dir, state)
+            served_dir = self.serving.root
         self.process = VllmProcess(
             python,
-            self.serving.root,
+            served_dir,
             served_name,
             settings,
-            Path(work_dir) / "vllm.log",
+            work_dir / "vllm.log",
             seed=seed,
             max_model_len=self.max_positions,
+            lora_rank=self.lora.rank,
         )
         self.gate = DrainGate()
         self.supervisor = Supervisor(self.process, self.gate)
-        self.publisher = WeightPublisher(
-            self.serving,
-            self.gate,
-            self.supervisor,
-            version=self.trainer.policy_version,
-            drain_timeout_s=settings.drain_timeout_s,
-        )
+        self.publisher: WeightPublisher | AdapterPublisher
+        if self.lora.enabled:
+            self.publisher = AdapterPublisher(
+                work_dir / "adapters",
+                adapter_layout(self.trainer.model),
+                self.lora.rank,
+                self.gate,
+                self.supervisor,
+                served_name=served_name,
+                version=self.trainer.policy_version,
+                drain_timeout_s=settings.drain_timeout_s,
+            )
+            self._save_adapter = lambda path: save_adapter(self.trainer.model, path)
+            self.publisher.prepare(self._save_adapter)  # version 0: the fresh adapter (B = 0), loaded at start
+        else:
+            self.publisher = WeightPublisher(
+                self.serving,
+                self.gate,
+                self.supervisor,
+                version=self.trainer.policy_version,
+                drain_timeout_s=settings.drain_timeout_s,
+            )
         self.supervisor.on_start = self.publisher.relabel  # every (re)start serves the last good file
         self.client = CompletionsClient(lambda: self.process.url, served_name, self.max_positions, self._eos_ids())
         self.supervisor.start()
@@ -114,9 +143,9 @@ class VllmEngine:
         return self.publisher.served_version
 
     def counters(self) -> dict[str, int]:
-        """Supervision counters, shown in the swarm server's status."""
+        """Supervision counters, shown in the swarm server's status (LoRA: adapters unloaded, and held now)."""
         c = self.publisher.counters
-        return {
+        out = {
             "vllm_syncs": c["syncs"],
             "vllm_sync_failures": c["sync_failures"],
             "vllm_refused": c["refused"],
@@ -124,6 +153,15 @@ class VllmEngine:
             "vllm_restarts": self.supervisor.restarts,
             "vllm_aborted_in_sync": c["aborted_in_sync"],
         }
+        if isinstance(self.publisher, AdapterPublisher):
+            out["vllm_adapters_unloaded"] = c["unloaded"]
+            out["vllm_adapters_loaded"] = len(self.publisher.loaded)
+        return out
+
+    def _label(self) -> tuple[int, str]:
+        """What a request admitted now is labelled with, and the vLLM model it names (LoRA: that version's)."""
+        p = self.publisher
+        return p.served_version, (p.served_model if isinstance(p, AdapterPublisher) else self.served_name)
 
     def _eos_ids(self) -> list[int]:
         tok = self.tokenizer
@@ -156,19 +194,20 @@ class VllmEngine:
             # a bad schema is refused with the torch engine's message, before vLLM sees it
             await asyncio.to_thread(self.trainer.batcher.compile, fmt)
         body = self.client.body(request)
-        async with self._admitted() as version:
+        async with self._admitted() as (version, model):
+            body["model"] = model
             async for chunk in self.client.completions(request, body):
                 yield version, chunk
 
     @asynccontextmanager
-    async def _admitted(self) -> AsyncIterator[int]:
+    async def _admitted(self) -> AsyncIterator[tuple[int, str]]:
         """One request through the gate (waiting out a sync or restart), labelled with the version served
-        at admission; a vLLM found dead, or gone during the request, is restarted."""
-        version = await self.gate.enter(lambda: self.publisher.served_version)
+        at admission and naming its model; a vLLM found dead, or gone during the request, is restarted."""
+        label = await self.gate.enter(self._label)
         try:
             if not self.supervisor.alive():
                 await asyncio.to_thread(self.supervisor.recover, "found dead before a request")
-            yield version
+            yield label
         except httpx.TransportError as exc:
             if not self.supervisor.closing:
                 await asyncio.to_thread(self.supervisor.recover, f"request failed: {exc!r}")
@@ -178,9 +217,9 @@ class VllmEngine:
 
     def logprobs(self, ids: list[int]) -> list[float]:
         """Teacher-forced logprob of each token after the first, as vLLM computes it (checks, tests)."""
-        self.gate.enter_blocking()
+        _version, model = self.gate.enter_blocking(self._label)
         try:
-            return self.client.logprobs(ids)
+            return self.client.logprobs(ids, model)
         finally:
             self.gate.leave()
 
@@ -202,11 +241,15 @@ class VllmEngine:
         return metrics
 
     def sync_weights(self) -> dict[str, float]:
-        """Make vLLM serve the trainer's current weights as `policy_version` (after every `train_step`)."""
+        """Make vLLM serve the trainer's current weights (LoRA: its adapter) as `policy_version` (after every
+        `train_step`)."""
+        if isinstance(self.publisher, AdapterPublisher):
+            return self.publisher.publish(self._save_adapter, self.trainer.policy_version)
         return self.publisher.publish(unique_state(self.trainer.model), self.trainer.policy_version)
 
     def offer_weights(self, path: Path, version: int, *, validate_first: bool = True) -> dict[str, float]:
-        """Serve the weights in safetensors file `path` as `version` (what a sync does with the trainer's).
+        """Serve the weights in safetensors file `path` (LoRA: the adapter in directory `path`) as `version`
+        (what a sync does with the trainer's).
 
         `CheckpointRefused` (nothing loaded) or `VllmEngineError` (rolled back) on failure.
         `validate_first=False` is for callers that validated the file already (tests timing a sync, and
@@ -219,10 +262,12 @@ class VllmEngine:
         self.trainer.save(path)
 
     def load(self, path: Path) -> None:
-        """Load a checkpoint into the trainer, then make vLLM serve it (raises if vLLM cannot)."""
+        """Load a checkpoint (LoRA: an adapter) into the trainer, then make vLLM serve it (raises if vLLM cannot)."""
         self.trainer.load(path)
         self.sync_weights()
 
     async def close(self) -> None:
         await asyncio.to_thread(self.supervisor.close)
+        if isinstance(self.publisher, AdapterPublisher):
+            self.publisher.close()
         await self.trainer.close()

@@ -39,11 +39,12 @@ class DrainGate:
                     return label()
             await asyncio.sleep(self._poll_s)
 
-    def enter_blocking(self) -> None:
+    def enter_blocking(self, label: Callable[[], T] = lambda: None) -> T:  # type: ignore[assignment,return-value]
         """`enter` for a thread."""
         with self._cond:
             self._cond.wait_for(lambda: not self.draining)
             self.in_flight += 1
+            return label()
 
     def leave(self) -> None:
         with self._cond:

@@ -25,7 +25,7 @@ labels every completion, and can lag the trainer's after a failed sync.
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import shutil
 import time
@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import httpx
 import torch
 
-from swarm.engine.vllm.errors import VllmEngineError
+from swarm.engine.vllm.errors import VllmEngineError, post_route
 from swarm.engine.vllm.gate import DrainGate
 from swarm.engine.vllm.weights import CheckpointRefused, ServingDir, validate
 
@@ -163,13 +163,4 @@ class WeightPublisher:
 
     def _post(self, route: str, body: dict[str, Any] | None = None, params: dict[str, str] | None = None) -> Any:
         """POST a control route of vLLM (dev mode); `VllmEngineError` unless it answers 200."""
-        try:
-            resp = httpx.post(self.upstream.url + route, json=body, params=params, timeout=120)
-        except httpx.HTTPError as exc:
-            raise VllmEngineError(f"vLLM {route}: {exc!r}") from exc
-        if resp.status_code != 200:
-            raise VllmEngineError(f"vLLM {route} answered {resp.status_code}: {resp.text[:300]}")
-        try:
-            return resp.json()
-        except json.JSONDecodeError:
-            return None
+        return post_route(functools.partial(httpx.post, timeout=120), self.upstream.url, route, body, params)

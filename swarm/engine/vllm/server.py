@@ -9,8 +9,13 @@ interpreter has vLLM: this one, or a separate virtualenv (`.venv-vllm`, made by
 (`/pause`, `/resume`, `/collective_rpc`, `/update_weight_version`,
 `/reset_prefix_cache`); `--worker-extension-cls` adds Roost's reload method to
 vLLM's worker (worker/roost_vllm_ext.py; that directory alone is on the child's
-PYTHONPATH, so it needs nothing of Roost). Starting, stopping and restarting the
-process is supervisor.py's, the same for any server; this module only says what vLLM is.
+PYTHONPATH, so it needs nothing of Roost). With a LoRA rank (`--lora-rank r`) it also gets
+`--enable-lora --max-lora-rank R --max-loras 2` (R: the smallest rank vLLM accepts >= r;
+two adapters: the version serving and the next, loaded beside it) and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING` for `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`
+(adapters.py); without one, the command line and environment are the full-weight ones.
+Starting, stopping and restarting the process is supervisor.py's, the same for any server;
+this module only says what vLLM is.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swarm.config.vllm import VllmSettings
+from swarm.config.vllm import VllmSettings, max_lora_rank
 from swarm.engine.vllm.supervisor import ServerProcess
 
 WORKER_EXTENSION = "roost_vllm_ext.RoostWorkerExtension"
@@ -69,7 +74,8 @@ def find_python(configured: Path | None) -> Path:
 class VllmProcess(ServerProcess):
     """One vLLM server process serving `model_dir` under `served_name` (started and stopped by `ServerProcess`).
 
-    `max_model_len` overrides the settings' (the engine passes the context it trains with).
+    `max_model_len` overrides the settings' (the engine passes the context it trains with);
+    `lora_rank` > 0 serves LoRA adapters of up to that rank beside the base (module docstring).
     """
 
     label = "vLLM"
@@ -83,6 +89,7 @@ class VllmProcess(ServerProcess):
         log_path: Path,
         seed: int = 0,
         max_model_len: int | None = None,
+        lora_rank: int = 0,
     ) -> None:
         super().__init__(log_path, port=settings.port, start_timeout_s=settings.start_timeout_s)
         self.python = python
@@ -91,6 +98,7 @@ class VllmProcess(ServerProcess):
         self.settings = settings
         self.seed = seed
         self.max_model_len = max_model_len or settings.max_model_len
+        self.lora_rank = lora_rank
 
     def command(self) -> list[str]:
         # roost_vllm_launch runs vllm.entrypoints.openai.api_server, and stops it if this process dies
@@ -124,6 +132,8 @@ class VllmProcess(ServerProcess):
         ]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.lora_rank:  # two adapters: the version serving, and the next one loaded beside it
+            cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(self.lora_rank)), "--max-loras", "2"]
         return cmd + list(self.settings.extra_args)
 
     def env(self) -> dict[str, str]:
@@ -138,5 +148,7 @@ class VllmProcess(ServerProcess):
                 "PYTHONPATH": str(Path(__file__).resolve().parent / "worker"),  # the extension only, nothing of Roost
             }
         )
+        if self.lora_rank:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter, /v1/unload_lora_adapter
         env.pop("VIRTUAL_ENV", None)
         return env

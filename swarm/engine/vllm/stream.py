@@ -14,6 +14,9 @@ it is complete, one teacher-forced pass (`prompt_logprobs`) over prompt + comple
 still inside the same request (so on the same weights), replaces them (and the top-k)
 with the raw values, as the torch engine records (docs/constrained-decoding.md).
 
+Each request names a `model`: the served name, or (LoRA) the adapter version the engine
+admitted it under (`body(request, model)`, `logprobs(ids, model)`).
+
 It knows nothing of weight syncs or restarts: the engine admits each request through
 the drain gate and recovers a server that went away (`httpx.TransportError`), so this
 client can be tested against any server that speaks the same SSE.
@@ -36,22 +39,33 @@ log = logging.getLogger("swarm.engine.vllm")
 
 
 class CompletionsClient:
-    """Token-in/token-out requests to the vLLM server at `url()` (read per request: a restart may move it)."""
+    """Token-in/token-out requests to the vLLM server at `url()` (read per request: a restart may move it).
 
-    def __init__(self, url: Callable[[], str], served_name: str, max_positions: int, eos_ids: Sequence[int]) -> None:
+    `served_name` is the `model` a request names unless the caller names another (a LoRA adapter
+    version: the engine names the one served when the request was admitted); a callable is read per request.
+    """
+
+    def __init__(
+        self,
+        url: Callable[[], str],
+        served_name: str | Callable[[], str],
+        max_positions: int,
+        eos_ids: Sequence[int],
+    ) -> None:
         self.url = url
-        self.served_name = served_name
+        self.model: Callable[[], str] = served_name if callable(served_name) else (lambda: served_name)
         self.max_positions = max_positions
         self.eos_ids = sorted(eos_ids)
 
-    def body(self, request: GenerateRequest) -> dict[str, Any]:
-        """The `/v1/completions` body of `request` (`ValueError` if the prompt leaves no room)."""
+    def body(self, request: GenerateRequest, model: str | None = None) -> dict[str, Any]:
+        """The `/v1/completions` body of `request` for `model` (default: the served name); `ValueError` if
+        the prompt leaves no room. The engine may set `body["model"]` later, at admission."""
         p = request.params
         room = self.max_positions - len(request.prompt_ids)
         if room <= 0:
             raise ValueError(f"prompt of {len(request.prompt_ids)} tokens exceeds the context of {self.max_positions}")
         body: dict[str, Any] = {
-            "model": self.served_name,
+            "model": model or self.model(),
             "prompt": list(request.prompt_ids),
             "max_tokens": min(p.max_tokens, room),
             "temperature": p.temperature,
@@ -107,13 +121,14 @@ class CompletionsClient:
                     else:
                         yield aborted
             if raw:
-                for chunk in await self._unmasked(client, request.prompt_ids, chunks, k):
+                for chunk in await self._unmasked(client, request.prompt_ids, chunks, k, body["model"]):
                     yield chunk
 
     async def _unmasked(
-        self, client: httpx.AsyncClient, prompt_ids: list[int], chunks: list[TokenChunk], k: int
+        self, client: httpx.AsyncClient, prompt_ids: list[int], chunks: list[TokenChunk], k: int, model: str
     ) -> list[TokenChunk]:
-        """`chunks` merged into one, its logprobs (and top-k) recomputed unmasked by a teacher-forced pass.
+        """`chunks` merged into one, its logprobs (and top-k) recomputed unmasked by a teacher-forced pass
+        (on `model`, the request's: the same weights).
 
         The pass needs one position of room after the completion; a completion that filled the
         context keeps vLLM's grammar-renormalised logprobs (logged: the one case they are recorded).
@@ -123,7 +138,8 @@ class CompletionsClient:
         tops = [t for c in chunks for t in (c.top_logprobs or [])] if k > 0 else None
         reason = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), None)
         if ids and len(prompt_ids) + len(ids) < self.max_positions and reason != "abort":
-            resp = await client.post(self.url() + "/v1/completions", json=self._forced(list(prompt_ids) + ids, k))
+            forced = self._forced(list(prompt_ids) + ids, k, model)
+            resp = await client.post(self.url() + "/v1/completions", json=forced)
             if resp.status_code != 200:
                 raise VllmEngineError(f"vLLM answered {resp.status_code} to a logprob pass: {resp.text[:300]}")
             rows = resp.json()["choices"][0]["prompt_logprobs"][len(prompt_ids) :]
@@ -142,16 +158,22 @@ class CompletionsClient:
             )
         return [TokenChunk(ids, logps, reason, top_logprobs=tops)]
 
-    def logprobs(self, ids: list[int]) -> list[float]:
-        """Teacher-forced logprob of each token after the first, as vLLM computes it (checks, tests)."""
-        resp = httpx.post(self.url() + "/v1/completions", timeout=60, json=self._forced(list(ids), 0))
+    def logprobs(self, ids: list[int], model: str | None = None) -> list[float]:
+        """Teacher-forced logprob of each token after the first, as vLLM computes it with `model` (checks, tests)."""
+        resp = httpx.post(self.url() + "/v1/completions", timeout=60, json=self._forced(list(ids), 0, model))
         resp.raise_for_status()
         rows = resp.json()["choices"][0]["prompt_logprobs"][1:]
         return [float(row[str(tok)]["logprob"]) for row, tok in zip(rows, ids[1:])]
 
-    def _forced(self, ids: list[int], k: int) -> dict[str, Any]:
-        """A teacher-forced pass over `ids`: their prompt logprobs (and the top `k`), one token generated."""
-        return {"model": self.served_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
+    def _forced(self, ids: list[int], k: int, model: str | None) -> dict[str, Any]:
+        """A teacher-forced pass over `ids` by `model`: their prompt logprobs (and the top `k`), one token generated."""
+        return {
+            "model": model or self.model(),
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": k,
+        }
 
 
 def _error_message(detail: str) -> str:

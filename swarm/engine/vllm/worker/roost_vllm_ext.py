@@ -11,6 +11,8 @@ the reload refreshes `embed_tokens` but the CPU backend keeps the *old*
 prepacked `lm_head` (a separate packed copy made after loading), so outputs
 are silently wrong. Re-running the lm_head's `process_weights_after_loading`
 re-packs it from the new shared weight (~50 ms).
+
+`roost_lora_ids()` lists the LoRA adapters the worker holds (tests: unloaded versions do not pile up).
 """
 
 from __future__ import annotations
@@ -52,3 +54,8 @@ class RoostWorkerExtension:
             h.update(name.encode())
             h.update(p.detach().float().contiguous().cpu().numpy().tobytes())
         return h.hexdigest()
+
+    def roost_lora_ids(self) -> list[int]:
+        """The ids of the LoRA adapters the worker holds now (its cache, at most `--max-loras`): tests
+        check that unloaded versions do not pile up."""
+        return sorted(int(i) for i in self.list_loras())  # type: ignore[attr-defined]

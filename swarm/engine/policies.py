@@ -1,0 +1,233 @@
+"""Several LoRA policies on one base model: a `PolicyHost` and one `PolicyEngine` view per policy.
+
+    host = PolicyHost(model_dir)                     # the base, loaded once, frozen
+    a = host.add("planner", LoraSettings(rank=8))    # an adapter, its own optimizer and version
+    b = host.add("executor", LoraSettings(rank=16))
+    await a.generate(request)                        # rows of a and b share each forward pass
+    a.train_step(batch)                              # trains a's adapter only: b and the base stay bit-identical
+
+Why one base for many policies: a team's roles, a study's trials or a Tinker user's runs would
+otherwise each load the whole model and its AdamW state; here each costs an adapter (megabytes)
+and the optimizer state of the adapter only.
+
+Each `PolicyEngine` is an `Engine` (swarm/engine/base.py) of its own, so the server wires one
+`Swarm` per policy exactly as it wires one for a whole engine: its own windows, groups, trainer,
+checkpoints and metrics. What they share is the host's model and its continuous batcher: a
+forward pass runs the rows of every policy together, each row through its own adapter (peft's
+per-row `adapter_names`, swarm/engine/lora.py `mixed_scope`), and a prompt prefilled by one
+adapter is never reused for another (swarm/engine/continuous.py).
+
+A step holds the host's lock, as the single-policy engine does: peft's active adapter and the
+model's train/eval mode are module-wide state, so no forward may run while a step has switched
+them. Every policy's generation therefore pauses for a step (on this CPU a forward beside it would
+share its cores anyway); the server's `GenerationGate` of the training policy holds back that
+policy's own calls until its new weights are in, the other policies' claims and agents go on.
+
+The KL reference is the base with every adapter off (`adapters_off`), as for one adapter.
+Checkpoints hold one policy's adapter, its optimizer state and its version: the same files a
+single-adapter run writes, so `swarm model export --merge`, `swarm eval` and resume read them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarm.config.lora import LoraSettings
+from swarm.config.policies import check_name
+from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
+from swarm.engine.lora import LoraError, add_adapter, attach, load_adapter, mixed_scope, save_adapter
+from swarm.engine.policy_step import policy_step
+from swarm.engine.precision import MasterWeightAdamW, build_optimizer
+from swarm.engine.torch_engine import OPTIMIZER_FILE, STATE_FILE, EngineError, TorchEngine, load_optimizer
+
+
+class PolicyHost:
+    """The shared base (a `TorchEngine` that trains nothing itself) and its named LoRA policies."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        seed: int = 0,
+        device: str | None = None,
+        max_batch: int = 128,
+        dtype: str | None = None,
+    ) -> None:
+        self.base = TorchEngine(
+            model_dir, seed=seed, device=device, max_batch=max_batch, reference=False, dtype=dtype, trainable=False
+        )
+        self.base.model.requires_grad_(False)  # the base never trains: only adapters get gradients
+        self.model_dir = Path(model_dir)
+        self.peft: Any = None  # the peft wrapper, made with the first policy
+        self.policies: dict[str, PolicyEngine] = {}
+        self._adapters = 0  # adapters ever added: each gets a fresh peft name
+
+    @property
+    def lock(self) -> Any:
+        return self.base._lock
+
+    def add(self, name: str, settings: LoraSettings) -> PolicyEngine:
+        """A new policy: a fresh adapter (equal to the base until it trains) with its own optimizer.
+
+        ValueError for a name in use or not usable; `LoraError` for settings the model cannot take.
+        """
+        check_name(name)
+        if not settings.enabled:
+            raise LoraError(
+                f"policy {name!r} has --lora-rank 0 (full fine-tuning): policies that share a base train "
+                "LoRA adapters; give it --lora-rank r > 0, or serve it alone"
+            )
+        with self.lock:
+            if name in self.policies:
+                raise ValueError(f"a policy named {name!r} already exists")
+            # peft's name for it: never the policy's own, which may hold '.' (a module path separator
+            # to torch) or be a substring of 'lora_' (peft then mistakes keys when loading)
+            adapter = f"policy{self._adapters}"
+            if self.peft is None:
+                self.peft = attach(self.base.model, settings, self.model_dir, adapter_name=adapter)
+                self.base.batcher.adapter_scope = mixed_scope(self.peft)
+                self.base.model = self.peft
+            else:
+                add_adapter(self.peft, adapter, settings, self.model_dir)
+            self._adapters += 1
+            self.peft.eval()  # peft hands the model back in training mode; steps switch it themselves
+            policy = PolicyEngine(self, name, adapter, settings)
+            self.policies[name] = policy
+        return policy
+
+    def remove(self, name: str) -> None:
+        """Drop a policy: its adapter and optimizer state are freed (its checkpoints stay on disk)."""
+        with self.lock:
+            policy = self.policies.pop(name, None)
+            if policy is None:
+                raise KeyError(name)
+            self.base.batcher.drop_adapter(policy.adapter)  # its calls in flight end ("abort")
+            if self.policies:
+                self.peft.delete_adapter(policy.adapter)
+            else:  # peft keeps one adapter at least: the last one is zeroed out of use instead
+                self.peft.base_model.set_adapter([])  # type: ignore[arg-type]
+            policy.optimizer = None
+
+    def policy(self, name: str) -> PolicyEngine:
+        return self.policies[name]
+
+    async def close(self) -> None:
+        await self.base.close()
+
+
+class PolicyEngine:
+    """One policy of a `PolicyHost`: the `Engine` a server's `Swarm` drives."""
+
+    def __init__(self, host: PolicyHost, name: str, adapter: str, settings: LoraSettings) -> None:
+        self.host = host
+        self.name = name
+        self.adapter = adapter  # peft's name for this policy's adapter
+        self.lora = settings
+        self.model_dir = host.model_dir
+        self.tokenizer = host.base.tokenizer
+        self.max_positions = host.base.max_positions
+        self.policy_version = 0
+        self.share_prefix = True
+        host.peft.set_adapter(adapter)  # requires_grad on this adapter's parameters only: its optimizer's
+        self.optimizer: Any = build_optimizer(host.peft, host.base.placement)
+
+    # -- generation -------------------------------------------------------------
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
+        if self.optimizer is None:  # never submit a row naming a deleted adapter: its batch would fail
+            raise EngineError(f"policy {self.name!r} was removed")
+        async for chunk in self.host.base.stream(request, adapter=self.adapter):
+            yield chunk
+
+    async def generate(self, request: GenerateRequest) -> Completion:
+        version = self.policy_version
+        out = await self.host.base.generate(request, adapter=self.adapter)
+        out.policy_version = version
+        return out
+
+    # -- training ---------------------------------------------------------------
+    def _live(self) -> Any:
+        if self.optimizer is None:
+            raise EngineError(f"policy {self.name!r} was removed")
+        return self.host.peft
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        config = batch.config.model_copy(update={"lr": batch.config.lr * self.lora.lr_scale})
+        with self.host.lock:
+            model = self._live()
+            model.set_adapter(self.adapter)  # the plain forward and the gradients: this adapter's
+            ref = model if config.kl_coef else None  # the base: every adapter off in that forward
+            metrics = policy_step(
+                model, self.optimizer, batch.samples, config, reference=ref, share_prefix=self.share_prefix
+            )
+            self.host.base.batcher.weights_changed(self.adapter)
+            self.policy_version += 1
+        metrics["policy_version"] = float(self.policy_version)
+        return metrics
+
+    def logprobs(self, ids: list[int]) -> list[float]:
+        """Teacher-forced logprob of each token after the first, through this policy's adapter."""
+        with self.host.lock, torch.inference_mode():
+            model = self._live()
+            t = torch.tensor([ids], device=self.host.base.device)
+            with mixed_scope(model)([self.adapter]):
+                logits = self.host.base.network(input_ids=t).logits[0, :-1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, t[0, 1:].unsqueeze(-1)).squeeze(-1)
+        return lp.tolist()
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """This policy's adapter weights (copies), for checks and tests."""
+        from peft import get_peft_model_state_dict  # lazy: peft is loaded (a host has adapters)
+
+        with self.host.lock:
+            return {
+                k: v.detach().clone()
+                for k, v in get_peft_model_state_dict(self._live(), adapter_name=self.adapter).items()
+            }
+
+    # -- persistence ------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {
+            "policy_version": self.policy_version,
+            "policy": self.name,
+            "base_model": str(self.model_dir.resolve()),
+            "lora": self.lora.model_dump(mode="json"),
+        }
+        with self.host.lock:
+            save_adapter(self._live(), path, adapter_name=self.adapter)
+            self.tokenizer.save_pretrained(path)
+            torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+            (path / STATE_FILE).write_text(json.dumps(state))
+
+    def load(self, path: Path) -> None:
+        path = Path(path)
+        with self.host.lock:
+            model = self._live()
+            try:
+                load_adapter(model, path, self.lora, adapter_name=self.adapter)
+            except LoraError as exc:
+                raise EngineError(str(exc)) from None
+            self.host.base.batcher.weights_changed(self.adapter)
+            model.set_adapter(self.adapter)
+            if isinstance(self.optimizer, MasterWeightAdamW):
+                self.optimizer.sync_from_model()
+            if (path / OPTIMIZER_FILE).exists():
+                load_optimizer(self.optimizer, model, path / OPTIMIZER_FILE, self.host.base.device)
+            if (path / STATE_FILE).exists():
+                self.policy_version = int(json.loads((path / STATE_FILE).read_text())["policy_version"])
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+    async def close(self) -> None:
+        """The host owns the model: closing one policy's view closes nothing."""
+        await asyncio.sleep(0)
+
+
+__all__ = ["PolicyEngine", "PolicyHost", "check_name"]
