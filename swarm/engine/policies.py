@@ -44,7 +44,15 @@ from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatc
 from swarm.engine.lora import LoraError, add_adapter, attach, load_adapter, mixed_scope, save_adapter
 from swarm.engine.policy_step import policy_step
 from swarm.engine.precision import MasterWeightAdamW, build_optimizer
-from swarm.engine.torch_engine import OPTIMIZER_FILE, STATE_FILE, EngineError, TorchEngine, load_optimizer
+from swarm.engine.torch_engine import (
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    EngineError,
+    GenMark,
+    TorchEngine,
+    generation_since,
+    load_optimizer,
+)
 
 
 class PolicyHost:
@@ -133,6 +141,7 @@ class PolicyEngine:
         self.max_positions = host.base.max_positions
         self.policy_version = 0
         self.share_prefix = True
+        self._gen_mark: GenMark = (0.0, 0, 0, 0)
         host.peft.set_adapter(adapter)  # requires_grad on this adapter's parameters only: its optimizer's
         self.optimizer: Any = build_optimizer(host.peft, host.base.placement)
 
@@ -166,7 +175,9 @@ class PolicyEngine:
             )
             self.host.base.batcher.weights_changed(self.adapter)
             self.policy_version += 1
+            gen, self._gen_mark = generation_since(self.host.base.batcher, self._gen_mark)
         metrics["policy_version"] = float(self.policy_version)
+        metrics.update(gen)  # the shared engine's generation since this policy's last step: every policy's rows
         return metrics
 
     def logprobs(self, ids: list[int]) -> list[float]:

@@ -49,6 +49,21 @@ class EngineError(RuntimeError):
     pass
 
 
+GenMark = tuple[float, int, int, int]
+
+
+def generation_since(batcher: ContinuousBatcher, mark: GenMark) -> tuple[dict[str, float], GenMark]:
+    """The engine's own generation work since `mark` (busy seconds, forwards, tokens, prefills reused),
+    for a step's metrics beside the server's wall_window_s; and the new mark. Read under the lock."""
+    now = (batcher.busy_s, batcher.steps, batcher.tokens_out, batcher.prompts_reused)
+    return {
+        "gen_busy_s": now[0] - mark[0],
+        "gen_forwards": float(now[1] - mark[1]),
+        "gen_tokens": float(now[2] - mark[2]),
+        "gen_prompts_reused": float(now[3] - mark[3]),  # prefills shared, not recomputed
+    }, now
+
+
 def load_optimizer(optimizer: Any, model: torch.nn.Module, file: Path, device: torch.device) -> None:
     """A saved optimizer state into `optimizer` (the parameters that train in `model`, in order).
 
@@ -133,7 +148,7 @@ class TorchEngine:
             grammars=Grammars(self.tokenizer, vocab, eos),  # response_format: llguidance, built on first use
         )
         self.share_prefix = True  # a prompt shared by a group's samples runs once in training (benchmarks: off)
-        self._gen_mark = (0.0, 0, 0, 0)  # batcher busy seconds, forwards, tokens, reused prompts at the last step
+        self._gen_mark: GenMark = (0.0, 0, 0, 0)  # batcher busy s, forwards, tokens, reused prompts at the last step
         if (self.model_dir / STATE_FILE).exists() and not self.lora.enabled:  # a new adapter starts afresh on it
             self._load_state(self.model_dir)
 
@@ -203,15 +218,9 @@ class TorchEngine:
             )
             self.batcher.weights_changed()
             self.policy_version += 1
-            gen = self.batcher
-            busy, steps, tokens, reused = gen.busy_s, gen.steps, gen.tokens_out, gen.prompts_reused
+            gen, self._gen_mark = generation_since(self.batcher, self._gen_mark)
         metrics["policy_version"] = float(self.policy_version)
-        # the engine's own generation work since the previous step, beside the server's wall_window_s
-        metrics["gen_busy_s"] = busy - self._gen_mark[0]
-        metrics["gen_forwards"] = float(steps - self._gen_mark[1])
-        metrics["gen_tokens"] = float(tokens - self._gen_mark[2])
-        metrics["gen_prompts_reused"] = float(reused - self._gen_mark[3])  # prefills shared, not recomputed
-        self._gen_mark = (busy, steps, tokens, reused)
+        metrics.update(gen)
         return metrics
 
     def logprobs(self, ids: list[int]) -> list[float]:
