@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 GROUPS = {
     "tests/engine_vllm/": "vllm",
     "tests/researcher/test_live_planner.py": "vllm",
@@ -37,6 +39,7 @@ def group_of(nodeid: str) -> str:
     return nodeid
 
 
+@pytest.hookimpl(optionalhook=True)  # the client-only and verl venvs run their tests without xdist
 def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling  # lazy: only a run under xdist asks
 
