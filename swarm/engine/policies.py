@@ -147,23 +147,24 @@ class PolicyEngine:
 
     # -- generation -------------------------------------------------------------
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
-        if self.optimizer is None:  # never submit a row naming a deleted adapter: its batch would fail
-            raise EngineError(f"policy {self.name!r} was removed")
+        self._live()  # never submit a row naming a deleted adapter: its whole batch would fail
         async for chunk in self.host.base.stream(request, adapter=self.adapter):
             yield chunk
 
     async def generate(self, request: GenerateRequest) -> Completion:
+        self._live()
         version = self.policy_version
         out = await self.host.base.generate(request, adapter=self.adapter)
         out.policy_version = version
         return out
 
-    # -- training ---------------------------------------------------------------
     def _live(self) -> Any:
+        """The peft model, while this policy is served; `EngineError` once it was removed."""
         if self.optimizer is None:
             raise EngineError(f"policy {self.name!r} was removed")
         return self.host.peft
 
+    # -- training ---------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         config = batch.config.model_copy(update={"lr": batch.config.lr * self.lora.lr_scale})
         with self.host.lock:

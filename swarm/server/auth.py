@@ -39,7 +39,7 @@ def episode_swarm(request: Request, ep: Episode) -> Swarm:
     return policies(request).owner(ep.id)
 
 
-def _episode_of(request: Request, key: str, episode_id: str | None = None) -> Episode:
+def episode_of(request: Request, key: str, episode_id: str | None = None) -> Episode:
     """The episode a genuine key names, found in the policy that issued it (one secret signs for all)."""
     router = policies(request)
     if not router.several:
@@ -79,11 +79,11 @@ async def admin(
 
 
 async def episode(episode_id: str, request: Request, authorization: str | None = Header(None)) -> Episode:
-    return _episode_of(request, bearer(authorization), episode_id)
+    return episode_of(request, bearer(authorization), episode_id)
 
 
 async def open_episode(request: Request, authorization: str | None = Header(None)) -> Episode:
-    ep = _episode_of(request, bearer(authorization))
+    ep = episode_of(request, bearer(authorization))
     episode_swarm(request, ep).begin_call(ep)
     return ep
 
@@ -96,7 +96,7 @@ def caller_of(request: Request, token: str) -> Episode | None:
         if not policies(request).several and swarm.stopping:  # several: the policy `model` names, later
             raise Unavailable("stopping", "the server is stopping")
         return None
-    ep = _episode_of(request, token)
+    ep = episode_of(request, token)
     episode_swarm(request, ep).begin_call(ep)
     return ep
 
@@ -104,9 +104,9 @@ def caller_of(request: Request, token: str) -> Episode | None:
 def generation_swarm(request: Request, ep: Episode | None, model: str | None) -> Swarm:
     """Whose policy generates a call: the episode's; for an evaluation call, the one `model` names
     (a one-policy server checks `model` against its names where the route does, as before)."""
-    router = policies(request)
     if ep is not None:
-        return router.owner(ep.id)
+        return episode_swarm(request, ep)
+    router = policies(request)
     if not router.several:
         return router.default
     swarm = router.by_model(model)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from swarm.server.episodes import Episode
 from swarm.server.exceptions import Conflict, EpisodeNotFound, NotFound
 from swarm.server.state import Swarm
 
@@ -81,9 +80,6 @@ class PolicyRouter:
             except EpisodeNotFound:
                 continue
         raise EpisodeNotFound(episode_id)
-
-    def owner_of(self, ep: Episode) -> Swarm:
-        return self.owner(ep.id)
 
     def add(self, name: str, swarm: Swarm) -> None:
         if name in self.swarms:

@@ -33,7 +33,7 @@ from swarm.protocol import (
     HeartbeatResponse,
     StatusResponse,
 )
-from swarm.server.auth import admin, episode, episode_swarm, policies, worker
+from swarm.server.auth import admin, episode, episode_of, episode_swarm, policies, worker
 from swarm.server.auth_first import AuthFirstRoute
 from swarm.server.episodes import Episode
 from swarm.server.errors import batch_item_error, batch_item_invalid
@@ -103,13 +103,11 @@ async def claims(body: ClaimBatch, request: Request, _: Swarm = Depends(worker))
 async def finishes(body: FinishBatch, request: Request, _: Swarm = Depends(worker)) -> Any:
     """Several finishes in one request: each authorized by its own episode key (fenced by its
     epoch), all committed together (group commit), each answered as its single route would."""
-    router = policies(request)
 
     async def one(item: dict) -> dict:
         try:
-            episode_id = str(item.get("episode_id") or "")
-            swarm = router.owner(episode_id) if router.several else router.default
-            ep = swarm.registry.authorize(str(item.get("api_key") or ""), episode_id)
+            ep = episode_of(request, str(item.get("api_key") or ""), str(item.get("episode_id") or ""))
+            swarm = episode_swarm(request, ep)
             req = FinishRequest.model_validate(item)
             return {"status": 200, "body": (await swarm.finish(ep, req)).model_dump(), "retry_after": None}
         except SwarmError as exc:

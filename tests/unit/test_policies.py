@@ -144,6 +144,8 @@ def test_a_removed_policy_is_gone_and_the_others_keep_working(model_dir):
     assert list(host.policies) == ["b"]
     with pytest.raises(Exception, match="removed"):
         a.train_step(TrainBatch(_samples(b), TrainConfig()))
+    with pytest.raises(Exception, match="removed"):  # no row naming its deleted adapter reaches a batch
+        _gen(a, [[1, 5, 9, 17]])
     assert torch.allclose(torch.tensor(b.logprobs([1, 5, 9, 17])), torch.tensor(before), atol=TOL)
     b.train_step(TrainBatch(_samples(b), TrainConfig(lr=1e-3)))
     assert b.policy_version == 1
