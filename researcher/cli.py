@@ -40,19 +40,28 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from researcher.cli_options import (
-    CliOptions,
-    config_field,
-    deadline_param,
-    duration,
-    options_of,
-    parse_deadline,
-    setting,
-    usage_error,
-)
-from researcher.config import Budget, StudyConfig, default_trial_program, format_duration, parse_duration
-from researcher.experiment import MIN_SEEDS
-from researcher.planning import BudgetTooSmall, PlanDefaults, UnsupportedTopic
+try:  # a typer that carries its own click (typer._click): its Context's ParameterSource, not `click`'s
+    from typer._click.core import ParameterSource
+except ImportError:  # an older typer runs on `click` itself
+    from click.core import ParameterSource
+try:  # the options' models need numpy (researcher.analysis), which a client-only install lacks
+    from researcher.cli_options import (
+        CliOptions,
+        config_field,
+        deadline_param,
+        duration,
+        options_of,
+        parse_deadline,
+        setting,
+        usage_error,
+    )
+    from researcher.config import Budget, StudyConfig, default_trial_program, format_duration, parse_duration
+    from researcher.experiment import MIN_SEEDS
+    from researcher.planning import BudgetTooSmall, PlanDefaults, UnsupportedTopic
+except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming the extra, as `swarm serve` does
+    if exc.name is None or exc.name.partition(".")[0] in ("researcher", "swarm", "store", "scheduler"):
+        raise  # one of ours missing is a bug, not an install without the extra
+    raise SystemExit(f"researcher needs {exc.name}: pip install 'roost[research]'") from None
 from store.paths import default_model_dir
 from swarm.client.cli import load_object
 from swarm.config.options import require_extra
@@ -66,6 +75,9 @@ console = Console()
 err = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: trials at once of a --shared-base study without --parallel: they are policies of one server, whose
+#: forward passes batch their rows; a trial's own job runs only its client fleet
+SHARED_BASE_PARALLEL = 12
 
 # What `researcher` needs beyond the `server` extra (roost[research] brings them with it): the study graph
 # and its checkpoints, the LLM planner, the scheduler daemon, the statistics. Top-level module names.
@@ -282,6 +294,7 @@ def study(
     steps: int = setting("defaults.steps", "--steps"),
     parallel: int = setting("parallel", "--parallel"),
     approve: bool = setting("approve", "--approve", show_default="off"),
+    shared_base: bool = setting("shared_base", "--shared-base", show_default="off"),
     dry_run: bool = typer.Option(False, "--dry-run", show_default="off", help="print the plan; launch nothing"),
     foreground: bool = typer.Option(
         True, "--foreground/--background", help="drive the study here until it ends, or leave it to `researcher daemon`"
@@ -350,7 +363,11 @@ def study(
             backend=backend,
             defaults=PlanDefaults(seeds=seeds, steps=steps),
             approve=approve,
-            parallel=parallel,
+            shared_base=shared_base,
+            # policies of one server: every trial of a round at once, unless --parallel says otherwise
+            parallel=parallel
+            if not shared_base or ctx.get_parameter_source("parallel") == ParameterSource.COMMANDLINE
+            else max(parallel, SHARED_BASE_PARALLEL),
             budget=Budget(
                 max_trials=max_trials,
                 cpu_hours=cpu_hours,
@@ -388,9 +405,14 @@ def study(
         console.print("[dim]dry run: nothing launched[/]")
         return
     if cfg.planner == "rules":  # deterministic and free: refuse a topic or budget before creating anything
-        note = _plan(cfg).note
-        if note:
-            console.print(f"[yellow]{escape(note)}[/]")
+        first = _plan(cfg)
+        if first.note:
+            console.print(f"[yellow]{escape(first.note)}[/]")
+        if cfg.shared_base:  # what one server's policies cannot vary: refused before anything starts
+            try:
+                check_program(cfg, first.design)
+            except ValueError as e:
+                raise typer.BadParameter(str(e), param_hint="--shared-base") from None
     if cfg.uses_swarm_train and cfg.model_dir is None:
         from swarm.model.build import init_model  # lazy: imports torch and transformers
 

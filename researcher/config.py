@@ -85,6 +85,10 @@ class StudyConfig(BaseModel):
         description="--workflow module:function for every trial (your own agent); None: the built-in task's",
     )
     dataset: str | None = Field(default=None, description="--dataset module:function for every trial")
+    shared_base: bool = Field(
+        default=False,
+        description="trials as LoRA policies of one server on the study's base (researcher/shared_base.py)",
+    )
     llm_base_url: str | None = None
     llm_model: str | None = None
     prompt_versions: dict[str, int] = Field(default_factory=dict)

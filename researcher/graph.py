@@ -31,6 +31,7 @@ from langgraph.types import interrupt
 from sqlmodel import Session, select
 
 from researcher import analysis as stats
+from researcher import shared_base
 from researcher.config import StudyConfig
 from researcher.context import StudyContext
 from researcher.experiment import Design, Frame, HypothesisSpec, swarm_train_flags
@@ -125,9 +126,12 @@ def plan_design(
 
 
 def check_program(cfg: StudyConfig, d: Design) -> None:
-    """ValueError when the trial program lacks a flag the design sets (only `swarm train`'s are known)."""
+    """ValueError when the trial program lacks a flag the design sets (only `swarm train`'s are known),
+    or, with --shared-base, when the design varies what policies of one server cannot."""
     if cfg.uses_swarm_train:
         d.check_program(swarm_train_flags())
+    if cfg.shared_base:
+        shared_base.check_design({*d.common, *(k for arm in d.arms for k in arm.knobs)})
 
 
 @dataclass(frozen=True)
@@ -319,6 +323,8 @@ def launch(ctx: StudyContext, state: StudyState) -> dict:
     statuses = ctx.launcher.refresh(ids)
     running = ctx.running_trials()
     updates: dict[str, Any] = {}
+    if ctx.cfg.shared_base and any(statuses.get(t) == TrialStatus.PENDING.value for t in ids):
+        shared_base.ensure(ctx.launcher.manager, ctx.cfg, ctx.study_id)  # trials wait for it to answer
     for tid in ids:
         if statuses.get(tid) != TrialStatus.PENDING.value or running >= ctx.cfg.parallel:
             continue
@@ -424,5 +430,7 @@ def decide(ctx: StudyContext, state: StudyState) -> dict:
 
 
 def report(ctx: StudyContext, state: StudyState) -> dict:
+    if ctx.cfg.shared_base:  # every trial has ended: the study's server has nothing left to serve
+        shared_base.stop(ctx.launcher.manager, ctx.study_id)
     path = write_report(ctx, dict(state))
     return {"report_path": str(path)}

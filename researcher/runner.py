@@ -28,7 +28,7 @@ from langgraph.types import Command
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from researcher import tracking
+from researcher import shared_base, tracking
 from researcher.config import StudyConfig
 from researcher.context import StudyContext
 from researcher.graph import build_graph
@@ -263,6 +263,8 @@ def stop_study(study_id: int, engine: Any = None, reason: str = "stopped by the 
     with study_lock(study_id, blocking=True):
         ids = [t.id for t in ctx.trials() if t.id is not None]
         ctx.launcher.cancel(ids, reason)
+        if ctx.cfg.shared_base:
+            shared_base.stop(ctx.launcher.manager, study_id)
         ctx.set_study_status(StudyStatus.CANCELLED)
         state: dict = {}
         with checkpointer(ctx.engine) as saver:

@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from researcher import shared_base
 from researcher.config import StudyConfig
 from researcher.experiment import ExperimentConfig, swarm_train_flags
 from researcher.tracking import experiment_name
@@ -102,7 +103,10 @@ class TrialLauncher:
             argv += ["--model", self.cfg.model_dir]
         if self.cfg.workflow and self.cfg.uses_swarm_train:  # the user's agent plays every trial
             argv += ["--workflow", self.cfg.workflow] + (["--dataset", self.cfg.dataset] if self.cfg.dataset else [])
-        argv += self._mlflow_args(f"{exp.arm} seed={exp.seed}")
+        if self.cfg.shared_base:  # a policy of the study's server (its MLflow settings are the server's)
+            argv += shared_base.trial_args(self.cfg, trial.id)  # type: ignore[arg-type]
+        else:
+            argv += self._mlflow_args(f"{exp.arm} seed={exp.seed}")
         return JobSpec(
             name=job_name(self.study_id, trial.id),
             command=argv,  # type: ignore[arg-type]
@@ -117,6 +121,7 @@ class TrialLauncher:
             gpus=self.cfg.trial_gpus,
             partition=self.cfg.partition,
             log_dir=str(tdir / "jobs"),
+            light=self.cfg.shared_base,  # its client fleet only: the study's server (a job of its own) trains
         )
 
     def shape(self, trial: Trial) -> TrialShape:

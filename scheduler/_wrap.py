@@ -14,6 +14,7 @@ crash, and it records everything the scheduler needs to learn what happened late
    SLOTDIR/queue (named by submission time, locked while its waiter lives), and only
    the first live ticket may take a free slot; a dead waiter's ticket is unlocked and
    swept by the next. The queue works with no scheduler process running at all.
+   `--max 0`: a light job (`JobSpec.light`) starts at once, taking no slot.
 2. Start: starts CMD in its own process group with stdout/stderr appended to
    JOBDIR/stdout and JOBDIR/stderr, then writes JOBDIR/child and JOBDIR/started (JSON,
    atomically; in that order, so a job seen RUNNING always has its process group on record).
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     write_json(job_dir / WRAPPER_RECORD, {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid())})
 
-    slot_fd = acquire_slot(args.slots, max(1, args.max), args.ticket)
+    slot_fd = acquire_slot(args.slots, args.max, args.ticket) if args.max > 0 else -1  # -1: a light job, no slot
     if slot_fd is None:  # cancelled while queued
         now = time.time()
         write_json(
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             "finished_at": time.time(),
         },
     )
-    os.close(slot_fd)
+    if slot_fd >= 0:
+        os.close(slot_fd)
     return exit_code
 
 

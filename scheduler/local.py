@@ -112,7 +112,7 @@ class LocalBackend:
             "--slots",
             str(self.slots_dir),
             "--max",
-            str(self.max_concurrent),
+            str(0 if spec.light else self.max_concurrent),
             "--ticket",
             f"{time.time_ns():020d}-{job_dir.name}",  # queue order: submission order
             "--time-limit",

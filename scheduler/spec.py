@@ -58,6 +58,12 @@ class JobSpec(BaseModel):
         default_factory=list,
         description="shell lines run (bash, in the job) before the command, e.g. starting a Ray head",
     )
+    light: bool = Field(
+        default=False,
+        description="a job that mostly waits on another (a shared-base trial's client fleet, whose model work "
+        "the study's server does): the local backend starts it without taking one of its slots "
+        "(ROOST_LOCAL_MAX_JOBS, one per CPU by default); Slurm allocates `cpus` as for any job",
+    )
     slurm_args: list[str] = Field(default_factory=list, description="extra sbatch options, e.g. ['--begin=now+60']")
 
     @field_validator("env")

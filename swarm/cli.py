@@ -28,6 +28,7 @@ from rich.table import Table
 
 import swarm.ctl as _ctl
 from store.paths import default_model_dir
+from swarm.attach import SharedServer, base_problems, run_attached
 from swarm.client.cli import client_command
 from swarm.config.options import config_options, require_extra
 from swarm.config.run import ORCHESTRATED, RunConfig
@@ -129,6 +130,9 @@ def train_command(
         raise typer.BadParameter(str(exc), param_hint="--config") from None
     for note in notes:
         typer.echo(f"swarm train: {note}", err=True)
+    if spec.attach is not None:
+        _train_attached(spec)
+        return
     model = Path(spec.server.model_dir)
     if model == default_model_dir() and not (model / "config.json").exists():
         from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
@@ -141,6 +145,25 @@ def train_command(
         typer.echo(f"swarm train: {exc}", err=True)
         if (spec.out / "summary.json").exists():
             typer.echo(f"summary: {spec.out / 'summary.json'} (status: failed)", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps({k: summary[k] for k in ("reward_first_mean", "reward_last_mean", "wall_s")}))
+    typer.echo(f"summary: {spec.out / 'summary.json'}")
+
+
+def _train_attached(spec: RunConfig) -> None:
+    """`swarm train --attach`: the run as a policy of a running server (swarm/attach.py)."""
+    try:
+        problems = base_problems(spec, SharedServer.wait(Path(spec.attach).resolve()).config)  # type: ignore[arg-type]
+    except ValueError as exc:
+        problems = [str(exc)]
+    for line in problems:
+        typer.echo(f"swarm train: {line}", err=True)
+    if problems:
+        raise typer.Exit(2)
+    try:
+        summary = run_attached(spec)
+    except (RuntimeError, TimeoutError, ValueError) as exc:
+        typer.echo(f"swarm train: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps({k: summary[k] for k in ("reward_first_mean", "reward_last_mean", "wall_s")}))
     typer.echo(f"summary: {spec.out / 'summary.json'}")

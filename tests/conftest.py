@@ -8,7 +8,10 @@ would duplicate or disturb:
 * vllm: the session's vLLM server (a minute of start-up and gigabytes each);
 * slurm: the one-node Slurm cluster, whose time-limit and queue tests count on an idle node (and
   whose session fixture holds one of its two CPUs with the time-limit job: twice would hold both);
-* model-build: the default recipe's build, which runs the CPU flat out for minutes.
+* model-build: the default recipe's build, which runs the CPU flat out for minutes, and the README
+  test, which uses that build (ROOST_HOME's; one worker builds it once, then both tests use it, and
+  the other worker is never left waiting on the build's lock);
+* frameworks: the agent-framework suite's scripted server (tests/frameworks/conftest.py).
 
 Groups are given to xdist by its scheduler hook, not by `xdist_group` marks: with pytest 9 the
 `--dist loadgroup` marks no longer group anything (xdist 3.8 renames nodeids through an attribute
@@ -28,6 +31,8 @@ GROUPS = {
     "tests/scheduler/": "slurm",
     "tests/verl/test_slurm_job.py": "slurm",
     "tests/test_model_build.py": "model-build",
+    "tests/integration/test_readme_commands.py": "model-build",
+    "tests/frameworks/": "frameworks",  # one scripted server per session, not one per worker
 }
 
 

@@ -168,11 +168,12 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.chat"},  # tool-call parsing, shared by the model package and the server
     {"swarm.engine"},  # models behind one interface
     {"swarm.model"},  # building and evaluating the embedded model
-    {"swarm.client"},  # the SDK and fleets
+    {"swarm.client", "swarm.rewards"},  # the SDK and fleets; rewards a workflow computes (an LLM judge)
+    {"swarm.tinker"},  # the Tinker-compatible API: primitives on policies of the base (the server mounts it)
     {"swarm.server"},  # the swarm server
-    {"swarm.run_checks"},  # what `swarm train` checks before it starts anything
     {"swarm.run_checks"},  # what `swarm train` checks before it starts anything, and its folder rules
     {"swarm.testing", "swarm.train", "swarm.inspect", "swarm.ctl", "swarm.plugins"},  # what drives a server
+    {"swarm.attach"},  # `swarm train --attach`: a run as a policy of a running server (reuses train's parts)
     {"swarm.cli"},  # the command line
     {"swarm.__main__", "swarm"},  # `python -m swarm`; the package itself
 ]

@@ -12,13 +12,20 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from store.paths import default_model_dir
 from swarm.model.build import MARKER, build_tokenizer, build_untrained, init_model, is_complete, task_corpus
 from swarm.model.evaluate import evaluate
 from swarm.model.tokenizer import ENDOFTEXT, IM_END, IM_START, TOOL_TOKENS, render_chat
 from swarm.model.warmstart import WarmStartConfig, encode_transcript
 from swarm.tasks import get_task
 
-TINY = WarmStartConfig(arith_examples=64, guess_examples=16, calc_examples=16, arith_batch=32, guess_batch=8)
+#: where the default recipe's test builds the embedded model: the session's ROOST_HOME (read before
+#: the isolating fixture below), shared with the README test, which would otherwise build it again
+#: (CI sets ROOST_HOME; without it the test builds in its own tmp folder)
+SHARED_MODEL = default_model_dir() if os.environ.get("ROOST_HOME") else None
+TINY = WarmStartConfig(
+    arith_examples=64, guess_examples=16, calc_examples=16, duet_examples=16, arith_batch=32, guess_batch=8
+)
 MESSAGES = [
     {"role": "user", "content": "What is 47+85?"},
     {"role": "assistant", "content": "132"},
@@ -233,14 +240,16 @@ def test_init_model_defaults_under_roost_home(tmp_path):
 
 @pytest.mark.slow
 def test_init_model_default_recipe(tmp_path):
-    out = tmp_path / "model"
+    out = SHARED_MODEL or tmp_path / "model"
+    ready = is_complete(out, seed=0)  # built by the README test already (the same recipe, seed 0)
     started = time.monotonic()
-    init_model(out, seed=0)
+    init_model(out, seed=0)  # builds it, or waits for the README test's build under the lock
     built = time.monotonic() - started
     assert is_complete(out, seed=0)
     started = time.monotonic()
     assert init_model(out, seed=0) == out
-    assert time.monotonic() - started < 2.0 < built
+    assert time.monotonic() - started < 2.0
+    assert ready or built > 2.0  # a build took its time (a finished one is found, not redone)
     # Calibrated: the model knows the answers (greedy) but samples them unreliably.
     greedy = evaluate(out, "arith", n=200, temperature=0.0)["mean_reward"]
     sampled = evaluate(out, "arith", n=200, temperature=1.0)["mean_reward"]
@@ -251,6 +260,9 @@ def test_init_model_default_recipe(tmp_path):
     calc_greedy = evaluate(out, "calc", n=100, temperature=0.0)["mean_reward"]
     calc_sampled = evaluate(out, "calc", n=200, temperature=1.0)["mean_reward"]
     assert calc_greedy >= 0.3 and 0.05 <= calc_sampled <= 0.4
+    # duet's planner writes a usable question part of the time: both roles start above zero, with room
+    duet = evaluate(out, "duet", n=200, temperature=1.0)["mean_reward"]
+    assert 0.03 <= duet <= 0.4
 
 
 TOOLS = [

@@ -37,13 +37,43 @@ def test_dataset_deterministic_unique_and_prefix_stable(name):
     assert task.dataset(4, 300) != a
 
 
-@pytest.mark.parametrize("name", ["arith", "guess", "calc"])
+@pytest.mark.parametrize("name", ["arith", "guess", "calc", "duet"])
 def test_transcripts_deterministic(name):
     task = get_task(name)
     assert task.transcripts(1, 50) == task.transcripts(1, 50)
     assert task.transcripts(1, 50, noise=0.5) == task.transcripts(1, 50, noise=0.5)
     for conv in task.transcripts(1, 50):
         assert conv[0]["role"] == "user" and conv[-1]["role"] == "assistant"
+
+
+def test_duet_transcripts_teach_the_planner_its_rewrite_with_noise():
+    """The planner's warm start: each worded problem -> "What is A+B?"; `noise` of them wrong."""
+    from swarm.tasks import duet
+
+    items = duet.dataset(1, 400)
+    clean = duet.transcripts(1, 400)
+    assert [c[0]["content"] for c in clean] == [duet.planner_prompt(i["problem"]) for i in items]
+    assert [c[1]["content"] for c in clean] == [i["question"] for i in items]
+    noisy = duet.transcripts(1, 400, noise=0.5)
+    right = [duet.question_value(c[1]["content"]) == int(i["answer"]) for c, i in zip(noisy, items)]
+    assert 0.4 < 1 - sum(right) / len(right) < 0.6  # about half of them wrong
+    assert all(duet.question_value(c[1]["content"]) is not None for c in noisy)  # but always well formed
+
+
+@pytest.mark.parametrize(
+    ("plan", "reply", "planner", "executor"),
+    [
+        ("What is 47+8?", "55", 1.0, 1.0),  # the right question, answered: both did their part
+        ("What is 47+8?", "54", 0.5, 0.0),  # the right question, answered wrong: the executor's fault
+        ("What is 47+9?", "56", 0.0, 1.0),  # the wrong question, answered right: the planner's fault
+        ("What is 47+9?", "55", 0.5, 0.0),  # the wrong question, the problem's answer by luck: no plan credit
+        ("47 plus 8", "55", 0.5, 0.0),  # not a question the executor can answer: it cannot be right
+    ],
+)
+def test_duet_rewards_each_role_for_its_own_part(plan, reply, planner, executor):
+    from swarm.tasks import duet
+
+    assert duet.rewards(plan, reply, "55") == {"planner": planner, "executor": executor}
 
 
 # --- arith -------------------------------------------------------------------------------

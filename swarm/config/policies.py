@@ -77,4 +77,13 @@ class PolicySpec(BaseModel):
         return check_name(value)
 
 
-__all__ = ["NAME", "RESERVED", "PolicySpec", "check_name"]
+def per_policy(path: tuple[str, ...]) -> bool:
+    """Whether a `swarm train` setting (its path in `RunConfig`) can differ between policies of one
+    server: the fleet's own (task, clients, concurrency...) and the server settings `PolicySpec` holds
+    (`server.train.*`, `server.lora.*`, the group and batch shape, staleness, temperature, seed)."""
+    if path[0] != "server":
+        return path[0] not in ("attach", "policy", "shared_base")
+    return len(path) > 1 and (path[1] in ("train", "lora") or path[1] in PolicySpec.model_fields)
+
+
+__all__ = ["NAME", "RESERVED", "PolicySpec", "check_name", "per_policy"]

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import Flag, deep_merge, dump_config
+from swarm.config.policies import check_name
 from swarm.config.server import ServerConfig
 from swarm.config.train import TrainConfig
 from swarm.tasks import get_task, list_tasks
@@ -129,8 +130,18 @@ class RunConfig(BaseModel):
     shared_base: Annotated[bool, Flag(studied=False, panel="task and fleet")] = Field(
         False,
         description="a team task (duet): every role a LoRA policy of ONE server on one base model "
-        "(--policy per role; --lora-rank, 8 unless given), played as team episodes; each role trains on its own",
+        "(a policy per role; --lora-rank, 8 unless given), played as team episodes; each role trains on its own",
     )
+    attach: Annotated[Path | None, Flag(studied=False, panel="task and fleet")] = Field(
+        None,
+        description="the out folder of a running `swarm serve --policy ...` (LoRA policies on a shared base): "
+        "this run is one more policy of that server (added by its admin API, removed at the end; the --lr and "
+        "other step knobs, group and batch shape, LoRA, temperature and seed are the policy's), and only the "
+        "client fleet runs here. The base model and engine must be the server's",
+    )
+    policy: Annotated[
+        str | None, Flag(studied=False, panel="task and fleet", default_text="the --out folder's name")
+    ] = Field(None, description="with --attach: the name of this run's policy on the server")
     server: ServerConfig = Field(default_factory=train_server_defaults)
 
     @model_validator(mode="before")
@@ -166,6 +177,12 @@ class RunConfig(BaseModel):
                 raise ValueError(f"--shared-base trains the roles of one team task ({teams}) as policies of one server")
             if self.server.engine not in ("torch", "fake"):
                 raise ValueError("--shared-base: several policies on one base run in the torch engine")
+        if self.attach is not None and self.shared_base:
+            raise ValueError("--attach runs one policy on a server of policies; --shared-base starts its own")
+        if self.policy is not None:
+            if self.attach is None:
+                raise ValueError("--policy names this run's policy on the server of --attach: give --attach too")
+            check_name(self.policy)
         if self.group_call and self.workflow is None:
             single = [t for t in self.mix if not get_task(t).group_call]
             if single:

@@ -20,6 +20,14 @@ or untrained model loop on spaces and newlines until the budget runs out. These 
 vLLM's guidance backend with `disable_any_whitespace`, which the vllm engine sets, so both engines
 apply the very same grammar.
 
+Besides OpenAI's formats, the core may ask for `{"type": "grammar", "grammar": LARK}`: an llguidance
+Lark grammar (`swarm.chat.tool_grammar`: a well-formed tool call, or the answer's schema). vLLM gets
+the same text as its structured outputs' `grammar`.
+
+A constrained completion ends with the chat template's end-of-turn token (`<|im_end|>` where the
+tokenizer has it, else the first EOS given): that is the one EOS the grammar admits, so the trained
+sample ends as the template renders the turn and the next turn continues it exactly.
+
 Rows nobody constrains never touch this module: the batcher only calls in when a row has a matcher.
 """
 
@@ -40,22 +48,39 @@ from swarm.engine.base import UnsupportedRequest
 #: generated JSON has no free whitespace (llguidance's compact separators; vLLM's disable_any_whitespace)
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 CACHE_SIZE = 128  # compiled formats kept; a fleet usually asks one or two
+END_OF_TURN = "<|im_end|>"
 
 
-def json_schema_of(response_format: str) -> dict[str, Any] | None:
-    """The JSON schema a canonical `response_format` text asks for (None: unconstrained).
-
-    Raises `UnsupportedRequest` (code `invalid_response_format`) for a format that is not one of
-    OpenAI's `text`, `json_object`, `json_schema`.
-    """
+def _format(response_format: str) -> dict[str, Any]:
     try:
         fmt = json.loads(response_format)
     except json.JSONDecodeError as exc:
         raise UnsupportedRequest("invalid_response_format", f"response_format is not JSON: {exc}") from None
     if not isinstance(fmt, dict):
         raise UnsupportedRequest("invalid_response_format", "response_format must be an object")
+    return fmt
+
+
+def grammar_of(response_format: str) -> str | None:
+    """The Lark grammar of a canonical `{"type": "grammar", "grammar": ...}` format (else None)."""
+    fmt = _format(response_format)
+    if fmt.get("type") != "grammar":
+        return None
+    grammar = fmt.get("grammar")
+    if not isinstance(grammar, str) or not grammar:
+        raise UnsupportedRequest("invalid_response_format", "a grammar format needs its grammar text")
+    return grammar
+
+
+def json_schema_of(response_format: str) -> dict[str, Any] | None:
+    """The JSON schema a canonical `response_format` text asks for (None: unconstrained).
+
+    Raises `UnsupportedRequest` (code `invalid_response_format`) for a format that is not one of
+    OpenAI's `text`, `json_object`, `json_schema` (or the core's `grammar`, whose schema is None here).
+    """
+    fmt = _format(response_format)
     kind = fmt.get("type")
-    if kind in (None, "text"):
+    if kind in (None, "text", "grammar"):
         return None
     if kind == "json_object":
         return {"type": "object"}
@@ -86,6 +111,9 @@ class Grammars:
         self.width = int(vocab_size)  # the logits' width: masks have this many columns
         self.vocab_size = max(self.width, len(tokenizer))  # llguidance's: every id the tokenizer knows
         self.eos_ids = sorted(set(int(i) for i in eos_ids))
+        end = tokenizer.convert_tokens_to_ids(END_OF_TURN) if hasattr(tokenizer, "convert_tokens_to_ids") else None
+        #: the one EOS a grammar admits: the template's end of turn where it is among `eos_ids`
+        self.end_ids = [end] if isinstance(end, int) and end in self.eos_ids else self.eos_ids[:1]
         self._tok: llguidance.LLTokenizer | None = None
         self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
@@ -98,7 +126,7 @@ class Grammars:
         with self._lock:
             if self._tok is None:
                 self._tok = llguidance.hf.from_tokenizer(
-                    self._hf, n_vocab=self.vocab_size, eos_token=self.eos_ids or None
+                    self._hf, n_vocab=self.vocab_size, eos_token=self.end_ids or None
                 )
             return self._tok
 
@@ -111,11 +139,15 @@ class Grammars:
             if template is not None:
                 self._cache.move_to_end(response_format)
                 return template.deep_copy()
-        schema = json_schema_of(response_format)
-        if schema is None:
+        lark = grammar_of(response_format)
+        schema = json_schema_of(response_format) if lark is None else None
+        if lark is None and schema is None:
             return None
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+            if lark is not None:
+                grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+            else:
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
         except (ValueError, TypeError) as exc:
             raise UnsupportedRequest("invalid_json_schema", f"json_schema: {exc}") from None
         template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
@@ -166,4 +198,4 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-__all__ = ["Grammars", "JSON_OPTIONS", "json_schema_of", "unpack_bitmask"]
+__all__ = ["END_OF_TURN", "Grammars", "JSON_OPTIONS", "grammar_of", "json_schema_of", "unpack_bitmask"]

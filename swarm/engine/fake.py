@@ -124,7 +124,9 @@ class FakeEngine:
         if self._grammars is None:
             from swarm.engine.constrained import Grammars  # lazy: torch and llguidance, for response_format only
 
-            self._grammars = Grammars(self.tokenizer, len(self.tokenizer), [i for i in (self.eos_id,) if i is not None])
+            end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")  # a constrained turn ends as the template's
+            eos = [i for i in (self.eos_id, end) if isinstance(i, int) and i != self.tokenizer.unk_token_id]
+            self._grammars = Grammars(self.tokenizer, len(self.tokenizer), eos)
             self._closers = {i for i in self._vocab if set('"]}') & set(self.tokenizer.decode([i]))}
         return self._grammars
 
@@ -132,7 +134,7 @@ class FakeEngine:
         ids: list[int] = []
         while len(ids) < max_tokens:
             if matcher.is_accepting() or matcher.is_stopped():
-                return ids + ([self.eos_id] if self.eos_id is not None else [])
+                return ids + self.grammars().end_ids[:1]
             allowed = self.grammars().fill_masks([matcher])[0].nonzero().squeeze(-1).tolist()
             closing = [t for t in allowed if t in self._closers]
             tok = rng.choice(closing if closing and rng.random() < 0.5 else allowed)

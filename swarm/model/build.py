@@ -51,7 +51,7 @@ __all__ = [
 
 #: Bump when the recipe changes (tokenizer corpus, architecture, warm start):
 #: an existing model with another version is rebuilt by `init_model`.
-BUILD_VERSION = 4
+BUILD_VERSION = 5
 MARKER = "roost_model.json"
 VOCAB_SIZE = 512
 

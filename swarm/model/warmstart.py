@@ -66,6 +66,14 @@ class WarmStartConfig:
     #: flattened distribution. 1.0: trained like the others. (0.5: calc samples too flat at
     #: T=1, 0.03; 0.3: not learned in the budget, greedy 0.16.)
     calc_train_scale: float = 0.4
+    #: `duet`'s planner (worded sum -> "What is A+B?"): without it neither duet role ever sees a
+    #: reward. Trained through scaled logits like calc (its ~9 generated tokens must survive the
+    #: calibration's flattening), with `duet_noise` of the plans wrong: the planner then samples a
+    #: usable plan part of the time and the executor (arith's format) answers those as in arith.
+    duet_examples: int = 2000
+    duet_noise: float = 0.5
+    duet_batch: int = 8
+    duet_train_scale: float = 0.4
     epochs: int = 1
     lr: float = 1e-3
     warmup_frac: float = 0.05
@@ -88,6 +96,7 @@ class WarmStartConfig:
             ("arith", self.arith_examples, self.arith_noise, self.arith_batch, 1.0),
             ("guess", self.guess_examples, self.guess_noise, self.guess_batch, 1.0),
             ("calc", self.calc_examples, self.calc_noise, self.calc_batch, self.calc_train_scale),
+            ("duet", self.duet_examples, self.duet_noise, self.duet_batch, self.duet_train_scale),
         ]
 
 

@@ -26,6 +26,7 @@ from swarm.config.server import ServerConfig
 from swarm.engine.base import Engine
 from swarm.engine.fake import FakeEngine, FakePolicyHost
 from swarm.server.access import ServerErrorCounter
+from swarm.server.access_log import ACCESS_LOG_FILE, AccessLogMiddleware
 from swarm.server.admin_routes import router as admin_router
 from swarm.server.anthropic_routes import router as anthropic_router
 from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
@@ -34,8 +35,11 @@ from swarm.server.openai_routes import router as openai_router
 from swarm.server.policies import PolicyRouter
 from swarm.server.policy_routes import router as policy_router
 from swarm.server.policy_routes import start_policy, stop_policy, wire_stop
+from swarm.server.responses_routes import router as responses_router
 from swarm.server.state import Swarm
 from swarm.server.swarm_routes import router as swarm_router
+from swarm.server.tinker_hooks import tinker_service
+from swarm.tinker.routes import install as install_tinker
 
 log = logging.getLogger("swarm.server")
 
@@ -128,11 +132,14 @@ def create_app(config: ServerConfig, engine: Any) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=swarm.config.max_body_bytes)
     app.add_middleware(ServerErrorCounter, counters=swarm.counters)  # http_5xx in status, and logged
+    app.add_middleware(AccessLogMiddleware, path=config.out_dir / ACCESS_LOG_FILE)  # outermost: OUT/access.jsonl
     app.include_router(swarm_router)
     app.include_router(admin_router)
     app.include_router(policy_router)
     app.include_router(openai_router)
     app.include_router(anthropic_router)  # POST /v1/messages
+    app.include_router(responses_router)  # POST /v1/responses
+    install_tinker(app, tinker_service(config, host, router))  # /api/v1/*: the Tinker API (docs/tinker.md)
 
     @app.get("/health", tags=["swarm"])
     async def health() -> dict[str, Any]:

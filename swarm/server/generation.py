@@ -26,7 +26,9 @@ recorded as its own `Call`; tool calls get ids (`call_…`) remembered per episo
 generated, and a later turn whose assistant `tool_calls` carry only such ids is rendered from that
 text (not from the client's re-serialised arguments), so the prompt continues the exact ids and the
 timeline merges across tool turns. Forced tool calls (`required`, a named function) prefill the
-parser's call prefix into the prompt ids (prompt: never trained); the model can only continue a call.
+parser's call prefix into the prompt ids (prompt: never trained) and a grammar admits only the rest
+of a valid call of the allowed tools; tools with a JSON `response_format` get a grammar of a call or
+the answer (`swarm/chat/tool_grammar.py`, docs/constrained-decoding.md).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from swarm.chat.tool_grammar import turn_format
 from swarm.chat.tool_parsers import ToolParser, get_parser
 from swarm.engine.base import SamplingParams, UnsupportedRequest
 from swarm.protocol import AGENT_HEADER
@@ -181,6 +184,14 @@ class GenerationCore:
         forced, parse_tools = _tool_mode(turn.tools, turn.tool_choice)
         parser = get_parser(limits.tool_parser) if parse_tools else None
         prefill = parser.prefill(forced or None) if parser is not None and forced is not None else ""
+        # a forced call, or tools with a JSON answer: one grammar admits a valid call (or the answer)
+        markers = getattr(ctx.renderer, "marker_tokens", {})
+        fmt = (
+            None
+            if parser is None
+            else turn_format(parser, turn.tools, forced, prefill, turn.sampling.response_format, markers)
+        )
+        sampling = turn.sampling if fmt is None else replace(turn.sampling, response_format=fmt)
         messages = self.exact_history(turn.episode, turn.messages)
         chars = sum(len(str(m.get("content") or "")) for m in messages) + len(json.dumps(turn.tools or []))
         _check_chars(limits, chars)
@@ -203,7 +214,7 @@ class GenerationCore:
         if turn.episode is not None:
             turn.episode.drift += int(drift)
         return PreparedTurn(
-            self, turn.episode, turn.agent, ids, self.params(turn.sampling, len(ids)), max(1, turn.n), parser, prefill
+            self, turn.episode, turn.agent, ids, self.params(sampling, len(ids)), max(1, turn.n), parser, prefill
         )
 
     async def prepare_text(

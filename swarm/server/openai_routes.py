@@ -91,7 +91,7 @@ def _tool_calls(calls: list[ToolCall]) -> list[dict]:
     return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
-async def _open(prepared: PreparedTurn) -> AsyncIterator[Event]:
+async def open_stream(prepared: PreparedTurn) -> AsyncIterator[Event]:
     """The core's stream, started: its `Started` is awaited here, so an engine's refusal is a 400."""
     events = prepared.stream()
     first = await events.__anext__()
@@ -119,7 +119,7 @@ async def _sse_events(
     yield _sse("[DONE]")
 
 
-def _streaming(gen: AsyncIterator[str]) -> StreamingResponse:
+def streaming_response(gen: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(
         gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
@@ -164,7 +164,7 @@ async def chat_completions(
     }
 
     if body.stream:
-        events = await _open(prepared)
+        events = await open_stream(prepared)
         include_usage = body.include_usage()
 
         def chunk(index: int, delta: dict, reason: str | None = None, **extra: Any) -> dict:
@@ -219,7 +219,7 @@ async def chat_completions(
         }
         if want:
             first["prompt_token_ids"] = prepared.prompt_ids
-        return _streaming(_sse_events(events, on_event, first))
+        return streaming_response(_sse_events(events, on_event, first))
 
     result = await prepared.run()
     choices = []
@@ -285,7 +285,7 @@ async def completions(
     }
 
     if body.stream:
-        events = await _open(prepared)
+        events = await open_stream(prepared)
         sent: dict[int, int] = {}
         include_usage = body.include_usage()
 
@@ -337,7 +337,7 @@ async def completions(
                     for i in range(prepared.n)
                 ],
             }
-        return _streaming(_sse_events(events, on_event, first))
+        return streaming_response(_sse_events(events, on_event, first))
 
     result = await prepared.run()
     choices = []

@@ -21,6 +21,15 @@ MAX_STOP = 16
 SEED_MOD = 1 << 63
 
 
+def check_model(model: str | None, served: frozenset[str]) -> None:
+    """404 `model_not_found` for a `model` this server does not serve (absent: the served one)."""
+    if model is not None and model not in served:
+        raise NotFound(
+            "model_not_found",
+            f"the model {model!r} does not exist here; this server serves {', '.join(sorted(served))}",
+        )
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
@@ -52,12 +61,7 @@ class _Sampling(_Body):
         return tuple(s for s in stops if s)
 
     def check_model(self, served: frozenset[str]) -> None:
-        """404 `model_not_found` for a `model` this server does not serve (absent: the served one)."""
-        if self.model is not None and self.model not in served:
-            raise NotFound(
-                "model_not_found",
-                f"the model {self.model!r} does not exist here; this server serves {', '.join(sorted(served))}",
-            )
+        check_model(self.model, served)
 
     def sampling(
         self, max_tokens: int | None, top_logprobs: int = 0, response_format: dict[str, Any] | None = None

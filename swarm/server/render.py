@@ -12,6 +12,10 @@ Output text follows OpenAI's stop semantics: the stop string and anything after
 it are cut from the text, while the token ids keep what was generated up to the
 token that completed the stop string (the ids are what training sees). Without a
 stop string, `decode(token_ids, skip_special_tokens=True) == text` holds.
+
+Tools render one way whichever route they came by (`canonical_tools`): the chat, Messages and
+Responses routes hand the same function to the template as the same dict, keys in one order
+(`type`, then `function` with `name`, `description`, `parameters`), so one tool is one prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from swarm.chat.tool_grammar import END_OF_TURN, MARKERS
 from swarm.samples import Call
 from swarm.server.exceptions import InvalidRequest
 from swarm.server.prompt_bound import TokenBound
@@ -27,6 +32,27 @@ from swarm.timeline import continue_prompt
 
 DIRECT_ENCODE_CHARS = 16384  # longer: through `encode_batch_fast`, which lets the GIL go
 REPLACEMENT = "\ufffd"  # an incomplete UTF-8 sequence decodes to this; wait for more bytes
+
+
+def canonical_tools(tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Function tools as the template sees them on every route: `{"type": "function", "function":
+    {"name", "description" (when given), "parameters"}}`, in that key order, other keys (`strict`)
+    dropped; a tool of another type passes as it is. Absent parameters read as an empty object schema."""
+    if not tools:
+        return None
+    out: list[dict[str, Any]] = []
+    for t in tools:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if t.get("type", "function") != "function" or not isinstance(fn, dict):
+            out.append(t)
+            continue
+        one: dict[str, Any] = {"name": fn.get("name")}
+        if fn.get("description"):
+            one["description"] = fn["description"]
+        params = fn.get("parameters")
+        one["parameters"] = params if params is not None else {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": one})
+    return out
 
 
 @dataclass
@@ -56,13 +82,19 @@ class ChatRenderer:
             if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id and i not in ids:
                 ids.append(i)
         self.stop_token_ids = tuple(ids)
+        #: tool-call markers and the end of turn this tokenizer holds as one token each (tool-call grammars)
+        self.marker_tokens: dict[str, int] = {}
+        for t in (*MARKERS, END_OF_TURN):
+            i = tokenizer.convert_tokens_to_ids(t)
+            if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id:
+                self.marker_tokens[t] = i
         self.bound = TokenBound.of(tokenizer)  # None: no cheap lower bound, prompts are always tokenized
 
     # -- prompts --------------------------------------------------------------
     def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
         if tools:
-            kwargs["tools"] = tools
+            kwargs["tools"] = canonical_tools(tools)
         try:
             text = self.tok.apply_chat_template(messages, **kwargs)
         except Exception as exc:  # template errors (bad roles, raise_exception) are the client's

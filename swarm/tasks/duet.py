@@ -4,19 +4,27 @@ The planner reads a worded arithmetic problem ("Subtract 8 from 47.") and must
 rewrite it as the question the executor understands ("What is 47-8?"); the
 executor sees only the planner's text and answers with a number. Rewards per role:
 
-    executor = 1.0 when its answer is exactly right, else 0.0
+    executor = 1.0 when its answer is right for the question it was given, else 0.0
     planner  = 0.5 when its rewrite is a well-formed question with the right value
-             + 0.5 * executor          (a good plan is one the executor can use)
+             + 0.5 when the executor's answer solves the problem (a good plan is one
+               the executor can use)
+
+Each role is rewarded for its own part: the executor for answering what it was
+asked (a wrong plan is the planner's fault, not the executor's), the planner for
+the plan and for the team's result. Rewarding the executor only for the problem's
+answer left it no signal on most episodes while the planner was still poor
+(measured: 150 steps, executor flat at 0.07 while the planner rose 0.12 -> 0.21).
 
 The executor's input is exactly the `arith` format, so an embedded model
-warm-started on `arith` starts above zero as the executor; the planner has to
-learn its rewrite. Played with two servers (one model per role) through
-`TeamClient`, or with one server for both roles (calls tagged with the
-`X-Roost-Agent` header, per-role rewards as `agent_rewards`).
-
-`transcripts` is empty on purpose: the embedded model's tokenizer corpus and warm
-start are built from every task's transcripts, and adding duet must not change
-that recipe (BUILD_VERSION); duet reuses arith's executor format instead.
+warm-started on `arith` starts above zero as the executor. The planner's rewrite is
+in the embedded model's warm start too (`transcripts`: the planner's turn, a wrong
+number or operator in `noise` of them), as every built-in task's first skill is:
+without it the planner never samples a well-formed question, neither role ever sees
+a reward, and neither learns (measured: 300 steps, both rewards at 0). Played with
+two servers (one model per role) through `TeamClient`, with one server of two
+policies (`swarm train --task duet --shared-base`), or with one server for both
+roles (calls tagged with the `X-Roost-Agent` header, per-role rewards as
+`agent_rewards`).
 """
 
 from __future__ import annotations
@@ -71,9 +79,12 @@ def question_value(text: str) -> int | None:
 
 
 def rewards(plan: str, reply: str, answer: str) -> dict[str, float]:
-    executor = 1.0 if reply.strip() == answer else 0.0
-    planned = 1.0 if question_value(plan) == int(answer) else 0.0
-    return {PLANNER: 0.5 * planned + 0.5 * executor, EXECUTOR: executor}
+    """Each role's reward (see the module docstring): the executor's for answering the plan it got."""
+    value = question_value(plan.strip())
+    executor = 1.0 if value is not None and reply.strip() == str(value) else 0.0
+    planned = 1.0 if value == int(answer) else 0.0
+    solved = 1.0 if reply.strip() == answer else 0.0
+    return {PLANNER: 0.5 * planned + 0.5 * solved, EXECUTOR: executor}
 
 
 def play(task: dict, planner: Any, planner_model: str, executor: Any, executor_model: str) -> dict[str, float]:
@@ -121,8 +132,27 @@ def workflow(task: dict, episode: Any) -> Any:
 
 
 def transcripts(seed: int, size: int, noise: float = 0.0) -> list[list[dict]]:
-    """None (see the module docstring): duet leaves the embedded model's recipe unchanged."""
-    return []
+    """The planner's turn, for the warm start: the worded problem -> its question; with probability
+    `noise` the question is wrong (an operand off by a few, or the other operator), so the planner
+    samples a usable plan only part of the time and RL has room (the executor's format is arith's)."""
+    rng = random.Random(f"duet-transcripts:{seed}")
+    out = []
+    for item in dataset(seed, size):
+        a, op, b = _QUESTION.fullmatch(item["question"]).groups()  # type: ignore[union-attr]
+        if rng.random() < noise:
+            if rng.random() < 0.3:
+                op = "-" if op == "+" else "+"
+            elif rng.random() < 0.5:
+                a = str(max(0, int(a) + rng.choice([-3, -2, -1, 1, 2, 3])))
+            else:
+                b = str(max(0, int(b) + rng.choice([-3, -2, -1, 1, 2, 3])))
+        out.append(
+            [
+                {"role": "user", "content": planner_prompt(item["problem"])},
+                {"role": "assistant", "content": f"What is {a}{op}{b}?"},
+            ]
+        )
+    return out
 
 
 TASK = Task(

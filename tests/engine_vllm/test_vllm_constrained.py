@@ -103,3 +103,45 @@ def test_json_object_and_a_bad_schema(engine):
     with pytest.raises(UnsupportedRequest) as err:
         _gen(engine, [GenerateRequest(_prompt(engine), SamplingParams(max_tokens=8, response_format=bad))])
     assert err.value.code == "invalid_json_schema"
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+
+def test_a_forced_tool_call_through_structured_outputs_grammar(engine):
+    """tool_choice "required" on vLLM: the prefill in the prompt, then the core's Lark grammar as vLLM's
+    `structured_outputs.grammar`; every completion is a valid call (or a cut prefix) ending <|im_end|>."""
+    from swarm.chat.tool_grammar import turn_format
+    from swarm.chat.tool_parsers import get_parser, parse
+    from swarm.server.render import ChatRenderer
+
+    parser = get_parser("hermes")
+    prefill = parser.prefill(None)
+    fmt = turn_format(parser, TOOLS, "", prefill, None, ChatRenderer(engine.tokenizer).marker_tokens)
+    assert fmt is not None
+    prompt = _prompt(engine) + engine.tokenizer.encode(prefill, add_special_tokens=False)
+    params = [SamplingParams(max_tokens=160, seed=s, response_format=json.dumps(fmt, sort_keys=True)) for s in range(3)]
+    end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for c in _gen(engine, [GenerateRequest(prompt, p) for p in params]):
+        text = prefill + engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        if c.finish_reason == "length":
+            text = text[: text.rfind("</tool_call>") + len("</tool_call>")]
+        else:
+            assert c.token_ids[-1] == end, text
+        got = parse(parser, text)
+        assert got.calls and all(call.name == "add" for call in got.calls), text
+        for call in got.calls:
+            jsonschema_rs.validate(TOOLS[0]["function"]["parameters"], json.loads(call.arguments))

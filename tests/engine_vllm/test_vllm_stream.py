@@ -160,3 +160,23 @@ def test_a_constrained_completion_comes_back_whole_with_raw_logprobs():
     assert stream_body["response_format"] == {"type": "json_object"}
     assert pass_body["prompt"] == [1, 2, 5, 6] and pass_body["max_tokens"] == 1 and pass_body["prompt_logprobs"] == 1
     assert forced == [-0.7, -1.7] and lp_body["prompt_logprobs"] == 0
+
+
+def test_a_grammar_format_goes_as_structured_outputs_and_comes_back_whole():
+    """The core's tool-call grammar (swarm/chat/tool_grammar.py) reaches vLLM as its structured outputs'
+    `grammar` (guidance backend: the same Lark text the torch engine compiles), never as a response_format."""
+    grammar = 'start: body <[2]>\nbody: "x"\n'
+    fmt = json.dumps({"type": "grammar", "grammar": grammar}, sort_keys=True)
+    body = _client("http://127.0.0.1:1").body(GenerateRequest([1], SamplingParams(response_format=fmt)))
+    assert body["structured_outputs"] == {"grammar": grammar} and "response_format" not in body
+
+    def answer(method: str, path: str, body: Any, h: BaseHTTPRequestHandler) -> None:
+        if body.get("stream"):
+            _sse(h, [_data([5], [-0.1]), _data([2], [-0.2], "stop")])
+        else:
+            reply(h, 200, _forced_pass(body, {5: -0.5, 2: -0.6}))
+
+    with loopback_server(answer) as (url, rec):
+        (chunk,) = _collect(_client(url), GenerateRequest([1], SamplingParams(response_format=fmt)))
+    assert chunk.token_ids == [5, 2] and chunk.logprobs == [-0.5, -0.6]  # re-scored unmasked, as a json format
+    assert rec.calls[0][2]["structured_outputs"] == {"grammar": grammar}

@@ -69,6 +69,17 @@ def test_study_status_report_and_stop(fake_program, monkeypatch):
     assert tick() == {}
 
 
+@pytest.mark.parametrize(("extra", "parallel"), [([], 12), (["--parallel", "3"], 3)])
+def test_shared_base_runs_a_rounds_trials_at_once_unless_parallel_says_otherwise(fake_program, extra, parallel):
+    program = ["--trial-program", " ".join(fake_program)]
+    res = runner.invoke(app, ["study", TOPIC, "--shared-base", "--background", "--steps", "5", *program, *extra])
+    assert res.exit_code == 0, res.output
+    with Session(store_engine()) as s:
+        (study,) = s.exec(select(Study)).all()
+    assert study.config["shared_base"] is True and study.config["parallel"] == parallel
+    runner.invoke(app, ["stop", str(study.id)])
+
+
 # ---------------------------------------------------------------- issue 16: the CLI never surprises
 
 

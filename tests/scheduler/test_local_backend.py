@@ -37,6 +37,20 @@ def test_concurrency_limit_queues_the_rest(tmp_path: Path) -> None:
     wait_for(lambda: all(_state(b, h) == JobState.COMPLETED for h in hs), 15, what="all done")
 
 
+def test_a_light_job_runs_beside_a_full_queue(tmp_path: Path) -> None:
+    """A shared-base trial's fleet (`light`) takes no slot: it runs while the slot's holder does."""
+    b = _backend(tmp_path, n=1)
+    release = tmp_path / "release"
+    holder = b.submit(_spec(tmp_path, "holder", ["bash", "-c", f"until [ -e {release} ]; do sleep 0.05; done"]))
+    wait_for(lambda: _state(b, holder) == JobState.RUNNING, 10, what="the holder running")
+    queued = b.submit(_spec(tmp_path, "queued", ["true"]))
+    light = b.submit(_spec(tmp_path, "light", ["true"], light=True))
+    wait_for(lambda: _state(b, light) == JobState.COMPLETED, 10, what="the light job done")
+    assert _state(b, queued) == JobState.PENDING  # the slot is still the holder's
+    release.touch()
+    wait_for(lambda: _state(b, queued) == JobState.COMPLETED, 10, what="the queued job done")
+
+
 def test_queue_is_first_come_first_served(tmp_path: Path) -> None:
     b = _backend(tmp_path, n=1)
     order = tmp_path / "order.txt"

@@ -49,7 +49,8 @@ def fuzz_server(model_dir: Path, tmp_path: Path) -> Iterator[RunningServer]:
         max_body_bytes=256 * 1024,
         stop_grace_s=0.1,
         group_stall_s=None,
-    )  # fuzzing a loaded machine takes > 60 s: the pool's group must not stall
+        lease_seconds=3600,
+    )  # fuzzing a loaded machine takes > 60 s: the pool's group must not stall, its episode's lease not lapse
     with running_server(config, FakeEngine(model_dir)) as srv:
         yield srv
 

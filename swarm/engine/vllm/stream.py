@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from swarm.engine.base import GenerateRequest, TokenChunk, UnsupportedRequest
-from swarm.engine.constrained import json_schema_of
+from swarm.engine.constrained import grammar_of, json_schema_of
 from swarm.engine.vllm.errors import VllmEngineError
 
 log = logging.getLogger("swarm.engine.vllm")
@@ -84,13 +84,15 @@ class CompletionsClient:
             body["seed"] = p.seed
         if p.response_format is not None and json_schema_of(p.response_format) is not None:
             body["response_format"] = json.loads(p.response_format)
+        elif p.response_format is not None and (lark := grammar_of(p.response_format)) is not None:
+            body["structured_outputs"] = {"grammar": lark}  # a tool call or the answer (swarm.chat.tool_grammar)
         return body
 
     async def completions(self, request: GenerateRequest, body: dict[str, Any]) -> AsyncIterator[TokenChunk]:
         """vLLM's streamed chunks of `body`; a constrained one (`response_format`) as one chunk of the whole
         completion with its raw logprobs. `httpx.TransportError` when the server cannot be reached."""
         k = request.params.top_logprobs
-        raw = "response_format" in body
+        raw = "response_format" in body or "structured_outputs" in body
         async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None)) as client:
             async with client.stream("POST", self.url() + "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
