@@ -19,14 +19,10 @@ cancelled when the study ends (`stop`).
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
-
-import httpx
 
 from researcher.config import StudyConfig
 from scheduler.manager import JobManager
@@ -44,17 +40,22 @@ RANK = 8
 KEEPER = "base"
 
 
-def problems(knobs: Iterable[str]) -> list[str]:
+def _knob_paths() -> dict[str, tuple[str, ...]]:
+    """Each knob's setting in `RunConfig` (what `per_policy` judges)."""
+    return {leaf.knob: leaf.path for leaf in cli_leaves(RunConfig, RunConfig(), exclude=ORCHESTRATED)}
+
+
+def problems(knobs: Iterable[str], paths: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """The knobs among `knobs` that cannot differ between policies of one server."""
-    paths = {leaf.knob: leaf.path for leaf in cli_leaves(RunConfig, RunConfig(), exclude=ORCHESTRATED)}
+    paths = paths or _knob_paths()
     return sorted({k for k in knobs if k in paths and not per_policy(paths[k])})
 
 
 def check_design(knobs: Iterable[str]) -> None:
     """ValueError naming every knob a `--shared-base` study cannot vary, and what it may vary."""
-    bad = problems(knobs)
+    paths = _knob_paths()
+    bad = problems(knobs, paths)
     if bad:
-        paths = {leaf.knob: leaf.path for leaf in cli_leaves(RunConfig, RunConfig(), exclude=ORCHESTRATED)}
         may = sorted(k for k, p in paths.items() if per_policy(p))
         raise ValueError(
             f"--shared-base: {', '.join(bad)} cannot differ between trials that share one server (its base "
@@ -127,24 +128,9 @@ def stop(manager: JobManager, study_id: int) -> None:
         log.error("study %s: could not cancel the shared server: %s", study_id, exc)
 
 
-def wait_ready(cfg: StudyConfig, timeout_s: float = 300.0) -> str:
-    """The server's URL once it answers /health; TimeoutError otherwise (for callers that must wait)."""
-    end = time.monotonic() + timeout_s
-    path = server_dir(cfg) / "server.json"
-    while time.monotonic() < end:
-        try:
-            url = json.loads(path.read_text())["url"]
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return str(url)
-        except (OSError, ValueError, KeyError, httpx.HTTPError):
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"the shared server did not answer within {timeout_s:.0f}s (see {path.parent.parent}/jobs)")
-
-
 def trial_args(cfg: StudyConfig, trial_id: int) -> list[str]:
     """What makes a trial a policy of the study's server."""
     return ["--attach", str(server_dir(cfg)), "--policy", f"t{trial_id:04d}"]
 
 
-__all__ = ["KEEPER", "RANK", "check_design", "ensure", "problems", "server_dir", "stop", "trial_args", "wait_ready"]
+__all__ = ["KEEPER", "RANK", "check_design", "ensure", "problems", "server_dir", "stop", "trial_args"]

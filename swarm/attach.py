@@ -171,15 +171,28 @@ def base_problems(spec: RunConfig, server: ServerConfig) -> list[str]:
     return found
 
 
+class Refused(ValueError):
+    """The run cannot attach (no server at the folder, another base): nothing was added or started."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
 def run_attached(spec: RunConfig) -> dict:
-    """Train this run's policy on the server at `spec.attach` to `spec.steps` steps; its summary."""
+    """Train this run's policy on the server at `spec.attach` to `spec.steps` steps; its summary.
+
+    `Refused` before anything is added to the server or started here."""
     assert spec.attach is not None
     out = Path(spec.out).resolve()
     spec = spec.model_copy(update={"out": out})
-    shared = SharedServer.wait(Path(spec.attach).resolve())
+    try:
+        shared = SharedServer.wait(Path(spec.attach).resolve())
+    except ValueError as exc:
+        raise Refused([str(exc)]) from None
     problems = base_problems(spec, shared.config)
     if problems:
-        raise ValueError("; ".join(problems))
+        raise Refused(problems)
     name = policy_name(spec)
     wanted = policy_spec(spec, name)
     out.mkdir(parents=True, exist_ok=True)
@@ -253,4 +266,4 @@ def _remove(shared: SharedServer, name: str) -> str | None:
     return r.json().get("path")
 
 
-__all__ = ["ATTACHED_METRICS", "SharedServer", "base_problems", "policy_name", "policy_spec", "run_attached"]
+__all__ = ["ATTACHED_METRICS", "Refused", "SharedServer", "base_problems", "policy_name", "policy_spec", "run_attached"]

@@ -28,7 +28,7 @@ from rich.table import Table
 
 import swarm.ctl as _ctl
 from store.paths import default_model_dir
-from swarm.attach import SharedServer, base_problems, run_attached
+from swarm.attach import Refused, run_attached
 from swarm.client.cli import client_command
 from swarm.config.options import config_options, require_extra
 from swarm.config.run import ORCHESTRATED, RunConfig
@@ -153,15 +153,11 @@ def train_command(
 def _train_attached(spec: RunConfig) -> None:
     """`swarm train --attach`: the run as a policy of a running server (swarm/attach.py)."""
     try:
-        problems = base_problems(spec, SharedServer.wait(Path(spec.attach).resolve()).config)  # type: ignore[arg-type]
-    except ValueError as exc:
-        problems = [str(exc)]
-    for line in problems:
-        typer.echo(f"swarm train: {line}", err=True)
-    if problems:
-        raise typer.Exit(2)
-    try:
         summary = run_attached(spec)
+    except Refused as exc:  # checked before anything starts: one line per problem, as `prepare`'s
+        for line in exc.problems:
+            typer.echo(f"swarm train: {line}", err=True)
+        raise typer.Exit(2) from None
     except (RuntimeError, TimeoutError, ValueError) as exc:
         typer.echo(f"swarm train: {exc}", err=True)
         raise typer.Exit(1) from None

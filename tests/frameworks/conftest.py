@@ -26,21 +26,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # suite.py, by name under --import-mode=importlib
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kit"))  # full_install.py, by name
+from full_install import ROOT, full_python  # noqa: E402
 from suite import Roost  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _full_python() -> str:
-    """The interpreter of the full install (the server needs FastAPI and a tokenizer)."""
-    given = os.environ.get("ROOST_FULL_PYTHON")
-    if given:
-        return given
-    for venv in (".venv-ci", ".venv"):
-        py = ROOT / venv / "bin" / "python"
-        if py.exists():
-            return str(py)
-    return sys.executable
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +38,7 @@ def roost() -> Iterator[Roost]:
     log = (work / "server.log").open("w")
     env = {**os.environ, "ROOST_HOME": str(work / "home"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [_full_python(), str(Path(__file__).parent / "scripted_server.py"), str(info)],
+        [full_python(), str(Path(__file__).parent / "scripted_server.py"), str(info)],
         stdin=subprocess.PIPE,
         stdout=log,
         stderr=subprocess.STDOUT,

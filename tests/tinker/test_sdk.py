@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,33 +32,21 @@ except ImportError:  # the main venv: the SDK is only in .venv-tinker
 # tinker.RestClient(), whose process-wide holder cache hung here on the second server of a run
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kit"))  # full_install.py, by name
+from full_install import free_port, full_python, wait_healthy  # noqa: E402
+
 TOKEN = "sdk-worker-token"
 TOKENS = [5, 17, 42, 9, 33, 8]
 TARGETS = [17, 42, 9, 33, 8, 11]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _full_python() -> str:
-    py = os.environ.get("ROOST_FULL_PYTHON")
-    if py:
-        return py
-    if subprocess.run([sys.executable, "-c", "import swarm.server"], capture_output=True).returncode == 0:
-        return sys.executable
-    pytest.skip("no full roost install to serve from (set ROOST_FULL_PYTHON)")
 
 
 class Server:
     """A `swarm serve` process of one LoRA policy on the tiny model; kill -9 and restart in place."""
 
     def __init__(self, work: Path) -> None:
-        self.python = _full_python()
+        self.python = full_python()
         self.work = work
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         model = work / "tiny-model"
@@ -76,19 +63,7 @@ class Server:
         log = open(self.work / "server.log", "ab")  # noqa: SIM115 - the child writes it; closed on stop
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
-        import httpx
-
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError((self.work / "server.log").read_text()[-3000:])
-            try:
-                if httpx.get(f"{self.url}/api/v1/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("swarm serve did not start")
+        wait_healthy(self.proc, self.url, self.work / "server.log", timeout=120)
 
     def kill9(self) -> None:
         assert self.proc is not None

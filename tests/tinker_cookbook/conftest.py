@@ -25,7 +25,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cookbook_serving.py, by name under --import-mode=importlib
 
-from cookbook_serving import ROOT, TOKEN, Served, embedded_model, free_port, full_python, wait_healthy  # noqa: E402
+from cookbook_serving import TOKEN, Served, embedded_model  # noqa: E402
+from full_install import ROOT, free_port, full_python, wait_healthy  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""The stdlib-only helpers of the cookbook tests: the full install's python, the embedded model, Roost's
-`arith` problems, the figures' report, `swarm serve` health. Imported by name (conftest.py and the test
+"""The stdlib-only helpers of the cookbook tests: the embedded model, Roost's `arith` problems, the
+figures' report; the full install's python, a free port and `swarm serve`'s health from
+tests/kit/full_install.py. Imported by name (conftest.py and the test
 module put this folder on sys.path), never by the main suite's conftest.
 """
 
@@ -7,33 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kit"))  # full_install.py, by name
+
+from full_install import ROOT, full_python  # noqa: E402
+
 TOKEN = "cookbook-worker-token"
-
-
-def full_python() -> str:
-    """The interpreter of the full install (the server needs FastAPI, torch and transformers)."""
-    given = os.environ.get("ROOST_FULL_PYTHON")
-    if given:
-        return given
-    for venv in (".venv-ci", ".venv"):
-        py = ROOT / venv / "bin" / "python"
-        if py.exists():
-            return str(py)
-    return sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def embedded_model() -> str:
@@ -69,22 +53,6 @@ class Served:
     url: str
     model: str
     log: Path
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
-    import httpx  # lazy: the SDK's own dependency, in the cookbook's venv
-
-    end = time.monotonic() + 180
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"swarm serve exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"swarm serve did not start:\n{log.read_text()[-3000:]}")
 
 
 def report(name: str, figures: dict) -> None:

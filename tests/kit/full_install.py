@@ -1,0 +1,54 @@
+"""The full install, seen from a suite that runs in a venv of its own (the Tinker SDK's, the cookbook's,
+the agent frameworks'): its interpreter, a free port, and waiting for a `swarm serve` it started.
+
+Stdlib and httpx only: those venvs hold no roost and no torch. The suites put this folder on sys.path
+and import it by name.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def full_python() -> str:
+    """The interpreter of the full install (the server needs FastAPI, torch and transformers):
+    `ROOST_FULL_PYTHON`, else the checkout's .venv-ci or .venv, else this one."""
+    given = os.environ.get("ROOST_FULL_PYTHON")
+    if given:
+        return given
+    for venv in (".venv-ci", ".venv"):
+        py = ROOT / venv / "bin" / "python"
+        if py.exists():
+            return str(py)
+    return sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 180.0) -> None:
+    """Return once the server `proc` answers `/api/v1/healthz`; RuntimeError with its log's tail if it
+    exits or does not answer within `timeout` seconds."""
+    import httpx  # lazy: the SDK's own dependency, in these venvs
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"swarm serve exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/api/v1/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"swarm serve did not start:\n{log.read_text()[-3000:]}")
