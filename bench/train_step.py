@@ -112,6 +112,7 @@ def _sync(device: torch.device) -> None:
 
 def bench(engine: TorchEngine, workload: str, steps: int, config: TrainConfig) -> dict:
     samples = make_samples(engine, workload)
+    default_share = engine.share_prefix
     raw = RawStep(copy.deepcopy(engine.model), samples, config)
     batch = TrainBatch(samples, config)
     engine.train_step(batch)  # warm-up: allocator, kernels, optimizer state
@@ -129,7 +130,7 @@ def bench(engine: TorchEngine, workload: str, steps: int, config: TrainConfig) -
             fn()
             _sync(engine.device)
             out.append(time.perf_counter() - t0)
-    engine.share_prefix = True
+    engine.share_prefix = default_share
     e, p, r = statistics.median(t_engine), statistics.median(t_plain), statistics.median(t_raw)
     return {
         "workload": workload,

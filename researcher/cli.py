@@ -55,7 +55,14 @@ try:  # the options' models need numpy (researcher.analysis), which a client-onl
         setting,
         usage_error,
     )
-    from researcher.config import Budget, StudyConfig, default_trial_program, format_duration, parse_duration
+    from researcher.config import (
+        Adaptive,
+        Budget,
+        StudyConfig,
+        default_trial_program,
+        format_duration,
+        parse_duration,
+    )
     from researcher.experiment import MIN_SEEDS
     from researcher.planning import BudgetTooSmall, PlanDefaults, UnsupportedTopic
 except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming the extra, as `swarm serve` does
@@ -295,6 +302,12 @@ def study(
     parallel: int = setting("parallel", "--parallel"),
     approve: bool = setting("approve", "--approve", show_default="off"),
     shared_base: bool = setting("shared_base", "--shared-base", show_default="off"),
+    rounds: int = setting("adaptive.rounds", "--rounds"),
+    max_seeds: int = setting("adaptive.max_seeds", "--max-seeds", show_default="twice --seeds"),
+    spending: str = setting("adaptive.spending", "--spending", help="obrien-fleming | pocock: alpha spending"),
+    precision: float = setting("adaptive.precision", "--precision", show_default="none"),
+    early_stop: bool = setting("adaptive.early_stop", "--early-stop", show_default="off"),
+    deterministic: bool = setting("deterministic", "--deterministic", show_default="off"),
     dry_run: bool = typer.Option(False, "--dry-run", show_default="off", help="print the plan; launch nothing"),
     foreground: bool = typer.Option(
         True, "--foreground/--background", help="drive the study here until it ends, or leave it to `researcher daemon`"
@@ -364,6 +377,10 @@ def study(
             defaults=PlanDefaults(seeds=seeds, steps=steps),
             approve=approve,
             shared_base=shared_base,
+            deterministic=deterministic,
+            adaptive=Adaptive(
+                rounds=rounds, max_seeds=max_seeds, spending=spending, precision=precision, early_stop=early_stop
+            ),
             # policies of one server: every trial of a round at once, unless --parallel says otherwise
             parallel=parallel
             if not shared_base or ctx.get_parameter_source("parallel") == ParameterSource.COMMANDLINE

@@ -61,6 +61,45 @@ class Budget(BaseModel):
     deadline: datetime | None = Field(default=None, description="no launches after this time (UTC)")
 
 
+class Adaptive(BaseModel):
+    """How the rules planner goes on after a round, and whether trials clearly behind stop early.
+
+    After a round: a supported effect of a numeric knob → a round bracketing the best value;
+    an inconclusive comparison → more seeds on the same arms (the next look of a sequential
+    comparison, α spent by `spending`); else stop. docs/researcher-statistics.md says why.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # 1 by default: a study costs what it did before adaptivity; --rounds 3 lets it bracket and add seeds
+    rounds: int = Field(default=1, ge=1, description="most rounds the rules planner runs (1: one round, no follow-ups)")
+    max_seeds: int | None = Field(
+        default=None,
+        ge=3,
+        description="most seeds per arm a comparison reaches over its sequential looks; None: twice --seeds",
+    )
+    spending: Literal["obrien-fleming", "pocock"] = Field(
+        default="obrien-fleming", description="alpha-spending function across the looks of one comparison"
+    )
+    precision: float | None = Field(
+        default=None,
+        gt=0,
+        description="no more seeds once every difference's 95 % interval is narrower than this; None: no target",
+    )
+    early_stop: bool = Field(
+        default=False,
+        description="successive halving: stop a treatment arm's trials at a rung when it is in the bottom half and "
+        "clearly behind the leader",
+    )
+    rungs: list[float] = Field(
+        default_factory=lambda: [1 / 3, 2 / 3], description="fractions of a trial's steps where arms are compared"
+    )
+
+    def seeds_cap(self, seeds: int) -> int:
+        """The most seeds per arm, given the study's seeds per round."""
+        return self.max_seeds if self.max_seeds is not None else 2 * seeds
+
+
 class StudyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -89,6 +128,12 @@ class StudyConfig(BaseModel):
         default=False,
         description="trials as LoRA policies of one server on the study's base (researcher/shared_base.py)",
     )
+    deterministic: bool = Field(
+        default=False,
+        description="the trials are reproducible (same config and seed, same run): seed-matched arms are then "
+        "compared by the paired t-test",
+    )
+    adaptive: Adaptive = Field(default_factory=Adaptive)
     llm_base_url: str | None = None
     llm_model: str | None = None
     prompt_versions: dict[str, int] = Field(default_factory=dict)

@@ -19,7 +19,7 @@ from researcher import tracking
 from researcher.analysis import curves_plot, metric_plot, trial_metric
 from researcher.config import StudyConfig
 from researcher.experiment import Frame
-from researcher.trials import TrialLauncher, read_summary, step_rewards, trial_dir
+from researcher.trials import TrialLauncher, interim_rewards, read_summary, step_rewards, trial_dir
 from store.models import RunSummary, Study, StudyStatus, Trial, TrialStatus
 from store.types import utcnow
 
@@ -110,7 +110,11 @@ class StudyContext:
         return read_summary(trial_dir(self.cfg, trial.id) / "out")  # type: ignore[arg-type]
 
     def arm_metrics(self, ids: list[int], frame: Frame) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
+        return {arm: [v for _, v in pairs] for arm, pairs in self.arm_values(ids, frame).items()}
+
+    def arm_values(self, ids: list[int], frame: Frame) -> dict[str, list[tuple[int, float]]]:
+        """Each arm's completed trials as (seed, metric), in trial order: what pairing by seed needs."""
+        out: dict[str, list[tuple[int, float]]] = {}
         for t in self.trials(ids):
             if t.status != TrialStatus.COMPLETED.value:
                 continue
@@ -119,8 +123,12 @@ class StudyContext:
                 continue
             value = trial_metric(step_rewards(summary)[1], frame.metric, frame.metric_window)
             if value is not None:
-                out.setdefault(t.arm, []).append(value)
+                out.setdefault(t.arm, []).append((int(t.seed), value))  # type: ignore[arg-type]
         return out
+
+    def interim_rewards(self, trial: Trial) -> list[float]:
+        """The per-step rewards a trial has reported so far (early stopping reads them while it runs)."""
+        return interim_rewards(trial_dir(self.cfg, trial.id) / "out")  # type: ignore[arg-type]
 
     def ingest(self, ids: list[int]) -> None:
         """Finished trials → MLflow child runs of the study run (+ RunSummary rows). Idempotent."""

@@ -271,6 +271,14 @@ class HypothesisSpec(BaseModel):
     baseline_value: Any
     treatment_values: list[Any] = Field(min_length=1)
     direction: Direction = Field(default="two-sided", description="expected sign of treatment minus baseline")
+    # set by the rules planner's adaptive rounds (researcher/rules.py: next_round); an LLM planner leaves them
+    seeds: list[int] | None = Field(default=None, description="this round's seeds; None: the study's 0..seeds-1")
+    extends: int | None = Field(
+        default=None,
+        ge=0,
+        description="the round (0-based) whose arms this round gives more seeds: analysed together with it, "
+        "as the next look of one sequential comparison",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HypothesisSpec:

@@ -23,6 +23,7 @@ wrong with the study, and `researcher resume` continues from the last checkpoint
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -38,6 +39,7 @@ from researcher.experiment import Design, Frame, HypothesisSpec, swarm_train_fla
 from researcher.llm import BudgetExceeded, StructuredOutputError
 from researcher.planning import BudgetTooSmall, UnsupportedTopic, fit_to_budget
 from researcher.report import write_report
+from researcher.sequential import halving_stops
 from store.models import Hypothesis, HypothesisStatus, StudyStatus, Trial, TrialStatus
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class StudyState(TypedDict, total=False):
     stop_reason: str
     route: str
     report_path: str
+    pooled_trial_ids: list[int]  # this round's trials and those of the earlier looks it is analysed with
 
 
 def build_graph(ctx: StudyContext) -> StateGraph:
@@ -93,6 +96,8 @@ def _planner(ctx: StudyContext, state: StudyState) -> Any:
     p.tokens_used = state.get("llm_tokens", 0)
     if hasattr(p, "token_budget"):
         p.token_budget = ctx.cfg.budget.llm_tokens
+    if hasattr(p, "trials_left"):  # the rules planner sizes a follow-up round to what is left
+        p.trials_left = ctx.trials_left()
     return p
 
 
@@ -270,7 +275,7 @@ def design(ctx: StudyContext, state: StudyState) -> dict:
                 seed=c.seed,
                 config={"experiment": c.model_dump(mode="json"), "round": rnd},
             )
-            for c in d.trial_configs()
+            for c in _launch_order(ctx, d)
         ]
         s.add_all(trials)
         row.conclusion = {**row.conclusion, "design": d.model_dump(mode="json"), "design_note": note}
@@ -286,6 +291,15 @@ def design(ctx: StudyContext, state: StudyState) -> dict:
         "route": "approve",
         "design_note": note,
     }
+
+
+def _launch_order(ctx: StudyContext, d: Design) -> list:
+    """The round's trials in launch order: arm by arm, or with early stopping seed by seed, so
+    that every arm has trials running when a rung is judged (and a stopped arm has some left)."""
+    configs = d.trial_configs()
+    if ctx.cfg.adaptive.early_stop:
+        configs.sort(key=lambda c: c.seed)  # stable: arms keep their order within a seed
+    return configs
 
 
 def approve(ctx: StudyContext, state: StudyState) -> dict:
@@ -353,6 +367,8 @@ def monitor(ctx: StudyContext, state: StudyState) -> dict:
         updates["stop_reason"] = hard
         statuses = ctx.launcher.refresh(ids)
         counts = _counts(statuses)
+    if early_stop(ctx, state):  # arms cut at a rung: their trials are cancelled, count again
+        counts = _counts(ctx.launcher.refresh(ids))
     pending = counts.get(TrialStatus.PENDING.value, 0)
     running = counts.get(TrialStatus.RUNNING.value, 0)
     if pending and not state.get("stop_reason") and ctx.running_trials() < ctx.cfg.parallel:
@@ -363,18 +379,117 @@ def monitor(ctx: StudyContext, state: StudyState) -> dict:
     return {**updates, "route": "analyze"}
 
 
+def round_early_stop(ctx: StudyContext, hypothesis_id: int) -> dict[str, Any]:
+    """A round's early-stopping record, kept on its hypothesis row (not in the graph state: `monitor`
+    may be re-run after its interrupt, and a rung must be judged once, not again on the arms left)."""
+    with Session(ctx.engine) as s:
+        row = s.get(Hypothesis, hypothesis_id)
+        got = dict((row.conclusion or {}).get("early_stop") or {}) if row is not None else {}
+    return {"rungs": [], "stopped": {}, "saved_steps": 0, "planned_steps": 0, **got}
+
+
+def early_stop(ctx: StudyContext, state: StudyState) -> bool:
+    """Successive halving at the rungs this round's trials have all reached (`Adaptive.early_stop`).
+
+    A rung is judged once, when every live trial of every live arm has reported that many
+    steps (trials that ended early aside): arms in the bottom half *and* clearly behind the
+    leader (`sequential.halving_stops`) have their trials cancelled, and the record (rungs
+    judged, arms stopped and why, trial-steps saved) goes on the hypothesis row. True when
+    an arm was stopped. Off with --shared-base, whose trials' metrics live in the study
+    server's folder.
+    """
+    a = ctx.cfg.adaptive
+    if not a.early_stop or ctx.cfg.shared_base or not state.get("design") or not state.get("hypothesis"):
+        return False
+    d, hid = state["design"], state["hypothesis"]["id"]
+    f = Frame.model_validate(state["frame"])
+    es = round_early_stop(ctx, hid)
+    trials = ctx.trials(state.get("trial_ids", []))
+    steps = int(d["steps"])
+    es["planned_steps"] = steps * len(trials)
+    changed = cut = False
+    dead = (TrialStatus.FAILED.value, TrialStatus.CANCELLED.value)
+    for i, rung in enumerate(a.rungs):
+        at = max(1, math.ceil(rung * steps))
+        if i in es["rungs"] or at >= steps:
+            continue
+        live = [t for t in trials if t.arm not in es["stopped"] and t.status not in dead]
+        rewards = {t.id: ctx.interim_rewards(t) for t in live}
+        if any(len(r) < at for r in rewards.values()):
+            break  # rungs are judged in order, each on every live trial
+        interim: dict[str, list[float]] = {}
+        for t in live:
+            v = stats.trial_metric(rewards[t.id][:at], f.metric, stats.metric_window(at))
+            if v is not None:
+                interim.setdefault(t.arm, []).append(v)
+        es["rungs"] = [*es["rungs"], i]
+        changed = True
+        for arm, why in halving_stops(interim, d["baseline"]).items():
+            es["stopped"] = {**es["stopped"], arm: f"stopped at step {at} of {steps}: {why}"}
+            going = (TrialStatus.PENDING.value, TrialStatus.RUNNING.value)
+            victims = [t for t in live if t.arm == arm and t.status in going]
+            es["saved_steps"] += sum(max(0, steps - len(rewards[t.id])) for t in victims)
+            ctx.launcher.cancel([t.id for t in victims if t.id is not None], es["stopped"][arm])
+            log.info("study %s: arm %s %s", ctx.study_id, arm, es["stopped"][arm])
+            cut = True
+    if changed:
+        with Session(ctx.engine, expire_on_commit=False) as s:
+            row = s.get(Hypothesis, hid)
+            if row is not None:
+                row.conclusion = {**(row.conclusion or {}), "early_stop": es}
+                s.add(row)
+                s.commit()
+    return cut
+
+
+def _earlier_look(state: StudyState) -> dict | None:
+    """The history entry of the round this one gives more seeds (its earlier look), if any."""
+    ext = state["hypothesis"].get("extends")
+    if ext is None:
+        return None
+    return next((h for h in state.get("history", []) if h.get("round") == ext), None)
+
+
 def analyze(ctx: StudyContext, state: StudyState) -> dict:
-    ctx.ingest(state.get("trial_ids", []))
+    ids = list(state.get("trial_ids", []))
+    ctx.ingest(ids)
     f = Frame.model_validate(state["frame"])
     d = state["design"]
-    metrics = ctx.arm_metrics(state.get("trial_ids", []), f)
-    metrics = {a["name"]: metrics.get(a["name"], []) for a in d["arms"]}
-    result = stats.analyze(metrics, baseline=d["baseline"], direction=state["hypothesis"]["direction"])
+    prior = _earlier_look(state)
+    prior_result = prior["analysis"] if prior else {}
+    pooled = [*(prior.get("pooled_trial_ids", prior.get("trial_ids", [])) if prior else []), *ids]
+    values = ctx.arm_values(pooled, f)
+    names = [a["name"] for a in d["arms"]]
+    metrics = {n: [v for _, v in values.get(n, [])] for n in names}
+    seeds = {n: [s for s, _ in values.get(n, [])] for n in names}
+    es = round_early_stop(ctx, state["hypothesis"]["id"])
+    stopped = {**(prior_result.get("stopped") or {}), **es["stopped"]}
+    planned = sorted({*(prior_result.get("seeds") or []), *d["seeds"]})
+    sequential = None
+    a = ctx.cfg.adaptive
+    if ctx.cfg.planner == "rules" and a.rounds > 1:  # more seeds may follow: this is one look of several
+        cap = max(a.seeds_cap(ctx.cfg.defaults.seeds), len(planned))
+        earlier = list((prior_result.get("sequential") or {}).get("fractions", []))
+        fractions = [*earlier, len(planned) / cap]
+        if fractions[0] < 1:
+            sequential = stats.sequential_look(fractions, spending=a.spending, max_seeds=cap)
+    result = stats.analyze(
+        metrics,
+        baseline=d["baseline"],
+        direction=state["hypothesis"]["direction"],
+        seeds=seeds,
+        deterministic=ctx.cfg.deterministic,
+        sequential=sequential,
+        stopped=stopped,
+    )
+    result["seeds"] = planned
+    result["early_stop"] = es if es["rungs"] else None
+    result["pooled_rounds"] = [*(prior_result.get("pooled_rounds") or []), state.get("round", 0)]
     result["metric"] = f.metric
     result["metric_description"] = f.metric_description()
     result["metric_window"] = f.metric_window
-    result["plots"] = ctx.round_plots(state.get("round", 0), state.get("trial_ids", []), result, f)
-    return {"analysis": result}
+    result["plots"] = ctx.round_plots(state.get("round", 0), pooled, result, f)
+    return {"analysis": result, "pooled_trial_ids": pooled}
 
 
 def decide(ctx: StudyContext, state: StudyState) -> dict:
@@ -404,6 +519,9 @@ def decide(ctx: StudyContext, state: StudyState) -> dict:
             "trial_ids": state.get("trial_ids", []),
             "planner": ctx.planner.name,
             "design_note": state.get("design_note", ""),
+            "reason": hyp.get("rationale", ""),
+            "extends": hyp.get("extends"),
+            "pooled_trial_ids": state.get("pooled_trial_ids", state.get("trial_ids", [])),
         }
     )
     p = _planner(ctx, state)

@@ -14,6 +14,9 @@ and an invalid answer goes back with the error (`retries` times); after the last
 one `StructuredOutputError` says what was wrong. Tokens are counted from every
 response's usage and the budget is checked before every call; an unreachable
 endpoint is waited out with backoff (`policy`), then `LLMUnreachable` (llm.py).
+Nothing is asked that the trial budget could not run: with fewer trials left
+(`trials_left`, set by the study graph) than the smallest design, `decide` is
+asked with no room for follow-ups and `design` refuses before asking.
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ from researcher.experiment import (
     swarm_train_flags,
 )
 from researcher.llm import BudgetExceeded, CallPolicy, structured
-from researcher.planning import Decision, PlanDefaults
+from researcher.planning import BudgetTooSmall, Decision, PlanDefaults
 
 PROMPTS = ("system", "frame", "hypothesize", "design", "decide", "retry")
 # lengths as patterns too: vLLM's guided decoding honours `pattern` where it skips minLength/maxLength
 TEXT = {"type": "string", "minLength": 3, "maxLength": 200, "pattern": "^[A-Za-z0-9][^\\n]{2,199}$"}
 NOTE = {"type": "string", "maxLength": 300, "pattern": "^[^\\n]{0,300}$"}
+SMALLEST_DESIGN = 2 * MIN_SEEDS  # trials: what fitting any design to a trial budget can shrink it to
 
 
 # ---------------------------------------------------------------- answer schemas
@@ -202,13 +206,15 @@ def design_schema(task: str, hypothesis: HypothesisSpec, defaults: PlanDefaults,
     )
 
 
-def decision_schema(knobs: list[str], baseline: dict[str, Any] | None = None) -> dict:
+def decision_schema(knobs: list[str], baseline: dict[str, Any] | None = None, max_follow_ups: int = 2) -> dict:
+    """`max_follow_ups` 0 when no trials are left for another round: follow-ups nobody could run
+    are the longest part of an answer (the model writes them out in full)."""
     return _object(
         "Decision",
         {
             "stop": {"type": "boolean"},
             "notes": NOTE,
-            "follow_ups": {"type": "array", "items": hypothesis_schema(knobs, baseline), "maxItems": 2},
+            "follow_ups": {"type": "array", "items": hypothesis_schema(knobs, baseline), "maxItems": max_follow_ups},
         },
         "After a round: stop, or follow-up hypotheses to test next.",
     )
@@ -241,6 +247,7 @@ class LLMPlanner:
         if unknown:
             raise ValueError(f"unknown knob(s) {unknown}; known knobs: {', '.join(KNOBS)}")
         self.policy = policy or CallPolicy()
+        self.trials_left: int | None = None  # set by the study graph before each step (None: no trial budget)
 
     @staticmethod
     def prompt_versions() -> dict[str, int]:
@@ -270,6 +277,10 @@ class LLMPlanner:
             on_tokens=self._charge,
             policy=self.policy,
         )
+
+    def _room_for_a_round(self) -> bool:
+        """Whether the trials left (as the study graph last said) could run the smallest design."""
+        return self.trials_left is None or self.trials_left >= SMALLEST_DESIGN
 
     def _study_knobs(self, frame: Frame) -> list[str]:
         """The frame's knobs the planner may vary (all it may vary if none of them)."""
@@ -304,6 +315,11 @@ class LLMPlanner:
         return self._ask(text, HypothesisSpec, js)
 
     def design(self, frame: Frame, hypothesis: HypothesisSpec, defaults: PlanDefaults) -> Design:
+        if not self._room_for_a_round():  # ask for no design that cannot run
+            raise BudgetTooSmall(
+                f"a trial budget of {self.trials_left} cannot cover even the smallest design "
+                f"(2 arms × {MIN_SEEDS} seeds = {SMALLEST_DESIGN} trials)"
+            )
         flags = swarm_train_flags() if self.check_program else None
 
         def check(d: Design) -> None:
@@ -349,7 +365,14 @@ class LLMPlanner:
             f"Welch p {c['p']}"
             for c in analysis.get("comparisons", [])
         )
-        js = decision_schema(self._study_knobs(frame), frame.baseline)
+        room = self._room_for_a_round()
+        js = decision_schema(self._study_knobs(frame), frame.baseline, 2 if room else 0)
+        budget_note = f"Rounds left: {self.max_rounds - len(history) - 1}."
+        if not room:
+            budget_note += (
+                f" Trials left: {self.trials_left}, fewer than the smallest design ({SMALLEST_DESIGN}): "
+                "no follow-up can run."
+            )
         text = prompts.render(
             "decide",
             question=frame.question,
@@ -359,7 +382,7 @@ class LLMPlanner:
             arms=arms or "(no completed trials)",
             comparisons=comps or "(none)",
             history=_history(history),
-            budget_note=f"Rounds left: {self.max_rounds - len(history) - 1}.",
+            budget_note=budget_note,
             schema=json.dumps(js),
         )
         return self._ask(text, Decision, js)

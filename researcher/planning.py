@@ -95,7 +95,8 @@ def choose_direction(knob: str, baseline: Any, treatments: list[Any]) -> str:
 
 
 def default_design(frame: Frame, hypothesis: HypothesisSpec, defaults: PlanDefaults) -> Design:
-    """Baseline + treatment arms of the hypothesis' knob, `defaults.seeds` seeds each."""
+    """Baseline + treatment arms of the hypothesis' knob, `defaults.seeds` seeds each (or the
+    hypothesis' own seeds: a sequential look's new seeds, researcher/rules.py)."""
     arms = [
         Arm(name=arm_name(hypothesis.knob, v), knobs={hypothesis.knob: v})
         for v in [hypothesis.baseline_value, *hypothesis.treatment_values]
@@ -103,7 +104,7 @@ def default_design(frame: Frame, hypothesis: HypothesisSpec, defaults: PlanDefau
     return Design(
         task=frame.task,
         steps=defaults.steps,
-        seeds=list(range(defaults.seeds)),
+        seeds=list(hypothesis.seeds) if hypothesis.seeds else list(range(defaults.seeds)),
         baseline=arms[0].name,
         arms=arms[: defaults.max_arms],
         common=dict(frame.baseline),

@@ -58,22 +58,62 @@ def conclusion_sentence(result: dict) -> str:
         worse = c["baseline"] if c["diff"] > 0 else c["arm"]
         better = c["arm"] if c["diff"] > 0 else c["baseline"]
         p_adj = c.get("p_holm", c["p"])
-        sig = p_adj is not None and p_adj < result.get("alpha", 0.05)
+        sig = p_adj is not None and p_adj < result.get("level", result.get("alpha", 0.05))
+        test = "paired t" if c.get("method") == "paired" else "Welch"
+        level = result.get("level", result.get("alpha", 0.05))
+        at = f", judged at p < {level:.3g} at this look" if result.get("sequential") else ""
+        if c.get("stopped"):
+            lines.append(f"{c['arm']} vs {c['baseline']}: {c['stopped']}; not called supported.")
+            continue
         overlap = "overlap" if c["ci_overlap"] else "do not overlap"
         if sig:
             lines.append(
                 f"**{worse} is worse than {better}**: {result.get('metric', 'metric')} differs by "
                 f"{_num(abs(c['diff']))} (95 % CI of the difference [{_num(c['diff_ci_low'])}, "
                 f"{_num(c['diff_ci_high'])}], Hedges' g {_num(c['hedges_g'], 2)}, "
-                f"Welch p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); the arms' 95 % CIs {overlap}."
+                f"{test} p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); the arms' 95 % CIs {overlap}."
             )
         else:
             lines.append(
                 f"No significant difference between {c['arm']} and {c['baseline']} "
-                f"(diff {_num(c['diff'])}, Welch p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); "
+                f"(diff {_num(c['diff'])}, {test} p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}{at}); "
                 f"the arms' 95 % CIs {overlap}."
             )
     return "\n".join(f"- {x}" for x in lines)
+
+
+def _rounds(rounds: list[int]) -> str:
+    if len(rounds) <= 1:
+        return f"round {rounds[0] + 1}" if rounds else "this round"
+    return f"rounds {', '.join(str(r + 1) for r in rounds)} analysed together"
+
+
+def method_lines(result: dict) -> list[str]:
+    """Which test each comparison used and why (paired or Welch), the sequential look, early stops."""
+    out = []
+    reasons: dict[str, list[str]] = {}
+    for c in result.get("comparisons", []):
+        if c.get("method_reason"):
+            reasons.setdefault(c["method_reason"], []).append(c["arm"])
+    for why, arms in reasons.items():
+        out.append(f"*Test* ({', '.join(arms)} vs the baseline): {why}.")
+    seq = result.get("sequential")
+    if seq:
+        out.append(
+            f"*Sequential look {seq['look']}* of this comparison ({_rounds(result.get('pooled_rounds', []))}, "
+            f"seeds {result.get('seeds')}): {seq['spending']} alpha spending; judged at adjusted p < "
+            f"{seq['nominal_alpha']:.4g} (α spent so far {seq['alpha_spent']:.4g} of {result.get('alpha', 0.05)})."
+        )
+    es = result.get("early_stop")
+    if es:
+        stopped = "; ".join(f"{arm} {why}" for arm, why in (es.get("stopped") or {}).items()) or "no arm stopped"
+        planned = es.get("planned_steps") or 0
+        share = f" ({es['saved_steps'] / planned:.0%})" if planned else ""
+        out.append(
+            f"*Early stopping* (successive halving, rungs judged: {len(es.get('rungs', []))}): {stopped}. "
+            f"Compute saved: {es.get('saved_steps', 0)} of {planned} trial-steps{share}."
+        )
+    return [x for line in out for x in (line, "")]
 
 
 def render_round(h: dict, report_dir: Path, planner: str = "?") -> str:
@@ -82,11 +122,13 @@ def render_round(h: dict, report_dir: Path, planner: str = "?") -> str:
     out = [
         f"## Round {h['round'] + 1}: {h['statement']}",
         "",
+        *([f"*Why this round:* {h['reason']}", ""] if h.get("reason") else []),
         f"**Verdict: {h['verdict'].upper()}** (α = {result.get('alpha', 0.05)}, "
         f"expected direction of treatment − baseline: {result.get('direction')})",
         "",
         conclusion_sentence(result),
         "",
+        *method_lines(result),
         f"Planned by the {h.get('planner') or planner} planner. "
         f"Design: task `{d['task']}`, {d['steps']} steps per trial, seeds {d['seeds']}, "
         f"baseline arm `{d['baseline']}`" + (f", shared knobs `{d['common']}`" if d.get("common") else "") + ".",
@@ -108,15 +150,19 @@ def render_round(h: dict, report_dir: Path, planner: str = "?") -> str:
         "",
         "### Comparisons with the baseline",
         "",
-        "| arm | vs | diff | 95 % Welch CI of diff | Hedges' g | Welch t | p | Holm p | CIs overlap | verdict |",
-        "|---|---|---:|---|---:|---:|---:|---:|---|---|",
+        "| arm | vs | test | diff | 95 % CI of diff | Hedges' g | t | p | Holm p | Welch p (Holm) beside "
+        "| CIs overlap | verdict |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---|---|---|",
     ]
     for c in result["comparisons"]:
         overlap = {True: "yes", False: "no", None: "–"}[c["ci_overlap"]]
+        w = c.get("welch") or {}
+        beside = f"{_p(w.get('p'))} ({_p(c.get('p_holm_welch'))})" if c.get("method") == "paired" else "(this is Welch)"
         out.append(
-            f"| {c['arm']} | {c['baseline']} | {_num(c['diff'])} | [{_num(c['diff_ci_low'])}, "
-            f"{_num(c['diff_ci_high'])}] | {_num(c['hedges_g'], 2)} | {_num(c['t'], 2)} | {_p(c['p'])} | "
-            f"{_p(c.get('p_holm'))} | {overlap} | {c['verdict']} |"
+            f"| {c['arm']} | {c['baseline']} | {c.get('method', 'welch')} | {_num(c['diff'])} | "
+            f"[{_num(c['diff_ci_low'])}, {_num(c['diff_ci_high'])}] | {_num(c['hedges_g'], 2)} | {_num(c['t'], 2)} | "
+            f"{_p(c['p'])} | {_p(c.get('p_holm'))} | {beside} | {overlap} | "
+            f"{c['verdict'] + (' (stopped early)' if c.get('stopped') else '')} |"
         )
     tested = sum(1 for c in result["comparisons"] if c.get("p_holm") is not None)
     out += ["", f"*Verdict rule.* {result.get('rule') or verdict_rule(tested, result.get('alpha', 0.05))}", ""]
@@ -156,6 +202,12 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
     if history:
         lines += ["## Summary", ""]
         lines += [f"- Round {h['round'] + 1}: {h['statement']} → **{h['verdict']}**" for h in history]
+        if history[-1].get("notes"):
+            lines.append(f"- Why the study ended there: {history[-1]['notes']}")
+        saved = [h["analysis"]["early_stop"] for h in history if (h.get("analysis") or {}).get("early_stop")]
+        if saved:
+            total, planned = sum(e.get("saved_steps", 0) for e in saved), sum(e.get("planned_steps", 0) for e in saved)
+            lines.append(f"- Early stopping saved {total} of {planned} planned trial-steps")
         lines.append("")
     else:
         lines += ["No round was analysed.", ""]

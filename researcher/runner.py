@@ -141,7 +141,7 @@ def load_config(engine: Any, study_id: int) -> StudyConfig:
 
 def make_planner(cfg: StudyConfig) -> Any:
     if cfg.planner == "rules":
-        return RulesPlanner()
+        return RulesPlanner(cfg.adaptive)
     model = make_chat_model({"llm_base_url": cfg.llm_base_url, "llm_model": cfg.llm_model})
     return LLMPlanner(model, token_budget=cfg.budget.llm_tokens, check_program=cfg.uses_swarm_train)
 
@@ -227,7 +227,10 @@ def advance(study_id: int, *, ctx: StudyContext | None = None, resume: Any = Non
 
 
 def _still_waiting(ctx: StudyContext, values: dict) -> bool:
-    """Cheap check before resuming a waiting study: trials still running, no slot to fill."""
+    """Cheap check before resuming a waiting study: trials still running, no slot to fill.
+    With early stopping the graph's monitor must look at every tick (a rung may be due)."""
+    if ctx.cfg.adaptive.early_stop:
+        return False
     statuses = ctx.launcher.refresh(list(values.get("trial_ids", [])))
     running = sum(1 for v in statuses.values() if v == TrialStatus.RUNNING.value)
     pending = sum(1 for v in statuses.values() if v == TrialStatus.PENDING.value)

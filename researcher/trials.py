@@ -78,6 +78,20 @@ def _json_row(line: str) -> dict[str, Any] | None:
     return row if isinstance(row, dict) else None
 
 
+def interim_rewards(out_dir: Path) -> list[float]:
+    """Per-step mean rewards a trial has reported so far: its summary's once it has one, else
+    the rows of the server's metrics file it appends to every step (what early stopping reads)."""
+    summary = read_summary(out_dir)
+    if summary is not None:
+        return step_rewards(summary)[1]
+    try:
+        lines = (out_dir / "server" / "metrics.jsonl").read_text().splitlines()
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    rows = [r for r in map(_json_row, lines) if r is not None]
+    return step_rewards({"steps": rows})[1]
+
+
 def step_rewards(summary: dict[str, Any]) -> tuple[list[float], list[float]]:
     rows = [r for r in summary.get("steps", []) if r.get("reward_mean") is not None]
     return [float(r.get("step", i)) for i, r in enumerate(rows)], [float(r["reward_mean"]) for r in rows]

@@ -33,13 +33,12 @@ from pathlib import Path
 
 import httpx
 
-from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
 from swarm.run_checks import RUN_FILE, read_metrics
 from swarm.server.bootstrap import SECRETS_FILE
-from swarm.train import _follow, _open_log, _stop, _swarm, console, fleet_configs, summarize
+from swarm.train import _follow, _stop, console, fleet_configs, start_fleets, summarize
 
 #: what an attached run writes into its --out (the policy's own rows, copied from the server's folder)
 ATTACHED_METRICS = "metrics.jsonl"
@@ -214,15 +213,7 @@ def run_attached(spec: RunConfig) -> dict:
     removed: str | None = None
     try:
         try:
-            for log_name, fleet in fleets.items():
-                log = logs / f"{log_name}.log"
-                clients[log] = subprocess.Popen(
-                    _swarm("client", "--config", str(write_config(out / f"fleet-{log_name}.yaml", fleet))),
-                    stdout=_open_log(log, False, 1, spec.steps),
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
+            clients |= start_fleets(fleets, out, logs, env, (1, spec.steps), resume=False)
             _follow(spec, shared.url, shared.token, _Alive(shared.url), {"": metrics}, t0, clients)  # type: ignore[arg-type]
         finally:
             for p in clients.values():

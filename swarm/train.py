@@ -232,6 +232,24 @@ def _open_log(path: Path, resume: bool, first_step: int, last_step: int) -> IO[s
     return f
 
 
+def start_fleets(
+    fleets: dict[str, FleetConfig], out: Path, logs: Path, env: dict[str, str], steps: tuple[int, int], resume: bool
+) -> dict[Path, subprocess.Popen]:
+    """Start one `swarm client` process per fleet (its config in OUT/fleet-NAME.yaml), each in its own
+    session so it is stopped by its PID; returns {its log: the process}. `steps`: first and last."""
+    procs = {}
+    for log_name, fleet in fleets.items():
+        log = logs / f"{log_name}.log"
+        procs[log] = subprocess.Popen(
+            _swarm("client", "--config", str(write_config(out / f"fleet-{log_name}.yaml", fleet))),
+            stdout=_open_log(log, resume, *steps),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return procs
+
+
 def run(spec: RunConfig, resume: bool = False) -> dict:
     """Train until the server has done `spec.steps` steps (counting an earlier run's when resuming).
 
@@ -279,16 +297,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
             )
             # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
             _wait_healthy(url, token, server, server_log, timeout=900.0 if spec.server.engine == "vllm" else 180.0)
-            for log_name, fleet in fleets.items():
-                fleet_file = write_config(out / f"fleet-{log_name}.yaml", fleet)
-                log = logs / f"{log_name}.log"
-                procs[log] = subprocess.Popen(
-                    _swarm("client", "--config", str(fleet_file)),
-                    stdout=_open_log(log, resume, done + 1, spec.steps),
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
+            procs |= start_fleets(fleets, out, logs, env, (done + 1, spec.steps), resume)
             clients = {log: p for log, p in procs.items() if p is not server}
             _follow(spec, url, token, server, metrics, t0, clients, done)
             _await_exit(server, [m.parent for m in metrics.values()])  # each policy logs its own model

@@ -17,10 +17,18 @@ Groups are given to xdist by its scheduler hook, not by `xdist_group` marks: wit
 `--dist loadgroup` marks no longer group anything (xdist 3.8 renames nodeids through an attribute
 pytest no longer reads), and tests of a group then ran on both workers. Without xdist
 (`pytest tests`) nothing here applies.
+
+The units that take minutes are handed out first, longest first (SECONDS: about what CI measured), so
+the run never ends with one worker on a long unit while the other has nothing left to take; the
+rest follow in xdist's own order. At the end the summary says how long each worker was busy: a
+suite whose workers end far apart is unbalanced, one whose workers are both busy to the end is
+as fast as its tests on that many cores.
 """
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from typing import Any
 
 import pytest
@@ -33,6 +41,17 @@ GROUPS = {
     "tests/test_model_build.py": "model-build",
     "tests/integration/test_readme_commands.py": "model-build",
     "tests/frameworks/": "frameworks",  # one scripted server per session, not one per worker
+}
+
+
+# about what a unit took in CI on 2 cores (its slowest tests' --durations summed, the rest guessed):
+# only the order they give matters, the longest unit first
+SECONDS = {
+    "vllm": 450,  # the engine's tests on a shared server, then the live planner study (two vLLM starts)
+    "model-build": 370,  # the default recipe's build and evaluation, the README's commands
+    "slurm": 200,  # 130 tests, one of them waits out a job's time limit
+    "tests/chaos/test_soak.py::test_soak": 95,
+    "tests/chaos/test_chaos.py::test_chaos_fake_engine": 50,
 }
 
 
@@ -51,7 +70,36 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     class GroupScheduling(LoadScopeScheduling):
         """Load balancing, a group at a time: every test of a group goes to the worker that took it."""
 
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # once, when the queue is complete: the longest units first (a stable sort)
+                units = sorted(self.workqueue.items(), key=lambda unit: -SECONDS.get(unit[0], 0))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
     return GroupScheduling(config, log)
+
+
+BUSY: dict[str, float] = defaultdict(float)  # worker -> seconds its tests took (setup, call, teardown)
+STARTED = time.monotonic()
+LAST: dict[str, float] = {}  # worker -> when its last report came, seconds after the session began
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    if worker is not None:  # the controller of an xdist run: each report names its worker
+        BUSY[worker.id] += report.duration
+        LAST[worker.id] = time.monotonic() - STARTED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if BUSY:
+        terminalreporter.write_line(
+            "workers: " + ", ".join(f"{w} busy {BUSY[w]:.0f} s, done at {LAST[w]:.0f} s" for w in sorted(BUSY))
+        )

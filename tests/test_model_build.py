@@ -179,6 +179,29 @@ def test_untrained_weights_are_seeded(tmp_path, untrained):
     assert (untrained / "tokenizer.json").read_text() == (again / "tokenizer.json").read_text()
 
 
+def test_the_context_is_4096_and_shapes_no_weight(untrained, tokenizer):
+    """Build 6: a 4,096-token context (model and tokenizer). Qwen2's default rope has no position table,
+    so the same seed gives the same weights and the same logits as at 1,024 (the warm start and its
+    calibration are unchanged); positions past 1,024 run."""
+    from swarm.model.build import CONTEXT_LENGTH, build_model, model_config
+
+    model = AutoModelForCausalLM.from_pretrained(untrained)
+    assert model.config.max_position_embeddings == CONTEXT_LENGTH == 4096
+    assert AutoTokenizer.from_pretrained(untrained).model_max_length == 4096
+    at_4096 = build_model(tokenizer, seed=0)
+    torch.manual_seed(0)
+    cfg = model_config(tokenizer)
+    cfg.max_position_embeddings = 1024
+    at_1024 = type(at_4096)(cfg)
+    a, b = at_4096.state_dict(), at_1024.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ids = torch.tensor([tokenizer.encode("What is 47+85? " * 20)[:200]])
+    with torch.no_grad():
+        assert torch.equal(at_4096(ids).logits, at_1024(ids).logits)
+        long = torch.randint(0, len(tokenizer), (1, 1500))
+        assert torch.isfinite(at_4096(long).logits).all()
+
+
 def test_local_evaluation_runs_workflows(untrained):
     for name in ("arith", "guess", "calc"):
         result = evaluate(untrained, name, n=4, temperature=1.0)

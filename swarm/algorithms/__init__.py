@@ -15,6 +15,7 @@ _LAZY = {
     **dict.fromkeys(
         ["ESTIMATORS", "compute_advantages", "grpo", "reinforce_pp_baseline", "rloo"], "swarm.algorithms.advantages"
     ),
+    **dict.fromkeys(["distill_advantages", "mean_reverse_kl", "reverse_kl"], "swarm.algorithms.distill"),
     **dict.fromkeys(
         [
             "LOSS_AGG",
@@ -32,6 +33,7 @@ _LAZY = {
 
 if _typing.TYPE_CHECKING:
     from swarm.algorithms.advantages import ESTIMATORS, compute_advantages, grpo, reinforce_pp_baseline, rloo
+    from swarm.algorithms.distill import distill_advantages, mean_reverse_kl, reverse_kl
     from swarm.algorithms.losses import (
         LOSS_AGG,
         PPOTerms,
@@ -60,13 +62,16 @@ __all__ = [
     "LossAgg",
     "PPOTerms",
     "compute_advantages",
+    "distill_advantages",
     "entropy_from_logits",
     "grpo",
     "kl_k3",
     "loss_scales",
     "masked_sum_mean",
+    "mean_reverse_kl",
     "ppo_clip_loss",
     "reinforce_pp_baseline",
+    "reverse_kl",
     "rloo",
     "token_logprobs",
 ]

@@ -11,6 +11,9 @@ backend both run llguidance, so both apply the same text):
     body: call (SEP call)*                forced: only calls of the allowed tools
     body: call (SEP call)* | answer       tools + response_format: calls, or the schema's JSON
 
+With `parallel_tool_calls: false` the repetition goes (`body: call`, `body: call | answer`): at most
+one call, enforced where it is generated rather than cut from the reply afterwards.
+
 END is the template's end-of-turn token (`<|im_end|>`, where the tokenizer has it as one token).
 
 Each call is the parser's own skeleton with the tool's parameter schema as compact JSON in it,
@@ -110,13 +113,15 @@ def tool_call_grammar(
     prefill: str = "",
     answer: Mapping[str, Any] | bool | None = None,
     tokens: Mapping[str, int] | None = None,
+    parallel: bool = True,
 ) -> str | None:
     """A Lark grammar for one turn, or None where `parser`'s format has none here.
 
     `tools`: OpenAI function tools; `allowed`: the one function a named `tool_choice` allows (None:
     any of them); `prefill`: the call's start already in the prompt (the grammar continues it);
     `answer`: the JSON schema a plain answer must follow (None: calls only, a forced choice);
-    `tokens`: markers the tokenizer holds as single tokens, with their ids.
+    `tokens`: markers the tokenizer holds as single tokens, with their ids; `parallel`: False admits
+    one call only (`parallel_tool_calls: false`).
     """
     if not supports(parser):
         return None
@@ -149,16 +154,29 @@ def tool_call_grammar(
     if answer is not None and not prefill and parser.name == "json":
         return _json_call_or_answer(tools, answer, tokens)
     rules.append("call: " + " | ".join(calls))
-    more = f"({_literal(sep, specials)} call)*"
+    more = f"({_literal(sep, specials)} call)*" if parallel else ""
     if prefill:
         rules.append("first: " + " | ".join(firsts))
-        start = f"first {more}"
+        start = f"first {more}".rstrip()
     else:
-        start = f"call {more}"
+        start = f"call {more}".rstrip()
     if answer is not None and not prefill:
         rules.append(f"answer: {_json_rule(answer)}")
         start = f"{start} | answer"
     return "\n".join([f"start: body{_end(tokens)}", f"body: {start}", *rules]) + "\n"
+
+
+def answer_grammar(answer: Mapping[str, Any] | bool, tokens: Mapping[str, int] | None = None) -> str:
+    """A Lark grammar of a plain JSON answer (`response_format` json_object / json_schema, no tools)
+    that ends with the end-of-turn token where `tokens` has it.
+
+    Why: vLLM's guidance backend ends a JSON format with the tokenizer's EOS, which is
+    `<|endoftext|>` for a base model's tokenizer (Qwen2.5 base, say), so the trained sample would end
+    unlike the template's turn. The torch engine picks `<|im_end|>` itself (`Grammars.end_ids`);
+    the vllm engine sends this grammar as `structured_outputs.grammar` instead of the format, so
+    both end the turn alike. The JSON rule is the plain format's (compact), so nothing else changes.
+    """
+    return f"start: body{_end(tokens)}\nbody: {_json_rule(answer)}\n"
 
 
 def answer_schema(response_format: Mapping[str, Any] | None) -> Mapping[str, Any] | bool | None:
@@ -180,12 +198,15 @@ def turn_format(
     prefill: str,
     response_format: Mapping[str, Any] | None,
     tokens: Mapping[str, int] | None = None,
+    parallel: bool = True,
 ) -> dict[str, Any] | None:
     """The constraint of a turn with tools, as the `{"type": "grammar"}` format engines take; None
     where the turn keeps its own `response_format` (or none): no forced call and no JSON answer, or
     a parser without a grammar here.
 
-    `forced`: "" for any tool (`required`), a function's name, or None (`auto`)."""
+    `forced`: "" for any tool (`required`), a function's name, or None (`auto`); `parallel`: False
+    admits at most one call (`parallel_tool_calls: false`). An `auto` turn without a JSON answer gets
+    no grammar for it: the core keeps its first call instead (`decoding.ChoiceRun`)."""
     if not tools:
         return None
     answer = None if forced is not None else answer_schema(response_format)
@@ -198,8 +219,9 @@ def turn_format(
         prefill=prefill if forced is not None else "",
         answer=answer,
         tokens=tokens,
+        parallel=parallel,
     )
     return None if grammar is None else {"type": "grammar", "grammar": grammar}
 
 
-__all__ = ["END_OF_TURN", "MARKERS", "answer_schema", "supports", "tool_call_grammar", "turn_format"]
+__all__ = ["END_OF_TURN", "MARKERS", "answer_grammar", "answer_schema", "supports", "tool_call_grammar", "turn_format"]

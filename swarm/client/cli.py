@@ -83,10 +83,14 @@ def _client(cfg: FleetConfig, url: str, token: str) -> SwarmClient | TeamClient:
     """One client for the fleet's policy, or with `--team` one per role, each for the policy of its name."""
     kw: dict[str, Any] = {"max_retries": cfg.retries, "max_backoff_s": 5.0, "reconnect_s": cfg.reconnect_s or None}
     if cfg.team:
-        roles = [r.strip() for r in cfg.team.split(",") if r.strip()]
-        if len(set(roles)) != len(roles) or not roles:
+        # ROLE (the policy of that name on --url) or ROLE=URL (the server of that role: `swarm train --team`)
+        members = [r.strip().partition("=") for r in cfg.team.split(",") if r.strip()]
+        roles = [role.strip() for role, _, _ in members]
+        if len(set(roles)) != len(roles) or not roles or not all(roles):
             raise typer.BadParameter(f"name each role once: {cfg.team!r}", param_hint="--team")
-        return TeamClient({role: SwarmClient(url, token, model=role, **kw) for role in roles})
+        return TeamClient(
+            {role.strip(): SwarmClient(at.strip() or url, token, model=role.strip(), **kw) for role, _, at in members}
+        )
     return SwarmClient(url, token, model=cfg.policy, **kw)
 
 

@@ -30,7 +30,8 @@ class FleetConfig(BaseModel):
     team: Annotated[str | None, Flag(studied=False)] = Field(
         None,
         description="ROLE,ROLE,...: play a team task with one episode per role, each claimed for the policy "
-        "of that name on the server (swarm serve --policy ROLE ...); the workflow gets a TeamEpisode",
+        "of that name on the server (swarm serve --policy ROLE ...); ROLE=URL: that role's episodes on the "
+        "server at URL (its policy or model named ROLE: swarm train --team); the workflow gets a TeamEpisode",
     )
     workflow: str | None = Field(None, description="module:function(task, episode) -> reward")
     task: str | None = Field(None, description="built-in task (arith, guess, ...)")

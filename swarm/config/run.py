@@ -132,6 +132,13 @@ class RunConfig(BaseModel):
         description="a team task (duet): every role a LoRA policy of ONE server on one base model "
         "(a policy per role; --lora-rank, 8 unless given), played as team episodes; each role trains on its own",
     )
+    team: Annotated[str | None, Flag(studied=False, panel="task and fleet")] = Field(
+        None,
+        description="ROLE=MODEL[,ROLE=MODEL...]: train a team (--task duet, or a --workflow whose module names its "
+        "ROLES), each role its own model: a model directory, a preset name (swarm model init --preset) or "
+        "`embedded`. Roles on one model share one server as LoRA policies; each other model gets its own "
+        "server (docs/teams.md)",
+    )
     attach: Annotated[Path | None, Flag(studied=False, panel="task and fleet")] = Field(
         None,
         description="the out folder of a running `swarm serve --policy ...` (LoRA policies on a shared base): "
@@ -177,6 +184,8 @@ class RunConfig(BaseModel):
                 raise ValueError(f"--shared-base trains the roles of one team task ({teams}) as policies of one server")
             if self.server.engine not in ("torch", "fake"):
                 raise ValueError("--shared-base: several policies on one base run in the torch engine")
+        if self.team is not None and (self.shared_base or self.attach is not None):
+            raise ValueError("--team starts a server per model itself: not with --shared-base or --attach")
         if self.attach is not None and self.shared_base:
             raise ValueError("--attach runs one policy on a server of policies; --shared-base starts its own")
         if self.policy is not None:

@@ -132,6 +132,12 @@ class ServerConfig(BaseModel):
     ] = Field(None, description="HMAC secret of episode keys")
 
     train: TrainConfig = Field(default_factory=TrainConfig)
+    teacher: Annotated[str | None, Flag(studied=False, panel="training")] = Field(
+        None,
+        description="on-policy distillation from this teacher: a model directory or `swarm train` run "
+        "folder (its last checkpoint), or the URL of an OpenAI-compatible server returning prompt "
+        "logprobs (vLLM, Roost); same tokenizer as the student; needs --distill-coef (docs/distillation.md)",
+    )
     lora: LoraSettings = Field(
         default_factory=LoraSettings,
         description="a LoRA adapter over the frozen base (torch engine; rank 0: full fine-tuning)",
@@ -356,6 +362,23 @@ class ServerConfig(BaseModel):
                 "mlflow_run_name": f"{run}-{spec.name}" if run else spec.name,
             }
         )
+
+    @model_validator(mode="after")
+    def _distillation(self) -> ServerConfig:
+        """A teacher without a coefficient (or the reverse) would silently do nothing: refused."""
+        if self.teacher and not self.train.distill_coef:
+            raise ValueError("--teacher: give --distill-coef > 0 (the weight of the teacher's per-token advantage)")
+        if self.train.distill_coef and not self.teacher:
+            raise ValueError("--distill-coef: give --teacher MODEL_DIR_OR_URL to distill from")
+        if not self.train.reward_coef and not self.teacher:
+            raise ValueError("--reward-coef 0 trains nothing without --teacher")
+        if (self.teacher or self.train.reward_coef != 1.0) and self.engine == EngineName.verl:
+            raise ValueError(
+                "--teacher/--reward-coef: distillation runs in the torch and vllm engines, not --engine verl"
+            )
+        if self.teacher and self.policies:
+            raise ValueError("--teacher: a server of several policies cannot distill yet; serve the student alone")
+        return self
 
     @model_validator(mode="after")
     def _one_quota_source(self) -> ServerConfig:

@@ -28,6 +28,18 @@ class TrainConfig(BaseModel):
     kl_coef: Annotated[float, Flag(study=(0.0, 10.0))] = Field(
         0.0, ge=0.0, description="KL penalty to the reference (initial) model"
     )
+    # not researcher knobs: they mean something only with a --teacher, which a study does not set
+    reward_coef: Annotated[float, Flag(studied=False)] = Field(
+        1.0,
+        ge=0.0,
+        description="scale of the group (reward) advantage; 0 with --teacher: distillation alone",
+    )
+    distill_coef: Annotated[float, Flag(studied=False)] = Field(
+        0.0,
+        ge=0.0,
+        description="with --teacher: weight of the per-token reverse-KL advantage, coef * (teacher logprob "
+        "- student logprob) on every sampled token (docs/distillation.md)",
+    )
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient-norm clip")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")

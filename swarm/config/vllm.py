@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from swarm.config.options import Flag
 
@@ -52,9 +52,44 @@ class VllmSettings(BaseModel):
         gt=0,
         description="a weight sync waits this long for requests in flight, then aborts them (finish_reason abort)",
     )
+    replicas: Annotated[int, Flag(name="--vllm-replicas", studied=False)] = Field(
+        1,
+        ge=1,
+        description="vLLM server processes behind this server (one per GPU on a cluster): requests go to the "
+        "least loaded, an episode's calls to one replica; every replica gets each step's weights",
+    )
+    devices: Annotated[
+        str, Flag(name="--vllm-devices", studied=False, default_text="CUDA_VISIBLE_DEVICES as inherited")
+    ] = Field(
+        "",
+        description="CUDA devices of the replicas, one entry per replica, comma-separated ('0,1'; '0+1,2+3': "
+        "two GPUs each): replica i runs with CUDA_VISIBLE_DEVICES set to entry i",
+    )
     args: Annotated[str, Flag(name="--vllm-args", studied=False)] = Field(
         "", description="extra vLLM server arguments, shell-quoted (e.g. '--dtype bfloat16' on a GPU)"
     )
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _at_least_one_replica(cls, value: object) -> object:
+        """Refused in words a user acts on, before pydantic's generic bound message."""
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be at least 1 (the number of vLLM processes), not {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_device_entry_per_replica(self) -> VllmSettings:
+        if self.devices and len(self.device_groups) != self.replicas:
+            raise ValueError(
+                f"--vllm-devices names {len(self.device_groups)} device entries for {self.replicas} "
+                "replicas (--vllm-replicas): give one entry per replica"
+            )
+        return self
+
+    @property
+    def device_groups(self) -> tuple[str, ...]:
+        """`devices` as one CUDA_VISIBLE_DEVICES value per replica ('0+1' becomes '0,1'); () when not given."""
+        return tuple(e.strip().replace("+", ",") for e in self.devices.split(",") if e.strip())
 
     @property
     def extra_args(self) -> tuple[str, ...]:

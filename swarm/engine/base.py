@@ -52,6 +52,10 @@ class SamplingParams:
 class GenerateRequest:
     prompt_ids: list[int]
     params: SamplingParams = SamplingParams()
+    #: requests of one key (the server passes the episode id) should run where the earlier ones ran: an
+    #: engine of several generators (`--vllm-replicas`) sends them to one, whose prefix cache holds their
+    #: shared prompt; an engine of one ignores it. None: no preference.
+    affinity: str | None = None
 
 
 @dataclass
@@ -85,6 +89,9 @@ class Completion:
 class TrainBatch:
     samples: list[TrainSample]
     config: TrainConfig = field(default_factory=TrainConfig)
+    #: per sample, aligned with its `input_ids`: a term added to each trained token's advantage
+    #: (on-policy distillation's, swarm/algorithms/distill.py); None: the episode's advantage alone
+    token_advantages: list[list[float]] | None = None
 
 
 @runtime_checkable

@@ -140,7 +140,7 @@ class PolicyEngine:
         self.tokenizer = host.base.tokenizer
         self.max_positions = host.base.max_positions
         self.policy_version = 0
-        self.share_prefix = True
+        self.share_prefix = host.base.placement.share_prefix
         self._gen_mark: GenMark = (0.0, 0, 0, 0)
         host.peft.set_adapter(adapter)  # requires_grad on this adapter's parameters only: its optimizer's
         self.optimizer: Any = build_optimizer(host.peft, host.base.placement)
@@ -172,7 +172,13 @@ class PolicyEngine:
             model.set_adapter(self.adapter)  # the plain forward and the gradients: this adapter's
             ref = model if config.kl_coef else None  # the base: every adapter off in that forward
             metrics = policy_step(
-                model, self.optimizer, batch.samples, config, reference=ref, share_prefix=self.share_prefix
+                model,
+                self.optimizer,
+                batch.samples,
+                config,
+                reference=ref,
+                share_prefix=self.share_prefix,
+                token_advantages=batch.token_advantages,
             )
             self.host.base.batcher.weights_changed(self.adapter)
             self.policy_version += 1

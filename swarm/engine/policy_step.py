@@ -90,6 +90,7 @@ class MicroBatch:
         adv: list[float],
         scales: list[float],
         device: torch.device,
+        token_adv: Sequence[Sequence[float]] | None = None,
     ) -> None:
         lengths = [len(samples[i].input_ids) for i in idx]
         width = max(lengths)
@@ -97,6 +98,7 @@ class MicroBatch:
         flat_ids: list[int] = []
         flat_mask: list[int] = []
         flat_old: list[float] = []
+        flat_extra: list[float] = []
         row_w: list[float] = []
         row_adv: list[float] = []
         for i, length in zip(idx, lengths):
@@ -108,6 +110,9 @@ class MicroBatch:
             flat_mask += [0] * pad
             flat_old += s.rollout_logprobs[1:]
             flat_old += [0.0] * pad
+            if token_adv is not None:
+                flat_extra += token_adv[i][1:]
+                flat_extra += [0.0] * pad
             row_w.append(s.weight * scales[i])
             row_adv.append(adv[i])
         ids = torch.tensor(flat_ids, dtype=torch.long).view(n, width)
@@ -123,6 +128,8 @@ class MicroBatch:
         self.targets = ids[:, 1:].reshape(-1)[pos].to(device, non_blocking=True)
         self.old = torch.tensor(flat_old, dtype=torch.float32)[pos].to(device, non_blocking=True)
         self.adv = torch.tensor(row_adv, dtype=torch.float32)[rows].to(device, non_blocking=True)
+        if token_adv is not None:  # per-token advantage terms (distillation) on top of the episode's
+            self.adv += torch.tensor(flat_extra, dtype=torch.float32)[pos].to(device, non_blocking=True)
         self.w = torch.tensor(row_w, dtype=torch.float32)[rows].to(device, non_blocking=True)
 
 
@@ -163,20 +170,28 @@ def policy_step(
     config: TrainConfig,
     reference: torch.nn.Module | None = None,
     share_prefix: bool = True,
+    token_advantages: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, float]:
     """One optimisation step; returns its metrics. `optimizer` may be a `MasterWeightAdamW`.
-    `share_prefix=False` always takes the plain forward (benchmarks and tests compare)."""
+    `share_prefix=False` always takes the plain forward (benchmarks and tests compare).
+
+    `token_advantages` (one list per sample, aligned with its `input_ids`, like its rollout
+    logprobs) are added to each trained token's advantage: on-policy distillation's per-token
+    term (swarm/algorithms/distill.py). The episode's group advantage is scaled by
+    `config.reward_coef` first, so `reward_coef=0` trains on those terms alone."""
     if not samples:
         raise ValueError("empty batch")
     for s in samples:
         if not (len(s.input_ids) == len(s.loss_mask) == len(s.rollout_logprobs)):
             raise ValueError(f"sample of episode {s.episode_id}: ids, mask and logprobs differ in length")
+    if token_advantages is not None and [len(a) for a in token_advantages] != [len(s.input_ids) for s in samples]:
+        raise ValueError("token advantages do not align with the samples' ids")
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     for group in optimizer.param_groups:  # live-editable knobs take effect here
         group["lr"] = config.lr
         group["weight_decay"] = config.weight_decay
-    adv = sample_advantages(samples, config)
+    adv = [a * config.reward_coef for a in sample_advantages(samples, config)]
     scales, denom = loss_scales([s.loss_mask[1:] for s in samples], [s.weight for s in samples], config.loss_agg)
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -190,9 +205,9 @@ def policy_step(
     parts = shared or micro_batches([len(s.input_ids) for s in samples], config.micro_batch_tokens)
     for part in parts:
         mb = (
-            SharedPrefixBatch(samples, part, adv, scales, device)
+            SharedPrefixBatch(samples, part, adv, scales, device, token_advantages)
             if shared is not None
-            else MicroBatch(samples, part, adv, scales, device)
+            else MicroBatch(samples, part, adv, scales, device, token_advantages)
         )
         tokens += mb.tokens
         if mb.pos.numel() == 0:

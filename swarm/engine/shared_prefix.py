@@ -102,6 +102,7 @@ class SharedPrefixBatch:
         adv: list[float],
         scales: list[float],
         device: torch.device,
+        token_adv: Sequence[Sequence[float]] | None = None,
     ) -> None:
         order = [i for rows in groups for i in rows]  # row r of the suffix batch is sample order[r]
         cuts = [split_point(samples[rows[0]]) for rows in groups]
@@ -113,12 +114,15 @@ class SharedPrefixBatch:
         flat_ids: list[int] = []
         flat_mask: list[int] = []
         flat_old: list[float] = []
+        flat_extra: list[float] = []
         for i, c, suffix in zip(order, row_cut, suffixes):
             pad = width - len(suffix)
             s = samples[i]
             flat_ids += suffix + [0] * pad
             flat_mask += s.loss_mask[c:] + [0] * pad
             flat_old += s.rollout_logprobs[c:] + [0.0] * pad
+            if token_adv is not None:
+                flat_extra += list(token_adv[i][c:]) + [0.0] * pad
         n = len(order)
         lens = torch.tensor([len(x) for x in suffixes])
         suffix_attn = (torch.arange(width).unsqueeze(0) < lens.unsqueeze(1)).long()
@@ -138,6 +142,8 @@ class SharedPrefixBatch:
         self.targets = self.suffix_ids.reshape(-1)[self.pos]
         self.old = torch.tensor(flat_old, dtype=torch.float32)[pos].to(device, non_blocking=True)
         self.adv = torch.tensor([adv[i] for i in order], dtype=torch.float32)[rows].to(device, non_blocking=True)
+        if token_adv is not None:  # per-token advantage terms (distillation) on top of the episode's
+            self.adv += torch.tensor(flat_extra, dtype=torch.float32)[pos].to(device, non_blocking=True)
         self.w = torch.tensor([samples[i].weight * scales[i] for i in order], dtype=torch.float32)[rows].to(
             device, non_blocking=True
         )

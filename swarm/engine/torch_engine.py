@@ -147,7 +147,8 @@ class TorchEngine:
             fuse_pad_tokens=self.placement.fuse_pad_tokens,
             grammars=Grammars(self.tokenizer, vocab, eos),  # response_format: llguidance, built on first use
         )
-        self.share_prefix = True  # a prompt shared by a group's samples runs once in training (benchmarks: off)
+        # a prompt shared by a group's samples runs once in training: on CPUs (precision.py says why)
+        self.share_prefix = self.placement.share_prefix
         self._gen_mark: GenMark = (0.0, 0, 0, 0)  # batcher busy s, forwards, tokens, reused prompts at the last step
         if (self.model_dir / STATE_FILE).exists() and not self.lora.enabled:  # a new adapter starts afresh on it
             self._load_state(self.model_dir)
@@ -214,7 +215,13 @@ class TorchEngine:
         with self._lock:
             ref = self.reference if config.kl_coef else None
             metrics = policy_step(
-                self.model, self.optimizer, batch.samples, config, reference=ref, share_prefix=self.share_prefix
+                self.model,
+                self.optimizer,
+                batch.samples,
+                config,
+                reference=ref,
+                share_prefix=self.share_prefix,
+                token_advantages=batch.token_advantages,
             )
             self.batcher.weights_changed()
             self.policy_version += 1

@@ -3,6 +3,8 @@
 * `swarm.model.build`: `init_model` (idempotent build + warm start), `build_untrained`
   (seconds, for tests), `build_tokenizer`, `rich_progress`.
 * `swarm.model.tokenizer`: the BPE tokenizer and chat template.
+* `swarm.model.presets`: real architectures (Qwen2.5-0.5B) with random weights, their real
+  tokenizer and chat template: architecture stand-ins (`swarm model init --preset`).
 * `swarm.model.warmstart`: the supervised pass and its calibration.
 * `swarm.model.evaluate`: score a model directory on the built-in tasks in process
   (`python -m swarm.model.evaluate DIR`).

@@ -31,12 +31,14 @@ from rich.progress import Progress as Bar
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from store.paths import default_model_dir
-from swarm.model.tokenizer import ENDOFTEXT, IM_END, build_tokenizer, render_chat, save_tokenizer
+from swarm.model.tokenizer import CONTEXT_LENGTH, ENDOFTEXT, IM_END, build_tokenizer, render_chat, save_tokenizer
+from swarm.model.version import BUILD_VERSION, MARKER
 from swarm.model.warmstart import WarmStartConfig, warm_start
 from swarm.tasks import get_task, list_tasks
 
 __all__ = [
     "BUILD_VERSION",
+    "CONTEXT_LENGTH",
     "MARKER",
     "Progress",
     "build_model",
@@ -49,10 +51,6 @@ __all__ = [
     "task_corpus",
 ]
 
-#: Bump when the recipe changes (tokenizer corpus, architecture, warm start):
-#: an existing model with another version is rebuilt by `init_model`.
-BUILD_VERSION = 5
-MARKER = "roost_model.json"
 VOCAB_SIZE = 512
 
 #: `progress(message, fraction)` with fraction in [0, 1].
@@ -80,7 +78,7 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=64,
-        max_position_embeddings=1024,
+        max_position_embeddings=CONTEXT_LENGTH,  # shapes no weight: see CONTEXT_LENGTH
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,

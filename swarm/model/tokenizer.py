@@ -34,6 +34,12 @@ SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 #: shorter and its markers are single decisions. Added, not special: decoding (with or without
 #: `skip_special_tokens`) keeps them, so the server's parser still finds them in the text.
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+#: Prompt plus completion tokens the embedded model takes (its `max_position_embeddings` and the
+#: tokenizer's `model_max_length`): 4,096 since build 6, so agent frameworks whose system prompts
+#: run to 2-3k tokens (smolagents, DSPy ReAct) fit. Qwen2's default rope has no learned position
+#: table (its angles come from the position ids and `rope_theta`), so this number shapes no
+#: weight: the random init, the warm start and its calibration are those of a 1,024 context.
+CONTEXT_LENGTH = 4096
 
 #: Qwen2's pre-tokenizer regex (transformers' `tokenization_qwen2.PRETOKENIZE_REGEX`).
 PRETOKENIZE_REGEX = (
@@ -172,7 +178,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512) -> PreTrainedToken
         bos_token=None,
         additional_special_tokens=[IM_START],
         clean_up_tokenization_spaces=False,
-        model_max_length=1024,
+        model_max_length=CONTEXT_LENGTH,
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast

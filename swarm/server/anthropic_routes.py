@@ -131,6 +131,7 @@ async def messages(
         sampling=_sampling(body),
         episode=ep,
         agent=agent_tag(x_roost_agent),
+        parallel_tool_calls=not (body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use),
     )
     prepared = await generation_core(request, swarm).prepare_chat(turn)
     rid = message_id()

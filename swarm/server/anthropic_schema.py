@@ -123,7 +123,7 @@ class Tool(_Body):
 class ToolChoice(_Body):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = Field(None, min_length=1, max_length=128)
-    disable_parallel_tool_use: bool | None = None  # accepted, not enforced: the core has no such knob
+    disable_parallel_tool_use: bool | None = None  # true: at most one tool_use (ChatTurn.parallel_tool_calls)
 
     @model_validator(mode="after")
     def _named(self) -> ToolChoice:

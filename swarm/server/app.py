@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from swarm.config.server import ServerConfig
 from swarm.engine.base import Engine
 from swarm.engine.fake import FakeEngine, FakePolicyHost
+from swarm.model.teacher import TeacherError, check_teacher_of
 from swarm.server.access import ServerErrorCounter
 from swarm.server.access_log import ACCESS_LOG_FILE, AccessLogMiddleware
 from swarm.server.admin_routes import router as admin_router
@@ -173,6 +174,11 @@ def serve(config: ServerConfig, engine: Engine | None = None, announce: Callable
     from swarm.server.http_protocol import json_error_protocol  # lazy: subclasses uvicorn's protocols
 
     config, source = ensure_secrets(config)  # env, out_dir/secrets.json, or generated (and saved)
+    if config.teacher:  # a teacher that cannot score the student's ids: refused before anything starts
+        try:
+            check_teacher_of(config.teacher, config.model_dir)
+        except TeacherError as exc:
+            raise SystemExit(f"swarm serve: {exc}") from None
     sock = _bind(config.host, config.port)
     port = sock.getsockname()[1]
     url = f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"

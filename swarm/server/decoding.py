@@ -7,6 +7,11 @@ id), and `Finished` (the whole `Choice`). `run_choices` generates all choices (o
 concurrently); `stream_choices` streams them, interleaved by choice index. Both hold the generation
 gate (a train step never runs under a generation) and honour `generate_timeout_s` (504). They see
 the server only through a `GenerationContext` (engine, gate, limits, counters).
+
+`max_calls` (1 for `parallel_tool_calls: false`) caps the calls a choice replies with where no
+grammar did (an `auto` turn without a JSON answer, or a parser without a grammar): the first call
+is kept and the rest are dropped from the reply, neither as calls nor as text, and counted in
+`Choice.dropped_tool_calls`. The generated ids stay as generated (the sample is what the model did).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Choice:
     logprobs: list[float]
     top_logprobs: TopLogprobs  # per id; [] each when not asked for (or the engine gave none)
     policy_version: int = 0
+    dropped_tool_calls: int = 0  # calls parsed past `max_calls` (parallel_tool_calls: false), not in the reply
 
 
 @dataclass
@@ -82,7 +88,13 @@ class ChoiceRun:
     """One choice being generated: ids, visible text, tool calls so far."""
 
     def __init__(
-        self, index: int, renderer: ChatRenderer, params: SamplingParams, parser: ToolParser | None, prefill: str = ""
+        self,
+        index: int,
+        renderer: ChatRenderer,
+        params: SamplingParams,
+        parser: ToolParser | None,
+        prefill: str = "",
+        max_calls: int | None = None,
     ) -> None:
         self.index = index
         self.params = params
@@ -91,6 +103,8 @@ class ChoiceRun:
         self.tops: TopLogprobs = []
         self.content = ""
         self.calls: list[ToolCall] = []
+        self.max_calls = max_calls  # None: every parsed call is replied
+        self.dropped = 0
         self.version = 0
         if self.tools is not None and prefill:
             self._pieces(self.tools.feed(prefill), [])  # a forced call's start: held by the parser
@@ -111,6 +125,8 @@ class ChoiceRun:
         for p in pieces:
             if isinstance(p, ContentPiece):
                 visible += p.text
+            elif isinstance(p, CallPiece) and self.max_calls is not None and len(self.calls) >= self.max_calls:
+                self.dropped += 1  # parallel_tool_calls: false and no grammar held it to one
             elif isinstance(p, CallPiece):
                 call = ToolCall(new_tool_call_id(), p.call.name, p.call.arguments)
                 events.append(ToolCallDelta(self.index, len(self.calls), call))
@@ -144,6 +160,7 @@ class ChoiceRun:
             list(self.out.logprobs),
             self.tops,
             self.version,
+            self.dropped,
         )
         return events + [Finished(self.index, choice)]
 
@@ -167,12 +184,15 @@ async def _timed(ctx: GenerationContext, aw: Awaitable[T], deadline: float | Non
         raise GenerateTimeout(limit) from None
 
 
-async def run_choices(ctx: GenerationContext, prompt_ids: list[int], runs: list[ChoiceRun]) -> list[Choice]:
-    """Every choice generated at once (one engine request each); `UnsupportedRequest` propagates."""
+async def run_choices(
+    ctx: GenerationContext, prompt_ids: list[int], runs: list[ChoiceRun], affinity: str | None = None
+) -> list[Choice]:
+    """Every choice generated at once (one engine request each); `UnsupportedRequest` propagates.
+    `affinity`: the episode id (`GenerateRequest.affinity`: its calls go to one vLLM replica)."""
     async with ctx.gate.generating():
         done = await _timed(
             ctx,
-            asyncio.gather(*(ctx.engine.generate(GenerateRequest(prompt_ids, r.params)) for r in runs)),
+            asyncio.gather(*(ctx.engine.generate(GenerateRequest(prompt_ids, r.params, affinity)) for r in runs)),
             _deadline(ctx),
         )
     choices = []
@@ -185,10 +205,10 @@ async def run_choices(ctx: GenerationContext, prompt_ids: list[int], runs: list[
 
 
 async def _one(
-    ctx: GenerationContext, prompt_ids: list[int], run: ChoiceRun, deadline: float | None
+    ctx: GenerationContext, prompt_ids: list[int], run: ChoiceRun, deadline: float | None, affinity: str | None
 ) -> AsyncIterator[ChoiceEvent]:
     run.version = ctx.engine.policy_version
-    agen = ctx.engine.stream(GenerateRequest(prompt_ids, run.params))
+    agen = ctx.engine.stream(GenerateRequest(prompt_ids, run.params, affinity))
     reason = "length"
     try:
         while True:
@@ -213,13 +233,14 @@ _END = object()
 
 
 async def stream_choices(
-    ctx: GenerationContext, prompt_ids: list[int], runs: list[ChoiceRun]
+    ctx: GenerationContext, prompt_ids: list[int], runs: list[ChoiceRun], affinity: str | None = None
 ) -> AsyncIterator[ChoiceEvent]:
-    """Events of every choice as they come (one choice: directly; several: interleaved)."""
+    """Events of every choice as they come (one choice: directly; several: interleaved); `affinity` as
+    `run_choices`'."""
     async with ctx.gate.generating():
         deadline = _deadline(ctx)
         if len(runs) == 1:
-            agen = _one(ctx, prompt_ids, runs[0], deadline)
+            agen = _one(ctx, prompt_ids, runs[0], deadline, affinity)
             try:
                 async for event in agen:
                     yield event
@@ -230,7 +251,7 @@ async def stream_choices(
 
         async def pump(run: ChoiceRun) -> None:
             try:
-                async for event in _one(ctx, prompt_ids, run, deadline):
+                async for event in _one(ctx, prompt_ids, run, deadline, affinity):
                     await queue.put(event)
                 await queue.put(_END)
             except Exception as exc:  # handed to the reader, which raises it

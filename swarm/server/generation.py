@@ -93,6 +93,10 @@ class ChatTurn:
     n: int = 1
     episode: Episode | None = None
     agent: str = "main"
+    #: False: at most one tool call in the reply (OpenAI's `parallel_tool_calls`, Anthropic's
+    #: `disable_parallel_tool_use`); held by the turn's grammar where it has one, else by keeping the
+    #: first parsed call (docs/responses.md, "One tool call at a time")
+    parallel_tool_calls: bool = True
 
 
 @dataclass
@@ -189,7 +193,15 @@ class GenerationCore:
         fmt = (
             None
             if parser is None
-            else turn_format(parser, turn.tools, forced, prefill, turn.sampling.response_format, markers)
+            else turn_format(
+                parser,
+                turn.tools,
+                forced,
+                prefill,
+                turn.sampling.response_format,
+                markers,
+                parallel=turn.parallel_tool_calls,
+            )
         )
         sampling = turn.sampling if fmt is None else replace(turn.sampling, response_format=fmt)
         messages = self.exact_history(turn.episode, turn.messages)
@@ -214,7 +226,15 @@ class GenerationCore:
         if turn.episode is not None:
             turn.episode.drift += int(drift)
         return PreparedTurn(
-            self, turn.episode, turn.agent, ids, self.params(sampling, len(ids)), max(1, turn.n), parser, prefill
+            self,
+            turn.episode,
+            turn.agent,
+            ids,
+            self.params(sampling, len(ids)),
+            max(1, turn.n),
+            parser,
+            prefill,
+            max_calls=None if turn.parallel_tool_calls else 1,
         )
 
     async def prepare_text(
@@ -314,6 +334,12 @@ class PreparedTurn:
     n: int
     parser: ToolParser | None
     prefill: str
+    max_calls: int | None = None  # 1: parallel_tool_calls false (a grammar, if any, already holds it to one)
+
+    @property
+    def _affinity(self) -> str | None:
+        """The episode's id: its calls share a prefix, so an engine of several replicas keeps them on one."""
+        return None if self.episode is None else self.episode.id
 
     def _runs(self) -> list[ChoiceRun]:
         renderer = self.core.ctx.renderer
@@ -322,12 +348,12 @@ class PreparedTurn:
             params = self.params
             if i and params.seed is not None:  # n samples of one seed must still differ
                 params = replace(params, seed=(params.seed + i) % SEED_MOD)
-            runs.append(ChoiceRun(i, renderer, params, self.parser, self.prefill))
+            runs.append(ChoiceRun(i, renderer, params, self.parser, self.prefill, self.max_calls))
         return runs
 
     async def run(self) -> TurnResult:
         try:
-            choices = await run_choices(self.core.ctx, self.prompt_ids, self._runs())
+            choices = await run_choices(self.core.ctx, self.prompt_ids, self._runs(), self._affinity)
         except UnsupportedRequest as exc:
             raise InvalidRequest(exc.code, exc.message) from None
         version = min(c.policy_version for c in choices)
@@ -341,7 +367,7 @@ class PreparedTurn:
         ctx = self.core.ctx
         choices: list[Choice] = []
         version = ctx.engine.policy_version
-        agen = stream_choices(ctx, self.prompt_ids, self._runs())
+        agen = stream_choices(ctx, self.prompt_ids, self._runs(), self._affinity)
         try:
             try:
                 event: Event | None = await agen.__anext__()
@@ -366,6 +392,9 @@ class PreparedTurn:
 
     def _record(self, choices: list[Choice]) -> None:
         ctx = self.core.ctx
+        dropped = sum(c.dropped_tool_calls for c in choices)
+        if dropped:  # parallel_tool_calls false, no grammar: the sample keeps them, the reply does not
+            ctx.counters.add("tool_calls_dropped", dropped)
         if self.episode is None:  # an evaluation call: counted, never trained
             ctx.counters.add("eval_calls", len(choices))
             ctx.counters.add("eval_completion_tokens", sum(len(c.ids) for c in choices))

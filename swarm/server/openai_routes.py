@@ -27,6 +27,7 @@ from fastapi.responses import StreamingResponse
 
 from swarm.server.auth import any_caller, generation_caller, generation_swarm, policies
 from swarm.server.auth_first import AuthFirstRoute
+from swarm.server.echo import check_echo, echoed, prompt_logprobs
 from swarm.server.episodes import Episode
 from swarm.server.errors import domain_error_body, error_body
 from swarm.server.exceptions import SwarmError
@@ -150,6 +151,7 @@ async def chat_completions(
         body.n or 1,
         ep,
         agent_tag(x_roost_agent),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
     )
     prepared = await core.prepare_chat(turn)
     r = swarm.renderer
@@ -270,6 +272,8 @@ async def completions(
     core = generation_core(request, swarm)
     body.check_model(swarm.config.model_aliases)
     body.check_unsupported()
+    if body.echo:
+        check_echo(swarm, body.stream)  # the prompt scored back (a distillation teacher asks this)
     sampling = body.to_sampling()
     prompt = body.prompt_one()
     prepared = await core.prepare_text(prompt, sampling, body.n or 1, ep, agent_tag(x_roost_agent))
@@ -340,11 +344,14 @@ async def completions(
         return streaming_response(_sse_events(events, on_event, first))
 
     result = await prepared.run()
+    scored = await prompt_logprobs(swarm, result.prompt_ids) if body.echo and want_lp else []
     choices = []
     for c in result.choices:
         choice = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
         if want_lp:
             choice["logprobs"] = _completion_logprobs(r, c.ids, c.logprobs, c.top_logprobs, k, 0)
+        if body.echo:
+            echoed(r, result.prompt_ids, scored, choice)
         if want_ids:
             choice["token_ids"] = c.ids
             choice["prompt_token_ids"] = result.prompt_ids

@@ -153,7 +153,6 @@ class CompletionRequest(_Sampling):
         return self.sampling(self.max_tokens, k)
 
     def check_unsupported(self) -> None:
-        if self.echo:
-            raise InvalidRequest("unsupported_echo", "echo is not supported")
+        # echo: swarm/server/echo.py checks what the engine can score
         if self.suffix:
             raise InvalidRequest("unsupported_suffix", "suffix is not supported")

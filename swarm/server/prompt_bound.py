@@ -3,7 +3,7 @@
 
 Why: tokenizing is what a huge prompt costs. A 900k-character prompt took seconds and
 ~300 MB with the embedded tokenizer (nearly a token per character) only to be refused
-as longer than the model's 1024-token context; four at once took a gigabyte. The bound
+as longer than the model's context (then 1,024 tokens); four at once took a gigabyte. The bound
 costs two byte counts, so a prompt that cannot fit is refused before it is tokenized.
 
 It is exact-safe: it never exceeds the real count, so it never refuses a prompt that fits.

@@ -130,6 +130,7 @@ async def responses(
         1,
         ep,
         agent,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
     )
     prepared = await core.prepare_chat(turn)
     rid, created, model = new_id("resp"), now(), body.model or swarm.model_name

@@ -28,6 +28,7 @@ from typing import Any
 
 from swarm.config.server import ServerConfig
 from swarm.engine.base import Engine
+from swarm.model.teacher import check_teacher, open_teacher
 from swarm.protocol import (
     AbortRequest,
     AbortResponse,
@@ -66,7 +67,14 @@ class Swarm:
             config = config.with_secrets()
         self.engine = engine
         self.model_name = config.served_model_name
-        self.renderer = ChatRenderer(load_tokenizer(engine, config.model_dir))
+        tokenizer = load_tokenizer(engine, config.model_dir)
+        self.renderer = ChatRenderer(tokenizer)
+        # on-policy distillation: checked against the student's tokenizer (TeacherError: one line why)
+        self.teacher = (
+            open_teacher(check_teacher(config.teacher, tokenizer), str(getattr(engine, "device", "")) or config.device)
+            if config.teacher
+            else None
+        )
         self.context_length = context_length(engine, config.model_dir)
         self.out_dir = Path(config.out_dir)
         self.counters = Counters()  # every component counts through this one object; status reads it
@@ -89,7 +97,7 @@ class Swarm:
         metrics: MetricsSink = self.metrics_log
         if self.tracking is not None:
             metrics = TeeLog(metrics, self.tracking)
-        self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics)
+        self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics, teacher=self.teacher)
         # the settings in force, live changes, pause/resume, per-family quotas
         self.control = LiveControl(config, self.trainer, self.batcher, self.registry, self.counters, self.out_dir)
         # what the generation core may touch: not this object, so it cannot reach the batcher or leases
@@ -466,6 +474,8 @@ class Swarm:
         except Exception:
             log.exception("error while stopping")
         finally:
+            if self.teacher is not None:
+                await self.teacher.close()
             if self.stop_callback is not None:
                 self.stop_callback()
 

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from swarm.config.train import TrainConfig
 from swarm.engine.base import Engine, TrainBatch
+from swarm.model.teacher import Teacher, distill_terms
 from swarm.server.batcher import Batch, Batcher
 from swarm.server.events import StepTopic, Topic
 
@@ -186,8 +187,10 @@ class Trainer:
         train_config: TrainConfig,
         metrics: MetricsSink,
         step: int = 0,
+        teacher: Teacher | None = None,
     ) -> None:
         self.engine = engine
+        self.teacher = teacher  # on-policy distillation: scores each batch's tokens before its step
         self.batcher = batcher
         self.gate = gate
         self.config = train_config  # replaced by live control between steps; a running step keeps its own
@@ -259,8 +262,12 @@ class Trainer:
                     log.warning("window %d has no samples (all episodes empty or dropped); skipped", batch.window)
                     self.batch_resolved.publish(batch, None)
                     return
+                config = self.config
+                token_adv, distilled = None, {}
+                if self.teacher is not None and config.distill_coef:
+                    token_adv, distilled = await distill_terms(self.teacher, samples, config.distill_coef)
                 metrics = await asyncio.to_thread(
-                    self.engine.train_step, TrainBatch(samples=samples, config=self.config)
+                    self.engine.train_step, TrainBatch(samples=samples, config=config, token_advantages=token_adv)
                 )
                 trained = time.monotonic()
                 self.batch_resolved.publish(batch, self.step + 1)  # rows marked before the new step is visible
@@ -275,6 +282,7 @@ class Trainer:
                     "wall_window_s": started - window_opened,
                     "wall_gate_s": gated - started,
                     "wall_train_s": trained - gated,
+                    **distilled,
                 }
                 for k, v in (metrics or {}).items():
                     record[k if k not in record else f"engine/{k}"] = v

@@ -4,6 +4,10 @@ One vLLM start serves the module (30-100 s on this CPU). vLLM constrains with it
 backend (llguidance, compact JSON: the torch engine's grammar); its own logprobs under a
 constraint are grammar-renormalised, so the engine re-scores a constrained completion unmasked:
 the recorded logprobs must equal the trainer's recompute (HF_TOL as in test_vllm_engine.py).
+
+A constrained JSON answer ends with `<|im_end|>`, the template's end of turn, as on the torch
+engine: also on a model whose tokenizer's EOS is `<|endoftext|>` (a base model's, Qwen2.5 base),
+where vLLM's guidance backend alone would end it with that EOS (one more vLLM start, `base_engine`).
 """
 
 from __future__ import annotations
@@ -74,8 +78,9 @@ def test_json_schema_validates_with_raw_logprobs(engine):
             for s in range(4)
         ],
     )
+    end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
     for c in outs:
-        assert c.finish_reason == "stop"
+        assert c.finish_reason == "stop" and c.token_ids[-1] == end
         text = engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         jsonschema_rs.validate(SCHEMA, json.loads(text))
         # unmasked: what the trainer recomputes (vLLM's own would be grammar-renormalised)
@@ -145,3 +150,58 @@ def test_a_forced_tool_call_through_structured_outputs_grammar(engine):
         assert got.calls and all(call.name == "add" for call in got.calls), text
         for call in got.calls:
             jsonschema_rs.validate(TOOLS[0]["function"]["parameters"], json.loads(call.arguments))
+
+
+@pytest.fixture(scope="module")
+def base_engine(vllm_python, tmp_path_factory):
+    """A vLLM on an untrained tiny model whose tokenizer and config name `<|endoftext|>` as EOS, as a
+    base model's do: the case where vLLM's guidance backend would end a JSON format with it."""
+    import asyncio
+
+    from swarm.config.vllm import VllmSettings
+    from swarm.engine.vllm.engine import VllmEngine  # lazy: the skip in conftest needs no engine import
+    from swarm.model.build import build_untrained
+
+    model = build_untrained(tmp_path_factory.mktemp("base-model") / "tiny", seed=0)
+    for name, key, value in (
+        ("tokenizer_config.json", "eos_token", "<|endoftext|>"),
+        ("config.json", "eos_token_id", 0),
+        ("generation_config.json", "eos_token_id", 0),
+    ):
+        path = model / name
+        data = json.loads(path.read_text())
+        data[key] = value
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    settings = VllmSettings(python=vllm_python, max_model_len=1024)
+    e = VllmEngine(model, tmp_path_factory.mktemp("vllm-base"), seed=0, settings=settings)
+    assert e.tokenizer.eos_token == "<|endoftext|>"
+    yield e
+    asyncio.run(e.close())
+
+
+def test_a_json_answer_ends_with_the_end_of_turn_token_on_a_base_tokenizer(base_engine):
+    """json_schema and json_object on a tokenizer whose EOS is `<|endoftext|>`: the completion still ends
+    with `<|im_end|>` (`structured_outputs.grammar` from `answer_grammar`), so the trained sample ends
+    as the chat template renders the turn; its logprobs are still the unmasked ones."""
+    engine = base_engine
+    end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert engine.client.end_id == end and engine.tokenizer.eos_token_id != end
+    formats = [JSON_SCHEMA, json.dumps({"type": "json_object"})]
+    requests = [
+        GenerateRequest(_prompt(engine), SamplingParams(max_tokens=120, seed=s, response_format=fmt))
+        for fmt in formats
+        for s in range(2)
+    ]
+    stopped = 0
+    for r, c in zip(requests, _gen(engine, requests)):
+        text = engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        if r.params.response_format == JSON_SCHEMA:
+            assert c.finish_reason == "stop", text
+        if c.finish_reason != "stop":
+            continue  # json_object: the untrained model may run out of budget inside an object
+        stopped += 1
+        assert c.token_ids[-1] == end, text
+        assert isinstance(json.loads(text), dict)
+        recomputed = engine.trainer.logprobs(c.prompt_ids + c.token_ids)[len(c.prompt_ids) - 1 :]
+        assert max(abs(a - b) for a, b in zip(recomputed, c.logprobs)) < HF_TOL
+    assert stopped >= 2

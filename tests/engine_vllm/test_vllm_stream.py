@@ -180,3 +180,22 @@ def test_a_grammar_format_goes_as_structured_outputs_and_comes_back_whole():
         (chunk,) = _collect(_client(url), GenerateRequest([1], SamplingParams(response_format=fmt)))
     assert chunk.token_ids == [5, 2] and chunk.logprobs == [-0.5, -0.6]  # re-scored unmasked, as a json format
     assert rec.calls[0][2]["structured_outputs"] == {"grammar": grammar}
+
+
+def test_a_json_format_goes_as_a_grammar_that_ends_the_turn():
+    """With the template's end-of-turn id (`end_id`), a json_object / json_schema format reaches vLLM as
+    `structured_outputs.grammar`: the format's compact JSON, then that token (`answer_grammar`), so the
+    completion ends as the torch engine's does, whatever EOS vLLM's tokenizer names."""
+    end = 3
+    client = CompletionsClient(lambda: "http://127.0.0.1:1", "roost", CONTEXT, [EOS, end], end_id=end)
+    for fmt, schema in (
+        ({"type": "json_object"}, {"type": "object"}),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "integer"}}}, {"type": "integer"}),
+    ):
+        body = client.body(GenerateRequest([1], SamplingParams(response_format=json.dumps(fmt))))
+        assert "response_format" not in body
+        grammar = body["structured_outputs"]["grammar"]
+        assert grammar.startswith(f"start: body <[{end}]>\n")
+        assert json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}}, sort_keys=True) in grammar
+    text = client.body(GenerateRequest([1], SamplingParams(response_format=json.dumps({"type": "text"}))))
+    assert "structured_outputs" not in text and "response_format" not in text

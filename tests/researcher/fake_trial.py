@@ -2,7 +2,8 @@
 
 Reward climbs with the learning rate (none at lr 0) plus seed noise, so a study
 comparing lr 0 with lr 3e-4 has a clear answer. FAKE_TRIAL_SLEEP (seconds) makes
-it run long enough to be killed mid-study. Every start is appended to
+it run long enough to be killed mid-study; FAKE_TRIAL_STEP_SLEEP (seconds per step) makes it
+report its steps one by one in out/server/metrics.jsonl first. Every start is appended to
 <out>/../starts.log so a test can count submissions.
 """
 
@@ -33,6 +34,13 @@ steps = [
     {"step": i, "reward_mean": 0.2 + gain * i / max(1, args.steps - 1) + rng.uniform(-0.03, 0.03)}
     for i in range(args.steps)
 ]
+step_sleep = float(os.environ.get("FAKE_TRIAL_STEP_SLEEP", "0"))
+if step_sleep:  # report each step while running, as `swarm train`'s server does (early stopping reads it)
+    (out / "server").mkdir(exist_ok=True)
+    for row in steps:
+        with open(out / "server" / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        time.sleep(step_sleep)
 summary = {
     "task": args.task,
     "steps": steps,

@@ -207,8 +207,8 @@ def test_a_study_planned_by_vllm_survives_the_server_dying(live: VLLMServer, mon
     )
     sid = create_study(cfg)
     # one round: `decide` still asks the (dead, then restarted) server, as the trial budget has room, but going
-    # on asks it for no new hypothesis and design (~20 s) that the 3 trials left could not run anyway (a
-    # follow-up the decision names is still designed, and refused by that budget)
+    # on asks it for no new hypothesis and design (~20 s) that the 3 trials left could not run anyway, and
+    # `decide` itself is asked with no room for follow-ups (the longest part of an untrained model's answer)
     planner = _planner(live, policy=CallPolicy(wait_s=600, backoff_s=1, backoff_max_s=10), max_rounds=1)
     ctx = make_context(sid, planner=planner)
     events: list[str] = []
@@ -249,7 +249,7 @@ def test_a_study_planned_by_vllm_survives_the_server_dying(live: VLLMServer, mon
     assert {t.status for t in trials} == {"COMPLETED"}, [(t.arm, t.status) for t in trials]
     trained = {(read_summary(trial_dir(ctx.cfg, t.id) / "out") or {}).get("model") for t in trials}  # type: ignore[arg-type]
     assert trained == {str(live.model)}, trained  # the study's model_dir, not a freshly built embedded model
-    assert hyps and all(h.statement for h in hyps)
+    assert len(hyps) == 1 and hyps[0].statement  # no follow-up: 3 trials left cannot run one
     state = drive(sid, ctx=ctx, poll_s=1.0)  # a finished study stays finished
     assert state.state in ("done", "inactive")
     assert planner.tokens_used > 1000  # from vLLM's usage: prompts alone are thousands of tokens
@@ -264,7 +264,7 @@ def test_answers_failing_validation_end_the_study_with_a_clear_error(
     monkeypatch.setattr(llm_planner, "frame_schema", lambda knobs: Frame.model_json_schema())
     cfg = _study(live, "Does the learning rate matter on arith?", max_trials=6)
     sid = create_study(cfg)
-    planner = _planner(live, max_tokens=256, retries=2)  # rambling answers are cut off: invalid too
+    planner = _planner(live, max_tokens=128, retries=2)  # rambling answers are cut off: invalid too
     step = drive(sid, ctx=make_context(sid, planner=planner), poll_s=0.5)
     assert step.state == "done"
     with Session(store_engine()) as s:

@@ -32,7 +32,7 @@ from researcher.llm_planner import (
     hypothesis_schema,
     plannable_knobs,
 )
-from researcher.planning import PlanDefaults
+from researcher.planning import BudgetTooSmall, PlanDefaults
 from researcher.runner import create_study, drive, make_context, store_engine
 from store.models import Hypothesis, Study, Trial
 
@@ -166,6 +166,42 @@ def test_llm_study_end_to_end(fake_program):
     # frame, hypothesize, design ×2 (one retry), decide (follow-up), design, decide (stop)
     assert len(model.calls) == 7
     assert make_context(sid, planner=object()).cfg.planner == "llm"
+
+
+def test_no_follow_up_or_design_is_asked_for_that_the_trials_left_cannot_run(fake_program):
+    """9 trials: the first round runs 6 and decide still asks (3 are left), with a schema that has no room
+    for follow-ups; one named anyway is refused before its design is asked for: no LLM tokens spent on
+    trials that could never run."""
+    model = scripted_replies()
+    cfg = StudyConfig(
+        topic="Does lr matter?",
+        planner="llm",
+        trial_program=fake_program,
+        defaults=PlanDefaults(steps=10),
+        poll_s=0.2,
+        llm_base_url="http://127.0.0.1:9/v1",
+        llm_model="fake",
+        budget=Budget(llm_tokens=100_000, max_trials=9),
+    )
+    with override_model(model):
+        sid = create_study(cfg)
+        step = drive(sid, poll_s=0.2)
+    assert step.state == "done"
+    with Session(store_engine()) as s:
+        study = s.get(Study, sid)
+        trials = s.exec(select(Trial)).all()
+    assert study.status == "COMPLETED" and len(trials) == 6
+    assert "a trial budget of 3 cannot cover even the smallest design" in " ".join(study.report.split())
+    # frame, hypothesize, design ×2 (one retry), decide (follow-up): the follow-up's design is not asked for
+    assert len(model.calls) == 5
+    decide = str(model.calls[4][1].content)
+    assert "no follow-up can run" in decide and '"follow_ups": {"type": "array"' in decide
+    assert json.loads(decide.split("JSON schema:\n", 1)[1])["properties"]["follow_ups"]["maxItems"] == 0
+    planner = LLMPlanner(scripted_replies())
+    planner.trials_left = 5
+    with pytest.raises(BudgetTooSmall, match="a trial budget of 5"):
+        planner.design(Frame.model_validate(FRAME), HypothesisSpec.model_validate(HYP), PlanDefaults())
+    assert planner.model.calls == []  # type: ignore[attr-defined]
 
 
 def test_prompts_are_versioned_files(tmp_path, monkeypatch):

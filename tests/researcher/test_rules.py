@@ -87,3 +87,71 @@ def test_a_design_is_shrunk_to_the_trial_budget_arms_before_seeds():
     assert len(fitted.arms) == 2 and fitted.seeds == [0, 1, 2] and "3 seeds instead of 4" in note
     with pytest.raises(BudgetTooSmall, match="cannot cover even the smallest design"):
         fit_to_budget(d, 5)
+
+
+# ---------------------------------------------------------------- adaptive rounds
+
+from researcher.analysis import analyze, sequential_look  # noqa: E402
+from researcher.config import Adaptive  # noqa: E402
+from researcher.rules import bracket_values, next_round  # noqa: E402
+
+TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
+
+
+def first(topic=TOPIC):
+    p = RulesPlanner(Adaptive(rounds=3))
+    f = p.frame(topic, PlanDefaults())
+    return p, f, p.hypothesize(topic, f, [])
+
+
+def looked(metrics, baseline, fractions, seeds=(0, 1, 2), direction="greater"):
+    r = analyze(metrics, baseline, direction, sequential=sequential_look(fractions, max_seeds=6))
+    r["seeds"] = list(seeds)
+    return r
+
+
+def test_brackets_are_log_midpoints_for_lr_and_midpoints_for_linear_knobs():
+    assert bracket_values("lr", 3e-4, [0.0, 3e-4]) == [9.5e-05, 0.00095]  # half a decade out where 0 or none
+    assert bracket_values("lr", 3e-4, [1e-4, 3e-4, 1e-3]) == [0.00017, 0.00055]  # √(1e-4·3e-4), √(3e-4·1e-3)
+    assert bracket_values("temperature", 1.0, [0.7, 1.0]) == [0.85, 1.15]
+    assert bracket_values("group_size", 8, [4, 8, 16]) == [6, 12]
+    assert bracket_values("lr", 1e-2, [3e-3, 1e-2]) == [0.0055]  # the top of lr's study range: no value above
+    assert bracket_values("timeline_merge", True, [True, False]) == []
+
+
+def test_a_supported_round_is_followed_by_a_bracket_around_the_best_value_with_its_reason():
+    p, f, h = first()
+    r = looked({"lr=0": [0.20, 0.21, 0.19], "lr=0.0003": [0.61, 0.60, 0.62]}, "lr=0", [0.5])
+    assert r["verdict"] == "supported"
+    d = p.decide(f, h, r, [], True)
+    (nxt,) = d.follow_ups
+    assert not d.stop and nxt.baseline_value == 3e-4 and nxt.treatment_values == [9.5e-05, 0.00095]
+    assert nxt.direction == "two-sided" and nxt.extends is None and nxt.seeds is None
+    assert "brackets it with log-midpoints" in nxt.rationale and "lr=0.0003 was best" in nxt.rationale
+    assert "Round 1 supported" in d.notes
+
+
+def test_an_inconclusive_round_gets_more_seeds_on_the_same_arms_as_the_next_look():
+    p, f, h = first()
+    r = looked({"lr=0": [0.20, 0.30, 0.25], "lr=0.0003": [0.24, 0.33, 0.27]}, "lr=0", [0.5])
+    assert r["verdict"] == "inconclusive"
+    d = p.decide(f, h, r, [], True)
+    (nxt,) = d.follow_ups
+    assert nxt.seeds == [3, 4, 5] and nxt.extends == 0 and nxt.statement == h.statement
+    assert "look 2" in nxt.rationale and "obrien-fleming alpha spending" in nxt.rationale
+    p.trials_left = 5  # 2 arms × 3 seeds do not fit
+    assert p.decide(f, h, r, [], True).stop
+    # the last look (6 of at most 6 seeds) or an interval narrower than the precision target: stop
+    last = looked({"lr=0": [0.2, 0.3, 0.25, 0.2, 0.3, 0.25], "lr=0.0003": [0.24, 0.33, 0.27] * 2}, "lr=0", [0.5, 1.0])
+    last["seeds"] = [0, 1, 2, 3, 4, 5]
+    d = next_round(f, nxt, last, [{"round": 0}], True, Adaptive(rounds=3))
+    assert d.stop and "the most this study allows (6)" in d.notes
+    d = next_round(f, h, r, [], True, Adaptive(rounds=3, precision=1.0))
+    assert d.stop and "narrower than the precision target 1" in d.notes
+
+
+def test_the_round_limit_and_the_budget_end_the_study_with_a_reason():
+    p, f, h = first()
+    r = looked({"lr=0": [0.20, 0.21, 0.19], "lr=0.0003": [0.61, 0.60, 0.62]}, "lr=0", [0.5])
+    assert "limit is 1 round" in next_round(f, h, r, [], True, Adaptive()).notes
+    assert "budget is spent" in next_round(f, h, r, [], False, Adaptive(rounds=3)).notes

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
-from researcher.config import Budget, StudyConfig
+from researcher.config import Adaptive, Budget, StudyConfig
 from researcher.planning import PlanDefaults
 from researcher.runner import create_study, drive, make_context, store_engine
 from store.models import Hypothesis, Job, Study, Trial
@@ -189,3 +189,59 @@ def test_a_trial_programs_own_mlflow_run_is_adopted_as_the_child_run():
     assert run.info.experiment_id == exp and run.data.tags["roost.trial_id"] == "7"
     assert len(client.get_metric_history(run_id, "reward_mean")) == 1  # not copied twice
     assert run.data.metrics["trial/final_reward"] == 0.5
+
+
+def test_rules_study_brackets_the_learning_rate_after_a_supported_round(fake_program):
+    cfg = config(fake_program, adaptive=Adaptive(rounds=2), parallel=4).model_copy(
+        update={"defaults": PlanDefaults(steps=5)}
+    )
+    sid = create_study(cfg)
+    assert drive(sid, poll_s=0.2).state == "done"
+    hyps = sorted(rows(Hypothesis, study_id=sid), key=lambda h: h.conclusion["round"])
+    assert [h.status for h in hyps] == ["SUPPORTED", "SUPPORTED"]
+    second = hyps[1].conclusion
+    assert [a["name"] for a in second["design"]["arms"]] == ["lr=0.0003", "lr=9.5e-05", "lr=0.00095"]
+    report = rows(Study, id=sid)[0].report
+    assert "*Why this round:* Round 1 supported an effect of lr" in report
+    assert "brackets it with log-midpoints" in report and "Sequential look 1" in report
+    assert "limit is 2 round(s)" in report and "Welch (unpaired): the study does not declare" in report
+    assert len(rows(Trial, study_id=sid)) == 15
+
+
+def test_an_inconclusive_comparison_gets_more_seeds_analysed_with_the_first_look(fake_program):
+    topic = "Does the learning rate matter for arithmetic? Compare 3e-4 and 1e-3"  # the fake trial caps at 3e-4
+    cfg = config(fake_program, adaptive=Adaptive(rounds=3), parallel=4, deterministic=True).model_copy(
+        update={"defaults": PlanDefaults(steps=5), "topic": topic}
+    )
+    sid = create_study(cfg)
+    assert drive(sid, poll_s=0.2).state == "done"
+    hyps = sorted(rows(Hypothesis, study_id=sid), key=lambda h: h.conclusion["round"])
+    assert len(hyps) == 2 and hyps[1].conclusion["spec"]["extends"] == 0
+    result = hyps[1].conclusion["analysis"]
+    assert [a["n"] for a in result["arms"].values()] == [6, 6] and result["seeds"] == [0, 1, 2, 3, 4, 5]
+    assert result["sequential"]["look"] == 2 and result["sequential"]["fractions"] == [0.5, 1.0]
+    assert result["comparisons"][0]["method"] == "paired"  # deterministic, every seed matched
+    report = rows(Study, id=sid)[0].report
+    assert "Sequential look 2" in report and "gives the same arms seeds 3–5" in report
+    assert "the most this study allows (6)" in report
+
+
+def test_early_stopping_cuts_an_arm_clearly_behind_and_reports_the_compute_saved(fake_program, monkeypatch):
+    monkeypatch.setenv("FAKE_TRIAL_STEP_SLEEP", "0.4")
+    monkeypatch.setenv("ROOST_LOCAL_MAX_JOBS", "12")
+    topic = "Does the learning rate matter for arithmetic? Compare 0, 3e-5, 1e-4 and 3e-4"
+    cfg = config(fake_program, adaptive=Adaptive(early_stop=True), parallel=12).model_copy(
+        update={"defaults": PlanDefaults(steps=9), "topic": topic}
+    )
+    sid = create_study(cfg)
+    assert drive(sid, poll_s=0.2).state == "done"
+    (hyp,) = rows(Hypothesis, study_id=sid)
+    es = hyp.conclusion["early_stop"]
+    assert list(es["stopped"]) == ["lr=3e-05"] and es["saved_steps"] > 0 and es["planned_steps"] == 4 * 3 * 9
+    cut = [t for t in rows(Trial, study_id=sid) if t.arm == "lr=3e-05"]
+    assert {t.status for t in cut} == {"CANCELLED"} and "stopped at step 3 of 9" in cut[0].config["reason"]
+    result = hyp.conclusion["analysis"]
+    (c,) = [c for c in result["comparisons"] if c["arm"] == "lr=3e-05"]
+    assert c["verdict"] == "inconclusive" and c["p_holm"] == 1.0
+    report = rows(Study, id=sid)[0].report
+    assert "Compute saved:" in report and "Early stopping saved" in report

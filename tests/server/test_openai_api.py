@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 from swarm.client import SwarmClient
 from swarm.engine.fake import FakeEngine, token_logprob
+from swarm.model.tokenizer import CONTEXT_LENGTH
 from swarm.testing import RunningServer
 
 MESSAGES = [{"role": "user", "content": "What is 12+30?"}]
@@ -127,7 +128,8 @@ def test_sampling_knobs_reach_the_engine(server: RunningServer) -> None:
     assert eng.tokenizer.eos_token_id in p.stop_token_ids
     ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES)
     assert eng.requests[-1].params.max_tokens == 256  # the default when a request names none
-    for too_many, code in ((10**6, "max_tokens_too_large"), (1024, "context_length_exceeded")):
+    # the whole context (4,096 = the max_tokens limit): no room left after the prompt
+    for too_many, code in ((10**6, "max_tokens_too_large"), (CONTEXT_LENGTH, "context_length_exceeded")):
         with pytest.raises(openai.BadRequestError) as err:  # refused, never silently capped
             ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=too_many)
         assert err.value.code == code

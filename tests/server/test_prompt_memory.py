@@ -3,7 +3,7 @@
 Tokenizing a 900k-character prompt used to take seconds and ~300 MB (the embedded tokenizer
 makes nearly a token per character), only to answer 400 context_length_exceeded; four at once
 took a gigabyte that glibc kept. A real `swarm serve` process on loopback (the embedded
-model's tokenizer and 1024-token context, the fake engine), its RSS read from /proc.
+model's tokenizer and its config's context, 4,096 tokens, the fake engine), its RSS read from /proc.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from swarm.client import SwarmClient
+from swarm.model.tokenizer import CONTEXT_LENGTH
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -130,7 +131,8 @@ def test_four_huge_prompts_cost_little_memory_and_time(served: tuple[subprocess.
     assert len(results) == 4
     for status, body, seconds in results:
         assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
-        assert body["error"]["type"] == "invalid_request_error" and "1024-token context" in body["error"]["message"]
+        assert body["error"]["type"] == "invalid_request_error"
+        assert f"{CONTEXT_LENGTH}-token context" in body["error"]["message"]
         assert seconds < 1.0, [r[2] for r in results]
     assert peak[0] - before <= 100, f"RSS {before:.0f} MB -> peak {peak[0]:.0f} MB"
     assert after - before <= 100, f"RSS {before:.0f} MB -> {after:.0f} MB after"

@@ -7,6 +7,9 @@
   function (Anthropic `any` / `tool`) admits only a valid call of the allowed tools. The FakeEngine
   (unscripted) draws random tokens from what the grammar allows: whatever it draws must parse.
 * A constrained completion ends with `<|im_end|>`, the template's end of turn, in the trained sample.
+* `parallel_tool_calls: false` (Anthropic `disable_parallel_tool_use`): at most one call answered; under
+  a grammar it is the only one generated, without one (`auto`) the first is kept and the rest counted
+  in `tool_calls_dropped`, the sample as generated (docs/responses.md).
 """
 
 from __future__ import annotations
@@ -169,3 +172,112 @@ def test_anthropic_any_is_a_forced_call(srv: RunningServer) -> None:
     assert msg.stop_reason == "tool_use"
     use = [b for b in msg.content if b.type == "tool_use"]
     assert use and use[0].name == "add" and set(use[0].input) == {"a", "b"}
+
+
+def test_parallel_tool_calls_false_under_a_grammar_generates_one_call(srv: RunningServer) -> None:
+    """A forced choice with `parallel_tool_calls: false`: the grammar admits one call, then the end of turn."""
+    client = SwarmClient(srv.url, srv.token)
+    done = 0
+    for i in range(6):
+        ep = client.claim(f"t-one-{i}")
+        r = _chat(srv, ep, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, seed=200 + i)
+        c = r["choices"][0]
+        if c["finish_reason"] == "length":
+            continue
+        done += 1
+        assert c["finish_reason"] == "tool_calls" and len(c["message"]["tool_calls"]) == 1, c
+        completion = srv.swarm.renderer.tok.decode(srv.swarm.registry.get(ep.id).calls[-1].completion_ids)
+        assert completion.count("</tool_call>") == 1, completion  # generated once, not cut afterwards
+        _end_of_turn(srv, ep)
+    assert done >= 3
+    assert srv.swarm.counters["tool_calls_dropped"] == 0
+
+
+TWO_CALLS = (
+    '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "neg", "arguments": {"x": 5}}\n</tool_call>'
+)
+
+
+@pytest.fixture
+def two_calls(make_server: Any, model_dir: Any) -> RunningServer:
+    """A model that always answers with two calls (tool_choice auto: no grammar)."""
+    return make_server(engine=FakeEngine(model_dir, script=lambda ids: TWO_CALLS), group_size=1, batch_groups=64)
+
+
+def test_parallel_tool_calls_false_without_a_grammar_keeps_the_first_call(two_calls: RunningServer) -> None:
+    srv = two_calls
+    client = SwarmClient(srv.url, srv.token)
+    ep = client.claim("t-both")
+    both = _chat(srv, ep, tools=TOOLS)["choices"][0]
+    assert [t["function"]["name"] for t in both["message"]["tool_calls"]] == ["add", "neg"]
+    assert srv.swarm.counters["tool_calls_dropped"] == 0
+
+    ep = client.claim("t-first")
+    first = _chat(srv, ep, tools=TOOLS, parallel_tool_calls=False)["choices"][0]
+    assert first["finish_reason"] == "tool_calls" and not first["message"]["content"]
+    assert [t["function"]["name"] for t in first["message"]["tool_calls"]] == ["add"]
+    assert json.loads(first["message"]["tool_calls"][0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    assert srv.swarm.counters["tool_calls_dropped"] == 1
+    call = srv.swarm.registry.get(ep.id).calls[-1]  # the sample is what the model generated: both calls
+    assert srv.swarm.renderer.tok.decode(call.completion_ids, skip_special_tokens=True) == TWO_CALLS
+
+    # the next turn sends the kept call back: rendered from the exact text, so the episode's ids continue
+    turn2 = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": None, "tool_calls": first["message"]["tool_calls"]},
+        {"role": "tool", "tool_call_id": first["message"]["tool_calls"][0]["id"], "content": "5"},
+    ]
+    _chat(srv, ep, tools=TOOLS, parallel_tool_calls=False, messages=turn2)
+    calls = srv.swarm.registry.get(ep.id).calls
+    assert calls[-1].prompt_ids[: len(calls[0].full)] == calls[0].full
+    assert srv.swarm.counters["tool_calls_dropped"] == 2
+
+    # streamed: one call delta
+    ep = client.claim("t-stream")
+    body = {
+        "model": ep.model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "tools": TOOLS,
+        "parallel_tool_calls": False,
+        "stream": True,
+        "max_tokens": 200,
+    }
+    names = []
+    with httpx.stream(
+        "POST", f"{srv.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {ep.api_key}"}
+    ) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for ch in json.loads(line[6:])["choices"]:
+                    for t in (ch.get("delta") or {}).get("tool_calls") or []:
+                        if (t.get("function") or {}).get("name"):
+                            names.append(t["function"]["name"])
+    assert names == ["add"]
+
+
+def test_one_call_on_the_responses_and_messages_routes(two_calls: RunningServer) -> None:
+    srv = two_calls
+    client = SwarmClient(srv.url, srv.token)
+    ep = client.claim("t-resp-one")
+    tool = {"type": "function", "name": "add", "parameters": PARAMS}
+    neg = {"type": "function", "name": "neg", "parameters": {"type": "object", "properties": {"x": {}}}}
+    body = {"model": ep.model, "input": QUESTION, "tools": [tool, neg], "max_output_tokens": 200}
+    r = _post(srv, "/v1/responses", ep.api_key, {**body, "parallel_tool_calls": False})
+    assert [o["name"] for o in r["output"] if o["type"] == "function_call"] == ["add"]
+    assert r["parallel_tool_calls"] is False
+    ep = client.claim("t-resp-two")
+    r = _post(srv, "/v1/responses", ep.api_key, body)
+    assert [o["name"] for o in r["output"] if o["type"] == "function_call"] == ["add", "neg"]
+
+    ep = client.claim("t-msg-one")
+    msg = anthropic.Anthropic(base_url=srv.url, api_key=ep.api_key, max_retries=0).messages.create(
+        model=ep.model,
+        max_tokens=200,
+        messages=[{"role": "user", "content": QUESTION}],
+        tools=[{"name": "add", "input_schema": PARAMS}, {"name": "neg", "input_schema": {"type": "object"}}],
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+    )
+    assert [b.name for b in msg.content if b.type == "tool_use"] == ["add"]
+    assert srv.swarm.counters["tool_calls_dropped"] == 2

@@ -21,17 +21,18 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from swarm.engine.fake import FakeEngine
+from swarm.model.tokenizer import CONTEXT_LENGTH
 from swarm.samples import Call
 from swarm.server.counters import Counters
 from swarm.server.exceptions import InvalidRequest
 from swarm.server.generation import ChatTurn, GenerationCore, Sampling
-from swarm.server.generation_context import GenerationContext, GenerationLimits
+from swarm.server.generation_context import GenerationContext, GenerationLimits, context_length
 from swarm.server.prompt_bound import LARGE_PROMPT_CHARS, TokenBound
 from swarm.server.render import ChatRenderer
 from swarm.server.trainer import GenerationGate
 from swarm.testing import tiny_model_dir
 
-CONTEXT = 1024  # the embedded model's
+CONTEXT = CONTEXT_LENGTH  # the embedded model's (4,096 since build 6)
 LIMITS = GenerationLimits(
     max_prompt_chars=1_000_000,
     max_tokens_limit=64,
@@ -155,7 +156,7 @@ def test_no_character_shrinks_below_the_floor() -> None:
 def test_the_issue_prompt_is_far_past_the_context(renderer: ChatRenderer) -> None:
     assert renderer.bound is not None
     text = (SENTENCE * 20_000)[:900_000]
-    assert renderer.bound.min_tokens(text) > 40 * CONTEXT
+    assert renderer.bound.min_tokens(text) > 10 * CONTEXT
 
 
 def _fast(tok: Tokenizer) -> PreTrainedTokenizerFast:
@@ -234,13 +235,14 @@ def test_a_continued_prompt_is_bounded_by_its_prior_ids(
 @pytest.fixture
 def core(model_dir: Path) -> Iterator[GenerationCore]:
     engine = FakeEngine(model_dir, seed=0, script=lambda ids: "ok")
+    assert context_length(engine, model_dir) == CONTEXT  # what the server reads: the model's config
     ctx = GenerationContext(
         engine,
         GenerationGate(),
         ChatRenderer(engine.tokenizer),
         limits=lambda: LIMITS,
         counters=Counters(),
-        context_length=CONTEXT,
+        context_length=context_length(engine, model_dir),
     )
     made = GenerationCore(ctx)
     yield made
@@ -275,7 +277,7 @@ def test_an_impossible_prompt_is_refused_without_tokenizing(
 
 def test_a_prompt_long_in_characters_that_fits_is_served(core: GenerationCore) -> None:
     """Near the tightest the bound gets (every token nearly its longest): still no false refusal."""
-    content = "</tool_response>" * 1000  # 16k characters; ~1010 tokens with the template: fits 1024
+    content = "</tool_response>" * (CONTEXT - 24)  # a token each; with the template ~10 short of the context
 
     async def go() -> Any:
         prepared = await core.prepare_chat(
@@ -284,7 +286,7 @@ def test_a_prompt_long_in_characters_that_fits_is_served(core: GenerationCore) -
         return prepared, await prepared.run()
 
     prepared, result = asyncio.run(go())
-    assert 1000 < len(prepared.prompt_ids) < CONTEXT and result.choices[0].ids
+    assert CONTEXT - 30 < len(prepared.prompt_ids) < CONTEXT - 4 and result.choices[0].ids
     digits = content + "1" * 30  # one token per digit: past the context, though the bound is not
     assert core.ctx.renderer.past_context(digits, [], "main", CONTEXT) is None
     with pytest.raises(InvalidRequest) as err:  # refused by its real count, as before

@@ -142,3 +142,61 @@ def test_grammar_shapes(model_dir) -> None:
     assert turn_format(get_parser("hermes"), TOOLS, None, "", None) is None  # auto without a format: free
     with pytest.raises(ValueError):
         tool_call_grammar(get_parser("hermes"), TOOLS, prefill="nope")
+
+
+def _accepts(tok, lt, grammar: str, ids: list[int]) -> bool:
+    m = llguidance.LLMatcher(lt, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    return bool(m.consume_tokens(ids)) and m.is_accepting()
+
+
+def test_parallel_tool_calls_false_admits_one_call(model_dir) -> None:
+    """Pure: `parallel=False` (parallel_tool_calls false) drops the grammar's repetition: one call, then
+    the end of turn; the default still admits several. Forced (prefilled), with an answer, and json."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    lt = llguidance.hf.from_tokenizer(tok, n_vocab=len(tok))
+    markers = ChatRenderer(tok).marker_tokens
+    end = [tok.convert_tokens_to_ids("<|im_end|>")]
+    hermes = get_parser("hermes")
+    one = '<tool_call>\n{"name": "add", "arguments": {"a":1,"b":2}}\n</tool_call>'
+    two = one + '\n<tool_call>\n{"name": "neg", "arguments": {"x":true}}\n</tool_call>'
+    answer = {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}}
+    prefill = hermes.prefill(None)
+    for forced, pre, fmt in (("", prefill, None), (None, "", answer)):
+        many = turn_format(hermes, TOOLS, forced, pre, fmt, markers)
+        single = turn_format(hermes, TOOLS, forced, pre, fmt, markers, parallel=False)
+        assert many is not None and single is not None
+        for text, ok_many, ok_single in ((one, True, True), (two, True, False)):
+            ids = tok.encode(text[len(pre) :], add_special_tokens=False) + end
+            assert _accepts(tok, lt, many["grammar"], ids) == ok_many, (forced, text)
+            assert _accepts(tok, lt, single["grammar"], ids) == ok_single, (forced, text)
+        if fmt is not None:  # the answer stays admitted
+            assert _accepts(tok, lt, single["grammar"], tok.encode('{"ok":true}', add_special_tokens=False) + end)
+    json_single = tool_call_grammar(get_parser("json"), TOOLS, parallel=False)
+    assert json_single is not None
+    pair = '{"name": "add", "parameters": {"a":1,"b":2}}; {"name": "neg", "parameters": {"x":true}}'
+    assert not _accepts(tok, lt, json_single, tok.encode(pair, add_special_tokens=False))
+    assert _accepts(tok, lt, json_single, tok.encode(pair.split("; ")[0], add_special_tokens=False))
+
+
+def test_answer_grammar_ends_with_the_end_of_turn_token(model_dir) -> None:
+    """Pure: the vllm engine's grammar for a plain JSON format (`answer_grammar`): the schema's compact
+    JSON, then `<|im_end|>` and nothing else (not `<|endoftext|>`, a base tokenizer's EOS)."""
+    from transformers import AutoTokenizer
+
+    from swarm.chat.tool_grammar import END_OF_TURN, answer_grammar
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    lt = llguidance.hf.from_tokenizer(tok, n_vocab=len(tok), eos_token=tok.convert_tokens_to_ids("<|endoftext|>"))
+    end, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    grammar = answer_grammar(ANSWER, {END_OF_TURN: end})
+    assert grammar.startswith(f"start: body <[{end}]>\n")
+    body = tok.encode('{"ok":true}', add_special_tokens=False)
+    assert _accepts(tok, lt, grammar, body + [end])
+    assert not _accepts(tok, lt, grammar, body)  # the JSON alone does not end the turn
+    m = llguidance.LLMatcher(lt, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    assert m.consume_tokens(body)
+    assert not m.consume_token(eot)  # the base tokenizer's EOS is refused where the turn must end
+    assert not _accepts(tok, lt, grammar, tok.encode('{"ok": true}', add_special_tokens=False) + [end])  # compact
+    assert answer_grammar(ANSWER, None).startswith("start: body\n")  # no end token known: vLLM's own EOS

@@ -185,7 +185,7 @@ def test_placement_cpu_is_unchanged_fp32_default_attention():
 
     p = choose_placement("cpu", cuda_available=True, bf16_supported=True, cpu_count=2, env={})
     assert (p.device, p.dtype, p.attn_implementation, p.master_weights) == ("cpu", "float32", None, False)
-    assert p.threads == 1 and p.fuse_pad_tokens == 32
+    assert p.threads == 1 and p.fuse_pad_tokens == 32 and p.share_prefix
     assert choose_placement(None, False, False, cpu_count=8, env={}).device == "cpu"
     assert choose_placement(None, False, False, cpu_count=8, env={}).threads == 4
     assert choose_placement("cpu", False, False, cpu_count=8, env={"OMP_NUM_THREADS": "3"}).threads is None
@@ -197,6 +197,7 @@ def test_placement_cuda_bf16_sdpa_master_weights():
     p = choose_placement(None, cuda_available=True, bf16_supported=True)
     assert (p.device, p.dtype, p.attn_implementation, p.master_weights) == ("cuda", "bfloat16", "sdpa", True)
     assert p.torch_dtype is torch.bfloat16 and p.threads is None and p.fuse_pad_tokens > 1000
+    assert not p.share_prefix  # launch-bound: the shared-prefix passes cost more than they save (docs/gpu.md)
     old_gpu = choose_placement("cuda:1", cuda_available=True, bf16_supported=False)
     assert (old_gpu.device, old_gpu.dtype, old_gpu.attn_implementation, old_gpu.master_weights) == (
         "cuda:1",

@@ -202,7 +202,21 @@ class AdapterPublisher:
 
     def offer(self, path: Path, version: int, *, validate_first: bool = True) -> dict[str, float]:
         """Serve the adapter in directory `path` as `version` (what `publish` does with the trainer's)."""
-        return self.push(self.write(copy_adapter(path), version), version, validate_first=validate_first)
+        return self.push(self.stage(path, version), version, validate_first=validate_first)
+
+    def stage(self, path: Path, version: int, *, link: bool = False) -> Path:
+        """A copy of the adapter directory `path` as this publisher's candidate for `version` (`link` is the
+        weight publisher's; an adapter is a few MB, copied)."""
+        return self.write(copy_adapter(path), version)
+
+    def check(self, candidate: Path) -> None:
+        """Validate the adapter directory `candidate`: a bad one is counted (`refused`), deleted, raised."""
+        try:
+            validate_adapter(candidate, self.layout, self.rank)
+        except CheckpointRefused:
+            self.counters["refused"] += 1
+            shutil.rmtree(candidate, ignore_errors=True)
+            raise
 
     def push(self, candidate: Path, version: int, validate_first: bool = True) -> dict[str, float]:
         """Validate the adapter directory `candidate`, load it, drain, serve it, unload the others.
@@ -212,12 +226,7 @@ class AdapterPublisher:
         """
         t0 = time.perf_counter()
         if validate_first:
-            try:
-                validate_adapter(candidate, self.layout, self.rank)
-            except CheckpointRefused:
-                self.counters["refused"] += 1
-                shutil.rmtree(candidate, ignore_errors=True)
-                raise
+            self.check(candidate)
         t_valid = time.perf_counter() - t0
         with self.upstream.lock:
             if not self._healthy():

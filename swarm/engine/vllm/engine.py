@@ -17,6 +17,12 @@ test_vllm_publisher.py, test_vllm_supervisor.py, without vLLM):
 * `gate.DrainGate`, which they share: every request is admitted through it, labelled with
   the version served at admission, and a sync or restart waits it out.
 
+With `--vllm-replicas N` (`settings.replicas`) there are N such processes, each with its own four
+parts (`replicas.Replica`); `replicas.ReplicaSet` routes each request (least loaded, an episode's
+calls to one replica: `GenerateRequest.affinity`), pushes each step's weights to all of them and
+restarts a dead one while the others serve (docs/replicas.md). The first replica's parts keep the
+single-process names (`process`, `gate`, `supervisor`, `publisher`, `client`, `serving`).
+
 This module is the glue: admission and recovery around each request, the trainer, and the
 Engine interface. `counters()` (in the server's status) and each step's metrics say how
 often syncs failed and vLLM restarted. Every `Completion` carries the version of the weights
@@ -37,14 +43,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import torch
 
+from swarm.chat.tool_grammar import END_OF_TURN
 from swarm.config.lora import LoraSettings
 from swarm.config.vllm import VllmSettings
 from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
-from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout
-from swarm.engine.vllm.errors import VllmEngineError
+from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout, copy_adapter
+from swarm.engine.vllm.errors import ReplicaGone, VllmEngineError
 from swarm.engine.vllm.gate import DrainGate
 from swarm.engine.vllm.publisher import WeightPublisher
+from swarm.engine.vllm.replicas import Replica, ReplicaSet
 from swarm.engine.vllm.server import VllmProcess, find_python
 from swarm.engine.vllm.stream import CompletionsClient
 from swarm.engine.vllm.supervisor import Supervisor
@@ -81,50 +90,78 @@ class VllmEngine:
         self.max_positions = min(self.trainer.max_positions, settings.max_model_len or self.trainer.max_positions)
         self.settings = settings
         self.served_name = served_name
-        if self.lora.enabled:  # vLLM serves the frozen base as it is: only adapters travel
+        self._save_adapter = lambda path: save_adapter(self.trainer.model, path)
+        state = None if self.lora.enabled else unique_state(self.trainer.model)  # LoRA: only adapters travel
+        self.replicas = ReplicaSet([])  # filled below: a replica is built from the first one's files
+        for i in range(settings.replicas):
+            self.replicas.add(self._replica(i, python, work_dir, seed, state))
+        # the first replica's parts under the names the engine had with one process (checks, tests, bench)
+        first = self.replicas[0]
+        self.process, self.gate, self.supervisor = first.process, first.gate, first.supervisor
+        self.publisher, self.client = first.publisher, first.client
+        self.replicas.start()
+
+    def _replica(
+        self, i: int, python: Path, work_dir: Path, seed: int, state: dict[str, torch.Tensor] | None
+    ) -> Replica:
+        """Replica `i`: its process (own port, log, seed and devices), gate, supervisor, publisher and client.
+
+        Replica 0 lives in `work_dir` as the single process always did; replica i in `work_dir/replica-i`,
+        serving what replica 0 serves (a hard-linked weights file, or a copy of its adapter)."""
+        settings, root = self.settings, (work_dir if i == 0 else work_dir / f"replica-{i}")
+        first = self.replicas[0] if i else None
+        serving: ServingDir | None = None
+        if state is None:  # vLLM serves the frozen base as it is: only adapters travel
             served_dir = self.model_dir
         else:
-            state = unique_state(self.trainer.model)
-            self.serving = ServingDir(work_dir / "model", layout_of(state))
-            self.serving.prepare(self.model_dir, state)
-            served_dir = self.serving.root
-        self.process = VllmProcess(
+            serving = ServingDir(root / "model", layout_of(state))
+            if first is None:
+                serving.prepare(self.model_dir, state)
+                self.serving = serving
+            else:
+                serving.mirror(self.serving)
+            served_dir = serving.root
+        devices = settings.device_groups
+        process = VllmProcess(
             python,
             served_dir,
-            served_name,
+            self.served_name,
             settings,
-            work_dir / "vllm.log",
-            seed=seed,
+            root / "vllm.log",
+            seed=seed + i,
             max_model_len=self.max_positions,
             lora_rank=self.lora.rank,
+            port=settings.port + i if settings.port else None,
+            cuda_devices=devices[i] if devices else None,
         )
-        self.gate = DrainGate()
-        self.supervisor = Supervisor(self.process, self.gate)
-        self.publisher: WeightPublisher | AdapterPublisher
-        if self.lora.enabled:
-            self.publisher = AdapterPublisher(
-                work_dir / "adapters",
+        gate = DrainGate()
+        supervisor = Supervisor(process, gate)
+        publisher: WeightPublisher | AdapterPublisher
+        if serving is None:
+            publisher = AdapterPublisher(
+                root / "adapters",
                 adapter_layout(self.trainer.model),
                 self.lora.rank,
-                self.gate,
-                self.supervisor,
-                served_name=served_name,
+                gate,
+                supervisor,
+                served_name=self.served_name,
                 version=self.trainer.policy_version,
                 drain_timeout_s=settings.drain_timeout_s,
             )
-            self._save_adapter = lambda path: save_adapter(self.trainer.model, path)
-            self.publisher.prepare(self._save_adapter)  # version 0: the fresh adapter (B = 0), loaded at start
+            first_good = (
+                first.publisher.good if first is not None and isinstance(first.publisher, AdapterPublisher) else None
+            )
+            # version 0: the fresh adapter (B = 0), loaded at start
+            publisher.prepare(self._save_adapter if first_good is None else copy_adapter(first_good))
         else:
-            self.publisher = WeightPublisher(
-                self.serving,
-                self.gate,
-                self.supervisor,
-                version=self.trainer.policy_version,
-                drain_timeout_s=settings.drain_timeout_s,
+            publisher = WeightPublisher(
+                serving, gate, supervisor, version=self.trainer.policy_version, drain_timeout_s=settings.drain_timeout_s
             )
-        self.supervisor.on_start = self.publisher.relabel  # every (re)start serves the last good file
-        self.client = CompletionsClient(lambda: self.process.url, served_name, self.max_positions, self._eos_ids())
-        self.supervisor.start()
+        supervisor.on_start = publisher.relabel  # every (re)start serves the last good file
+        client = CompletionsClient(
+            lambda: process.url, self.served_name, self.max_positions, self._eos_ids(), end_id=self._end_id()
+        )
+        return Replica(i, process, gate, supervisor, publisher, client)
 
     # -- versions ---------------------------------------------------------------
     @property
@@ -135,39 +172,46 @@ class VllmEngine:
     def policy_version(self, value: int) -> None:
         """Set on resume, right after `load` pushed those weights: the label follows."""
         self.trainer.policy_version = int(value)
-        self.publisher.adopt(int(value))
+        self.replicas.adopt(int(value))
 
     @property
     def served_version(self) -> int:
-        """The version of the weights vLLM serves now (labels new completions)."""
-        return self.publisher.served_version
+        """The version of the weights vLLM serves now (labels new completions; replicas: the oldest served)."""
+        return self.replicas.served_version
 
     def counters(self) -> dict[str, int]:
-        """Supervision counters, shown in the swarm server's status (LoRA: adapters unloaded, and held now)."""
-        c = self.publisher.counters
+        """Supervision counters, shown in the swarm server's status (LoRA: adapters unloaded, and held now).
+
+        Replicas: summed over them (a step's sync counts once per replica), with how many are up and the
+        requests routed to each."""
+        c = self.replicas.counters()
         out = {
             "vllm_syncs": c["syncs"],
             "vllm_sync_failures": c["sync_failures"],
             "vllm_refused": c["refused"],
             "vllm_rollbacks": c["rollbacks"],
-            "vllm_restarts": self.supervisor.restarts,
+            "vllm_restarts": c["restarts"],
             "vllm_aborted_in_sync": c["aborted_in_sync"],
         }
         if isinstance(self.publisher, AdapterPublisher):
             out["vllm_adapters_unloaded"] = c["unloaded"]
             out["vllm_adapters_loaded"] = len(self.publisher.loaded)
+        if len(self.replicas) > 1:
+            out["vllm_replicas_up"] = sum(r.up() for r in self.replicas)
+            out.update({f"vllm_requests_r{r.index}": r.requests for r in self.replicas})
         return out
-
-    def _label(self) -> tuple[int, str]:
-        """What a request admitted now is labelled with, and the vLLM model it names (LoRA: that version's)."""
-        p = self.publisher
-        return p.served_version, (p.served_model if isinstance(p, AdapterPublisher) else self.served_name)
 
     def _eos_ids(self) -> list[int]:
         tok = self.tokenizer
         ids = {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
         ids.add(tok.eos_token_id)
         return sorted(i for i in ids if isinstance(i, int) and i >= 0 and i != tok.unk_token_id)
+
+    def _end_id(self) -> int | None:
+        """The template's end of turn (`<|im_end|>`) where it is one of the EOS ids: a constrained JSON
+        answer ends with it, as on the torch engine (`Grammars.end_ids`); None leaves vLLM its own EOS."""
+        end = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        return end if isinstance(end, int) and end in self._eos_ids() else None
 
     # -- generation -------------------------------------------------------------
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
@@ -193,35 +237,55 @@ class VllmEngine:
         if fmt is not None:  # compiled with the library vLLM's guidance backend runs, off the event loop:
             # a bad schema is refused with the torch engine's message, before vLLM sees it
             await asyncio.to_thread(self.trainer.batcher.compile, fmt)
-        body = self.client.body(request)
-        async with self._admitted() as (version, model):
-            body["model"] = model
-            async for chunk in self.client.completions(request, body):
-                yield version, chunk
+        body = self.client.body(request)  # the same for every replica: each names its own model below
+        tried: set[int] = set()
+        while True:  # a replica that went away before its first token: the request goes to another one
+            replica = self.replicas.choose(request.affinity, tried)
+            started = False
+            try:
+                async with self._admitted(replica) as (version, model):
+                    body["model"] = model
+                    async for chunk in replica.client.completions(request, body):
+                        started = True
+                        yield version, chunk
+                return
+            except ReplicaGone:
+                tried.add(replica.index)
+                if started or not self.replicas.others_up(tried):
+                    raise
+                log.warning("vLLM replica %d went away before answering: request sent to another", replica.index)
 
     @asynccontextmanager
-    async def _admitted(self) -> AsyncIterator[tuple[int, str]]:
-        """One request through the gate (waiting out a sync or restart), labelled with the version served
-        at admission and naming its model; a vLLM found dead, or gone during the request, is restarted."""
-        label = await self.gate.enter(self._label)
+    async def _admitted(self, replica: Replica) -> AsyncIterator[tuple[int, str]]:
+        """One request through `replica`'s gate (waiting out a sync or restart), labelled with the version
+        served at admission and naming its model; a vLLM found dead, or gone during the request, is restarted
+        (one process: before the error is raised; one replica of several: in the background, `ReplicaGone`)."""
+        sup = replica.supervisor
+        label = await replica.gate.enter(lambda: replica.label(self.served_name))
         try:
-            if not self.supervisor.alive():
-                await asyncio.to_thread(self.supervisor.recover, "found dead before a request")
+            if not sup.alive():
+                await asyncio.to_thread(sup.recover, "found dead before a request")
             yield label
         except httpx.TransportError as exc:
-            if not self.supervisor.closing:
-                await asyncio.to_thread(self.supervisor.recover, f"request failed: {exc!r}")
+            if len(self.replicas) > 1:
+                if not sup.closing:
+                    self.replicas.recover_later(replica, f"request failed: {exc!r}")
+                raise ReplicaGone(f"vLLM replica {replica.index} went away during a request ({exc!r})") from exc
+            if not sup.closing:
+                await asyncio.to_thread(sup.recover, f"request failed: {exc!r}")
             raise VllmEngineError(f"vLLM went away during a request ({exc!r}); it was restarted") from exc
         finally:
-            self.gate.leave()
+            replica.gate.leave()
 
-    def logprobs(self, ids: list[int]) -> list[float]:
-        """Teacher-forced logprob of each token after the first, as vLLM computes it (checks, tests)."""
-        _version, model = self.gate.enter_blocking(self._label)
+    def logprobs(self, ids: list[int], replica: int | None = None) -> list[float]:
+        """Teacher-forced logprob of each token after the first, as vLLM computes it (checks, tests); on
+        replica number `replica` (None: the one the router picks)."""
+        r = self.replicas.choose() if replica is None else self.replicas[replica]
+        _version, model = r.gate.enter_blocking(lambda: r.label(self.served_name))
         try:
-            return self.client.logprobs(ids, model)
+            return r.client.logprobs(ids, model)
         finally:
-            self.gate.leave()
+            r.gate.leave()
 
     # -- training and weight sync ----------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -243,9 +307,11 @@ class VllmEngine:
     def sync_weights(self) -> dict[str, float]:
         """Make vLLM serve the trainer's current weights (LoRA: its adapter) as `policy_version` (after every
         `train_step`)."""
-        if isinstance(self.publisher, AdapterPublisher):
-            return self.publisher.publish(self._save_adapter, self.trainer.policy_version)
-        return self.publisher.publish(unique_state(self.trainer.model), self.trainer.policy_version)
+        version, publisher = self.trainer.policy_version, self.publisher
+        if isinstance(publisher, AdapterPublisher):
+            return self.replicas.publish(lambda: publisher.write(self._save_adapter, version), version)
+        state = unique_state(self.trainer.model)
+        return self.replicas.publish(lambda: publisher.serving.write_candidate(state), version)
 
     def offer_weights(self, path: Path, version: int, *, validate_first: bool = True) -> dict[str, float]:
         """Serve the weights in safetensors file `path` (LoRA: the adapter in directory `path`) as `version`
@@ -255,7 +321,9 @@ class VllmEngine:
         `validate_first=False` is for callers that validated the file already (tests timing a sync, and
         the test of the rollback of a reload vLLM itself fails).
         """
-        return self.publisher.offer(path, version, validate_first=validate_first)
+        return self.replicas.publish(
+            lambda: self.publisher.stage(Path(path), version), version, validate_first=validate_first
+        )
 
     # -- persistence ----------------------------------------------------------------
     def save(self, path: Path) -> None:
@@ -267,7 +335,5 @@ class VllmEngine:
         self.sync_weights()
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.supervisor.close)
-        if isinstance(self.publisher, AdapterPublisher):
-            self.publisher.close()
+        await asyncio.to_thread(self.replicas.close)
         await self.trainer.close()

@@ -41,3 +41,8 @@ def post_route(
         return resp.json()
     except json.JSONDecodeError:
         return None
+
+
+class ReplicaGone(VllmEngineError):
+    """One vLLM replica of several went away during a request; it is being restarted in the background
+    (a request that had produced no token yet is sent to another replica: swarm/engine/vllm/replicas.py)."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import shutil
 import time
 from collections import Counter
 from contextlib import AbstractContextManager
@@ -94,11 +93,21 @@ class WeightPublisher:
 
     def offer(self, path: Path, version: int, *, validate_first: bool = True) -> dict[str, float]:
         """Serve the weights in safetensors file `path` as `version` (what `publish` does with a state)."""
-        tmp = self.serving.candidate.with_name(".offer.tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, tmp)
-        tmp.replace(self.serving.candidate)
-        return self.push(self.serving.candidate, version, validate_first=validate_first)
+        return self.push(self.stage(path, version), version, validate_first=validate_first)
+
+    def stage(self, path: Path, version: int, *, link: bool = False) -> Path:
+        """Weights file `path` as this publisher's candidate (`link`: hard-linked, for the candidate another
+        replica's publisher wrote; swarm/engine/vllm/replicas.py). `version` is the adapter publisher's."""
+        return self.serving.take_candidate(path, link=link)
+
+    def check(self, candidate: Path) -> None:
+        """Validate `candidate` before anything is sent: a bad file is counted (`refused`), discarded, raised."""
+        try:
+            validate(candidate, self.serving.layout)
+        except CheckpointRefused:
+            self.counters["refused"] += 1
+            self.serving.discard_candidate()
+            raise
 
     def push(self, candidate: Path, version: int, validate_first: bool = True) -> dict[str, float]:
         """Validate `candidate`, drain, reload, relabel, resume (the module docstring's steps).
@@ -108,12 +117,7 @@ class WeightPublisher:
         """
         t0 = time.perf_counter()
         if validate_first:
-            try:
-                validate(candidate, self.serving.layout)
-            except CheckpointRefused:
-                self.counters["refused"] += 1
-                self.serving.discard_candidate()
-                raise
+            self.check(candidate)
         t_valid = time.perf_counter() - t0
         with self.upstream.lock:
             if not self.upstream.healthy():

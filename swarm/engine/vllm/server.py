@@ -76,6 +76,8 @@ class VllmProcess(ServerProcess):
 
     `max_model_len` overrides the settings' (the engine passes the context it trains with);
     `lora_rank` > 0 serves LoRA adapters of up to that rank beside the base (module docstring).
+    `port` overrides the settings' (replica i of several gets `port + i`), and `cuda_devices` is the
+    replica's CUDA_VISIBLE_DEVICES (`--vllm-devices`; None inherits this process's).
     """
 
     label = "vLLM"
@@ -90,8 +92,14 @@ class VllmProcess(ServerProcess):
         seed: int = 0,
         max_model_len: int | None = None,
         lora_rank: int = 0,
+        *,
+        port: int | None = None,
+        cuda_devices: str | None = None,
     ) -> None:
-        super().__init__(log_path, port=settings.port, start_timeout_s=settings.start_timeout_s)
+        super().__init__(
+            log_path, port=settings.port if port is None else port, start_timeout_s=settings.start_timeout_s
+        )
+        self.cuda_devices = cuda_devices
         self.python = python
         self.model_dir = Path(model_dir)
         self.served_name = served_name
@@ -148,6 +156,8 @@ class VllmProcess(ServerProcess):
                 "PYTHONPATH": str(Path(__file__).resolve().parent / "worker"),  # the extension only, nothing of Roost
             }
         )
+        if self.cuda_devices is not None:  # a replica's own GPU(s) (--vllm-devices; replicas.py)
+            env["CUDA_VISIBLE_DEVICES"] = self.cuda_devices
         if self.lora_rank:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter, /v1/unload_lora_adapter
         env.pop("VIRTUAL_ENV", None)

@@ -14,6 +14,12 @@ it is complete, one teacher-forced pass (`prompt_logprobs`) over prompt + comple
 still inside the same request (so on the same weights), replaces them (and the top-k)
 with the raw values, as the torch engine records (docs/constrained-decoding.md).
 
+A plain JSON format (`json_object`, `json_schema`) goes as `structured_outputs.grammar` where the
+client knows the template's end-of-turn id (`end_id`): the format's compact JSON, then that token
+(`swarm.chat.tool_grammar.answer_grammar`). vLLM's guidance backend would end the format with the
+tokenizer's EOS, `<|endoftext|>` for a base model's tokenizer, where the torch engine ends it with
+`<|im_end|>`; the trained sample must end as the template renders the turn on both engines.
+
 Each request names a `model`: the served name, or (LoRA) the adapter version the engine
 admitted it under (`body(request, model)`, `logprobs(ids, model)`).
 
@@ -31,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from swarm.chat.tool_grammar import END_OF_TURN, answer_grammar
 from swarm.engine.base import GenerateRequest, TokenChunk, UnsupportedRequest
 from swarm.engine.constrained import grammar_of, json_schema_of
 from swarm.engine.vllm.errors import VllmEngineError
@@ -43,6 +50,8 @@ class CompletionsClient:
 
     `served_name` is the `model` a request names unless the caller names another (a LoRA adapter
     version: the engine names the one served when the request was admitted); a callable is read per request.
+    `end_id`: the chat template's end-of-turn token (`<|im_end|>`), with which a constrained JSON answer
+    ends; None sends a JSON format as vLLM's `response_format` (it ends with the tokenizer's EOS).
     """
 
     def __init__(
@@ -51,11 +60,13 @@ class CompletionsClient:
         served_name: str | Callable[[], str],
         max_positions: int,
         eos_ids: Sequence[int],
+        end_id: int | None = None,
     ) -> None:
         self.url = url
         self.model: Callable[[], str] = served_name if callable(served_name) else (lambda: served_name)
         self.max_positions = max_positions
         self.eos_ids = sorted(eos_ids)
+        self.end_id = end_id
 
     def body(self, request: GenerateRequest, model: str | None = None) -> dict[str, Any]:
         """The `/v1/completions` body of `request` for `model` (default: the served name); `ValueError` if
@@ -82,7 +93,10 @@ class CompletionsClient:
             body["stop"] = list(p.stop)
         if p.seed is not None:
             body["seed"] = p.seed
-        if p.response_format is not None and json_schema_of(p.response_format) is not None:
+        schema = None if p.response_format is None else json_schema_of(p.response_format)
+        if schema is not None and self.end_id is not None:  # the JSON, then the template's end of turn
+            body["structured_outputs"] = {"grammar": answer_grammar(schema, {END_OF_TURN: self.end_id})}
+        elif schema is not None:
             body["response_format"] = json.loads(p.response_format)
         elif p.response_format is not None and (lark := grammar_of(p.response_format)) is not None:
             body["structured_outputs"] = {"grammar": lark}  # a tool call or the answer (swarm.chat.tool_grammar)

@@ -166,6 +166,8 @@ class Supervisor:
         self.watch_s = watch_s
         self.lock = threading.RLock()
         self.restarts = 0
+        #: a restart is under way (a router sends no new request here meanwhile: swarm/engine/vllm/replicas.py)
+        self.restarting = False
         self._closing = threading.Event()
         self._watchdog: threading.Thread | None = None
 
@@ -211,10 +213,14 @@ class Supervisor:
         """Stop and start the process now, then `on_start` (the caller holds the gate)."""
         with self.lock:
             self.restarts += 1
-            log.warning("restarting %s (%s)", self.process.label, reason)
-            self.process.stop()
-            self.process.start()
-            self.on_start()
+            self.restarting = True
+            try:
+                log.warning("restarting %s (%s)", self.process.label, reason)
+                self.process.stop()
+                self.process.start()
+                self.on_start()
+            finally:
+                self.restarting = False
 
     def _watch(self) -> None:
         while not self._closing.wait(self.watch_s):

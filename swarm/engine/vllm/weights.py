@@ -78,6 +78,20 @@ def write_atomic(state: dict[str, torch.Tensor], path: Path) -> Path:
     return path
 
 
+def place(src: Path, dst: Path, *, link: bool = False) -> Path:
+    """`src` at `dst` atomically: a hard link with `link` (a copy where the filesystem refuses one)."""
+    tmp = Path(dst).with_name(f".{Path(dst).name}.place-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        if not link:
+            raise OSError("a copy was asked for")
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+    return Path(dst)
+
+
 def validate(path: Path, layout: Layout) -> None:
     """Refuse a file vLLM must not load: unreadable, other tensor names, shapes or dtypes, or non-finite.
 
@@ -132,6 +146,22 @@ class ServingDir:
         for stale in [*self.root.glob("*.safetensors*"), *self.root.glob(f"{CANDIDATE_DIR}/*")]:
             stale.unlink()  # other shards or index files would be loaded too
         write_atomic(state, self.good)
+
+    def mirror(self, other: ServingDir) -> None:
+        """Serve what `other` serves (another replica's directory): its side files copied, its last good
+        weights hard-linked (one copy on disk; a file here is only ever replaced, never written in place)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for src in other.root.iterdir():
+            if src.is_file() and src.name != GOOD and not src.name.startswith("."):
+                shutil.copy2(src, self.root / src.name)
+        for stale in [*self.root.glob("*.safetensors*"), *self.root.glob(f"{CANDIDATE_DIR}/*")]:
+            stale.unlink()
+        place(other.good, self.good, link=True)
+
+    def take_candidate(self, path: Path, *, link: bool = False) -> Path:
+        """`path` as the candidate: copied, or hard-linked with `link` (a file nobody writes in place)."""
+        self.candidate.parent.mkdir(parents=True, exist_ok=True)
+        return place(path, self.candidate, link=link)
 
     def write_candidate(self, state: dict[str, torch.Tensor]) -> Path:
         self.candidate.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,158 @@
+"""On-policy distillation vs GRPO, side by side on the embedded model (issue 24's acceptance).
+
+    python bench/distill.py                          # ~10 min on 2 busy CPU cores
+    python bench/distill.py --teacher-steps 150 --steps 40 --out /tmp/distill-bench
+
+1. The teacher: `swarm train --task arith --steps T` from the embedded initial model (its last
+   checkpoint is the teacher; `--reuse` keeps one already there).
+2. Its temperature-1 reward: `swarm.model.evaluate` over `--eval-n` arith items at T=1 (and the
+   initial model's, for scale).
+3. Two students from the same embedded initial model, same seed, same steps and lr, run at the same
+   time: GRPO alone (`swarm train --task arith`) and distillation alone (`--teacher OUT/teacher
+   --distill-coef C --reward-coef 0`: the rewards are computed but not trained on).
+4. Their per-step training reward (the T=1 rollouts of the policy being trained: the same quantity
+   the teacher's T=1 evaluation measures), smoothed over `--window` steps, and the first step at
+   which each reaches the teacher's reward; the distillation run's `distill_kl` per step.
+
+Writes OUT/distill.json (the curves and the figures) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from store.paths import default_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+SWARM = [sys.executable, "-m", "swarm"]
+
+
+def train(out: Path, steps: int, lr: float, seed: int, *extra: str) -> subprocess.Popen:
+    """`swarm train --task arith` into `out` (its log beside it), started and not waited for."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args = [*SWARM, "train", "--task", "arith", "--steps", str(steps), "--lr", str(lr), "--seed", str(seed)]
+    args += ["--no-mlflow", "--fresh", "--out", str(out), *extra]
+    log = open(out.with_suffix(".log"), "w")  # noqa: SIM115 - closed with the process by the OS
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy())
+
+
+def wait(proc: subprocess.Popen, what: str, log: Path) -> None:
+    if proc.wait() != 0:
+        tail = log.read_text().splitlines()[-15:]
+        raise SystemExit(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "server" / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def smoothed(values: list[float], window: int) -> list[float]:
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+        for i in range(len(values))
+    ]
+
+
+def first_reaching(curve: list[float], target: float) -> int | None:
+    return next((i + 1 for i, v in enumerate(curve) if v >= target), None)
+
+
+def t1_reward(model: Path, n: int, seed: int) -> float:
+    from swarm.model.evaluate import evaluate, run_models  # lazy: torch, only after the runs
+
+    path, _ = run_models(model)
+    return float(evaluate(path, "arith", n=n, temperature=1.0, seed=seed)["mean_reward"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/roost-distill-bench"))
+    ap.add_argument("--teacher-steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=40, help="steps of each student")
+    ap.add_argument("--lr", type=float, default=3e-4, help="the teacher run's lr")
+    ap.add_argument("--student-lr", type=float, default=None, help="both students' lr (default: --lr)")
+    ap.add_argument("--distill-coef", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-n", type=int, default=200)
+    ap.add_argument("--window", type=int, default=5, help="steps of the moving average")
+    ap.add_argument("--reuse", action="store_true", help="keep a teacher already trained in OUT/teacher")
+    a = ap.parse_args()
+    out: Path = a.out
+    student_lr = a.lr if a.student_lr is None else a.student_lr
+    started = time.monotonic()
+    teacher = out / "teacher"
+    if not (a.reuse and (teacher / "summary.json").is_file()):
+        print(f"teacher: swarm train --task arith --steps {a.teacher_steps} --lr {a.lr}", flush=True)
+        wait(train(teacher, a.teacher_steps, a.lr, a.seed + 1), "the teacher run", teacher.with_suffix(".log"))
+    teacher_s = time.monotonic() - started
+    target = t1_reward(teacher, a.eval_n, a.seed)
+    initial = t1_reward(default_model_dir(), a.eval_n, a.seed)
+    print(f"T=1 reward over {a.eval_n} items: initial model {initial:.3f}, teacher {target:.3f}", flush=True)
+
+    print(
+        f"students: {a.steps} steps each at lr {student_lr}, side by side (GRPO alone | distillation alone)", flush=True
+    )
+    t0 = time.monotonic()
+    runs = {
+        "grpo": train(out / "grpo", a.steps, student_lr, a.seed),
+        "distill": train(
+            out / "distill",
+            a.steps,
+            student_lr,
+            a.seed,
+            "--teacher",
+            str(teacher),
+            "--distill-coef",
+            str(a.distill_coef),
+            "--reward-coef",
+            "0",
+        ),
+    }
+    for name, proc in runs.items():
+        wait(proc, f"the {name} run", (out / name).with_suffix(".log"))
+    students_s = time.monotonic() - t0
+    curves = {name: [r["reward_mean"] for r in rows(out / name)] for name in runs}
+    kl = [r.get("distill_kl") for r in rows(out / "distill")]
+    smooth = {name: smoothed(c, a.window) for name, c in curves.items()}
+    reached = {name: first_reaching(c, target) for name, c in smooth.items()}
+
+    print(f"\nstep  grpo reward (avg{a.window})  distill reward (avg{a.window})  distill_kl")
+    for i in range(a.steps):
+        print(
+            f"{i + 1:4d}  {curves['grpo'][i]:.3f} ({smooth['grpo'][i]:.3f})      "
+            f"{curves['distill'][i]:.3f} ({smooth['distill'][i]:.3f})          {kl[i]:+.4f}"
+        )
+    for name in runs:
+        at = reached[name]
+        print(f"{name}: reaches the teacher's T=1 reward {target:.3f} (avg{a.window}) at step {at or f'> {a.steps}'}")
+    result = {
+        "teacher_steps": a.teacher_steps,
+        "steps": a.steps,
+        "lr": a.lr,
+        "student_lr": student_lr,
+        "distill_coef": a.distill_coef,
+        "seed": a.seed,
+        "window": a.window,
+        "initial_t1_reward": initial,
+        "teacher_t1_reward": target,
+        "curves": curves,
+        "smoothed": smooth,
+        "distill_kl": kl,
+        "reached_at": reached,
+        "teacher_s": round(teacher_s, 1),
+        "students_s": round(students_s, 1),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    (out / "distill.json").write_text(json.dumps(result, indent=2))
+    took = f"teacher {result['teacher_s']} s, students {result['students_s']} s"
+    print(f"wall {result['wall_s']} s ({took}); {out / 'distill.json'}")
+
+
+if __name__ == "__main__":
+    main()

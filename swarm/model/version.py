@@ -1,0 +1,27 @@
+"""Which build of the embedded model a directory holds, readable without torch.
+
+The CLI asks this before every `swarm train` on the default model: an install upgraded to a
+new recipe (a longer context, a new warm start) must not keep training the old build for ever.
+Importing `swarm.model.build` would cost the seconds torch and transformers take to import.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: Bump when the recipe changes (tokenizer corpus, architecture, warm start):
+#: an existing model with another version is rebuilt by `init_model`.
+#: 6: a 4,096-token context (was 1,024), so agent frameworks with 2-3k-token system prompts
+#: (smolagents, DSPy ReAct) fit; the weights and warm start are those of build 5.
+BUILD_VERSION = 6
+MARKER = "roost_model.json"
+
+
+def built_version(model_dir: Path) -> int | None:
+    """The recipe version of a finished build in `model_dir`; None when there is none (or it is unreadable)."""
+    try:
+        version = json.loads((Path(model_dir) / MARKER).read_text()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return version if isinstance(version, int) else None

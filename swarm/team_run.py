@@ -1,0 +1,479 @@
+"""`swarm train --team ROLE=MODEL[,ROLE=MODEL...]`: a team of models trained in one command.
+
+    swarm model init --preset tiny-wide        # a second, different model (same tokenizer)
+    swarm train --team planner=embedded,executor=tiny-wide --task duet
+    swarm train --team planner=embedded,executor=embedded --task duet     # one server, a LoRA policy per role
+    swarm train --team a=DIR1,b=DIR2 --workflow my_team:play --dataset my_team:problems
+
+Why: each role of a team task is its own trainable model, and a user should not have to write the
+harness that starts a server per model and routes each role's calls to its own. A model is a
+directory, a preset name (`swarm model init --preset NAME`, built here if missing) or `embedded`.
+
+The roles are grouped by model: roles on one model share ONE server as LoRA policies of that base
+(the `--shared-base` machinery: a `PolicySpec` per role), every other model gets a server of its own
+whose served model name is the role. One team fleet (`swarm client --team ROLE=URL,...`) claims one
+episode per role, each on its role's server, and each server trains its own role on that role's
+reward (the task's per-role rewards). The layout follows `swarm train`'s, one folder per server:
+
+    OUT/run.yaml  summary.json  fleet-client0.yaml  server-NAME.yaml
+    OUT/servers/NAME/          the server's out folder (NAME: the role, or `planner+executor` when shared)
+    OUT/logs/server-NAME.log  client0.log
+
+Supervision: a server that dies before its roles reach `--steps` is restarted from its last
+checkpoint (the same port and folder; `resume`), and replays every episode it acknowledged from its
+durable buffer; the other servers keep going, and the fleet's clients wait for the restarted one
+(they reconnect for `reconnect_s`). A team run checkpoints every `TEAM_CHECKPOINT_EVERY` steps when
+the run asks for none, so a restart loses little. The servers do not stop themselves at `--steps`:
+a role that is ahead (a team whose other member died unfinished) would stop the whole team while
+another role still needs episodes; this command stops every server (admin stop: a last checkpoint)
+once every role has its steps. `summary.json` has a section per role (`roles`) and per server
+(`servers`); the run's reward is the mean of the roles'.
+
+Every input is checked before anything starts (`team_problems`): one line per problem, exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from store.paths import default_model_dir
+from swarm.config.fleet import FleetConfig
+from swarm.config.options import write_config
+from swarm.config.policies import PolicySpec, check_name
+from swarm.config.run import RunConfig, run_file_text
+from swarm.config.server import ServerConfig
+from swarm.model.presets import PRESETS, default_preset_dir
+from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
+from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
+from swarm.tasks import get_task, list_tasks
+from swarm.train import (
+    SHARED_BASE_RANK,
+    _info,
+    _open_log,
+    _raise_interrupt,
+    _stop,
+    _swarm,
+    _tail,
+    _wait_healthy,
+    console,
+    free_port,
+    start_fleets,
+    summarize,
+)
+
+EMBEDDED = "embedded"
+#: checkpoint every k steps when the run asks for none (`--checkpoint-every 0`): a restarted server
+#: resumes from its last checkpoint and retrains only the steps after it
+TEAM_CHECKPOINT_EVERY = 5
+#: restarts of one server before the run fails (a server that cannot stay up is not a transient fault)
+MAX_RESTARTS = 3
+SERVERS = "servers"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One server of the team: the roles it trains, on one base model."""
+
+    name: str  # its folder and log name: the role, or the roles joined by "+" when they share the base
+    model: Path
+    roles: tuple[str, ...]
+
+    @property
+    def shared(self) -> bool:
+        return len(self.roles) > 1
+
+
+def parse_team(text: str) -> tuple[dict[str, str], list[str]]:
+    """'planner=A,executor=B' -> ({role: model}, problems): each problem one line naming --team."""
+    team: dict[str, str] = {}
+    problems: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        role, sep, model = (x.strip() for x in part.partition("="))
+        if not sep or not role or not model:
+            problems.append(f"--team: expected ROLE=MODEL, got {part!r}")
+            continue
+        try:
+            check_name(role)
+        except ValueError as exc:
+            problems.append(f"--team: role {role!r}: {exc}")
+            continue
+        if role in team:
+            problems.append(f"--team: role {role!r} is named twice (one model per role)")
+            continue
+        team[role] = model
+    return team, problems
+
+
+def resolve_model(text: str) -> Path:
+    """A --team model: `embedded` (the embedded model), a preset name (its default folder), or a path."""
+    if text == EMBEDDED:
+        return default_model_dir()
+    if text in PRESETS and not Path(text).exists():
+        return default_preset_dir(text)
+    return Path(text).expanduser().resolve()
+
+
+def known_roles(spec: RunConfig) -> tuple[tuple[str, ...] | None, str]:
+    """(the roles the task or workflow plays, what names them); None when nothing declares them.
+
+    A built-in team task names its roles (`Task.roles`); a team workflow declares them as `ROLES`
+    beside it in its module (or a `roles` attribute on the function), as swarm/tasks/duet.py does."""
+    if spec.workflow is not None:
+        module_name, _, attr = spec.workflow.partition(":")
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+            flow = getattr(module, attr.split(".")[0], None)
+        except Exception:  # noqa: BLE001 - run_checks reports an unimportable workflow on its own line
+            return None, spec.workflow
+        roles = getattr(flow, "roles", None) or getattr(module, "ROLES", None)
+        if roles:
+            return tuple(roles), f"the workflow {spec.workflow}"
+    if spec.task is not None and spec.task in list_tasks():
+        roles = get_task(spec.task).roles
+        return (tuple(roles) if roles else ()), f"task {spec.task}"
+    return None, spec.workflow or "the task"
+
+
+def team_problems(spec: RunConfig, resume: bool = False) -> list[str]:
+    """Everything wrong with a --team run, before anything starts: one line each."""
+    assert spec.team is not None
+    team, found = parse_team(spec.team)
+    if resume:
+        found.append("--resume: a --team run is not resumable yet; start it again (--fresh) or in another --out")
+    if spec.workflow is None and (spec.task is None or "+" in spec.task):
+        found.append("--team plays one team task: give --task duet or a team --workflow (a task mix is not a team)")
+    roles, source = known_roles(spec)
+    if roles == ():
+        teams = ", ".join(t for t in list_tasks() if get_task(t).roles)
+        found.append(f"--team: {source} has no roles (team tasks: {teams})")
+    elif roles is None:
+        found.append(f"--team: {source} names no roles: declare ROLES = (...) beside the workflow")
+    else:
+        found += [
+            f"--team: {source} has no role {role!r} (its roles: {', '.join(roles)})"
+            for role in team
+            if role not in roles
+        ]
+        found += [
+            f"--team: role {role!r} of {source} has no model (give {role}=MODEL)" for role in roles if role not in team
+        ]
+    for role, model in team.items():
+        path = resolve_model(model)
+        if model == EMBEDDED or model in PRESETS:
+            continue  # built before the run starts when missing
+        if not (path / "config.json").is_file():
+            found.append(
+                f"--team: {role}={model}: {path} is not a model directory (no config.json), a preset or {EMBEDDED}"
+            )
+    if spec.server.engine not in ("torch", "fake") and len({resolve_model(m) for m in team.values()}) < len(team):
+        found.append("--team: roles on one model are LoRA policies of one server, which runs in the torch engine")
+    return found
+
+
+def members(spec: RunConfig) -> list[Member]:
+    """The team's servers: one per distinct model, its roles in --team order."""
+    team, _ = parse_team(spec.team or "")
+    by_model: dict[Path, list[str]] = {}
+    for role, model in team.items():
+        by_model.setdefault(resolve_model(model), []).append(role)
+    return [Member("+".join(roles), model, tuple(roles)) for model, roles in by_model.items()]
+
+
+def ensure_models(spec: RunConfig, build: Callable[[str, Path], None]) -> None:
+    """Build the embedded model or a preset that a role names and this machine lacks (`build(name, dir)`)."""
+    team, _ = parse_team(spec.team or "")
+    for model in dict.fromkeys(team.values()):
+        path = resolve_model(model)
+        if (model == EMBEDDED or model in PRESETS) and not (path / "config.json").is_file():
+            build(model, path)
+
+
+def member_config(spec: RunConfig, member: Member, out: Path, port: int, resume: bool = False) -> ServerConfig:
+    """A team server's settings: the run's, on the member's model, in its own folder."""
+    s = spec.server
+    update: dict = {
+        "host": "127.0.0.1",
+        "port": port,
+        "model_dir": member.model,
+        "out_dir": out / SERVERS / member.name,
+        "max_steps": None,  # this command stops the servers together once every role has its steps
+        "checkpoint_every": s.checkpoint_every or TEAM_CHECKPOINT_EVERY,
+        "mlflow_run_name": f"{s.mlflow_run_name or f'{spec.name}-{out.name}'}-{member.name}",
+        "resume": resume,
+    }
+    if member.shared:  # roles on one base: a LoRA policy per role, as --shared-base
+        update["policies"] = [PolicySpec(name=role) for role in member.roles]
+        if not s.lora.enabled and s.engine == "torch":
+            update["lora"] = s.lora.model_copy(update={"rank": SHARED_BASE_RANK})
+    else:  # the role's calls and claims name the role: the server's model name
+        update["model_name"] = member.roles[0]
+    return s.model_copy(update=update)
+
+
+def role_metrics(out: Path, member: Member) -> dict[str, Path]:
+    """Each role's metrics file in its server's folder."""
+    folder = out / SERVERS / member.name
+    if member.shared:
+        return {role: folder / "policies" / role / "metrics.jsonl" for role in member.roles}
+    return {member.roles[0]: folder / "metrics.jsonl"}
+
+
+def team_fleets(spec: RunConfig, urls: dict[str, str]) -> dict[str, FleetConfig]:
+    """The team fleet, one config per client process: every role routed to its server (`ROLE=URL`)."""
+    team = ",".join(f"{role}={url}" for role, url in urls.items())
+    per_client = max(1, spec.concurrency // spec.clients)
+    return {
+        f"client{i}": FleetConfig(
+            url=next(iter(urls.values())),
+            task=spec.task,
+            workflow=spec.workflow,
+            dataset=spec.dataset,
+            n=spec.server.group_size,
+            concurrency=per_client,
+            seed=spec.server.seed * 1000 + i,
+            dataset_size=spec.dataset_size,
+            team=team,
+            reconnect_s=300.0,  # a restarted server takes a while to answer again (a torch load, the replay)
+        )
+        for i in range(spec.clients)
+    }
+
+
+class _Server:
+    """One team server process and what restarting it needs."""
+
+    def __init__(self, member: Member, spec: RunConfig, out: Path, env: dict[str, str]) -> None:
+        self.member, self.spec, self.out, self.env = member, spec, out, env
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = out / "logs" / f"server-{member.name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self.exits: list[int] = []
+
+    def start(self, resume: bool) -> None:
+        config = member_config(self.spec, self.member, self.out, self.port, resume)
+        path = write_config(self.out / f"server-{self.member.name}.yaml", config)
+        self.proc = subprocess.Popen(
+            _swarm("serve", "--config", str(path)),
+            stdout=_open_log(self.log, resume, 1, self.spec.steps),
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+
+    def wait_healthy(self, token: str) -> None:
+        assert self.proc is not None
+        _wait_healthy(
+            self.url, token, self.proc, self.log, timeout=900.0 if self.spec.server.engine == "vllm" else 180.0
+        )
+
+    def admin_stop(self, admin: str) -> None:
+        """Ask it to stop (a last checkpoint of each policy); a server already gone is no error."""
+        try:
+            httpx.post(f"{self.url}/swarm/v1/admin/stop", headers={"Authorization": f"Bearer {admin}"}, timeout=10)
+        except httpx.HTTPError:
+            pass
+
+
+def run_team(spec: RunConfig) -> dict:
+    """Train every role of the team to `spec.steps` steps; the run's summary (also written on failure)."""
+    out = spec.out.resolve()
+    spec = spec.model_copy(update={"out": out})
+    out.mkdir(parents=True, exist_ok=True)
+    if previous_run(out):
+        raise RuntimeError(f"{out} holds an earlier run: clear it first (--fresh)")
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    token, admin = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": token, "ROOST_ADMIN_TOKEN": admin}
+    servers = [_Server(m, spec, out, env) for m in members(spec)]
+    urls = {role: s.url for s in servers for role in s.member.roles}
+    team, _ = parse_team(spec.team or "")
+    urls = {role: urls[role] for role in team}  # --team order
+    fleets = team_fleets(spec, urls)
+    first = member_config(spec, servers[0].member, out, servers[0].port)
+    (out / f".{RUN_FILE}.tmp").write_text(run_file_text(spec, first, fleets))
+    (out / f".{RUN_FILE}.tmp").replace(out / RUN_FILE)
+    metrics = {role: path for s in servers for role, path in role_metrics(out, s.member).items()}
+    metrics = {role: metrics[role] for role in team}
+    for s in servers:
+        if s.member.shared:
+            console.print(f"--team: {', '.join(s.member.roles)} share {s.member.model}: LoRA policies of one server")
+    t0 = time.monotonic()
+    clients: dict[Path, subprocess.Popen] = {}
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        try:
+            for s in servers:
+                s.start(resume=False)
+            for s in servers:
+                s.wait_healthy(token)
+            clients |= start_fleets(fleets, out, logs, env, (1, spec.steps), resume=False)
+            _supervise(spec, servers, metrics, clients, token, t0)
+            for s in servers:
+                s.admin_stop(admin)
+            _await_exits(servers)
+        finally:
+            for p in clients.values():
+                _stop(p)
+            for s in servers:
+                if s.proc is not None:
+                    _stop(s.proc, grace=45.0)
+            signal.signal(signal.SIGTERM, previous)
+    except BaseException as exc:
+        summary = team_summary(spec, servers, metrics, time.monotonic() - t0, team)
+        summary["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        summary["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        raise
+    summary = team_summary(spec, servers, metrics, time.monotonic() - t0, team)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _supervise(
+    spec: RunConfig,
+    servers: list[_Server],
+    metrics: dict[str, Path],
+    clients: dict[Path, subprocess.Popen],
+    token: str,
+    t0: float,
+) -> None:
+    """Show each role's new rows; restart a server that died (from its checkpoint) while the others go on;
+    return once every role has `spec.steps` rows."""
+    tails = {role: MetricsTail(path) for role, path in metrics.items()}
+    printed = dict.fromkeys(metrics, 0)
+    while True:
+        for role, tail in tails.items():
+            rows = tail.poll()
+            for r in rows[printed[role] :]:
+                console.print(
+                    f"{role} step {r.get('step')}: {_info(r)}  loss {r.get('loss', float('nan')):+.4f}  "
+                    f"kl {r.get('kl', float('nan')):.4f}  {r.get('tokens_per_s', 0):.0f} tok/s"
+                )
+            printed[role] = len(rows)  # a restarted server rewrites its file: rows lost with the crash go
+        if all(n >= spec.steps for n in printed.values()):
+            return
+        for s in servers:
+            assert s.proc is not None
+            if s.proc.poll() is None:
+                continue
+            s.exits.append(s.proc.returncode)
+            done = {role: printed[role] for role in s.member.roles}
+            if s.restarts >= MAX_RESTARTS:
+                raise RuntimeError(
+                    f"server {s.member.name} died {s.restarts + 1} times (exit codes {s.exits}); see {s.log}:\n"
+                    f"{_tail(s.log)}"
+                )
+            s.restarts += 1
+            console.print(
+                f"[yellow]server {s.member.name} died[/yellow] (exit code {s.proc.returncode}) with steps "
+                f"{done}: restarting it from its last checkpoint ({s.restarts} of {MAX_RESTARTS}); "
+                "the other roles go on"
+            )
+            s.start(resume=True)
+            s.wait_healthy(token)
+        if all(c.poll() is not None for c in clients.values()):
+            codes = sorted({c.returncode for c in clients.values()})
+            first = next(iter(clients))
+            raise RuntimeError(
+                f"every client process exited (exit code {', '.join(map(str, codes))}) with steps {printed} of "
+                f"{spec.steps}; see {first}:\n{_tail(first)}"
+            )
+        if time.monotonic() - t0 > spec.timeout_s:
+            raise TimeoutError(f"the team did not reach {spec.steps} steps per role in {spec.timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
+def _await_exits(servers: list[_Server], stop_s: float = 90.0) -> None:
+    """Every server, asked to stop, exits by itself after its last checkpoint; else the run failed."""
+    deadline = time.monotonic() + stop_s
+    with console.status("servers: saving their last checkpoints…"):
+        for s in servers:
+            assert s.proc is not None
+            while s.proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"server {s.member.name} did not exit within {stop_s:.0f}s of the stop")
+                time.sleep(0.2)
+
+
+def team_summary(
+    spec: RunConfig, servers: list[_Server], metrics: dict[str, Path], wall_s: float, team: dict[str, str]
+) -> dict:
+    """summary.json of a team: the run's numbers as `swarm train` gives them (rewards: the mean of the
+    roles'), a section per role (its model, server, rewards, steps, MLflow run) and per server."""
+    per = {role: summarize(read_metrics(path), wall_s, spec) for role, path in metrics.items()}
+    base = dict(next(iter(per.values())))
+    for key in ("reward_first_mean", "reward_last_mean"):
+        values = [p[key] for p in per.values() if p[key] is not None]
+        base[key] = sum(values) / len(values) if values else None
+    server_of = {role: s for s in servers for role in s.member.roles}
+    roles = {}
+    for role, p in per.items():
+        s = server_of[role]
+        folder = spec.out / SERVERS / s.member.name
+        run_file = (folder / "policies" / role if s.member.shared else folder) / MLFLOW_RUN_FILE
+        roles[role] = {
+            "model": team[role],
+            "model_dir": str(s.member.model),
+            "server": s.member.name,
+            "metrics": str(metrics[role].relative_to(spec.out)),
+            **{k: p[k] for k in ("reward_first_mean", "reward_last_mean", "steps_done", "families", "timing")},
+            "restarts": s.restarts,
+        }
+        if run_file.exists():
+            roles[role]["mlflow"] = json.loads(run_file.read_text())
+    return {
+        **base,
+        "team": dict(team),
+        "model": None,
+        "steps_done": min(p["steps_done"] for p in per.values()),
+        "metrics": {role: r["metrics"] for role, r in roles.items()},
+        "roles": roles,
+        "servers": {
+            s.member.name: {
+                "roles": list(s.member.roles),
+                "model_dir": str(s.member.model),
+                "out": str((spec.out / SERVERS / s.member.name).relative_to(spec.out)),
+                "log": str(s.log.relative_to(spec.out)),
+                "restarts": s.restarts,
+                "exit_codes": s.exits,
+            }
+            for s in servers
+        },
+        "wall_s": round(wall_s, 2),
+    }
+
+
+__all__ = [
+    "EMBEDDED",
+    "MAX_RESTARTS",
+    "TEAM_CHECKPOINT_EVERY",
+    "Member",
+    "ensure_models",
+    "known_roles",
+    "member_config",
+    "members",
+    "parse_team",
+    "resolve_model",
+    "role_metrics",
+    "run_team",
+    "team_fleets",
+    "team_problems",
+    "team_summary",
+]

@@ -1,0 +1,168 @@
+"""`swarm train --team`: parsing ROLE=MODEL, the checks before anything starts, how roles group into
+servers, each server's settings and the team fleet's routing (swarm/team_run.py). No process starts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from swarm.cli import app
+from swarm.client import TeamClient
+from swarm.client.cli import _client
+from swarm.config.fleet import FleetConfig
+from swarm.config.run import RunConfig
+from swarm.model.presets import PRESETS, default_preset_dir
+from swarm.team_run import (
+    EMBEDDED,
+    TEAM_CHECKPOINT_EVERY,
+    Member,
+    known_roles,
+    member_config,
+    members,
+    parse_team,
+    resolve_model,
+    role_metrics,
+    team_fleets,
+    team_problems,
+)
+
+
+@pytest.fixture
+def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """Two model directories (a config.json is all the checks read) and ROOST_HOME in tmp."""
+    monkeypatch.setenv("ROOST_HOME", str(tmp_path / "home"))
+    out = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        out.append(tmp_path / name)
+    return out[0], out[1]
+
+
+def test_parse_team_keeps_the_order_and_names_each_problem() -> None:
+    assert parse_team("planner=A, executor = B") == ({"planner": "A", "executor": "B"}, [])
+    team, problems = parse_team("planner=A,planner=B,executor,=C,bad name=D")
+    assert team == {"planner": "A"}
+    assert problems[0] == "--team: role 'planner' is named twice (one model per role)"
+    assert problems[1] == "--team: expected ROLE=MODEL, got 'executor'"
+    assert problems[2] == "--team: expected ROLE=MODEL, got '=C'"
+    assert problems[3].startswith("--team: role 'bad name': policy name")
+    assert all("\n" not in p for p in problems)
+
+
+def test_a_model_is_embedded_a_preset_or_a_path(models: tuple[Path, Path]) -> None:
+    from store.paths import default_model_dir
+
+    assert resolve_model(EMBEDDED) == default_model_dir()
+    assert resolve_model("tiny-wide") == default_preset_dir("tiny-wide")
+    assert resolve_model(str(models[0])) == models[0].resolve()
+
+
+def test_roles_come_from_the_task_or_beside_the_workflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_team.py").write_text("ROLES = ('a', 'b')\ndef play(task, team): return {'a': 1, 'b': 0}\n")
+    (tmp_path / "no_roles.py").write_text("def play(task, team): return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert known_roles(RunConfig(task="duet", team="planner=x"))[0] == ("planner", "executor")
+    assert known_roles(RunConfig(workflow="my_team:play", task="duet", team="a=x"))[0] == ("a", "b")
+    assert known_roles(RunConfig(workflow="no_roles:play", task="arith", team="a=x"))[0] == ()
+    assert known_roles(RunConfig(workflow="no_roles:play", dataset="no_roles:play", team="a=x"))[0] is None
+    for name in ("my_team", "no_roles"):
+        sys.modules.pop(name, None)
+
+
+def test_bad_input_is_one_line_per_problem(models: tuple[Path, Path]) -> None:
+    a, b = models
+    assert team_problems(RunConfig(task="duet", team=f"planner={a},executor={b}")) == []
+    found = team_problems(RunConfig(task="duet", team=f"planner={a},coach={b},planner={b}"))
+    assert found == [
+        "--team: role 'planner' is named twice (one model per role)",
+        "--team: task duet has no role 'coach' (its roles: planner, executor)",
+        "--team: role 'executor' of task duet has no model (give executor=MODEL)",
+    ]
+    found = team_problems(RunConfig(task="duet", team=f"planner={a},executor={a.parent / 'nope'}"))
+    assert found == [f"--team: executor={a.parent / 'nope'}: {a.parent / 'nope'} is not a model directory "
+                     f"(no config.json), a preset or {EMBEDDED}"]  # fmt: skip
+    assert team_problems(RunConfig(task="arith", team=f"planner={a}")) == [
+        "--team: task arith has no roles (team tasks: duet)"
+    ]
+    assert team_problems(RunConfig(task="duet", team=f"planner={a},executor={b}"), resume=True)[0].startswith(
+        "--resume: a --team run is not resumable yet"
+    )
+    # a preset or the embedded model not built yet is built before the run, not refused
+    assert team_problems(RunConfig(task="duet", team="planner=embedded,executor=tiny-wide")) == []
+    with pytest.raises(ValueError, match="--team starts a server per model itself"):
+        RunConfig(task="duet", team=f"planner={a},executor={b}", shared_base=True)
+
+
+def test_cli_refuses_bad_input_before_anything_starts(models: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = models
+    out = tmp_path / "run"
+    r = CliRunner().invoke(
+        app,
+        ["train", "--task", "duet", "--team", f"planner={a},planner={b}", "--out", str(out)],
+        env={"COLUMNS": "200"},
+    )
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.startswith("swarm train:")]
+    assert lines == [
+        "swarm train: --team: role 'planner' is named twice (one model per role)",
+        "swarm train: --team: role 'executor' of task duet has no model (give executor=MODEL)",
+    ]
+    assert not out.exists()  # nothing started, no folder made
+
+
+def test_roles_on_one_model_share_a_server_others_get_their_own(models: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = models
+    assert members(RunConfig(task="duet", team=f"planner={a},executor={b}")) == [
+        Member("planner", a.resolve(), ("planner",)),
+        Member("executor", b.resolve(), ("executor",)),
+    ]
+    spec = RunConfig(task="duet", team=f"planner={a},executor={a}")
+    (shared,) = members(spec)
+    assert shared == Member("planner+executor", a.resolve(), ("planner", "executor"))
+    cfg = member_config(spec, shared, tmp_path, 1234)
+    assert [p.name for p in cfg.policies] == ["planner", "executor"] and cfg.lora.rank == 8
+    assert (
+        role_metrics(tmp_path, shared)["executor"]
+        == tmp_path / "servers/planner+executor/policies/executor/metrics.jsonl"
+    )
+
+
+def test_a_role_alone_on_its_model_is_the_servers_model_name(models: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = models
+    spec = RunConfig(task="duet", team=f"planner={a},executor={b}")
+    planner, executor = members(spec)
+    cfg = member_config(spec, executor, tmp_path, 1234, resume=True)
+    assert cfg.model_name == "executor" and "executor" in cfg.model_aliases and not cfg.policies
+    assert cfg.model_dir == b.resolve() and cfg.out_dir == tmp_path / "servers" / "executor"
+    assert cfg.max_steps is None and cfg.resume  # this command stops the servers together
+    assert cfg.checkpoint_every == TEAM_CHECKPOINT_EVERY  # a run's default of none: a restart needs one
+    assert member_config(spec.model_copy(update={"server": spec.server.model_copy(update={"checkpoint_every": 3})}),
+                         executor, tmp_path, 1).checkpoint_every == 3  # fmt: skip
+    assert role_metrics(tmp_path, planner) == {"planner": tmp_path / "servers/planner/metrics.jsonl"}
+
+
+def test_the_team_fleet_routes_each_role_to_its_server(models: tuple[Path, Path]) -> None:
+    a, b = models
+    spec = RunConfig(task="duet", team=f"planner={a},executor={b}", clients=2, concurrency=8)
+    fleets = team_fleets(spec, {"planner": "http://127.0.0.1:1", "executor": "http://127.0.0.1:2"})
+    assert list(fleets) == ["client0", "client1"]
+    fleet = fleets["client0"]
+    assert fleet.team == "planner=http://127.0.0.1:1,executor=http://127.0.0.1:2" and fleet.concurrency == 4
+    client = _client(fleet, fleet.url, "tok")
+    assert isinstance(client, TeamClient)
+    assert {r: (c.url, c.model) for r, c in client.members.items()} == {
+        "planner": ("http://127.0.0.1:1", "planner"),
+        "executor": ("http://127.0.0.1:2", "executor"),
+    }
+    plain = _client(FleetConfig(url="http://127.0.0.1:3", team="planner,executor"), "http://127.0.0.1:3", "tok")
+    assert {c.url for c in plain.members.values()} == {"http://127.0.0.1:3"}  # ROLE alone: policies of --url
+
+
+def test_tiny_wide_is_a_preset_of_the_embedded_recipe() -> None:
+    preset = PRESETS["tiny-wide"]
+    assert preset.tokenizer == "embedded" and preset.warm_start is not None
+    assert preset.shape["hidden_size"] > 128 and preset.shape["num_hidden_layers"] > 4  # wider and deeper
