@@ -191,12 +191,13 @@ def test_request_outlasting_the_drain_timeout_is_aborted(engine, tmp_path):
         engine.publisher.drain_timeout_s = drain_timeout_s
     info = (done.finish_reason, len(done.token_ids), metrics)
     assert done.policy_version == version, info
-    if metrics["vllm_drain_s"] < 0.05:  # vLLM had produced every token before the abort was due: the
-        # drain ended by itself (only the stream was still being read) and the request ends normally
-        assert engine.counters()["vllm_aborted_in_sync"] == aborted, info
+    if engine.counters()["vllm_aborted_in_sync"] == aborted:  # vLLM had produced every token before the
+        # abort was due: the drain ended by itself (only the stream was still being read; on a loaded CPU
+        # the drain's own thread may wake seconds after its 0.05 s timeout, to find nothing in flight)
         assert done.finish_reason == "length" and len(done.token_ids) == 900, info
     else:
-        assert engine.counters()["vllm_aborted_in_sync"] == aborted + 1, info  # the abort path ran
+        assert engine.counters()["vllm_aborted_in_sync"] == aborted + 1, info  # the abort path ran, once
+        assert metrics["vllm_drain_s"] >= 0.05, info
         assert (done.finish_reason == "abort" and 0 < len(done.token_ids) < 900) or (
             done.finish_reason == "length" and len(done.token_ids) == 900
         ), info
