@@ -44,32 +44,8 @@ EXTRA_MODULES = (
     "langchain_openai",
 )
 
-HIDE = """
-import sys
-
-HIDDEN = set(sys.argv[1].split(","))
-
-
-class Hidden:
-    '''Wraps a meta-path finder: the hidden top-level modules (and their submodules) are not there.'''
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in HIDDEN:
-            return None
-        return self._inner.find_spec(name, path, target)
-
-    def __getattr__(self, attr):
-        return getattr(self._inner, attr)
-
-
-sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
-sys.argv = ["researcher", *sys.argv[2:]]
-from researcher.cli import main
-main()
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kit"))  # hidden_modules.py, by name
+from hidden_modules import RUN_CLI  # noqa: E402
 
 RUN = "import sys\nsys.argv = ['researcher', *sys.argv[1:]]\nfrom researcher.cli import main\nmain()\n"
 
@@ -88,7 +64,7 @@ def _assert_one_line(r: subprocess.CompletedProcess[str]) -> None:
 @pytest.mark.parametrize("args", [["--help"], ["study", "--help"], ["status"]])
 def test_researcher_without_the_server_extra_says_which_extra_in_one_line(tmp_path: Path, args: list[str]) -> None:
     r = subprocess.run(
-        [sys.executable, "-c", HIDE, ",".join(EXTRA_MODULES), *args],
+        [sys.executable, "-c", RUN_CLI, ",".join(EXTRA_MODULES), *args],
         cwd=ROOT,
         env=_env(tmp_path),
         capture_output=True,
@@ -114,7 +90,7 @@ def test_researcher_help_in_the_real_client_only_venv(tmp_path: Path) -> None:
 
 def test_a_missing_module_of_our_own_is_not_taken_for_a_missing_extra(tmp_path: Path) -> None:
     """Hiding `researcher.planning` (a bug, not an install without the extra) keeps its traceback."""
-    code = HIDE.replace('if name.partition(".")[0] in HIDDEN', "if name in HIDDEN")
+    code = RUN_CLI.replace('if name.partition(".")[0] in HIDDEN', "if name in HIDDEN")
     r = subprocess.run(
         [sys.executable, "-c", code, "researcher.planning", "--help"],
         cwd=ROOT,

@@ -36,32 +36,8 @@ RESEARCH_MODULES = {
     "langgraph-checkpoint-postgres": "langgraph",
 }
 
-HIDE = """
-import sys
-
-HIDDEN = set(sys.argv[1].split(","))
-
-
-class Hidden:
-    '''Wraps a meta-path finder: the hidden top-level modules (and their submodules) are not there.'''
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in HIDDEN:
-            return None
-        return self._inner.find_spec(name, path, target)
-
-    def __getattr__(self, attr):  # invalidate_caches, find_distributions...
-        return getattr(self._inner, attr)
-
-
-sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
-sys.argv = ["researcher", *sys.argv[2:]]
-"""
-
-RUN_CLI = HIDE + "from researcher.cli import main\nmain()\n"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kit"))  # hidden_modules.py, by name
+from hidden_modules import HIDE, RUN_CLI  # noqa: E402
 
 
 def _extra() -> tuple[str, list[str]]:
