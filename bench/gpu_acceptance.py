@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_engine import build_model, generation  # noqa: E402  (bench/ is not a package)
+from train_step import _sync  # noqa: E402
 from train_step import bench as train_bench  # noqa: E402
 
 
@@ -46,16 +47,16 @@ def build_random(out: Path, layers: int, device: str) -> int:
     return n
 
 
-def hf_generate(model_dir: Path, device: str, batch: int, max_tokens: int, prompt_len: int) -> dict:
-    """Hugging Face `generate`, sampling at temperature 1, one padded batch of `batch` prompts."""
+def hf_model(model_dir: Path, device: str) -> torch.nn.Module:
+    """The same weights as plain Hugging Face loads them: bf16 on a GPU, SDPA attention."""
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = _HF_CACHE.get(str(model_dir))
-    if model is None:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
-        model.eval()
-        _HF_CACHE[str(model_dir)] = model
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+
+
+def hf_generate(model: torch.nn.Module, device: str, batch: int, max_tokens: int, prompt_len: int) -> dict:
+    """Hugging Face `generate`, sampling at temperature 1, one padded batch of `batch` prompts."""
     ids = torch.tensor([[(7 * i + j) % 300 + 3 for j in range(prompt_len)] for i in range(batch)], device=device)
     kwargs = dict(
         attention_mask=torch.ones_like(ids),
@@ -72,16 +73,13 @@ def hf_generate(model_dir: Path, device: str, batch: int, max_tokens: int, promp
             ids[:, :8],
             **{**kwargs, "attention_mask": torch.ones_like(ids[:, :8]), "max_new_tokens": 4, "min_new_tokens": 4},
         )
-        _sync(device)
+        _sync(torch.device(device))
         t0 = time.perf_counter()
         out = model.generate(ids, **kwargs)
-        _sync(device)
+        _sync(torch.device(device))
         dt = time.perf_counter() - t0
     produced = int((out.shape[1] - prompt_len) * batch)
     return {"batch": batch, "new_tokens": produced, "tokens_per_s": round(produced / dt, 1), "wall_s": round(dt, 3)}
-
-
-_HF_CACHE: dict[str, torch.nn.Module] = {}
 
 
 def engine_rows(engine, concurrencies: list[int], max_tokens: int, prompt_len: int, adapter: str | None = None) -> list:
@@ -150,12 +148,11 @@ def main() -> None:
         del engine
         _empty(args.device)
 
-        hf = [
-            hf_generate(model_dir, args.device, c, args.max_tokens, args.prompt_len) for c in concurrencies if c <= 32
-        ]
+        model = hf_model(model_dir, args.device)
+        hf = [hf_generate(model, args.device, c, args.max_tokens, args.prompt_len) for c in concurrencies if c <= 32]
         print(f"HF generate: {hf}", flush=True)
         report["hf_generate"] = hf
-        _HF_CACHE.clear()
+        del model
         _empty(args.device)
 
         engine = TorchEngine(model_dir, device=args.device, max_batch=256, lora=LoraSettings(rank=args.lora_rank))
@@ -197,11 +194,6 @@ def print_table(r: dict) -> None:
         g = r[kind]["generation"][-1] if kind == "lora" else None
         extra = f", generation at {g['concurrency']} concurrent {g['tokens_per_s']:.0f} tok/s" if g else ""
         print(f"{kind}: peak GPU memory {r[kind]['peak_gib']} GiB{extra}")
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _empty(device: str) -> None:

@@ -33,6 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_engine import build_model, generation  # noqa: E402  (bench/ is not a package)
+from train_step import _sync  # noqa: E402
 
 
 def host_speed(device: str) -> dict:
@@ -43,11 +44,11 @@ def host_speed(device: str) -> dict:
         total += i
     loop = time.perf_counter() - t0
     x = torch.zeros(1, device=device)
-    _sync(device)
+    _sync(torch.device(device))
     t0 = time.perf_counter()
     for _ in range(2000):
         x.add_(1)
-    _sync(device)
+    _sync(torch.device(device))
     return {"py_loop_3M_s": round(loop, 3), "launch_us": round((time.perf_counter() - t0) / 2000 * 1e6, 1)}
 
 
@@ -62,11 +63,11 @@ def eager_floor(model: torch.nn.Module, device: str, out: Path) -> dict:
         tok = o.logits[:, -1:].argmax(-1)
         for i in range(55):
             if i == 5:  # five warm-up steps
-                _sync(device)
+                _sync(torch.device(device))
                 t0 = time.perf_counter()
             o = model(input_ids=tok, past_key_values=o.past_key_values, use_cache=True)
             tok = o.logits[:, -1:].argmax(-1)
-        _sync(device)
+        _sync(torch.device(device))
         res[f"hf_forward_ms_bs{batch}"] = round((time.perf_counter() - t0) / 50 * 1e3, 2)
     o = model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True)
     tok = o.logits[:, -1:].argmax(-1)
@@ -74,7 +75,7 @@ def eager_floor(model: torch.nn.Module, device: str, out: Path) -> dict:
         for _ in range(10):
             o = model(input_ids=tok, past_key_values=o.past_key_values, use_cache=True)
             tok = o.logits[:, -1:].argmax(-1)
-        _sync(device)
+        _sync(torch.device(device))
     (out / "hf_profile.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     return res
 
@@ -114,11 +115,6 @@ def main() -> None:
 
 def _activities(device: str) -> list[ProfilerActivity]:
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
