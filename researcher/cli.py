@@ -3,7 +3,7 @@
     researcher study "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
     researcher study "..." --approve          # stops before launching; then: researcher approve ID
     researcher study "..." --dry-run          # print the plan, launch nothing
-    researcher status [ID] | resume ID | report ID | stop ID
+    researcher status [ID] | resume ID | report ID [--html | --open] | stop ID
     researcher daemon                         # drive every active study from scheduler ticks
 
 Planner: `llm` when ROOST_LLM_BASE_URL and ROOST_LLM_MODEL are set (key:
@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -213,7 +214,7 @@ class _Progress:
                 console.print(f"[dim]{datetime.now().strftime('%H:%M:%S')} {line}[/]")
 
 
-def _finish(study_id: int, step: Step) -> None:
+def _finish(study_id: int, step: Step, out: Path | None = None) -> None:
     if step.state == "approval":
         d = step.detail
         console.print(
@@ -226,10 +227,41 @@ def _finish(study_id: int, step: Step) -> None:
             console.print(f"  [yellow]{escape(d['note'])}[/]")
         console.print(f"Approve with: researcher approve {study_id}   (or: researcher stop {study_id})")
     elif step.state in ("done", "inactive"):
-        _show_report_path(study_id)
+        _show_report_path(study_id, out)
 
 
-def _show_report_path(study_id: int) -> None:
+def _shown(path: Path) -> str:
+    """A path as the user typed it: relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def export_html(study_id: int, out: Path | None = None) -> Path:
+    """The study's HTML report copied to OUT/report.html (default ./studies/study-N/), where the
+    user works, not only in ROOST_HOME; rendered from the study's state first when the study has
+    none yet (unfinished, or reported before the HTML existed). KeyError for an unknown study."""
+    from researcher.graph import build_graph  # lazy: research extra (checked by the caller)
+    from researcher.html_report import FILE_NAME, write  # lazy: research extra (checked by the caller)
+    from researcher.report import study_view  # lazy: research extra (checked by the caller)
+    from researcher.runner import checkpointer, make_context  # lazy: research extra (checked by the caller)
+
+    ctx = make_context(study_id)
+    st = ctx.study()
+    dest = (out if out is not None else Path("studies") / f"study-{study_id}") / FILE_NAME
+    src = Path(ctx.cfg.study_dir) / "report" / FILE_NAME
+    if st.report and src.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.resolve() != dest.resolve():
+            shutil.copyfile(src, dest)
+        return dest
+    with checkpointer(ctx.engine) as saver:
+        snap = build_graph(ctx).compile(checkpointer=saver).get_state({"configurable": {"thread_id": str(study_id)}})
+    return write(study_view(ctx, dict(snap.values or {})), dest)
+
+
+def _show_report_path(study_id: int, out: Path | None = None) -> None:
     from researcher.runner import make_context  # lazy: research extra (checked by _require_research)
 
     ctx = make_context(study_id)
@@ -237,6 +269,8 @@ def _show_report_path(study_id: int) -> None:
     console.print(
         f"[bold green]Study {study_id} {study.status.lower()}[/]; report: {ctx.cfg.study_dir}/report/report.md"
     )
+    html = export_html(study_id, out)
+    console.print(f"HTML report: {_shown(html)} (open it with: researcher report {study_id} --open)", soft_wrap=True)
     if study.report:
         for line in study.report.splitlines():
             if line.startswith("- Round") or line.startswith("- **"):
@@ -307,7 +341,12 @@ def study(
     spending: str = setting("adaptive.spending", "--spending", help="obrien-fleming | pocock: alpha spending"),
     precision: float = setting("adaptive.precision", "--precision", show_default="none"),
     early_stop: bool = setting("adaptive.early_stop", "--early-stop", show_default="off"),
-    deterministic: bool = setting("deterministic", "--deterministic", show_default="off"),
+    deterministic: bool = setting(
+        "deterministic",
+        "--deterministic/--no-deterministic",
+        show_default="on for swarm train trials",
+        help="reproducible trials (same config and seed, same run): seed-matched arms get the paired t-test",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", show_default="off", help="print the plan; launch nothing"),
     foreground: bool = typer.Option(
         True, "--foreground/--background", help="drive the study here until it ends, or leave it to `researcher daemon`"
@@ -335,6 +374,13 @@ def study(
     trial_gpus: int = setting("trial_gpus", "--trial-gpus"),
     partition: str = setting("partition", "--partition", show_default="the cluster's default"),
     poll: float = setting("poll_s", "--poll"),
+    out: Path = typer.Option(
+        None,
+        "--out",
+        show_default="./studies/study-N",
+        file_okay=False,
+        help="folder for the study's HTML report (report.html), beside ROOST_HOME's copy",
+    ),
     trial_program: str = typer.Option(
         None,
         "--trial-program",
@@ -444,16 +490,16 @@ def study(
         study_daemon.register()
         console.print(f"Left to the daemon (`researcher daemon`); follow with: researcher status {sid}")
         return
-    _drive_here(sid, options_of(ctx))
+    _drive_here(sid, options_of(ctx), out=out)
 
 
-def _drive_here(study_id: int, opts: CliOptions, resume: object = None) -> None:
+def _drive_here(study_id: int, opts: CliOptions, resume: object = None, out: Path | None = None) -> None:
     from researcher.llm import LLMUnreachable  # lazy: research extra (the caller checked it)
     from researcher.runner import drive, make_context  # lazy: research extra (the caller checked it)
     from store.models import StudyStatus  # lazy: with the runner
 
     try:
-        _finish(study_id, drive(study_id, resume=resume, on_step=_Progress()))
+        _finish(study_id, drive(study_id, resume=resume, on_step=_Progress()), out)
     except KeyboardInterrupt:
         console.print(
             f"\n[yellow]interrupted[/]: running trials go on; continue with "
@@ -548,14 +594,47 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
         console.print(t)
 
 
+def _known_study(study_id: int) -> None:
+    """One line and exit 1 for a study the store does not have (not a KeyError traceback)."""
+    from sqlmodel import Session  # lazy: with the runner
+
+    from researcher.runner import store_engine  # lazy: research extra (checked by the caller)
+    from store.models import Study  # lazy: with the runner
+
+    with Session(store_engine()) as s:
+        if s.get(Study, study_id) is None:
+            raise fail(f"no study {study_id}", "list the studies with: researcher status")
+
+
 @app.command()
-def report(study_id: int = typer.Argument(...)) -> None:
-    """Print the study's report (for an unfinished study: what it has so far)."""
+def report(
+    study_id: int = typer.Argument(...),
+    as_html: bool = typer.Option(
+        False, "--html", help="write the self-contained HTML report (see --out) and print its path"
+    ),
+    open_it: bool = typer.Option(
+        False, "--open", help="write the HTML report and open it in a browser (no browser: print its path)"
+    ),
+    out: Path = typer.Option(
+        None, "--out", show_default="./studies/study-N", file_okay=False, help="folder for report.html"
+    ),
+) -> None:
+    """Print the study's report (for an unfinished study: what it has so far), or write it as HTML."""
     _require_research()
+    _known_study(study_id)
     from researcher.graph import build_graph  # lazy: research extra (checked above)
     from researcher.report import render  # lazy: research extra (checked above)
     from researcher.runner import checkpointer, make_context  # lazy: research extra (checked above)
 
+    if as_html or open_it:
+        path = export_html(study_id, out)
+        if not open_it:
+            typer.echo(_shown(path))
+        elif _open_in_browser(path):
+            typer.echo(f"opened {_shown(path)}")
+        else:
+            typer.echo(f"no browser to open it; the report: {_shown(path)}")
+        return
     ctx = make_context(study_id)
     st = ctx.study()
     if st.report:
@@ -564,6 +643,16 @@ def report(study_id: int = typer.Argument(...)) -> None:
     with checkpointer(ctx.engine) as saver:
         snap = build_graph(ctx).compile(checkpointer=saver).get_state({"configurable": {"thread_id": str(study_id)}})
     typer.echo(render(ctx, dict(snap.values or {}), Path(ctx.cfg.study_dir) / "report"))
+
+
+def _open_in_browser(path: Path) -> bool:
+    """Whether a browser took the file; False where none can (a server, no display)."""
+    import webbrowser  # lazy: only --open needs it
+
+    try:
+        return webbrowser.open(path.resolve().as_uri())
+    except webbrowser.Error:
+        return False
 
 
 @app.command()

@@ -362,7 +362,7 @@ class LLMPlanner:
         comps = "\n".join(
             f"- {c['arm']} vs {c['baseline']}: diff {c['diff']} "
             f"[{c['diff_ci_low']}, {c['diff_ci_high']}], Hedges' g {c['hedges_g']}, "
-            f"Welch p {c['p']}"
+            f"{'paired t' if c.get('method') == 'paired' else 'Welch'} p {c['p']}"
             for c in analysis.get("comparisons", [])
         )
         room = self._room_for_a_round()

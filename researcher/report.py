@@ -1,6 +1,7 @@
 """The study report: markdown with tables and plots, in the study directory and in MLflow.
 
     <study dir>/report/report.md
+    <study dir>/report/report.html   (self-contained: researcher/html_report.py)
     <study dir>/report/plots/round0_reward_curves.png, round0_final_reward.png
 
 The same directory is uploaded as artifacts `report/` of the study's MLflow
@@ -16,12 +17,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from researcher import tracking
+from researcher import html_report, tracking
 from researcher.analysis import TOO_FEW, verdict_rule
 from researcher.config import StudyConfig
 from researcher.context import StudyContext
-from researcher.tracking import experiment_name, metric_key
-from store.models import StudyStatus
+from researcher.html_report import RoundView, StudyView
+from researcher.tracking import experiment_name, metric_key, ui_route
+from researcher.trials import step_rewards
+from store.models import StudyStatus, TrialStatus
 from store.types import utcnow
 
 
@@ -164,8 +167,7 @@ def render_round(h: dict, report_dir: Path, planner: str = "?") -> str:
             f"{_p(c['p'])} | {_p(c.get('p_holm'))} | {beside} | {overlap} | "
             f"{c['verdict'] + (' (stopped early)' if c.get('stopped') else '')} |"
         )
-    tested = sum(1 for c in result["comparisons"] if c.get("p_holm") is not None)
-    out += ["", f"*Verdict rule.* {result.get('rule') or verdict_rule(tested, result.get('alpha', 0.05))}", ""]
+    out += ["", f"*Verdict rule.* {round_rule(result)}", ""]
     for p in result.get("plots", []):
         rel = os.path.relpath(p, report_dir)
         out += [f"![{Path(p).stem}]({rel})", ""]
@@ -204,10 +206,10 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
         lines += [f"- Round {h['round'] + 1}: {h['statement']} → **{h['verdict']}**" for h in history]
         if history[-1].get("notes"):
             lines.append(f"- Why the study ended there: {history[-1]['notes']}")
-        saved = [h["analysis"]["early_stop"] for h in history if (h.get("analysis") or {}).get("early_stop")]
-        if saved:
-            total, planned = sum(e.get("saved_steps", 0) for e in saved), sum(e.get("planned_steps", 0) for e in saved)
-            lines.append(f"- Early stopping saved {total} of {planned} planned trial-steps")
+        saved = early_stop_savings(history)
+        if saved is not None:
+            total, planned = saved["saved_steps"], saved["planned_steps"]
+            lines.append(f"- Early stopping saved {total:g} of {planned:g} planned trial-steps")
         lines.append("")
     else:
         lines += ["No round was analysed.", ""]
@@ -220,6 +222,24 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
             f"{t.config.get('reason', '') or ''} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def early_stop_savings(history: list[dict]) -> dict[str, float] | None:
+    """The compute early stopping saved over the study's rounds (trial-steps not run, of those
+    planned, and their share); None when no round judged a rung. One sum for the markdown, the
+    HTML report and the parent run's metrics, so the three never disagree."""
+    saved = [h["analysis"]["early_stop"] for h in history if (h.get("analysis") or {}).get("early_stop")]
+    if not saved:
+        return None
+    total = float(sum(e.get("saved_steps", 0) for e in saved))
+    planned = float(sum(e.get("planned_steps", 0) for e in saved))
+    stopped = float(sum(len(e.get("stopped") or {}) for e in saved))
+    return {
+        "saved_steps": total,
+        "planned_steps": planned,
+        "saved_fraction": total / planned if planned else 0.0,
+        "arms_stopped": stopped,
+    }
 
 
 def planner_description(cfg: StudyConfig) -> str:
@@ -249,9 +269,15 @@ def summary_metrics(ctx: StudyContext, state: dict) -> tuple[dict[str, float | N
     for st in ("COMPLETED", "FAILED", "CANCELLED"):
         metrics[f"trials_{st.lower()}"] = float(sum(1 for t in trials if t.status == st))
     tags = {"roost.planner": ctx.cfg.planner, "roost.stop_reason": state.get("stop_reason", "")[:5000]}
+    for k, v in (early_stop_savings(state.get("history", [])) or {}).items():
+        metrics[metric_key("early_stop", k)] = v
     for h in state.get("history", []):
         r = f"round{h['round'] + 1}"
         res = h["analysis"]
+        es = res.get("early_stop") or {}
+        if es:
+            metrics[metric_key(r, "early_stop", "saved_steps")] = float(es.get("saved_steps", 0))
+            metrics[metric_key(r, "early_stop", "planned_steps")] = float(es.get("planned_steps", 0))
         tags[f"roost.verdict.{r}"] = h["verdict"]
         metrics[metric_key(r, "verdict")] = _VERDICT_CODE.get(h["verdict"])
         for arm, a in res.get("arms", {}).items():
@@ -263,6 +289,76 @@ def summary_metrics(ctx: StudyContext, state: dict) -> tuple[dict[str, float | N
     return metrics, tags
 
 
+def round_rule(result: dict) -> str:
+    """The verdict rule a round was judged by, as its analysis recorded it."""
+    tested = sum(1 for c in result["comparisons"] if c.get("p_holm") is not None)
+    return result.get("rule") or verdict_rule(tested, result.get("alpha", 0.05))
+
+
+def study_view(ctx: StudyContext, state: dict) -> StudyView:
+    """What the HTML report shows, from the same sentences and numbers as the markdown: the
+    renderer (researcher/html_report.py) judges and recomputes nothing."""
+    study = ctx.study()
+    trials = ctx.trials()
+    usage = ctx.launcher.usage([t.id for t in trials if t.id is not None])
+    by_id = {t.id: t for t in trials}
+    history = state.get("history", [])
+    rounds = []
+    for h in history:
+        curves: dict[str, list] = {}
+        for tid in h.get("pooled_trial_ids") or h.get("trial_ids") or []:
+            t = by_id.get(tid)
+            summary = ctx.summary(t) if t is not None and t.status == TrialStatus.COMPLETED.value else None
+            if t is not None and summary:
+                curves.setdefault(t.arm, []).append(step_rewards(summary))
+        res = h["analysis"]
+        rounds.append(
+            RoundView(
+                number=h["round"] + 1,
+                statement=h["statement"],
+                reason=h.get("reason") or "",
+                verdict=h["verdict"],
+                planner=h.get("planner") or ctx.cfg.planner,
+                design=h["design"],
+                analysis=res,
+                conclusions=[x[2:] for x in conclusion_sentence(res).splitlines() if x],
+                methods=[x for x in method_lines(res) if x],
+                rule=round_rule(res),
+                notes=h.get("notes") or "",
+                design_note=h.get("design_note") or "",
+                curves=curves,
+            )
+        )
+    eid, rid = study.mlflow_experiment_id, study.mlflow_run_id
+    return StudyView(
+        study_id=int(study.id or ctx.study_id),
+        question=study.question,
+        frame=state.get("frame") or {},
+        planner=planner_description(ctx.cfg),
+        facts=[
+            ("Backend", f"{ctx.cfg.backend}; parallel trials {ctx.cfg.parallel}"),
+            ("Cost", f"CPU-hours {usage['cpu_hours']:.3f}; LLM tokens {state.get('llm_tokens', 0)}"),
+            ("MLflow", f"experiment `{experiment_name(study.id, study.name)}` (id {eid}), parent run `{rid}`"),  # type: ignore[arg-type]
+            ("MLflow UI", f"`{ui_route(eid, rid)}` after the UI's address" if eid and rid else "–"),
+            ("Generated", utcnow().strftime("%Y-%m-%d %H:%M UTC")),
+        ],
+        stop_reason=state.get("stop_reason") or "",
+        rounds=rounds,
+        early_stop=early_stop_savings(history),
+        trials=[
+            {
+                "id": t.id,
+                "arm": t.arm,
+                "seed": t.seed,
+                "status": t.status,
+                "run": t.mlflow_run_id or "–",
+                "note": t.config.get("reason", "") or "",
+            }
+            for t in trials
+        ],
+    )
+
+
 def write_report(ctx: StudyContext, state: dict) -> Path:
     """Write the markdown, upload it with its plots and summary, close the study (idempotent)."""
     report_dir = Path(ctx.cfg.study_dir) / "report"
@@ -271,9 +367,13 @@ def write_report(ctx: StudyContext, state: dict) -> Path:
     text = render(ctx, state, report_dir)
     path = report_dir / "report.md"
     path.write_text(text)
+    view = study_view(ctx, state)
+    html_report.write(view, report_dir / html_report.FILE_NAME)
     study = ctx.study()
     if study.mlflow_run_id:
         tracking.log_report(study.mlflow_run_id, report_dir)
+        # the reward first: MLflow's run page lists a run's metrics in the order they were first logged
+        tracking.log_reward_curves(study.mlflow_run_id, html_report.arm_curves(view))
         tracking.log_summary(study.mlflow_run_id, *summary_metrics(ctx, state))
         tracking.finish_study_run(study.mlflow_run_id, "FINISHED")
     status = StudyStatus.CANCELLED if study.status == StudyStatus.CANCELLED.value else StudyStatus.COMPLETED

@@ -25,6 +25,27 @@ TRIAL_TAG = "roost.trial_id"
 RUN_NAME_TAG = "mlflow.runName"
 
 
+# MLflow 3 opens an experiment in its GenAI (traces) view unless told it is machine learning. Two
+# switches, both checked against the installed UI (mlflow/server/js/build, 3.17): the experiment tag
+# `mlflow.experimentKind` = `custom_model_development` ("Machine learning" in the experiment's kind
+# selector; the view of UIs that read the kind per experiment), and, in UIs with the global workflow
+# switch (3.17 reads it first, from the browser's storage, GenAI by default), the URL parameter
+# `workflowType=machine_learning`, which every link the researcher prints carries (`ui_route`).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+WORKFLOW_QUERY = "workflowType=machine_learning"
+#: the trials' score, first in the runs table: the experiment's link sorts the runs by it, best first
+REWARD_SORT = "orderByKey=metrics.%60trial%2Ffinal_reward%60&orderByAsc=false"
+
+
+def ui_route(experiment_id: str | None, run_id: str | None = None) -> str:
+    """The MLflow UI route (after the server's address) of a study's runs, or of one run: the
+    training-runs view, runs sorted by final reward. Example: `#/experiments/3/runs?workflowType=...`."""
+    if run_id:
+        return f"#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW_QUERY}"
+    return f"#/experiments/{experiment_id}/runs?{WORKFLOW_QUERY}&{REWARD_SORT}"
+
+
 def trial_run_name(arm: str, seed: int) -> str:
     return f"{arm} seed={seed}"
 
@@ -47,6 +68,7 @@ def start_study_run(study_id: int, name: str, params: dict[str, Any]) -> str:
     run = RunLogger.start(
         experiment_name(study_id, name), run_name=name, tags={STUDY_TAG: study_id}, flush_interval_s=0
     )
+    run.client.set_experiment_tag(run.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     run.log_params(params)
     return run.run_id
 
@@ -137,6 +159,17 @@ def log_summary(study_run_id: str, metrics: Mapping[str, float | None], tags: Ma
     parent = _parent(study_run_id)
     parent.log_metrics(0, {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))})
     parent.set_tags(dict(tags))
+    parent.flush()
+
+
+def log_reward_curves(study_run_id: str, curves: Mapping[str, tuple[list[float], list[float]]]) -> None:
+    """Each arm's mean reward per step on the study's run, as `reward_mean/<arm>`: its run page then
+    charts the arms' rewards side by side, beside the summary numbers."""
+    parent = _parent(study_run_id)
+    for arm, (steps, values) in curves.items():
+        for step, value in zip(steps, values, strict=True):
+            if math.isfinite(value):
+                parent.log_metrics(int(step), {metric_key("reward_mean", arm): value})
     parent.flush()
 
 

@@ -138,6 +138,7 @@ def test_every_readme_command_is_run_or_skipped_with_a_reason() -> None:
     printed = [body for lang, body in blocks if not lang]  # the output the README says the study prints
     assert printed and "Study 1 (planner: rules; local backend): " in printed[0], printed
     assert "Study 1 completed; report: ~/.cache/roost/studies/study-1/report/report.md" in printed[0], printed
+    assert "HTML report: studies/study-1/report.html (open it with: researcher report 1 --open)" in printed[0]
 
 
 def test_the_readme_says_where_a_repeat_goes_and_what_it_prints() -> None:
@@ -218,6 +219,8 @@ def test_readme_commands_run_as_written(tmp_path: Path) -> None:
             assert f"Study 1 (planner: rules; local backend): {home / 'studies' / 'study-1'}" in out, out
             assert f"Study 1 completed; report: {report}" in out, out
             assert report.read_text().startswith("# Study 1"), report.read_text()[:200]
+            assert "HTML report: studies/study-1/report.html" in out, out  # under the working directory
+            assert (cwd / "studies" / "study-1" / "report.html").read_text().startswith("<!DOCTYPE html>")
             trials = sorted((home / "studies" / "study-1" / "trials").glob("t*/out/summary.json"))
             assert len(trials) == 6, trials  # 2 arms x 3 seeds
             assert all(_summary(t.parent)["steps_done"] == 2 for t in trials)

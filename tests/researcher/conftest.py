@@ -33,6 +33,7 @@ def _mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _mlflow_uri: str) -> Iterator[Path]:
     home = tmp_path / "roost-home"
     monkeypatch.setenv("ROOST_HOME", str(home))
+    monkeypatch.chdir(tmp_path)  # a finished study copies its HTML report to ./studies/, not into the checkout
     monkeypatch.setenv("MLFLOW_TRACKING_URI", _mlflow_uri)
     for var in (
         "ROOST_DATABASE_URL",
