@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from researcher.planning import PlanDefaults
 
@@ -128,15 +128,27 @@ class StudyConfig(BaseModel):
         default=False,
         description="trials as LoRA policies of one server on the study's base (researcher/shared_base.py)",
     )
-    deterministic: bool = Field(
-        default=False,
-        description="the trials are reproducible (same config and seed, same run): seed-matched arms are then "
-        "compared by the paired t-test",
+    deterministic: bool | None = Field(
+        default=None,
+        description="the trials are reproducible (same config and seed, same run): `swarm train` trials then run "
+        "--deterministic, and seed-matched arms are compared by the paired t-test. Default: on for `swarm train` "
+        "trials, off for another --trial-program (it must make its own runs reproducible) and --shared-base",
     )
     adaptive: Adaptive = Field(default_factory=Adaptive)
     llm_base_url: str | None = None
     llm_model: str | None = None
     prompt_versions: dict[str, int] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _deterministic(self) -> StudyConfig:
+        """Resolve the default: `swarm train --deterministic` makes a trial reproducible (docs/researcher-statistics.md,
+        "Reproducible trials"), so a study of such trials pairs them; trials as policies of one shared server
+        interleave in its batches and never are."""
+        if self.deterministic and self.shared_base:
+            raise ValueError("--deterministic: trials sharing one server (--shared-base) are not reproducible")
+        if self.deterministic is None:
+            self.deterministic = self.uses_swarm_train and not self.shared_base
+        return self
 
     @property
     def uses_swarm_train(self) -> bool:

@@ -100,6 +100,12 @@ def step_rewards(summary: dict[str, Any]) -> tuple[list[float], list[float]]:
 # ---------------------------------------------------------------- the launcher
 
 
+def lockstep_allows(knobs: dict[str, Any]) -> bool:
+    """Whether `swarm train --deterministic` can run these knobs: it trains on-policy in lockstep, one
+    client process per task (swarm/config/run.py refuses the rest)."""
+    return int(knobs.get("max_staleness") or 0) == 0 and int(knobs.get("clients") or 1) == 1
+
+
 class TrialLauncher:
     """Submits, adopts and reconciles one study's trials (store rows + scheduler jobs)."""
 
@@ -117,6 +123,11 @@ class TrialLauncher:
             argv += ["--model", self.cfg.model_dir]
         if self.cfg.workflow and self.cfg.uses_swarm_train:  # the user's agent plays every trial
             argv += ["--workflow", self.cfg.workflow] + (["--dataset", self.cfg.dataset] if self.cfg.dataset else [])
+        if self.cfg.deterministic and self.cfg.uses_swarm_train and "--deterministic" in (swarm_train_flags() or ()):
+            if lockstep_allows(exp.knobs):  # the same config and seed give the same trial: arms pair by seed
+                argv += ["--deterministic"]
+            else:
+                log.warning("trial %s (%s): its knobs rule out --deterministic; it runs without", trial.id, exp.arm)
         if self.cfg.shared_base:  # a policy of the study's server (its MLflow settings are the server's)
             argv += shared_base.trial_args(self.cfg, trial.id)  # type: ignore[arg-type]
         else:

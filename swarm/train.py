@@ -214,6 +214,7 @@ def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
                         seed=spec.server.seed * 1000 + i,
                         dataset_size=spec.dataset_size,
                         team=",".join(spec.roles) or None,
+                        deterministic=spec.server.deterministic,
                     ),
                 )
             )

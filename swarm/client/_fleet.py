@@ -20,13 +20,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.client._client import Episode, SwarmClient
 from swarm.client._cursor import JobCursor
 from swarm.client._retry import ServerStopping, SwarmAPIError, SwarmError, SwarmUnavailable
+from swarm.client._turnstile import Turnstile
 
 log = logging.getLogger("swarm.client")
 Workflow = Callable[[dict, Episode], "float | list[float] | None"]
@@ -88,8 +90,10 @@ class _Fleet:
         task_family: str,
         cursor: JobCursor | None = None,
         choices: int = 1,
+        ordered: bool = False,
     ) -> None:
         self.client = client
+        self.turnstile = Turnstile() if ordered else None  # claims in hand-out order (`_turnstile.py`)
         self.choices = choices
         self.workflow = workflow
         self.dataset = dataset
@@ -102,8 +106,9 @@ class _Fleet:
         self.stats = FleetStats()
         self.lock = threading.Lock()
 
-    def next_job(self) -> tuple[int, dict] | None:
-        """(job number, task): numbered by the cursor, which a restarted client resumes."""
+    def next_job(self) -> tuple[int, dict, int | None] | None:
+        """(job number, task, its claim ticket when ordered): numbered by the cursor, which a restarted
+        client resumes."""
         with self.lock:
             if self.stop.is_set():
                 return None
@@ -115,7 +120,8 @@ class _Fleet:
                 self._stopped("epochs")
                 return None
             self.stats.jobs += 1
-            return job, self.dataset[self.cursor.task_index(job)]
+            ticket = self.turnstile.ticket() if self.turnstile is not None else None
+            return job, self.dataset[self.cursor.task_index(job)], ticket
 
     def _stopped(self, why: str) -> None:
         if self.stats.stopped_by is None:
@@ -137,9 +143,9 @@ class _Fleet:
 
     def worker(self) -> None:
         while (job := self.next_job()) is not None:
-            number, task = job
+            number, task, ticket = job
             try:
-                if self.run_job(task):
+                if self.run_job(task, ticket):
                     self.cursor.done(number)  # else it stays pending: a restarted client re-plays it
             except ServerStopping:
                 self._halt("server")
@@ -160,15 +166,27 @@ class _Fleet:
                 self.stats.stopped_by = why
         self.stop.set()
 
-    def run_job(self, task: dict) -> bool:
-        """Play one job; True when it is done (finished, or given up after `max_attempts`)."""
+    @contextmanager
+    def _claim(self, task_id: str, family: str, attempt: int, ticket: int | None) -> Iterator[Episode]:
+        """`client.episode(...)`; with a ticket, its claim waits for the ticket's turn (only the claim)."""
+        with ExitStack() as stack:
+            if ticket is not None and self.turnstile is not None:
+                with self.turnstile.turn(ticket, self.stop):
+                    ep = stack.enter_context(self.client.episode(task_id, family, {"attempt": attempt}, stop=self.stop))
+            else:
+                ep = stack.enter_context(self.client.episode(task_id, family, {"attempt": attempt}, stop=self.stop))
+            yield ep
+
+    def run_job(self, task: dict, ticket: int | None = None) -> bool:
+        """Play one job; True when it is done (finished, or given up after `max_attempts`). `ticket`: its
+        first claim waits for its turn (an ordered fleet)."""
         task_id = str(task["task_id"])
         family = str(task.get("task_family") or self.task_family)
         attempt = lost = 0
         while attempt < self.max_attempts:
             attempt += 1
             last = attempt == self.max_attempts
-            with self.client.episode(task_id, family, {"attempt": attempt}, stop=self.stop) as ep:
+            with self._claim(task_id, family, attempt, ticket if attempt == 1 and not lost else None) as ep:
                 with self.lock:
                     self.stats.policy_version = max(self.stats.policy_version, ep.policy_version)
                 ep.choices = self.choices
@@ -233,6 +251,7 @@ def run_fleet(
     task_family: str = "default",
     cursor: JobCursor | None = None,
     choices: int = 1,
+    ordered: bool = False,
 ) -> FleetStats:
     """Run `workflow(task, episode) -> reward | None` over `dataset`, each task `n` times.
 
@@ -245,7 +264,8 @@ def run_fleet(
     Blocks until done; Ctrl-C (or SIGTERM under `swarm client`) sets `stop`, gives
     the open episodes back (aborts them, so their slots reopen at once) and waits
     for the threads. `cursor` numbers the jobs; a `JobCursor` with a state file
-    lets a restarted fleet re-play its unfinished jobs and continue after them.
+    lets a restarted fleet re-play its unfinished jobs and continue after them. `ordered`
+    (a deterministic run): claims go in hand-out order, one at a time (`_turnstile.py`).
     Lost episodes (404/409: the lease moved on or the server restarted; or the
     server unreachable mid-episode) are re-played without counting an attempt.
     """
@@ -253,7 +273,19 @@ def run_fleet(
         raise ValueError("n, concurrency and choices must be >= 1")
     stop = stop if stop is not None else threading.Event()
     fleet = _Fleet(
-        client, workflow, dataset, n, epochs, stop, progress, max_episodes, max_attempts, task_family, cursor, choices
+        client,
+        workflow,
+        dataset,
+        n,
+        epochs,
+        stop,
+        progress,
+        max_episodes,
+        max_attempts,
+        task_family,
+        cursor,
+        choices,
+        ordered,
     )
     threads = [threading.Thread(target=fleet.worker, name=f"fleet-{i}", daemon=True) for i in range(concurrency)]
     for t in threads:

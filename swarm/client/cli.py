@@ -150,6 +150,7 @@ def client_command(
                 task_family=family,
                 cursor=cursor,
                 choices=cfg.choices,
+                ordered=cfg.deterministic,
             )
     console.print(
         f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "

@@ -50,6 +50,11 @@ class FleetConfig(BaseModel):
     concurrency: Annotated[int, Flag(short="-c")] = Field(8, ge=1, description="episodes in flight")
     dataset_size: int = Field(64, ge=1, description="tasks drawn from the dataset")
     seed: int = Field(0, description="dataset seed")
+    deterministic: Annotated[bool, Flag(studied=False)] = Field(
+        False,
+        description="claim in hand-out order, one claim at a time, so the server's batches hold the dataset's "
+        "tasks in its order whatever the timing (a `swarm serve --deterministic` server's fleet)",
+    )
     max_episodes: int | None = Field(None, ge=1, description="stop after this many episodes")
     epochs: Annotated[int | None, Flag(default_text="until stopped")] = Field(
         None, ge=1, description="passes over the dataset"

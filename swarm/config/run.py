@@ -192,6 +192,13 @@ class RunConfig(BaseModel):
             if self.attach is None:
                 raise ValueError("--policy names this run's policy on the server of --attach: give --attach too")
             check_name(self.policy)
+        if self.server.deterministic and self.clients > 1:
+            raise ValueError(
+                "--deterministic: one client process per task (--clients 1; raise --concurrency instead): "
+                "claims of several processes interleave by timing"
+            )
+        if self.server.deterministic and (self.team is not None or self.shared_base or self.attach is not None):
+            raise ValueError("--deterministic: one policy on a server of its own (not --team, --shared-base, --attach)")
         if self.group_call and self.workflow is None:
             single = [t for t in self.mix if not get_task(t).group_call]
             if single:

@@ -95,6 +95,11 @@ class ServerConfig(BaseModel):
     seed: Annotated[int, Flag(studied=False)] = Field(
         0, description="seed of sampling and training (and of `swarm train`'s datasets)"
     )
+    deterministic: Annotated[bool, Flag(studied=False)] = Field(
+        False,
+        description="the same config and seed give the same run: calls seeded by their place, steps in "
+        "lockstep, batches in dataset order; slower (docs/researcher-statistics.md)",
+    )
 
     group_size: Annotated[int, Flag(short="-n", study=(2, 64), panel="training")] = Field(
         8, ge=1, description="n: episodes per task_id in a group (GRPO baseline)"
@@ -378,6 +383,17 @@ class ServerConfig(BaseModel):
             )
         if self.teacher and self.policies:
             raise ValueError("--teacher: a server of several policies cannot distill yet; serve the student alone")
+        return self
+
+    @model_validator(mode="after")
+    def _lockstep(self) -> ServerConfig:
+        """Deterministic runs are on-policy in lockstep: a claim during a step would let timing decide which
+        weights its first tokens see, so claims wait for the step (`claims_during_step` off)."""
+        if not self.deterministic:
+            return self
+        if self.max_staleness:
+            raise ValueError("--deterministic runs on-policy in lockstep: not with --max-staleness > 0")
+        self.claims_during_step = False  # (a run's defaults set it on: overriding it here is the rule, not an error)
         return self
 
     @model_validator(mode="after")

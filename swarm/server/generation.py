@@ -219,6 +219,7 @@ class GenerationCore:
             got = renderer.chat_prompt(text, history, turn.agent, mode=mode)
             return got.ids + (renderer.encode(prefill) if prefill else []), got.continued, got.drift
 
+        sampling = self._seeded(sampling, turn.episode)
         text = await self._off_loop(chars, render)
         ids, continued, drift = await self._tokenize(len(text), lambda: tokenize(text))
         ctx.counters.add("prompt_continued", continued)
@@ -247,6 +248,7 @@ class GenerationCore:
     ) -> PreparedTurn:
         """A raw completion (`/v1/completions`): text or token ids, no template, no tools."""
         renderer, limits = self.ctx.renderer, self.ctx.limits()
+        sampling = self._seeded(sampling, episode)
         if isinstance(prompt, str):
             _check_chars(limits, len(prompt))
             self._refuse_past_context(renderer.past_context(prompt, [], agent, self.ctx.context_length))
@@ -254,6 +256,13 @@ class GenerationCore:
         else:
             ids = renderer.check_ids(prompt)
         return PreparedTurn(self, episode, agent, ids, self.params(sampling, len(ids)), max(1, n), None, "")
+
+    def _seeded(self, sampling: Sampling, episode: Episode | None) -> Sampling:
+        """A deterministic server seeds an episode's call from its place in the run, counted here before
+        anything can fail, so a call's seed never depends on what shares its batch (lockstep.py)."""
+        if sampling.seed is not None or episode is None or self.ctx.call_seed is None:
+            return sampling
+        return replace(sampling, seed=self.ctx.call_seed(episode))
 
     async def _off_loop(self, chars: int, work: Callable[[], T]) -> T:
         """`work()` inline for an ordinary prompt, in the render pool for a long one.

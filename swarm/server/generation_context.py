@@ -92,7 +92,8 @@ class GenerationContext:
 
     `record` keeps an episode's call (`Swarm.record`: lease renewed, counted); `open_episodes`
     lets the tool-call ledger forget closed episodes; `step_done`, when given, gets the
-    `eval_calls` counters added to every metrics row once the core exists.
+    `eval_calls` counters added to every metrics row once the core exists. `call_seed`, when given
+    (a `--deterministic` server: `Lockstep.seed_for`), seeds an episode's call that names no seed.
     """
 
     engine: Engine
@@ -104,6 +105,7 @@ class GenerationContext:
     record: Callable[[Episode, Call], None] = _drop
     open_episodes: Callable[[], Collection[Episode]] = tuple
     step_done: StepTopic[[int, dict[str, Any]]] | None = None
+    call_seed: Callable[[Episode], int] | None = None
 
 
 __all__ = ["GenerationContext", "GenerationLimits", "context_length", "load_tokenizer"]

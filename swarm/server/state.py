@@ -48,6 +48,7 @@ from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner
 from swarm.server.exceptions import InvalidRequest, Refused, SwarmError, Unavailable
 from swarm.server.generation_context import GenerationContext, GenerationLimits, context_length, load_tokenizer
 from swarm.server.leases import LeaseKeeper
+from swarm.server.lockstep import Lockstep
 from swarm.server.recovery import Durability
 from swarm.server.render import ChatRenderer
 from swarm.server.rollouts import RolloutLog
@@ -98,6 +99,8 @@ class Swarm:
         if self.tracking is not None:
             metrics = TeeLog(metrics, self.tracking)
         self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics, teacher=self.teacher)
+        # --deterministic: episodes' places (their calls' seeds) and each batch's fixed order
+        self.lockstep = Lockstep(config.seed) if config.deterministic else None
         # the settings in force, live changes, pause/resume, per-family quotas
         self.control = LiveControl(config, self.trainer, self.batcher, self.registry, self.counters, self.out_dir)
         # what the generation core may touch: not this object, so it cannot reach the batcher or leases
@@ -111,6 +114,7 @@ class Swarm:
             record=self.record,
             open_episodes=lambda: self.registry.open.values(),
             step_done=self.trainer.step_done,
+            call_seed=self.lockstep.seed_for if self.lockstep is not None else None,
         )
         self._admission = asyncio.Event()
         self.last_checkpoint: str | None = None
@@ -140,6 +144,8 @@ class Swarm:
         """Who hears which event, in the order the listeners must run."""
         t = self.trainer
         t.batch_taken.subscribe(self.durability.apply_failed_policy)
+        if self.lockstep is not None:  # after the failed-group policy: it may drop groups
+            t.batch_taken.subscribe(self.lockstep.order)
         t.batch_resolved.subscribe(self.durability.resolved)  # buffer rows: trained at step s, or skipped
         t.step_recorded.subscribe(self._after_step)  # after the metrics row: checkpoint every k, max_steps
         t.step_done.subscribe(self.control.annotate_row)  # the live values the step ran with
@@ -229,6 +235,8 @@ class Swarm:
                 self.leases.put_back(reuse)
                 raise
             self.control.admitted(req, group)
+            if self.lockstep is not None:
+                self.lockstep.admitted(episode_id, group)
             ep = self.registry.create(
                 episode_id,
                 req.task_id,
