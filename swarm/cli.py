@@ -215,7 +215,7 @@ def _train_team(spec: RunConfig, resume: bool) -> None:
 
     ensure_models(spec, build)
     try:
-        summary = run_team(spec)
+        summary = run_team(spec, resume)
     except (RuntimeError, TimeoutError) as exc:
         typer.echo(f"swarm train: {exc}", err=True)
         if (spec.out / "summary.json").exists():

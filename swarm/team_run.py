@@ -27,7 +27,8 @@ the run asks for none, so a restart loses little. The servers do not stop themse
 a role that is ahead (a team whose other member died unfinished) would stop the whole team while
 another role still needs episodes; this command stops every server (admin stop: a last checkpoint)
 once every role has its steps. `summary.json` has a section per role (`roles`) and per server
-(`servers`); the run's reward is the mean of the roles'.
+(`servers`); the run's reward is the mean of the roles'. `--resume` (same --out) starts every server
+from its own latest checkpoint and counts each role on from it (swarm/team_resume.py reads the folder).
 
 Every input is checked before anything starts (`team_problems`): one line per problem, exit 2.
 """
@@ -43,7 +44,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -58,6 +58,7 @@ from swarm.model.presets import PRESETS, default_preset_dir
 from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.tasks import get_task, list_tasks
+from swarm.team_resume import SERVERS, Member, recorded_team, resume_problems, role_dir, role_steps
 from swarm.train import (
     SHARED_BASE_RANK,
     _info,
@@ -79,20 +80,6 @@ EMBEDDED = "embedded"
 TEAM_CHECKPOINT_EVERY = 5
 #: restarts of one server before the run fails (a server that cannot stay up is not a transient fault)
 MAX_RESTARTS = 3
-SERVERS = "servers"
-
-
-@dataclass(frozen=True)
-class Member:
-    """One server of the team: the roles it trains, on one base model."""
-
-    name: str  # its folder and log name: the role, or the roles joined by "+" when they share the base
-    model: Path
-    roles: tuple[str, ...]
-
-    @property
-    def shared(self) -> bool:
-        return len(self.roles) > 1
 
 
 def parse_team(text: str) -> tuple[dict[str, str], list[str]]:
@@ -152,8 +139,6 @@ def team_problems(spec: RunConfig, resume: bool = False) -> list[str]:
     """Everything wrong with a --team run, before anything starts: one line each."""
     assert spec.team is not None
     team, found = parse_team(spec.team)
-    if resume:
-        found.append("--resume: a --team run is not resumable yet; start it again (--fresh) or in another --out")
     if spec.workflow is None and (spec.task is None or "+" in spec.task):
         found.append("--team plays one team task: give --task duet or a team --workflow (a task mix is not a team)")
     roles, source = known_roles(spec)
@@ -181,7 +166,20 @@ def team_problems(spec: RunConfig, resume: bool = False) -> list[str]:
             )
     if spec.server.engine not in ("torch", "fake") and len({resolve_model(m) for m in team.values()}) < len(team):
         found.append("--team: roles on one model are LoRA policies of one server, which runs in the torch engine")
+    if resume and not found:
+        found += _resume_problems(spec, team)
     return found
+
+
+def _resume_problems(spec: RunConfig, team: dict[str, str]) -> list[str]:
+    """`--resume`: the folder must hold this very team (run.yaml's: the same roles, in the same order, on
+    the same models: a shared server's folder is named by its roles in order), with steps left."""
+    text = recorded_team(spec.out)
+    recorded, bad = parse_team(text or "")
+    resolved = [(r, resolve_model(m)) for r, m in recorded.items()]
+    matches = text is not None and not bad and resolved == [(r, resolve_model(m)) for r, m in team.items()]
+    done = role_steps(spec.out.resolve(), members(spec)) if matches else {}
+    return resume_problems(spec.out, text, matches, done, spec.steps)
 
 
 def members(spec: RunConfig) -> list[Member]:
@@ -226,10 +224,7 @@ def member_config(spec: RunConfig, member: Member, out: Path, port: int, resume:
 
 def role_metrics(out: Path, member: Member) -> dict[str, Path]:
     """Each role's metrics file in its server's folder."""
-    folder = out / SERVERS / member.name
-    if member.shared:
-        return {role: folder / "policies" / role / "metrics.jsonl" for role in member.roles}
-    return {member.roles[0]: folder / "metrics.jsonl"}
+    return {role: role_dir(out, member, role) / "metrics.jsonl" for role in member.roles}
 
 
 def team_fleets(spec: RunConfig, urls: dict[str, str]) -> dict[str, FleetConfig]:
@@ -265,12 +260,12 @@ class _Server:
         self.restarts = 0
         self.exits: list[int] = []
 
-    def start(self, resume: bool) -> None:
+    def start(self, resume: bool, first_step: int = 1) -> None:
         config = member_config(self.spec, self.member, self.out, self.port, resume)
         path = write_config(self.out / f"server-{self.member.name}.yaml", config)
         self.proc = subprocess.Popen(
             _swarm("serve", "--config", str(path)),
-            stdout=_open_log(self.log, resume, 1, self.spec.steps),
+            stdout=_open_log(self.log, resume, first_step, self.spec.steps),
             stderr=subprocess.STDOUT,
             env=self.env,
             start_new_session=True,
@@ -290,13 +285,17 @@ class _Server:
             pass
 
 
-def run_team(spec: RunConfig) -> dict:
-    """Train every role of the team to `spec.steps` steps; the run's summary (also written on failure)."""
+def run_team(spec: RunConfig, resume: bool = False) -> dict:
+    """Train every role of the team to `spec.steps` steps; the run's summary (also written on failure).
+
+    `resume`: continue the team run in `spec.out` (`team_problems` checked it is this team): every
+    server from its latest checkpoint, each role counted on from that checkpoint's step."""
     out = spec.out.resolve()
     spec = spec.model_copy(update={"out": out})
     out.mkdir(parents=True, exist_ok=True)
-    if previous_run(out):
+    if not resume and previous_run(out):
         raise RuntimeError(f"{out} holds an earlier run: clear it first (--fresh)")
+    done = role_steps(out, members(spec)) if resume else {}
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
     token, admin = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
@@ -306,7 +305,7 @@ def run_team(spec: RunConfig) -> dict:
     team, _ = parse_team(spec.team or "")
     urls = {role: urls[role] for role in team}  # --team order
     fleets = team_fleets(spec, urls)
-    first = member_config(spec, servers[0].member, out, servers[0].port)
+    first = member_config(spec, servers[0].member, out, servers[0].port, resume)
     (out / f".{RUN_FILE}.tmp").write_text(run_file_text(spec, first, fleets))
     (out / f".{RUN_FILE}.tmp").replace(out / RUN_FILE)
     metrics = {role: path for s in servers for role, path in role_metrics(out, s.member).items()}
@@ -314,17 +313,21 @@ def run_team(spec: RunConfig) -> dict:
     for s in servers:
         if s.member.shared:
             console.print(f"--team: {', '.join(s.member.roles)} share {s.member.model}: LoRA policies of one server")
+    if resume:
+        at = (f"{role} from step {done[role]}" if done[role] else f"{role} from its model" for role in team)
+        console.print(f"--resume: {', '.join(at)}")
     t0 = time.monotonic()
     clients: dict[Path, subprocess.Popen] = {}
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         try:
+            first_step = {s.member.name: min(done.get(r, 0) for r in s.member.roles) + 1 for s in servers}
             for s in servers:
-                s.start(resume=False)
+                s.start(resume, first_step[s.member.name])
             for s in servers:
-                s.wait_healthy(token)
-            clients |= start_fleets(fleets, out, logs, env, (1, spec.steps), resume=False)
-            _supervise(spec, servers, metrics, clients, token, t0)
+                s.wait_healthy(token)  # a resumed server has cut its metrics back to its checkpoint by now
+            clients |= start_fleets(fleets, out, logs, env, (min(first_step.values()), spec.steps), resume)
+            _supervise(spec, servers, metrics, clients, token, t0, done)
             for s in servers:
                 s.admin_stop(admin)
             _await_exits(servers)
@@ -353,11 +356,12 @@ def _supervise(
     clients: dict[Path, subprocess.Popen],
     token: str,
     t0: float,
+    done: dict[str, int] | None = None,
 ) -> None:
-    """Show each role's new rows; restart a server that died (from its checkpoint) while the others go on;
-    return once every role has `spec.steps` rows."""
+    """Show each role's new rows (not those of the run's earlier part, `done`); restart a server that died
+    (from its checkpoint) while the others go on; return once every role has `spec.steps` rows."""
     tails = {role: MetricsTail(path) for role, path in metrics.items()}
-    printed = dict.fromkeys(metrics, 0)
+    printed = {role: (done or {}).get(role, 0) for role in metrics}
     while True:
         for role, tail in tails.items():
             rows = tail.poll()
@@ -426,8 +430,7 @@ def team_summary(
     roles = {}
     for role, p in per.items():
         s = server_of[role]
-        folder = spec.out / SERVERS / s.member.name
-        run_file = (folder / "policies" / role if s.member.shared else folder) / MLFLOW_RUN_FILE
+        run_file = role_dir(spec.out, s.member, role) / MLFLOW_RUN_FILE
         roles[role] = {
             "model": team[role],
             "model_dir": str(s.member.model),

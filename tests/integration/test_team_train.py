@@ -1,12 +1,16 @@
 """`swarm train --team planner=A,executor=B --task duet`: two different models, a server each, one team
-fleet, a summary section per role (issue 24). Real processes over loopback."""
+fleet, a summary section per role; a team run SIGKILLed whole and resumed (issue 24). Real processes
+over loopback."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +81,100 @@ def test_a_team_of_two_different_models_trains_each_role_on_its_own_server(tmp_p
     fleet = (out / "fleet-client0.yaml").read_text()
     assert "planner=http://127.0.0.1:" in fleet and ",executor=http://127.0.0.1:" in fleet
     assert "team: planner=" in (out / "run.yaml").read_text()
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and every process below it (from /proc), so the test kills exactly what the run started."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _steps(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.timeout(240)
+def test_a_team_run_killed_whole_resumes_each_role_from_its_own_checkpoint(tmp_path: Path) -> None:
+    planner = build_untrained(tmp_path / "planner-model")
+    executor = Path(shutil.copytree(planner, tmp_path / "executor-model"))  # another folder: its own server
+    out = tmp_path / "run"
+    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
+    team = f"planner={planner},executor={executor}"
+    command = [
+        sys.executable, "-m", "swarm", "train", "--team", team, "--task", "duet",
+        "--steps", "4", "--group-size", "2", "--batch-groups", "1", "--concurrency", "4",
+        "--checkpoint-every", "2", "--no-mlflow", "--out", str(out),
+    ]  # fmt: skip
+    roles = {role: out / "servers" / role for role in ("planner", "executor")}
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 - closed below
+    train = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not all((d / "checkpoints" / "latest" / "server_state.json").exists() for d in roles.values()):
+            assert train.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        tree = _tree(train.pid)  # swarm train, its servers and its client: SIGKILL, nothing may tidy up
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        train.wait(10)
+        log.close()
+    end = time.monotonic() + 20
+    while not all(_gone(pid) for pid in tree) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert len(tree) >= 4 and all(map(_gone, tree)), tree  # the run, two servers, a client
+    assert not (out / "summary.json").exists()  # killed: no summary, no last checkpoint
+    at_kill = {}
+    for role, folder in roles.items():
+        state = json.loads((folder / "checkpoints" / "latest" / "server_state.json").read_text())
+        at_kill[role] = (state["step"], _steps(folder / "metrics.jsonl")[: state["step"]])
+        assert state["step"] >= 2 and len(at_kill[role][1]) == state["step"], role
+
+    # refused before anything starts, one line each: another team, a folder that holds no team run
+    swapped = [*command[:5], f"planner={executor},executor={planner}", *command[6:], "--resume"]
+    r = subprocess.run(swapped, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and r.stderr.count("swarm train:") == 1, r.stderr
+    assert f"is the team {team}, not this one" in r.stderr and "--fresh" in r.stderr
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "run.yaml").write_text("task: arith\nsteps: 2\n")  # a run of one model
+    r = subprocess.run([*command[:-1], str(single), "--resume"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and r.stderr.count("swarm train:") == 1, r.stderr
+    assert "holds no --team run" in r.stderr and not (single / "servers").exists()
+    assert "--resume" not in (out / "logs" / "server-planner.log").read_text()  # nothing was started
+
+    r = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=150, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "--resume: planner from step" in r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and list(summary["roles"]) == ["planner", "executor"]
+    for role, folder in roles.items():
+        step, before = at_kill[role]
+        rows = _steps(out / summary["roles"][role]["metrics"])
+        assert summary["roles"][role]["steps_done"] == len(rows) >= 4, role
+        assert [x["step"] for x in rows] == list(range(1, len(rows) + 1)), role  # none twice, none missing
+        assert rows[:step] == before, role  # the steps up to the checkpoint stand: not trained again
+        state = json.loads((folder / "checkpoints" / "latest" / "server_state.json").read_text())
+        assert state["counters"]["resumes"] == 1 and state["step"] >= 4, role  # from its checkpoint, once
+        assert "--resume" in (out / "logs" / f"server-{role}.log").read_text()

@@ -88,13 +88,54 @@ def test_bad_input_is_one_line_per_problem(models: tuple[Path, Path]) -> None:
     assert team_problems(RunConfig(task="arith", team=f"planner={a}")) == [
         "--team: task arith has no roles (team tasks: duet)"
     ]
-    assert team_problems(RunConfig(task="duet", team=f"planner={a},executor={b}"), resume=True)[0].startswith(
-        "--resume: a --team run is not resumable yet"
-    )
     # a preset or the embedded model not built yet is built before the run, not refused
     assert team_problems(RunConfig(task="duet", team="planner=embedded,executor=tiny-wide")) == []
     with pytest.raises(ValueError, match="--team starts a server per model itself"):
         RunConfig(task="duet", team=f"planner={a},executor={b}", shared_base=True)
+
+
+def _checkpoint(folder: Path, step: int) -> None:
+    """What a resume reads of a checkpoint: its `latest` pointer and the step in its state file."""
+    (folder / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
+    (folder / "checkpoints" / f"step_{step:06d}" / "server_state.json").write_text(f'{{"step": {step}}}')
+    (folder / "checkpoints" / "latest").symlink_to(f"step_{step:06d}")
+
+
+def test_a_resume_needs_this_very_team_with_steps_left(models: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = models
+    out = tmp_path / "run"
+    team = f"planner={a},executor={b}"
+
+    def problems(given: str, steps: int = 4) -> list[str]:
+        return team_problems(RunConfig(task="duet", team=given, steps=steps, out=out), resume=True)
+
+    out.mkdir()
+    (out / "run.yaml").write_text("task: arith\nsteps: 2\n")  # a run of one model
+    assert problems(team) == [
+        f"--resume: {out} holds no --team run (its run.yaml names no team): resume it without --team, "
+        "--fresh to replace it, or choose another --out"
+    ]
+    (out / "run.yaml").write_text(f"task: duet\nsteps: 4\nteam: {team}\n")
+    assert problems(team) == []  # no checkpoint yet: each role starts from its model
+    for other in (f"planner={b},executor={a}", f"executor={b},planner={a}"):  # other models; another order
+        assert problems(other) == [
+            f"--resume: the run in {out} is the team {team}, not this one: resume it with that --team "
+            "(or none: run.yaml's), --fresh to replace it, or choose another --out"
+        ]
+    _checkpoint(out / "servers" / "planner", 4)
+    assert problems(team) == []  # the executor has steps left
+    _checkpoint(out / "servers" / "executor", 5)
+    assert problems(team) == [
+        f"--steps: the team run in {out} already has 4 steps per role (planner 4, executor 5); ask for more with "
+        "--steps"
+    ]
+    assert problems(team, steps=6) == []
+    shared = f"planner={a},executor={a}"  # roles on one base: each policy's own checkpoint
+    (out / "run.yaml").write_text(f"task: duet\nsteps: 4\nteam: {shared}\n")
+    _checkpoint(out / "servers" / "planner+executor" / "policies" / "planner", 4)
+    assert problems(shared) == []
+    _checkpoint(out / "servers" / "planner+executor" / "policies" / "executor", 4)
+    assert problems(shared)[0].startswith("--steps:")
 
 
 def test_cli_refuses_bad_input_before_anything_starts(models: tuple[Path, Path], tmp_path: Path) -> None:
