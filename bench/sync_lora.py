@@ -67,29 +67,32 @@ def run(model: Path, work: Path, lora: LoraSettings | None, repeats: int, python
     t0 = time.perf_counter()
     engine = VllmEngine(model, work, settings=VllmSettings(python=python, max_model_len=512), lora=lora)
     start_s = time.perf_counter() - t0
-    prompt = engine.tokenizer.encode("What is 2+3?", add_special_tokens=False)
-    rows: list[dict[str, float]] = []
     try:
-        for i in range(repeats + 1):  # the first is a warm-up
-            engine.trainer.policy_version += 1  # as a train step would
-            t = time.perf_counter()
-            metrics = engine.sync_weights()
-            metrics["total_s"] = time.perf_counter() - t
-            metrics["rest_s"] = metrics["total_s"] - sum(metrics.get(k, 0.0) for k in PARTS)
-            out = asyncio.run(engine.generate(GenerateRequest(prompt, SamplingParams(max_tokens=4))))
-            assert out.policy_version == engine.served_version == engine.policy_version
-            if i:
-                rows.append(metrics)
-        if lora is not None:
-            sent = _size_mb(engine.publisher.good)  # type: ignore[union-attr]
-        else:
-            sent = _size_mb(engine.serving.good)
+        return {"vllm_start_s": start_s, **time_syncs(engine, repeats)}
     finally:
         asyncio.run(engine.close())
+
+
+def time_syncs(engine, repeats: int) -> dict:
+    """`repeats` timed `sync_weights()` of a running `VllmEngine` after a warm-up one (bench/scale.py
+    reuses the engine it measured generation on, so vLLM starts once)."""
+    prompt = engine.tokenizer.encode("What is 2+3?", add_special_tokens=False)
+    rows: list[dict[str, float]] = []
+    for i in range(repeats + 1):  # the first is a warm-up
+        engine.trainer.policy_version += 1  # as a train step would
+        t = time.perf_counter()
+        metrics = engine.sync_weights()
+        metrics["total_s"] = time.perf_counter() - t
+        metrics["rest_s"] = metrics["total_s"] - sum(metrics.get(k, 0.0) for k in PARTS)
+        out = asyncio.run(engine.generate(GenerateRequest(prompt, SamplingParams(max_tokens=4))))
+        assert out.policy_version == engine.served_version == engine.policy_version
+        if i:
+            rows.append(metrics)
+    lora = engine.lora if engine.lora.enabled else None
+    sent = _size_mb(engine.publisher.good if lora is not None else engine.serving.good)
     med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in ("total_s", "rest_s", *PARTS)}
     return {
         "mode": f"adapter r{lora.rank}" if lora else "full",
-        "vllm_start_s": start_s,
         "mb": sent,
         "totals_s": [r["total_s"] for r in rows],
         **med,

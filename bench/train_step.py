@@ -110,8 +110,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def bench(engine: TorchEngine, workload: str, steps: int, config: TrainConfig) -> dict:
-    samples = make_samples(engine, workload)
+def bench(
+    engine: TorchEngine, workload: str, steps: int, config: TrainConfig, samples: list[TrainSample] | None = None
+) -> dict:
+    """`samples`: a subset of the workload's (bench/scale.py: a few for a 0.5B model on a CPU)."""
+    samples = make_samples(engine, workload) if samples is None else samples
     default_share = engine.share_prefix
     raw = RawStep(copy.deepcopy(engine.model), samples, config)
     batch = TrainBatch(samples, config)
