@@ -106,6 +106,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,32,128", help="engine rows; HF generate runs those up to 32")
     ap.add_argument("--steps", type=int, default=3, help="timed train steps of each kind")
     ap.add_argument("--lora-rank", type=int, default=8)
+    ap.add_argument(
+        "--workloads", default="arith,long", help="train-step workloads (bench/train_step.py); CI's CPU check: arith"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -123,6 +126,9 @@ def main() -> None:
     from swarm.engine.torch_engine import TorchEngine
 
     concurrencies = [int(c) for c in args.concurrency.split(",")]
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not workloads or set(workloads) - {"arith", "long"}:
+        raise SystemExit(f"--workloads: arith and/or long, comma-separated, not {args.workloads!r}")
     report: dict = {"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device}
     report["torch"] = torch.__version__
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,7 +147,7 @@ def main() -> None:
         print(f"{report['device']}: {report['params']} params, {report['placement']}", flush=True)
         gen = engine_rows(engine, concurrencies, args.max_tokens, args.prompt_len)
         print(f"engine generation: {gen}", flush=True)
-        train = [train_bench(engine, w, args.steps, TrainConfig(lr=1e-6)) for w in ("arith", "long")]
+        train = [train_bench(engine, w, args.steps, TrainConfig(lr=1e-6)) for w in workloads]
         print(f"engine train step: {train}", flush=True)
         report["full"] = {"generation": gen, "train_step": train, "peak_gib": peak_gib(args.device)}
         engine.batcher.close()
@@ -159,7 +165,7 @@ def main() -> None:
         lgen = engine_rows(
             engine, [c for c in concurrencies if c == 32] or concurrencies[-1:], args.max_tokens, args.prompt_len
         )
-        ltrain = [train_bench(engine, w, args.steps, TrainConfig(lr=1e-4)) for w in ("arith", "long")]
+        ltrain = [train_bench(engine, w, args.steps, TrainConfig(lr=1e-4)) for w in workloads]
         report["lora"] = {
             "rank": args.lora_rank,
             "generation": lgen,

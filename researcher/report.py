@@ -192,7 +192,8 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
         f"(window {frame.get('metric_window', '?')})",
         f"- Planner: {planner_description(ctx.cfg)}; backend: {ctx.cfg.backend}; parallel trials: {ctx.cfg.parallel}",
         f"- Trials: {len(trials)} ({', '.join(f'{k.lower()} {v}' for k, v in sorted(by_status.items()))}); "
-        f"CPU-hours {usage['cpu_hours']:.3f}; LLM tokens {state.get('llm_tokens', 0)}",
+        f"CPU-hours {usage['cpu_hours']:.3f}; wall {_duration(study_wall_s(study))}; "
+        f"LLM tokens {state.get('llm_tokens', 0)}",
         f"- MLflow: experiment `{experiment_name(study.id, study.name)}` "  # type: ignore[arg-type]
         f"(id {study.mlflow_experiment_id}), parent run `{study.mlflow_run_id}`",
         f"- Generated {utcnow().strftime('%Y-%m-%d %H:%M UTC')}",
@@ -250,6 +251,19 @@ def planner_description(cfg: StudyConfig) -> str:
     return f"llm (model `{cfg.llm_model}` at {cfg.llm_base_url}" + (f"; prompts {prompts})" if prompts else ")")
 
 
+def study_wall_s(study: Any) -> float:
+    """Seconds from the study's creation to its end (to now while it runs): with CPU-hours, what a study
+    cost; the two differ by how many trials ran at once (parallel trials, trials as policies of one server)."""
+    end = study.finished_at or utcnow()
+    return max(0.0, (end - study.created_at).total_seconds())
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
 _VERDICT_CODE = {"supported": 1.0, "refuted": -1.0, "inconclusive": 0.0}
 
 
@@ -262,6 +276,7 @@ def summary_metrics(ctx: StudyContext, state: dict) -> tuple[dict[str, float | N
     metrics: dict[str, float | None] = {
         "trials": float(len(trials)),
         "cpu_hours": usage["cpu_hours"],
+        "wall_s": study_wall_s(ctx.study()),
         "gpu_hours": usage.get("gpu_hours"),
         "llm_tokens": float(state.get("llm_tokens", 0)),
         "rounds": float(len(state.get("history", []))),
@@ -337,7 +352,11 @@ def study_view(ctx: StudyContext, state: dict) -> StudyView:
         planner=planner_description(ctx.cfg),
         facts=[
             ("Backend", f"{ctx.cfg.backend}; parallel trials {ctx.cfg.parallel}"),
-            ("Cost", f"CPU-hours {usage['cpu_hours']:.3f}; LLM tokens {state.get('llm_tokens', 0)}"),
+            (
+                "Cost",
+                f"CPU-hours {usage['cpu_hours']:.3f}; wall {_duration(study_wall_s(study))}; "
+                f"LLM tokens {state.get('llm_tokens', 0)}",
+            ),
             ("MLflow", f"experiment `{experiment_name(study.id, study.name)}` (id {eid}), parent run `{rid}`"),  # type: ignore[arg-type]
             ("MLflow UI", f"`{ui_route(eid, rid)}` after the UI's address" if eid and rid else "–"),
             ("Generated", utcnow().strftime("%Y-%m-%d %H:%M UTC")),

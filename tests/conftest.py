@@ -8,9 +8,9 @@ would duplicate or disturb:
 * vllm: the session's vLLM server (a minute of start-up and gigabytes each);
 * slurm: the one-node Slurm cluster, whose time-limit and queue tests count on an idle node (and
   whose session fixture holds one of its two CPUs with the time-limit job: twice would hold both);
-* model-build: the default recipe's build, which runs the CPU flat out for minutes, and the README
-  test, which uses that build (ROOST_HOME's; one worker builds it once, then both tests use it, and
-  the other worker is never left waiting on the build's lock);
+* model-build: the default recipe's build, which runs the CPU flat out for minutes, and the tests
+  that train that build (the README's commands, the deterministic runs): ROOST_HOME's; one worker
+  builds it once, then they all use it, and the other worker is never left waiting on the build's lock;
 * frameworks: the agent-framework suite's scripted server (tests/frameworks/conftest.py).
 
 Groups are given to xdist by its scheduler hook, not by `xdist_group` marks: with pytest 9 the
@@ -40,6 +40,7 @@ GROUPS = {
     "tests/verl/test_slurm_job.py": "slurm",
     "tests/test_model_build.py": "model-build",
     "tests/integration/test_readme_commands.py": "model-build",
+    "tests/integration/test_deterministic_train.py": "model-build",  # trains the embedded model: waits for its build
     "tests/frameworks/": "frameworks",  # one scripted server per session, not one per worker
 }
 
@@ -48,19 +49,32 @@ GROUPS = {
 # only the order they give matters, the longest unit first
 SECONDS = {
     "vllm": 450,  # the engine's tests on a shared server, then the live planner study (two vLLM starts)
-    "model-build": 370,  # the default recipe's build and evaluation, the README's commands
+    "model-build": 420,  # the default recipe's build and evaluation, the README's commands, deterministic runs
     "slurm": 200,  # 130 tests, one of them waits out a job's time limit
-    "tests/chaos/test_soak.py::test_soak": 95,
-    "tests/chaos/test_chaos.py::test_chaos_fake_engine": 50,
+    "tests/chaos/test_fault_matrix.py": 120,
+    "tests/chaos/test_chaos.py": 100,
+    "tests/chaos/test_soak.py": 95,
+    "tests/integration/test_train_cli.py": 65,
+    "tests/tinker/test_futures.py": 60,
+    "tests/integration/test_train_record.py": 55,
+    "tests/researcher/test_resume.py": 55,
+    "tests/server/test_fuzz.py": 50,
+    "tests/integration/test_train_runs.py": 45,
+    "tests/integration/test_lora_train.py": 45,
+    "tests/integration/test_team_train.py": 45,
 }
 
 
 def group_of(nodeid: str) -> str:
-    """The unit xdist hands to one worker: a group above, else the test itself."""
+    """The unit xdist hands to one worker: a group above, else the test's module.
+
+    A module, not a single test: a module-scoped fixture (a built preset, a running server, a peft host)
+    is set up once on each worker that runs one of its tests, so units of single tests paid for most such
+    fixtures twice."""
     for prefix, group in GROUPS.items():
         if nodeid.startswith(prefix):
             return group
-    return nodeid
+    return nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(optionalhook=True)  # the client-only and verl venvs run their tests without xdist

@@ -93,6 +93,8 @@ def attach(
     """
     from peft import get_peft_model  # lazy: see lora_config
 
+    if targeted := targeted_layers(model, settings):  # none: peft's own error below names the targets
+        check_rank(model, settings.rank, layers=targeted)
     try:
         with quiet_peft():
             wrapped = get_peft_model(model, lora_config(settings), adapter_name=adapter_name)
@@ -108,6 +110,8 @@ def add_adapter(model: Any, name: str, settings: LoraSettings, base_dir: Path) -
 
     A failed add leaves nothing behind: the half-added adapter is deleted again.
     """
+    if targeted := targeted_layers(model, settings):
+        check_rank(model, settings.rank, adapter_name=name, layers=targeted)
     try:
         with quiet_peft():
             model.add_adapter(name, lora_config(settings))
@@ -157,9 +161,31 @@ def adapted_layers(model: torch.nn.Module, adapter_name: str | None = None) -> d
     }
 
 
-def check_rank(model: torch.nn.Module, rank: int, adapter_name: str | None = None) -> None:
-    """`LoraError` naming the narrowest target layer when `rank` exceeds its width."""
-    layers = adapted_layers(model, adapter_name)
+def targeted_layers(model: torch.nn.Module, settings: LoraSettings) -> dict[str, tuple[int, int]]:
+    """(in, out) of every layer `settings`' targets name, by peft's own matching, before any adapter exists.
+
+    Why before: peft allocates the whole adapter first, and a rank far past a layer's width (a typo,
+    `--lora-rank 100000`) then takes seconds and gigabytes to be refused. The layers of a model peft
+    already wraps are its LoRA layers (their `base_layer` children are not targets by name).
+    """
+    from peft.tuners.tuners_utils import check_target_module_exists  # lazy: see lora_config
+
+    config = lora_config(settings)
+    return {
+        name: (int(m.in_features), int(m.out_features))
+        for name, m in model.named_modules()
+        if isinstance(getattr(m, "in_features", None), int)
+        and isinstance(getattr(m, "out_features", None), int)
+        and check_target_module_exists(config, name)
+    }
+
+
+def check_rank(
+    model: torch.nn.Module, rank: int, adapter_name: str | None = None, layers: dict[str, tuple[int, int]] | None = None
+) -> None:
+    """`LoraError` naming the narrowest target layer when `rank` exceeds its width (`layers`: those, else the
+    layers an adapter wraps)."""
+    layers = adapted_layers(model, adapter_name) if layers is None else layers
     if not layers:
         raise LoraError("--lora-targets matched no linear layer of the model")
     name, (fan_in, fan_out) = min(layers.items(), key=lambda kv: min(kv[1]))

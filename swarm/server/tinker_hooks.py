@@ -17,7 +17,6 @@ from swarm.server.exceptions import Conflict
 from swarm.server.policies import PolicyRouter
 from swarm.server.policy_routes import start_policy, stop_policy
 from swarm.server.state import Swarm
-from swarm.tinker.service import TinkerService
 
 
 class TinkerHooks:
@@ -64,6 +63,8 @@ def tinker_service(config: ServerConfig, host: Any, router: PolicyRouter) -> Any
     """The Tinker API's service of a torch policy server (None otherwise: its routes answer 409)."""
     if host is None or isinstance(host, FakePolicyHost):
         return None
+    from swarm.tinker.service import TinkerService  # lazy: torch and peft, which a fake-engine server never loads
+
     names = [config.served_model_name, config.model_dir.name, str(config.model_dir)]
     hooks = TinkerHooks(config, host, router)
     return TinkerService(

@@ -86,6 +86,23 @@ def test_the_vllm_command_line_enables_lora_only_with_a_rank(tmp_path):
     assert lora.env()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
 
+def test_one_worker_in_the_engine_core_unless_the_args_ask_for_parallelism(tmp_path):
+    """`uni` saves the CPU platform's third process (a start's CPU 28-30 s became 18 s); `-tp 2` and the like keep
+    vLLM's own executor."""
+    from swarm.config.vllm import VllmSettings
+
+    def process(args: str) -> VllmProcess:
+        return VllmProcess(Path("python"), tmp_path, "roost", VllmSettings(args=args), tmp_path / "log")
+
+    uni = "--distributed-executor-backend uni"
+    for args in ("", "--dtype bfloat16"):
+        assert uni in " ".join(process(args).command())
+        assert process(args).env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # else vLLM ignores uni on a CPU
+    for args in ("-tp 2", "--tensor-parallel-size 2", "--distributed-executor-backend mp", "-dp 2"):
+        assert "uni" not in process(args).command(), args
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in process(args).env()
+
+
 def test_validation_refuses_corrupt_nan_and_foreign_adapters(peft_model, tmp_path):
     layout = adapter_layout(peft_model)
     good = tmp_path / "good"

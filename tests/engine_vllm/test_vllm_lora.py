@@ -162,8 +162,8 @@ def test_a_request_in_flight_during_an_adapter_sync_finishes_on_the_old_version(
     """The old version is unloaded only once the request admitted under it has finished; requests sent
     during the sync wait, and name the new version."""
     p = _prompt(engine)
-    req = GenerateRequest(p, SamplingParams(max_tokens=600, ignore_eos=True, seed=5))
-    engine.trainer.train_step(_batch(engine, n=2, max_tokens=4))  # the slow part, before the request starts
+    tokens = 1000 - len(p)  # as long as the context allows: the sync must begin while it runs
+    req = GenerateRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True, seed=5))
 
     async def go():
         version, old = engine.served_version, engine.publisher.served_model
@@ -174,13 +174,20 @@ def test_a_request_in_flight_during_an_adapter_sync_finishes_on_the_old_version(
         sync = asyncio.create_task(asyncio.to_thread(engine.sync_weights))
         while not engine.gate.draining and not sync.done():
             await asyncio.sleep(0.005)
-        assert old in _models(engine)  # still loaded while its request runs
+        still_loaded = old in _models(engine)  # while its request runs
         late = asyncio.create_task(engine.generate(GenerateRequest(p, SamplingParams(max_tokens=4))))
-        return version, await running, await sync, await late
+        return version, still_loaded, await running, await sync, await late
 
-    version, done, metrics, late = asyncio.run(go())
-    assert metrics["vllm_drain_s"] > 0, "the request was not in flight during the sync"
-    assert len(done.token_ids) == 600 and done.finish_reason == "length" and done.policy_version == version
+    # on a loaded machine the sync's thread may first run after the request ended (nothing to drain):
+    # that try shows nothing, so it is tried again, at most three times
+    for _ in range(3):
+        engine.trainer.train_step(_batch(engine, n=2, max_tokens=4))  # the slow part, before the request starts
+        version, still_loaded, done, metrics, late = asyncio.run(go())
+        if metrics["vllm_drain_s"] > 0:
+            break
+    assert metrics["vllm_drain_s"] > 0, "the request was never in flight during the sync"
+    assert still_loaded
+    assert len(done.token_ids) == tokens and done.finish_reason == "length" and done.policy_version == version
     assert late.policy_version == engine.trainer.policy_version == engine.served_version > version
     assert _models(engine) == ["roost", engine.publisher.served_model]
 

@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -300,10 +301,14 @@ def test_early_stopping_savings_are_parent_run_metrics() -> None:
         trials=lambda: [],
         launcher=SimpleNamespace(usage=lambda ids: {"cpu_hours": 0.0}),
         cfg=SimpleNamespace(planner="rules"),
+        study=lambda: SimpleNamespace(
+            created_at=datetime(2026, 1, 1, tzinfo=UTC), finished_at=datetime(2026, 1, 1, 0, 2, 5, tzinfo=UTC)
+        ),
     )
     result = analysis.analyze(ARMS, baseline="lr=0")
     result["early_stop"] = {"rungs": [0], "stopped": {"lr=1e-4": "behind"}, "saved_steps": 8, "planned_steps": 40}
     state = {"history": [{"round": 0, "verdict": result["verdict"], "analysis": result}]}
     metrics, _ = summary_metrics(ctx, state)  # type: ignore[arg-type]
+    assert metrics["wall_s"] == 125.0  # the study's wall time, beside its CPU-hours
     assert metrics["early_stop/saved_steps"] == 8 and metrics["early_stop/planned_steps"] == 40
     assert metrics["early_stop/saved_fraction"] == pytest.approx(0.2) and metrics["round1/early_stop/saved_steps"] == 8

@@ -3,6 +3,7 @@ with `fake_trial.py` standing in for `swarm train` (seconds, not minutes)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,7 @@ def test_rules_study_end_to_end(fake_program):
     text = report.read_text()
     assert "**lr=0 is worse than lr=0.0003**" in text and "do not overlap" in text
     assert "- Planner: rules;" in text and "Planned by the rules planner." in text
+    assert re.search(r"CPU-hours \d+\.\d{3}; wall \d+:\d\d:\d\d;", text), text[:800]
     assert "*Verdict rule.* Each treatment is compared" in text and "95 % t-interval" in text
     for line in text.splitlines():
         if line.startswith("!["):

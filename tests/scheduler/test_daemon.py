@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,6 +155,11 @@ def test_sigkill_and_restart_reattaches_jobs(spawn: object, tmp_path: Path, db_u
 @pytest.mark.integration
 def test_sigint_stops_cleanly(spawn: object) -> None:
     d = spawn()  # type: ignore[operator]
-    time.sleep(2.0)
+    # SIGINT once the daemon says it started (its handlers are in by then): a fixed 2 s sleep sent it, on a
+    # loaded CI machine, before Python had even imported the daemon, and the default handler exited 130
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(d.stdout.readline, "")), daemon=True)  # type: ignore[attr-defined]
+    reader.start()
+    wait_for(lambda: any("daemon started" in line for line in lines), 60, what="the daemon's start line")
     d.send_signal(signal.SIGINT)  # type: ignore[attr-defined]
-    assert d.wait(timeout=15) == 0  # type: ignore[attr-defined]
+    assert d.wait(timeout=15) == 0, "".join(lines)  # type: ignore[attr-defined]

@@ -90,8 +90,9 @@ HEAVY = {
         "swarm.engine.verl",  # vllm, verl+ray
         "swarm.server.http_protocol",
     ),  # uvicorn's protocol classes, only in a serving process
-    "tracking": ("store.tracking",),
-}  # MLflow
+    "tracking": ("store.tracking",),  # MLflow
+    "tinker_hooks": ("swarm.tinker.service",),  # torch and peft: a fake-engine server never loads them
+}
 
 
 def test_no_late_project_imports_but_heavy_edges() -> None:

@@ -36,6 +36,18 @@ INSTALL_HINT = (
 )
 
 
+#: vLLM arguments that ask for more than one worker (or an executor of their own): `uni` is not added then
+PARALLEL_ARGS = (
+    "-tp",
+    "--tensor-parallel",
+    "-pp",
+    "--pipeline-parallel",
+    "-dp",
+    "--data-parallel",
+    "--distributed-executor-backend",
+)
+
+
 class VllmUnavailable(RuntimeError):
     """No interpreter with vLLM was found (the message says what to install)."""
 
@@ -140,9 +152,20 @@ class VllmProcess(ServerProcess):
         ]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        extra = list(self.settings.extra_args)
+        if self.one_worker_process:
+            cmd += ["--distributed-executor-backend", "uni"]
         if self.lora_rank:  # two adapters: the version serving, and the next one loaded beside it
             cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(self.lora_rank)), "--max-loras", "2"]
-        return cmd + list(self.settings.extra_args)
+        return cmd + extra
+
+    @property
+    def one_worker_process(self) -> bool:
+        """The worker inside the engine core's process (`uni`, and on the CPU platform V1 multiprocessing off,
+        without which vLLM ignores `uni` there): otherwise a third process imports vLLM again. Measured on
+        2 CPU cores: a start's vLLM processes used 28-30 s of CPU, 18 s with this, the same weights, kernels
+        and collective_rpc. Several GPUs per replica (--vllm-args '-tp 2', ...) keep vLLM's own choice."""
+        return not any(a.startswith(PARALLEL_ARGS) for a in self.settings.extra_args)
 
     def env(self) -> dict[str, str]:
         env = super().env()
@@ -156,6 +179,8 @@ class VllmProcess(ServerProcess):
                 "PYTHONPATH": str(Path(__file__).resolve().parent / "worker"),  # the extension only, nothing of Roost
             }
         )
+        if self.one_worker_process:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if self.cuda_devices is not None:  # a replica's own GPU(s) (--vllm-devices; replicas.py)
             env["CUDA_VISIBLE_DEVICES"] = self.cuda_devices
         if self.lora_rank:
