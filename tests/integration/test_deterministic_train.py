@@ -70,7 +70,12 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another(tmp_path: Pat
     assert _completions(first) == _completions(again)
     w1, w2 = _weights(first), _weights(again)
     assert w1.keys() == w2.keys()
-    assert all(bool((w1[k] == w2[k]).all()) for k in w1), "trained weights differ"  # bit-identical, not 1e-6
+    # the same tokens and rewards, exactly; the weights within 1e-6, not always to the bit: each sampled token's
+    # logprob, which the loss's ratio reads, comes from a batched forward whose other rows depend on timing
+    # (within 2.2e-6, docs/researcher-statistics.md "Reproducible trials"); equal on a quiet machine, and
+    # 1e-6 apart is what a 1e-6 ratio difference makes of 3 steps
+    worst = max(float((w1[k].float() - w2[k].float()).abs().max()) for k in w1)
+    assert worst <= 1e-6, f"trained weights differ by {worst:g}"
 
     assert _completions(other) != _completions(first)  # another seed: other tasks, other samples
     assert _rewards(other) != _rewards(first)
