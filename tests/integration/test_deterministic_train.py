@@ -62,20 +62,26 @@ def _weights(out: Path) -> dict:
     return load_file(str(out / "server" / "checkpoints" / "step_000003" / "model.safetensors"))
 
 
+def _distance(a: dict, b: dict) -> float:
+    """L2 distance between two state dicts of the same keys."""
+    return sum(float(((a[k].float() - b[k].float()) ** 2).sum()) for k in a) ** 0.5
+
+
 def test_the_same_seed_gives_the_same_run_and_another_seed_another(tmp_path: Path) -> None:
     model = _embedded_model()
     first, again, other = (_train(tmp_path, name, seed, model) for name, seed in (("a", 1), ("b", 1), ("c", 2)))
 
     assert _rewards(first) == _rewards(again)  # exactly: the same floats
     assert _completions(first) == _completions(again)
+    # the same tokens and rewards, exactly; the weights to the bit on a quiet machine, but not always: each
+    # sampled token's logprob, which the loss's ratio reads, comes from a batched forward whose other rows
+    # depend on timing (within 2.2e-6, docs/researcher-statistics.md "Reproducible trials"), and AdamW
+    # normalises what that leaves in a near-zero gradient. Measured in a loaded CI run: 3.0e-6 apart (L2)
+    # at the same seed, 0.77 at another seed; asked here: at most 1/1000 of another seed's distance
     w1, w2 = _weights(first), _weights(again)
     assert w1.keys() == w2.keys()
-    # the same tokens and rewards, exactly; the weights within 1e-6, not always to the bit: each sampled token's
-    # logprob, which the loss's ratio reads, comes from a batched forward whose other rows depend on timing
-    # (within 2.2e-6, docs/researcher-statistics.md "Reproducible trials"); equal on a quiet machine, and
-    # 1e-6 apart is what a 1e-6 ratio difference makes of 3 steps
-    worst = max(float((w1[k].float() - w2[k].float()).abs().max()) for k in w1)
-    assert worst <= 1e-6, f"trained weights differ by {worst:g}"
+    same, apart = _distance(w1, w2), _distance(w1, _weights(other))
+    assert same <= 1e-3 * apart, f"trained weights {same:g} apart at one seed, {apart:g} at another"
 
     assert _completions(other) != _completions(first)  # another seed: other tasks, other samples
     assert _rewards(other) != _rewards(first)
