@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,11 +169,11 @@ class _Fleet:
     @contextmanager
     def _claim(self, task_id: str, family: str, attempt: int, ticket: int | None) -> Iterator[Episode]:
         """`client.episode(...)`; with a ticket, its claim waits for the ticket's turn (only the claim)."""
+        turn: AbstractContextManager[object] = nullcontext()
+        if ticket is not None and self.turnstile is not None:
+            turn = self.turnstile.turn(ticket, self.stop)
         with ExitStack() as stack:
-            if ticket is not None and self.turnstile is not None:
-                with self.turnstile.turn(ticket, self.stop):
-                    ep = stack.enter_context(self.client.episode(task_id, family, {"attempt": attempt}, stop=self.stop))
-            else:
+            with turn:  # left once the claim is answered: the episode itself runs beside later claims
                 ep = stack.enter_context(self.client.episode(task_id, family, {"attempt": attempt}, stop=self.stop))
             yield ep
 

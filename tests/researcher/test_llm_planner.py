@@ -137,9 +137,9 @@ def test_token_budget_is_checked_before_each_call():
         p.hypothesize("topic", Frame.model_validate(FRAME), [])
 
 
-def test_llm_study_end_to_end(fake_program):
-    model = scripted_replies()
-    cfg = StudyConfig(
+def _llm_study(fake_program: list[str], budget: Budget) -> StudyConfig:
+    """An LLM-planned lr study of fake trials (the scripted model answers; the URL is never called)."""
+    return StudyConfig(
         topic="Does lr matter?",
         planner="llm",
         trial_program=fake_program,
@@ -147,8 +147,13 @@ def test_llm_study_end_to_end(fake_program):
         poll_s=0.2,
         llm_base_url="http://127.0.0.1:9/v1",
         llm_model="fake",
-        budget=Budget(llm_tokens=100_000),
+        budget=budget,
     )
+
+
+def test_llm_study_end_to_end(fake_program):
+    model = scripted_replies()
+    cfg = _llm_study(fake_program, Budget(llm_tokens=100_000))
     with override_model(model):
         sid = create_study(cfg)
         step = drive(sid, poll_s=0.2)
@@ -173,16 +178,7 @@ def test_no_follow_up_or_design_is_asked_for_that_the_trials_left_cannot_run(fak
     for follow-ups; one named anyway is refused before its design is asked for: no LLM tokens spent on
     trials that could never run."""
     model = scripted_replies()
-    cfg = StudyConfig(
-        topic="Does lr matter?",
-        planner="llm",
-        trial_program=fake_program,
-        defaults=PlanDefaults(steps=10),
-        poll_s=0.2,
-        llm_base_url="http://127.0.0.1:9/v1",
-        llm_model="fake",
-        budget=Budget(llm_tokens=100_000, max_trials=9),
-    )
+    cfg = _llm_study(fake_program, Budget(llm_tokens=100_000, max_trials=9))
     with override_model(model):
         sid = create_study(cfg)
         step = drive(sid, poll_s=0.2)
