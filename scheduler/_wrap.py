@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     exit_code = rc if rc >= 0 else 128 - rc
     if stop == "TIMEOUT":
         state, reason = "TIMEOUT", f"time limit of {args.time_limit:g} s reached"
-    elif stop == "CANCELLED":
+    elif stop == "CANCELLED" or (job_dir / "cancel").exists():
+        # a forced cancel SIGKILLs the job's group: the wrapper may see that death before its own
         state, reason = "CANCELLED", "cancelled"
     elif rc == 0:
         state, reason = "COMPLETED", None

@@ -151,6 +151,19 @@ def test_cancel_pending_and_force_cancel(tmp_path: Path) -> None:
     assert proc_start_ticks(child["pid"]) is None  # the job's process group is gone too
 
 
+def test_a_forced_cancel_the_wrapper_outlives_is_recorded_cancelled(tmp_path: Path) -> None:
+    """`cancel --force` kills the job's group, then the wrapper: a wrapper that sees its job die in
+    between must record CANCELLED (the marker came first), not the SIGKILL as a FAILED job."""
+    b = _backend(tmp_path)
+    h = b.submit(_spec(tmp_path, "victim", ["sleep", "30"]))
+    wait_for(lambda: _state(b, h) == JobState.RUNNING, 10, what="running")
+    job_dir = Path(h.stdout_path).parent
+    (job_dir / "cancel").touch()  # what cancel() writes first
+    os.killpg(json.loads((job_dir / "child").read_text())["pgid"], signal.SIGKILL)  # ... and kills, wrapper last
+    st = wait_for(lambda: (s := b.status([h])[h.external_id]).terminal and s, 10, what="recorded")
+    assert st.state == JobState.CANCELLED and (job_dir / "exit.json").exists(), st  # type: ignore[union-attr]
+
+
 def test_time_limit_kills_whole_process_group(tmp_path: Path) -> None:
     b = _backend(tmp_path)
     h = b.submit(
