@@ -139,7 +139,7 @@ def memory_child(model_dir: Path, rank: int, micro_batch_tokens: int, steps: int
     shape = Shape.of(
         config.to_dict(), sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
     )
-    ref = engine.reference
+    ref = engine._reference  # held now: the engine loads it only when a step sets kl_coef
     out["reference"] = 0 if ref is None or ref is engine.model else sum(p.numel() * 4 for p in ref.parameters())
     out["shape"] = asdict(shape)
     out["tokens"] = sum(len(s.input_ids) for s in samples)

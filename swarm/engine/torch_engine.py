@@ -21,7 +21,6 @@ directory, not the base. Rank 0 (the default) is full fine-tuning, exactly as be
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
 import threading
@@ -121,12 +120,10 @@ class TorchEngine:
         self.model: torch.nn.Module = attach(base, self.lora, self.model_dir) if self.lora.enabled else base
         #: what generates: the HF model itself, base + adapter layers inside when LoRA (swarm/engine/lora.py)
         self.network = unwrap(self.model)
-        # the KL reference: a frozen copy; with LoRA the peft model itself, its adapters off in that forward
-        self.reference = (
-            (self.model if self.lora.enabled else copy.deepcopy(self.model).requires_grad_(False))
-            if reference
-            else None
-        )
+        self._model_kwargs = {"dtype": self.placement.torch_dtype, **extra}
+        self._wants_reference = reference
+        # with LoRA the KL reference is the peft model itself, its adapters off in that forward
+        self._reference: torch.nn.Module | None = self.model if (reference and self.lora.enabled) else None
         #: None for a host of several policies (swarm/engine/policies.py): each brings its own
         self.optimizer = build_optimizer(self.model, self.placement) if trainable else None
         self.policy_version = 0
@@ -208,6 +205,21 @@ class TorchEngine:
         return Completion(list(request.prompt_ids), ids, logps, reason, version, top_logprobs=tops)
 
     # -- training -------------------------------------------------------------
+    @property
+    def reference(self) -> torch.nn.Module | None:
+        """The KL reference: the model as `model_dir` holds it, loaded the first time a step asks for it.
+
+        Lazy because most runs train with kl_coef 0, and a frozen second copy is the largest
+        thing after the weights themselves (1.9 GB on the 0.5B preset: the difference between
+        fitting and not). Loaded from disk rather than copied, so it is the starting weights even
+        when kl_coef is first set (`swarm ctl`) after steps have trained, and even after `load`
+        resumed a checkpoint: the reference stays the base the run started from.
+        """
+        if self._reference is None and self._wants_reference:
+            ref = AutoModelForCausalLM.from_pretrained(self.model_dir, **self._model_kwargs).to(self.device)
+            self._reference = ref.eval().requires_grad_(False)
+        return self._reference
+
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         config = batch.config
         if self.lora.enabled:  # the adapter's lr, explicit and logged (LoraSettings.lr_scale)

@@ -302,6 +302,7 @@ def test_rank_zero_is_full_fine_tuning_as_before(model_dir, tmp_path):
     engine = TorchEngine(model_dir, seed=0, device="cpu")
     try:
         assert engine.lora.rank == 0 and not is_peft(engine.model) and engine.network is engine.model
+        assert engine._reference is None  # full fine-tuning: no frozen copy until a step sets kl_coef
         assert engine.reference is not engine.model and not is_peft(engine.reference)
         params = list(engine.model.parameters())
         assert all(p.requires_grad for p in params) and type(engine.optimizer) is torch.optim.AdamW

@@ -128,6 +128,29 @@ def test_train_step_moves_toward_rewarded_tokens(model_dir):
         engine.batcher.close()
 
 
+def test_kl_reference_is_loaded_when_first_asked_and_is_the_starting_weights(model_dir):
+    """No second copy of the model at kl_coef 0 (the 0.5B's 1.9 GB); set later, KL is to the start, not to now."""
+    from transformers import AutoModelForCausalLM
+
+    engine = TorchEngine(model_dir, seed=0, device="cpu")
+    try:
+        reqs = [
+            GenerateRequest(_prompt(engine), SamplingParams(max_tokens=6, temperature=1.0, seed=i, ignore_eos=True))
+            for i in range(8)
+        ]
+        samples = _samples(_gen(engine, reqs), [float(i % 2) for i in range(8)])
+        engine.train_step(TrainBatch(samples, TrainConfig(lr=1e-2)))
+        assert engine._reference is None  # kl_coef 0: never loaded
+        m = engine.train_step(TrainBatch(samples, TrainConfig(lr=1e-2, kl_coef=0.1)))
+        start = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+        ref = engine.reference.state_dict()
+        assert all(torch.equal(ref[k], v) for k, v in start.items())  # the weights before any step
+        assert not any(p.requires_grad for p in engine.reference.parameters())
+        assert m["kl_ref"] > 0  # the trained policy has moved away from it
+    finally:
+        engine.batcher.close()
+
+
 def test_save_load_roundtrip(model_dir, tmp_path):
     a = TorchEngine(model_dir, seed=2)
     outs = _gen(a, [GenerateRequest(_prompt(a), SamplingParams(max_tokens=5, seed=i)) for i in range(4)])

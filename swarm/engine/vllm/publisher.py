@@ -4,8 +4,10 @@ After every training step the trainer's weights must reach vLLM before any later
 generation, and a request must never mix two policies:
 
 1. the weights are written atomically to `candidate/model.safetensors` and validated
-   (names, shapes, dtypes, finite): a bad file is refused (`CheckpointRefused`),
-   nothing is sent to vLLM, and it keeps serving the last good weights;
+   (names, shapes, dtypes, finite: the trainer's tensors in memory before the write and the
+   file by its header after it, a file from elsewhere read whole: weights.py): a bad file is
+   refused (`CheckpointRefused`), nothing is sent to vLLM, and it keeps serving the last good
+   weights;
 2. the drain gate closes: new requests wait, requests in flight finish on the old
    weights and carry the old version (pause mode `wait`). If they outlast
    `drain_timeout_s`, `/pause?mode=abort` ends them with `finish_reason: "abort"`
@@ -25,7 +27,6 @@ labels every completion, and can lag the trainer's after a failed sync.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections import Counter
@@ -33,12 +34,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 import torch
 
 from swarm.engine.vllm.errors import VllmEngineError, post_route
 from swarm.engine.vllm.gate import DrainGate
-from swarm.engine.vllm.weights import CheckpointRefused, ServingDir, validate
+from swarm.engine.vllm.supervisor import control_client
+from swarm.engine.vllm.weights import CheckpointRefused, ServingDir
 
 log = logging.getLogger("swarm.engine.vllm")
 
@@ -71,6 +72,12 @@ class WeightPublisher:
         self.good_version = self.served_version = int(version)
         #: syncs, sync_failures, refused, rollbacks, aborted_in_sync
         self.counters: Counter[str] = Counter()
+        #: one client for every control call (supervisor.control_client: a new one per call costs its TLS context)
+        self._http = control_client()
+
+    def close(self) -> None:
+        """Close the control client (after the last sync)."""
+        self._http.close()
 
     # -- versions ---------------------------------------------------------------
     def relabel(self) -> None:
@@ -101,9 +108,12 @@ class WeightPublisher:
         return self.serving.take_candidate(path, link=link)
 
     def check(self, candidate: Path) -> None:
-        """Validate `candidate` before anything is sent: a bad file is counted (`refused`), discarded, raised."""
+        """Validate `candidate` before anything is sent: a bad file is counted (`refused`), discarded, raised.
+
+        The trainer's own (`publish`) by its in-memory check and the written file's header, any other
+        file read whole (`ServingDir.check_candidate`)."""
         try:
-            validate(candidate, self.serving.layout)
+            self.serving.check_candidate(candidate)
         except CheckpointRefused:
             self.counters["refused"] += 1
             self.serving.discard_candidate()
@@ -167,4 +177,4 @@ class WeightPublisher:
 
     def _post(self, route: str, body: dict[str, Any] | None = None, params: dict[str, str] | None = None) -> Any:
         """POST a control route of vLLM (dev mode); `VllmEngineError` unless it answers 200."""
-        return post_route(functools.partial(httpx.post, timeout=120), self.upstream.url, route, body, params)
+        return post_route(self._http.post, self.upstream.url, route, body, params)

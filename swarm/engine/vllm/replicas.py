@@ -181,8 +181,7 @@ class ReplicaSet:
         """Stop watching and stop every process (after any sync or restart under way)."""
         self._each(lambda r: r.supervisor.close(), raise_first=False)
         for r in self.replicas:
-            if isinstance(r.publisher, AdapterPublisher):
-                r.publisher.close()
+            r.publisher.close()  # its control client
 
     # -- versions and counters ------------------------------------------------------------
     @property
