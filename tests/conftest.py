@@ -1,7 +1,8 @@
 """The whole suite: which tests must share one pytest-xdist worker.
 
-CI runs `pytest -n 2`: most integration tests wait on processes and sockets more than they
-compute, so two workers on two cores finish the suite in well under the time of one. The tests of
+CI runs `pytest -n 3` on two cores: most integration tests wait on processes, sockets and kill
+timers more than they compute, so two workers left a fifth of the CPU idle and three keep both cores
+busy (docs/ci.md has the figures). The tests of
 a group below run on one worker, one after another, because they share something a second worker
 would duplicate or disturb:
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -248,7 +249,11 @@ def test_a_killed_replica_restarts_while_the_other_serves_and_training_goes_on(e
 @pytest.mark.integration
 @pytest.mark.slow
 def test_swarm_train_with_two_vllm_replicas(vllm_python, tmp_path):
-    """The flag end to end: the CLI, the server (episode ids as affinity), two vLLM processes, two steps."""
+    """The flag end to end: the CLI, the server (episode ids as affinity), two vLLM processes, two steps.
+
+    Also `swarm train --engine vllm`'s full-weight path end to end (each step's weights served
+    before the next step's generation; no vLLM left behind); the single-replica CLI path runs in
+    test_vllm_lora.py's `swarm train --engine vllm --lora-rank`."""
     from swarm.model.build import build_untrained
 
     model = build_untrained(tmp_path / "model", seed=0)
@@ -266,3 +271,9 @@ def test_swarm_train_with_two_vllm_replicas(vllm_python, tmp_path):
     assert [row["vllm_served_version"] for row in rows] == [1.0, 2.0]
     assert all(row["vllm_sync_failed"] == 0 and row["vllm_replicas_up"] == 2 for row in rows)
     assert rows[-1]["vllm_requests_r0"] > 0 and rows[-1]["vllm_requests_r1"] > 0
+    # the vLLM processes the swarm server started are gone with it
+    pids = [int(p) for p in re.findall(r"vLLM pid (\d+) healthy", log)]
+    assert len(set(pids)) >= 2, log[-3000:]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
