@@ -15,6 +15,13 @@ steps/min, the reward curve per time bin, when each system's moving average
 (5 steps) first reaches fixed reward levels and the ratio of those times
 (Roost / TRL: below 1 means Roost got there first), and held-out sampled accuracy
 (temperature 1, 200 problems of a seed neither trains on) before and after.
+
+    python bench/vs_trl.py --task calc --seconds 300  # agents with tools: multi-turn, TRL's `tools=`
+
+`--task calc` (bench/_vs_trl_calc.py) runs the same comparison on the `calc` tool-use task: Roost runs
+calc's workflow (an episode per sample, up to 3 calls), TRL its in-process tool loop (`tools=`), with
+the same prompt, tool, reward, turns and tokens per turn; held-out accuracy is the exact answer's share
+beside the mean reward.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _vs_trl_calc as calc_bench  # noqa: E402  (bench/ is not a package)
 
 console = Console()
 LEVELS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -73,49 +83,20 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 # ---------------------------------------------------------------- the TRL side (a subprocess)
 
 
-def trl_worker(model: Path, out: Path, seconds: float, t0: float | None = None) -> None:
-    """TRL's run; its clock is the driver's launch time `t0`, as Roost's is (imports, model
-    loading and start-up count for both)."""
-    import torch  # lazy: the TRL side runs in its own process
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from swarm.tasks import arith
-
-    torch.set_num_threads(1)
-    started = t0 if t0 is not None else time.time()
-    rows = arith.dataset(0, 20_000)
-    data = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows]
-    )
-
-    def reward(completions: list, answer: list, **_: object) -> list[float]:
-        return [arith.reward(c[0]["content"], a) for c, a in zip(completions, answer)]
-
-    curve: list[dict] = []
-
-    class Clock(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001 - transformers' signature
-            if logs and "reward" in logs:
-                curve.append({"step": state.global_step, "time": time.time() - started, "reward": logs["reward"]})
-                (out / "curve.json").write_text(json.dumps(curve))
-
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
-            if time.time() - started > seconds:
-                control.should_training_stop = True
-
-    config = GRPOConfig(
+def trl_settings(out: Path, task: str = "arith") -> dict:
+    """TRL's `GRPOConfig` arguments: the matched settings (calc's turn limits on top)."""
+    matched = calc_bench.MATCHED if task == "calc" else MATCHED
+    settings = dict(
         output_dir=str(out),
-        per_device_train_batch_size=MATCHED["prompts_per_step"] * MATCHED["group_size"],
-        num_generations=MATCHED["group_size"],
-        max_completion_length=MATCHED["max_tokens"],
-        temperature=MATCHED["temperature"],
-        learning_rate=MATCHED["lr"],
+        per_device_train_batch_size=matched["prompts_per_step"] * matched["group_size"],
+        num_generations=matched["group_size"],
+        max_completion_length=matched["max_tokens"],
+        temperature=matched["temperature"],
+        learning_rate=matched["lr"],
         lr_scheduler_type="constant",
         warmup_steps=0,
         beta=0.0,
-        epsilon=MATCHED["clip_eps"],
+        epsilon=matched["clip_eps"],
         loss_type="dapo",
         scale_rewards="group",
         num_iterations=1,
@@ -136,14 +117,60 @@ def trl_worker(model: Path, out: Path, seconds: float, t0: float | None = None) 
         bf16=False,
         gradient_checkpointing=False,
     )
+    if task == "calc":
+        settings.update(calc_bench.config_kwargs())
+    return settings
+
+
+def trl_worker(model: Path, out: Path, seconds: float, t0: float | None = None, task: str = "arith") -> None:
+    """TRL's run; its clock is the driver's launch time `t0`, as Roost's is (imports, model
+    loading and start-up count for both). `task` calc: calc's tool, reward and turn limits
+    (bench/_vs_trl_calc.py) on top of the same settings."""
+    import torch  # lazy: the TRL side runs in its own process
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from swarm.tasks import arith
+
+    torch.set_num_threads(1)
+    started = t0 if t0 is not None else time.time()
+    if task == "calc":
+        data, reward = Dataset.from_list(calc_bench.dataset_rows()), calc_bench.reward
+    else:
+        rows = arith.dataset(0, 20_000)
+        data = Dataset.from_list(
+            [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows]
+        )
+
+        def reward(completions: list, answer: list, **_: object) -> list[float]:
+            return [arith.reward(c[0]["content"], a) for c, a in zip(completions, answer)]
+
+    curve: list[dict] = []
+
+    class Clock(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001 - transformers' signature
+            if logs and "reward" in logs:
+                curve.append({"step": state.global_step, "time": time.time() - started, "reward": logs["reward"]})
+                (out / "curve.json").write_text(json.dumps(curve))
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            if time.time() - started > seconds:
+                control.should_training_stop = True
+
     tokenizer = AutoTokenizer.from_pretrained(model)
+    tools = {}
+    if task == "calc":
+        tokenizer = calc_bench.prepare_tokenizer(tokenizer)
+        tools = {"tools": [calc_bench.MultiplyTool()]}
     trainer = GRPOTrainer(
         model=str(model),
         reward_funcs=reward,
-        args=config,
+        args=GRPOConfig(**trl_settings(out, task)),
         train_dataset=data,
         processing_class=tokenizer,
         callbacks=[Clock()],
+        **tools,
     )
     trainer.train()
     trainer.save_model(str(out / "final"))
@@ -210,7 +237,9 @@ def steps_per_min(curve: list[dict]) -> float:
     return round(60 * (len(curve) - 1) / (curve[-1]["time"] - curve[0]["time"]), 1)
 
 
-def held_out(model: Path) -> float | None:
+def held_out(model: Path, task: str = "arith") -> float | dict | None:
+    if task == "calc":
+        return calc_bench.held_out(model)
     from swarm.model.evaluate import evaluate  # lazy: torch, only after both runs ended
 
     if not (model / "config.json").exists():
@@ -218,26 +247,74 @@ def held_out(model: Path) -> float | None:
     return evaluate(model, "arith", n=200, temperature=1.0, seed=424242)["mean_reward"]
 
 
+def roost_argv(task: str, model: Path, out: Path, seconds: float, group_call: bool = True) -> list[str]:
+    """`swarm train`'s arguments: the matched settings; arith's groups in one call unless not
+    `group_call`, calc's an episode per sample."""
+    matched = calc_bench.MATCHED if task == "calc" else MATCHED
+    if task == "calc":
+        fleet = calc_bench.roost_args()
+    else:
+        in_flight = matched["prompts_per_step"] * (1 if group_call else matched["group_size"])
+        fleet = ["--concurrency", str(in_flight), *(["--group-call"] if group_call else [])]
+    return [
+        "train",
+        "--task",
+        task,
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--fresh",
+        "--steps",
+        "1000000",
+        "--group-size",
+        str(matched["group_size"]),
+        "--batch-groups",
+        str(matched["prompts_per_step"]),
+        "--lr",
+        str(matched["lr"]),
+        "--kl-coef",
+        "0",
+        "--clip-eps",
+        str(matched["clip_eps"]),
+        "--loss-agg",
+        "token-mean",
+        "--advantage",
+        "grpo",
+        "--no-mlflow",
+        *fleet,
+        "--timeout",
+        str(seconds + 600),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", choices=("arith", "calc"), default="arith", help="calc: multi-turn tool use")
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--model", type=Path, default=None, help="default: the embedded model (built if missing)")
-    ap.add_argument("--out", type=Path, default=Path("runs/vs_trl"))
+    ap.add_argument("--out", type=Path, default=None, help="default: runs/vs_trl (arith), runs/vs_trl_calc")
     ap.add_argument("--bin", type=float, default=60.0, help="seconds per reward bin")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
         "--group-call",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="Roost samples each group in one call (n = group size, a reward per choice), as TRL "
-        "samples num_generations per prompt; --no-group-call: one episode (one call) per sample",
+        "samples num_generations per prompt (arith's default); --no-group-call: one episode (one call) per "
+        "sample. calc: always an episode per sample (each turn waits on the last one's tool result)",
     )
     ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_worker:
-        trl_worker(args.model, args.out, args.seconds, args.t0)
+        trl_worker(args.model, args.out, args.seconds, args.t0, args.task)
         return
+    if args.task == "calc" and args.group_call:
+        ap.error("--group-call: calc's workflow makes several calls per episode; a group cannot be one call")
+    calc = args.task == "calc"
+    group_call = not calc and args.group_call is not False
+    levels = calc_bench.LEVELS if calc else LEVELS
     from store.paths import default_model_dir
 
     model = args.model or default_model_dir()
@@ -245,7 +322,7 @@ def main() -> None:
         from swarm.model.build import init_model  # lazy: torch
 
         init_model(model)
-    out = args.out.resolve()
+    out = (args.out or Path("runs/vs_trl_calc" if calc else "runs/vs_trl")).resolve()
     (out / "trl").mkdir(parents=True, exist_ok=True)
     roost_out = out / "roost"
     started = time.time()
@@ -262,46 +339,14 @@ def main() -> None:
             str(args.seconds),
             "--t0",
             repr(started),
+            "--task",
+            args.task,
         ],
         0,
         out / "trl.log",
     )
     roost = _launch(
-        [
-            sys.executable,
-            "-m",
-            "swarm",
-            "train",
-            "--task",
-            "arith",
-            "--model",
-            str(model),
-            "--out",
-            str(roost_out),
-            "--fresh",
-            "--steps",
-            "1000000",
-            "--group-size",
-            str(MATCHED["group_size"]),
-            "--batch-groups",
-            str(MATCHED["prompts_per_step"]),
-            "--lr",
-            str(MATCHED["lr"]),
-            "--kl-coef",
-            "0",
-            "--clip-eps",
-            str(MATCHED["clip_eps"]),
-            "--loss-agg",
-            "token-mean",
-            "--advantage",
-            "grpo",
-            "--no-mlflow",
-            "--concurrency",
-            str(MATCHED["prompts_per_step"] * (1 if args.group_call else MATCHED["group_size"])),
-            *(["--group-call"] if args.group_call else []),
-            "--timeout",
-            str(args.seconds + 600),
-        ],
+        [sys.executable, "-m", "swarm", *roost_argv(args.task, model, roost_out, args.seconds, group_call)],
         1,
         out / "roost.log",
     )
@@ -317,20 +362,26 @@ def main() -> None:
         "roost": _roost_curve(roost_out / "server" / "metrics.jsonl", started),
     }
     finals = {"trl": out / "trl" / "final", "roost": roost_out / "server" / "checkpoints" / "latest"}
-    different = DIFFERENT if args.group_call else [ONE_CALL_PER_SAMPLE, *DIFFERENT[1:]]
-    result = {"seconds": args.seconds, "matched": MATCHED, "different": different, "systems": {}}
-    result["held_out_before"] = held_out(model)
+    if calc:
+        different = calc_bench.DIFFERENT
+    else:
+        different = DIFFERENT if group_call else [ONE_CALL_PER_SAMPLE, *DIFFERENT[1:]]
+    matched = calc_bench.MATCHED if calc else MATCHED
+    result = {"seconds": args.seconds, "matched": matched, "different": different, "systems": {}}
+    if calc:
+        result = {"task": "calc", **result, "levels": list(levels)}
+    result["held_out_before"] = held_out(model, args.task)
     for name, curve in curves.items():
         result["systems"][name] = {
             "steps": len(curve),
             "steps_per_min": steps_per_min(curve),
             "first_step_s": round(curve[0]["time"], 1) if curve else None,  # launch to the first step's log
             "reward_bins": per_bin(curve, args.bin, args.seconds),
-            "first_reach_s": {str(level): first_reach(curve, level) for level in LEVELS},
-            "held_out_after": held_out(finals[name].resolve()) if finals[name].exists() else None,
+            "first_reach_s": {str(level): first_reach(curve, level) for level in levels},
+            "held_out_after": held_out(finals[name].resolve(), args.task) if finals[name].exists() else None,
         }
     ratios = {}
-    for level in LEVELS:
+    for level in levels:
         r, t = (result["systems"][s]["first_reach_s"][str(level)] for s in ("roost", "trl"))
         ratios[str(level)] = round(r / t, 2) if r is not None and t else None
     result["time_ratio_roost_over_trl"] = ratios
@@ -341,7 +392,8 @@ def main() -> None:
 
 
 def _print(result: dict, width: float) -> None:
-    table = Table(title=f"Roost vs TRL, {result['seconds']:.0f} s each, one core each")
+    task = f" on {result['task']}" if "task" in result else ""
+    table = Table(title=f"Roost vs TRL{task}, {result['seconds']:.0f} s each, one core each")
     table.add_column("measure")
     table.add_column("Roost", justify="right")
     table.add_column("TRL", justify="right")
@@ -350,7 +402,7 @@ def _print(result: dict, width: float) -> None:
     table.add_row("steps", str(r["steps"]), str(t["steps"]), "")
     table.add_row("steps/min", str(r["steps_per_min"]), str(t["steps_per_min"]), "")
     table.add_row("first step logged at s", str(r["first_step_s"]), str(t["first_step_s"]), "")
-    for level in LEVELS:
+    for level in result.get("levels", LEVELS):
         key = str(level)
         table.add_row(
             f"first MA5 >= {level}",
@@ -360,8 +412,14 @@ def _print(result: dict, width: float) -> None:
         )
     for k, (a, b) in enumerate(zip(r["reward_bins"], t["reward_bins"])):
         table.add_row(f"reward {k * width:.0f}-{(k + 1) * width:.0f} s", str(a), str(b), "")
-    table.add_row("held-out sampled accuracy after", str(r["held_out_after"]), str(t["held_out_after"]), "")
-    table.add_row("held-out sampled accuracy before", str(result["held_out_before"]), "", "")
+    if result.get("task") == "calc":
+        for key, what in (("accuracy", "accuracy (exact answer)"), ("mean_reward", "mean reward")):
+            cells = [(h or {}).get(key) for h in (r["held_out_after"], t["held_out_after"], result["held_out_before"])]
+            table.add_row(f"held-out sampled {what} after", str(cells[0]), str(cells[1]), "")
+            table.add_row(f"held-out sampled {what} before", str(cells[2]), "", "")
+    else:
+        table.add_row("held-out sampled accuracy after", str(r["held_out_after"]), str(t["held_out_after"]), "")
+        table.add_row("held-out sampled accuracy before", str(result["held_out_before"]), "", "")
     console.print(table)
     console.print("settings that differ:")
     for line in result["different"]:
