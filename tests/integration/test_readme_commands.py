@@ -9,7 +9,7 @@ the main job, the repeat from its run.yaml (into the sibling runs/train-2), `swa
 Two things differ from a user's run, both said here and nowhere else:
 
 * SHORTER: a few commands get flags appended (the last value of an option wins), only to
-  fit the test into ~2 minutes on 2 cores: 300 steps of the main job take 2 minutes and the
+  fit the test into ~3 minutes on 2 cores: 300 steps of the main job take 2 minutes and the
   README's study 5. Everything else on their command line is the README's.
 * SKIPPED: the lines that install (pip, venv) are left out, since the test runs in the installed
   checkout, and the LLM planner's block, which needs an endpoint (tests/researcher cover it
@@ -45,9 +45,9 @@ SHORTER = {  # README command prefix -> flags appended, and why
     "swarm train --task arith": ("--steps 3 --no-mlflow", "300 steps take 2 min; MLflow's model logging 10 s"),
     "swarm eval ": ("--n 8", "200 episodes per model and temperature"),
     "researcher study ": (
-        "--steps 2 --seeds 2 --poll 1",
-        "6 trials of 20 steps take 5 min; 2 seeds an arm and 2 steps still run the whole "
-        "study (4 trials, a paired analysis); --poll 1 looks at the trials every second, not every 5",
+        "--steps 2 --poll 1",
+        "6 trials of 20 steps take 5 min; 2 steps still run the whole "
+        "study; --poll 1 looks at the trials every second, not every 5",
     ),
 }
 SKIPPED = {  # command prefix -> why the test does not run it
@@ -222,7 +222,7 @@ def test_readme_commands_run_as_written(tmp_path: Path) -> None:
             assert "HTML report: studies/study-1/report.html" in out, out  # under the working directory
             assert (cwd / "studies" / "study-1" / "report.html").read_text().startswith("<!DOCTYPE html>")
             trials = sorted((home / "studies" / "study-1" / "trials").glob("t*/out/summary.json"))
-            assert len(trials) == 4, trials  # 2 arms x 2 seeds (SHORTER; the README's study has 3)
+            assert len(trials) == 6, trials  # 2 arms x 3 seeds
             assert all(_summary(t.parent)["steps_done"] == 2 for t in trials)
         elif text.startswith("researcher status 1"):
             assert "COMPLETED" in out, out
