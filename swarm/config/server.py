@@ -328,17 +328,27 @@ class ServerConfig(BaseModel):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"policies: {', '.join(twice)} named more than once")
-        if self.engine not in (EngineName.torch, EngineName.fake):
+        if self.engine not in (EngineName.torch, EngineName.vllm, EngineName.fake):
             raise ValueError(
-                f"policies: several policies on one base run in the torch engine, not --engine {self.engine.value}"
+                "policies: several policies on one base run in the torch and vllm engines, "
+                f"not --engine {self.engine.value}"
             )
         full = [p.name for p in self.policies if not (p.lora or self.lora).enabled]
-        if full and self.engine == EngineName.torch:
+        if full and self.engine in (EngineName.torch, EngineName.vllm):
             raise ValueError(
                 f"policies {', '.join(full)}: policies that share a base train LoRA adapters, and a "
                 "full-parameter policy would change the base under the others; give --lora-rank r > 0 "
                 "(or a `lora:` per policy), or serve a full-parameter policy on a server of its own"
             )
+        if self.engine == EngineName.vllm:  # one vLLM process serves every policy's adapters
+            if self.vllm.replicas > 1:
+                raise ValueError(
+                    f"policies with --vllm-replicas {self.vllm.replicas}: several policies are served by one "
+                    "vLLM process; give --vllm-replicas 1, or serve each policy on a server of its own"
+                )
+            wide = [p.name for p in self.policies if (p.lora or self.lora).rank > LORA_RANKS[-1]]
+            if wide:
+                raise ValueError(f"policies {', '.join(wide)}: vLLM serves adapters of rank at most {LORA_RANKS[-1]}")
         for p in self.policies:
             try:
                 TrainConfig(**{**self.train.model_dump(), **p.train})

@@ -46,10 +46,29 @@ log = logging.getLogger("swarm.server")
 
 
 def make_host(config: ServerConfig) -> Any:
-    """A server of several policies: the shared base with one adapter per `config.policies` entry."""
+    """A server of several policies: the shared base with one adapter per `config.policies` entry (with
+    `--engine vllm`, trained in process and served as adapters of one vLLM: swarm/engine/vllm/policies.py)."""
     assert config.policies
     if config.engine == "fake":
         host: Any = FakePolicyHost(config.model_dir, seed=config.seed)
+    elif config.engine == "vllm":
+        from swarm.engine.vllm.policies import VllmPolicyHost  # lazy: the trainer side imports torch
+        from swarm.engine.vllm.server import VllmUnavailable
+
+        ranks = [config.for_policy(spec).lora.rank for spec in config.policies]
+        try:
+            host = VllmPolicyHost(
+                config.model_dir,
+                config.out_dir / "vllm",
+                max_rank=max(ranks),
+                max_loras=len(ranks) + 1,  # each policy's version serving, and one being switched in
+                seed=config.seed,
+                device=config.device,
+                settings=config.vllm,
+                served_name=config.served_model_name,
+            )
+        except VllmUnavailable as exc:
+            raise SystemExit(str(exc)) from None  # one line naming what to install, no traceback
     else:
         from swarm.engine.policies import PolicyHost  # lazy: importing torch takes seconds
 

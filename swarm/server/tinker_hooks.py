@@ -60,8 +60,9 @@ class TinkerHooks:
 
 
 def tinker_service(config: ServerConfig, host: Any, router: PolicyRouter) -> Any:
-    """The Tinker API's service of a torch policy server (None otherwise: its routes answer 409)."""
-    if host is None or isinstance(host, FakePolicyHost):
+    """The Tinker API's service of a torch policy server (None otherwise, a vLLM one included: its routes
+    answer 409; its primitives drive the torch host's adapters and batcher directly)."""
+    if host is None or isinstance(host, FakePolicyHost) or config.engine == "vllm":
         return None
     from swarm.tinker.service import TinkerService  # lazy: torch and peft, which a fake-engine server never loads
 

@@ -27,7 +27,8 @@ starts and loaded by `relabel`, the supervisor's `on_start`, which after a resta
 good version again: every completion is labelled with an adapter version.
 
 The API is `publisher.WeightPublisher`'s (`publish`, `offer`, `push`, `relabel`, `adopt`,
-`served_version`, `counters`), plus `served_model`: the vLLM model name of the version serving.
+`served_version`, `counters`), plus `served_model`: the vLLM model name of the version serving, and
+`unload` (every version out of vLLM: a policy removed from a shared vLLM, policies.py).
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ log = logging.getLogger("swarm.engine.vllm")
 Save = Callable[[Path], None]
 
 
-def adapter_layout(model: torch.nn.Module) -> Layout:
-    """Names, shapes and dtypes of the tensors `save_adapter(model, ...)` writes (what a sync must hold)."""
+def adapter_layout(model: torch.nn.Module, adapter_name: str = "default") -> Layout:
+    """Names, shapes and dtypes of the tensors `save_adapter(model, ..., adapter_name)` writes (what a sync
+    must hold)."""
     from peft import get_peft_model_state_dict  # lazy: peft is loaded already (the trainer is a LoRA engine)
 
-    return layout_of(get_peft_model_state_dict(model, save_embedding_layers=False))
+    return layout_of(get_peft_model_state_dict(model, adapter_name=adapter_name, save_embedding_layers=False))
 
 
 def validate_adapter(path: Path, layout: Layout, rank: int) -> None:
@@ -271,6 +273,12 @@ class AdapterPublisher:
         if old is not None and old != path:
             shutil.rmtree(old, ignore_errors=True)
         return {"vllm_reload_s": load_s, "vllm_drain_s": drain_s, "vllm_unload_s": time.perf_counter() - t1}
+
+    def unload(self) -> None:
+        """Unload every version of this publisher's from vLLM: nothing serves after (a policy removed from a
+        vLLM it shares with others, swarm/engine/vllm/policies.py; under the upstream's lock)."""
+        self.served_model = ""
+        self._unload_others()
 
     def _load(self, name: str, path: Path) -> None:
         self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(path).resolve())})

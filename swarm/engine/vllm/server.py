@@ -10,8 +10,9 @@ interpreter has vLLM: this one, or a separate virtualenv (`.venv-vllm`, made by
 `/reset_prefix_cache`); `--worker-extension-cls` adds Roost's reload method to
 vLLM's worker (worker/roost_vllm_ext.py; that directory alone is on the child's
 PYTHONPATH, so it needs nothing of Roost). With a LoRA rank (`--lora-rank r`) it also gets
-`--enable-lora --max-lora-rank R --max-loras 2` (R: the smallest rank vLLM accepts >= r;
-two adapters: the version serving and the next, loaded beside it) and
+`--enable-lora --max-lora-rank R --max-loras N` (R: the smallest rank vLLM accepts >= r;
+N = 2 for one policy: the version serving and the next, loaded beside it; several policies on one
+vLLM, policies.py, give one per policy and one more) and
 `VLLM_ALLOW_RUNTIME_LORA_UPDATING` for `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`
 (adapters.py); without one, the command line and environment are the full-weight ones.
 Starting, stopping and restarting the process is supervisor.py's, the same for any server;
@@ -87,7 +88,8 @@ class VllmProcess(ServerProcess):
     """One vLLM server process serving `model_dir` under `served_name` (started and stopped by `ServerProcess`).
 
     `max_model_len` overrides the settings' (the engine passes the context it trains with);
-    `lora_rank` > 0 serves LoRA adapters of up to that rank beside the base (module docstring).
+    `lora_rank` > 0 serves LoRA adapters of up to that rank beside the base, `max_loras` of them in one
+    batch (module docstring).
     `port` overrides the settings' (replica i of several gets `port + i`), and `cuda_devices` is the
     replica's CUDA_VISIBLE_DEVICES (`--vllm-devices`; None inherits this process's).
     """
@@ -105,6 +107,7 @@ class VllmProcess(ServerProcess):
         max_model_len: int | None = None,
         lora_rank: int = 0,
         *,
+        max_loras: int = 2,
         port: int | None = None,
         cuda_devices: str | None = None,
     ) -> None:
@@ -119,6 +122,7 @@ class VllmProcess(ServerProcess):
         self.seed = seed
         self.max_model_len = max_model_len or settings.max_model_len
         self.lora_rank = lora_rank
+        self.max_loras = max_loras
 
     def command(self) -> list[str]:
         # roost_vllm_launch runs vllm.entrypoints.openai.api_server, and stops it if this process dies
@@ -155,8 +159,9 @@ class VllmProcess(ServerProcess):
         extra = list(self.settings.extra_args)
         if self.one_worker_process:
             cmd += ["--distributed-executor-backend", "uni"]
-        if self.lora_rank:  # two adapters: the version serving, and the next one loaded beside it
-            cmd += ["--enable-lora", "--max-lora-rank", str(max_lora_rank(self.lora_rank)), "--max-loras", "2"]
+        if self.lora_rank:  # one policy: two adapters, the version serving and the next one loaded beside it
+            rank = str(max_lora_rank(self.lora_rank))
+            cmd += ["--enable-lora", "--max-lora-rank", rank, "--max-loras", str(self.max_loras)]
         return cmd + extra
 
     @property

@@ -1,0 +1,275 @@
+"""Several LoRA policies served by one vLLM process: `swarm serve --engine vllm --policy a --policy b`.
+
+    host = VllmPolicyHost(model_dir, work_dir, settings=settings, max_rank=8, max_loras=3)
+    a = host.add("planner", LoraSettings(rank=8))    # a torch adapter and optimizer; vLLM serves "planner-v0"
+    b = host.add("executor", LoraSettings(rank=8))
+    await a.generate(request)                         # vLLM, with planner's adapter
+    a.train_step(batch)                               # the torch step; then only planner's adapter travels
+
+Training is the torch `PolicyHost`'s (swarm/engine/policies.py): one frozen base in this process, one
+adapter and AdamW per policy, a step holding that host's lock. Its own generation is never used:
+generation is one vLLM process serving the same base with LoRA enabled, `max_loras` adapters in a
+batch (one per policy, and one for the version a sync switches in; policies added at run time past
+that are still served, vLLM's worker swapping adapters in and out of its cache from their directories).
+So a policy costs an adapter on both sides, never a model copy or a process.
+
+Each policy has its own
+* `AdapterPublisher` (adapters.py) over `WORK/adapters/NAME/`: after each of its steps only its adapter
+  is written, validated and loaded as `{NAME}-v{N}` (two policies never share a name: it ends in `-v`
+  and the version's digits), and its old version unloaded. The other policies' adapters are not touched;
+* `DrainGate`: a sync drains the requests of its own policy only, so B's requests are admitted while A
+  switches versions. A gate per policy, rather than one gate counting per adapter name, because the
+  gate is also where a request reads its label (version and model name) at admission: a policy's gate
+  gives both, unchanged (gate.py);
+* `VllmPolicyEngine`: the `VllmEngine` (engine.py) of those parts, whose trainer is the policy's torch
+  `PolicyEngine`: admission, recovery, labels, the step and its sync, save, load and counters are that
+  engine's code, so one policy behaves as a single-policy vLLM engine does.
+
+Shared: the process, and the `Supervisor` that restarts it. A restart holds every policy's gate
+(`Gates`), and its `on_start` relabels every publisher: a restarted vLLM serves each policy's last good
+adapter again. Syncs of different policies take turns on the supervisor's lock (tens of ms each); a
+step of A holds the torch host's lock, not vLLM, which serves B meanwhile.
+
+Not separated: a drain that times out (`--vllm-drain-timeout-s`) ends the stragglers with vLLM's
+`/pause?mode=abort`, which has no per-adapter form, so other policies' requests in flight end
+("abort") too. Removing a policy ends its calls in flight ("abort": their streams are closed, which
+vLLM aborts), unloads its adapter names and deletes its directory; the torch side frees its adapter.
+A rank above the `--max-lora-rank` vLLM started with (the widest of the policies at start) is refused.
+One process only: `--vllm-replicas` > 1 with policies is refused (swarm/config/server.py), and the
+Tinker API (swarm/tinker) stays on the torch engine: its primitives drive the torch host directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import Path
+
+from swarm.config.lora import LoraSettings
+from swarm.config.vllm import VllmSettings, max_lora_rank
+from swarm.engine.base import GenerateRequest, TokenChunk
+from swarm.engine.lora import LoraError, save_adapter
+from swarm.engine.policies import PolicyEngine, PolicyHost
+from swarm.engine.torch_engine import EngineError
+from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout
+from swarm.engine.vllm.engine import VllmEngine
+from swarm.engine.vllm.errors import VllmEngineError
+from swarm.engine.vllm.gate import DrainGate
+from swarm.engine.vllm.replicas import Replica, ReplicaSet
+from swarm.engine.vllm.server import VllmProcess, find_python
+from swarm.engine.vllm.stream import CompletionsClient
+from swarm.engine.vllm.supervisor import Supervisor
+
+__all__ = ["Gates", "VllmPolicyEngine", "VllmPolicyHost"]
+
+log = logging.getLogger("swarm.engine.vllm")
+
+
+class Gates:
+    """Every policy's gate, as the one process's supervisor holds a gate: a restart holds them all."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, DrainGate] = {}
+
+    def hold(self) -> None:
+        for gate in list(self.gates.values()):
+            gate.hold()
+
+    def reopen(self) -> None:
+        for gate in list(self.gates.values()):
+            gate.reopen()
+
+
+class VllmPolicyHost:
+    """The torch trainer of every policy and the one supervised vLLM that serves them (module docstring).
+
+    `max_rank`: the widest adapter vLLM must take (`--max-lora-rank`); `max_loras`: adapters in one batch.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        work_dir: Path,
+        *,
+        max_rank: int,
+        max_loras: int,
+        seed: int = 0,
+        device: str | None = None,
+        settings: VllmSettings = VllmSettings(),
+        served_name: str = "roost",
+    ) -> None:
+        python = find_python(settings.python)  # fail in one line before loading anything heavy
+        self.trainer = PolicyHost(Path(model_dir), seed=seed, device=device, max_batch=1)
+        self.model_dir = Path(model_dir)
+        self.work_dir = Path(work_dir)
+        self.settings = settings
+        self.served_name = served_name
+        self.max_rank = max_lora_rank(max_rank)
+        longest = self.trainer.base.max_positions
+        self.max_positions = min(longest, settings.max_model_len or longest)
+        self.policies: dict[str, VllmPolicyEngine] = {}
+        self.gates = Gates()
+        devices = settings.device_groups
+        self.process = VllmProcess(
+            python,
+            self.model_dir,
+            served_name,
+            settings,
+            self.work_dir / "vllm.log",
+            seed=seed,
+            max_model_len=self.max_positions,
+            lora_rank=self.max_rank,
+            max_loras=max_loras,
+            cuda_devices=devices[0] if devices else None,
+        )
+        # the supervisor only holds and reopens its gate: `Gates` does that for every policy's
+        self.supervisor = Supervisor(self.process, self.gates, on_start=self._relabel)  # type: ignore[arg-type]
+        self.supervisor.start()
+
+    def _relabel(self) -> None:
+        """The supervisor's `on_start`: a (re)started vLLM holds no adapter; every policy's last good one is
+        loaded again under its version's name (all are tried; the first failure is raised after)."""
+        failed: list[VllmEngineError] = []
+        for policy in list(self.policies.values()):
+            try:
+                policy.publisher.relabel()
+            except VllmEngineError as exc:
+                log.error("vLLM could not load policy %s's adapter after a start: %s", policy.name, exc)
+                failed.append(exc)
+        if failed:
+            raise failed[0]
+
+    def add(self, name: str, settings: LoraSettings) -> VllmPolicyEngine:
+        """A new policy: a fresh torch adapter and optimizer, its version 0 loaded into vLLM.
+
+        ValueError for a name in use or not usable; `LoraError` for settings the model or vLLM cannot take.
+        """
+        if settings.rank > self.max_rank:
+            raise LoraError(
+                f"policy {name!r}: rank {settings.rank} is wider than the adapters this vLLM was started for "
+                f"(--max-lora-rank {self.max_rank}, from the policies given at start); use a rank <= {self.max_rank}"
+            )
+        policy = self.trainer.add(name, settings)
+        try:
+            engine = VllmPolicyEngine(self, policy)
+            try:
+                with self.supervisor.lock:  # no restart meanwhile: it would not relabel this one yet
+                    if not self.supervisor.healthy():
+                        self.supervisor.recover("found dead adding a policy")
+                    engine.publisher.relabel()
+                    self.gates.gates[name] = engine.gate
+                    self.policies[name] = engine
+            except BaseException:
+                engine.publisher.close()
+                shutil.rmtree(engine.publisher.root, ignore_errors=True)
+                raise
+        except BaseException:
+            self.trainer.remove(name)
+            raise
+        return engine
+
+    def remove(self, name: str) -> None:
+        """Drop a policy: its calls in flight end ("abort"), its adapters leave vLLM and their directory is
+        deleted, its torch adapter and optimizer are freed (its checkpoints stay on disk). KeyError if unknown."""
+        engine = self.policies[name]
+        engine.removed = True  # new calls are refused; those in flight end at their next chunk
+
+        def late(running: int) -> None:  # unloading only forgets the name: these finish in vLLM by themselves
+            log.warning("policy %s removed with %d calls still running in vLLM", name, running)
+
+        engine.gate.drain(self.settings.drain_timeout_s, late, abort_wait_s=0)
+        with self.supervisor.lock:
+            self.policies.pop(name, None)
+            self.gates.gates.pop(name, None)
+            engine.publisher.unload()
+        engine.gate.reopen()  # a call that waited at the gate is refused past it (`_live`)
+        engine.publisher.close()
+        shutil.rmtree(engine.publisher.root, ignore_errors=True)
+        self.trainer.remove(name)
+
+    def policy(self, name: str) -> VllmPolicyEngine:
+        return self.policies[name]
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._close)
+        await self.trainer.close()
+
+    def _close(self) -> None:
+        self.supervisor.close()
+        for policy in self.policies.values():
+            policy.publisher.close()
+
+
+class VllmPolicyEngine(VllmEngine):
+    """One policy of a `VllmPolicyHost`: the `Engine` its `Swarm` drives.
+
+    A `VllmEngine` whose parts are this policy's (gate, publisher, client) and the host's (process,
+    supervisor), and whose trainer is the policy's torch `PolicyEngine`. `VllmEngine.__init__` is not
+    run: it would load a model and start a process, both of which the host has.
+    """
+
+    def __init__(self, host: VllmPolicyHost, policy: PolicyEngine) -> None:
+        self.host = host
+        self.name = policy.name
+        self.trainer = policy  # type: ignore[assignment]
+        self.lora = policy.lora
+        self.model_dir = host.model_dir
+        self.tokenizer = policy.tokenizer
+        self.max_positions = host.max_positions
+        self.settings = host.settings
+        self.served_name = policy.name
+        self.removed = False
+        peft, lock = host.trainer.peft, host.trainer.lock
+
+        def save(path: Path) -> None:  # under the host's lock: `add` may change the modules it reads
+            with lock:
+                save_adapter(peft, path, adapter_name=policy.adapter)
+
+        self._save_adapter = save
+        with lock:
+            layout = adapter_layout(peft, policy.adapter)
+        self.process, self.supervisor = host.process, host.supervisor
+        self.gate = DrainGate()
+        self.publisher = AdapterPublisher(
+            host.work_dir / "adapters" / policy.name,
+            layout,
+            policy.lora.rank,
+            self.gate,
+            host.supervisor,
+            served_name=policy.name,
+            version=policy.policy_version,
+            drain_timeout_s=host.settings.drain_timeout_s,
+        )
+        self.publisher.prepare(save)  # version 0: the fresh adapter (B = 0), loaded by the host
+        self.client = CompletionsClient(
+            lambda: host.process.url, policy.name, self.max_positions, self._eos_ids(), end_id=self._end_id()
+        )
+        self.replicas = ReplicaSet([Replica(0, self.process, self.gate, self.supervisor, self.publisher, self.client)])
+
+    def _live(self) -> None:
+        if self.removed:
+            raise EngineError(f"policy {self.name!r} was removed")
+
+    async def _stream(self, request: GenerateRequest) -> AsyncIterator[tuple[int, TokenChunk]]:
+        """`VllmEngine._stream` on the one process, ended ("abort") when the policy is removed."""
+        self._live()
+        fmt = request.params.response_format
+        if fmt is not None:  # a bad schema refused as the torch engine does, off the event loop
+            await asyncio.to_thread(self.host.trainer.base.batcher.compile, fmt)
+        body = self.client.body(request)
+        async with self._admitted(self.replicas[0]) as (version, model):
+            self._live()  # removed while it waited at the gate
+            body["model"] = model
+            async with aclosing(self.client.completions(request, body)) as chunks:
+                async for chunk in chunks:
+                    if self.removed:  # closing the stream makes vLLM abort the request
+                        yield version, TokenChunk([], [], "abort")
+                        return
+                    yield version, chunk
+
+    async def close(self) -> None:
+        """The host owns the process and the model: closing one policy's view closes nothing."""
+        await asyncio.sleep(0)

