@@ -135,7 +135,10 @@ class Soak(Cluster):
         next_rss = t0
         frozen: tuple[int, float, str] | None = None  # (slot, thaw at, "cont" or "kill")
         assert self.server is not None
-        while (now := time.monotonic()) < t_end:
+        # the run lasts past the bound after the restart, so that "no step after it" is a measured gap, not a cut-off
+        while (now := time.monotonic()) < t_end or (
+            run.server_up is not None and time.time() < run.server_up + STALL_BOUND_S + MARGIN_S + 1
+        ):
             assert self.server.poll() is None, "the server died:\n" + self.server_logs[-1].read_text()[-3000:]
             if now >= next_rss:
                 self._sample_rss(run)
@@ -186,13 +189,14 @@ def step_gaps(times: list[float], run: SoakRun) -> tuple[float, float | None]:
     server's restart; seconds from the restarted server's first answer to its first step)."""
     times = sorted(t for t in times if t <= run.ended)
     assert times, "no step in the whole run"
-    points = [*times, run.ended]
-    longest, after_restart = 0.0, None
-    for a, b in zip(points, points[1:]):
-        if run.server_down is not None and a <= run.server_down < b:
-            assert run.server_up is not None
-            after_restart = b - run.server_up
-        else:
+    after_restart = None
+    if run.server_down is not None:  # also when the kill came before the first step (a slow start on a loaded box)
+        assert run.server_up is not None
+        after = [t for t in times if t > run.server_down]
+        after_restart = (after[0] if after else run.ended) - run.server_up
+    longest = 0.0
+    for a, b in zip(times, [*times[1:], run.ended]):
+        if not (run.server_down is not None and a <= run.server_down < b):
             longest = max(longest, b - a)
     return longest, after_restart
 
