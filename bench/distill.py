@@ -77,6 +77,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="steps of each student")
     ap.add_argument("--lr", type=float, default=3e-4, help="the teacher run's lr")
     ap.add_argument("--student-lr", type=float, default=None, help="both students' lr (default: --lr)")
+    ap.add_argument("--grpo-lr", type=float, default=None, help="the GRPO student's lr (default: --student-lr)")
+    ap.add_argument("--distill-lr", type=float, default=None, help="the distilled student's lr (default: --student-lr)")
+    ap.add_argument("--distill-mode", choices=("sampled", "full"), default="sampled")
     ap.add_argument("--distill-coef", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-n", type=int, default=200)
@@ -85,6 +88,8 @@ def main() -> None:
     a = ap.parse_args()
     out: Path = a.out
     student_lr = a.lr if a.student_lr is None else a.student_lr
+    grpo_lr = student_lr if a.grpo_lr is None else a.grpo_lr
+    distill_lr = student_lr if a.distill_lr is None else a.distill_lr
     started = time.monotonic()
     teacher = out / "teacher"
     if not (a.reuse and (teacher / "summary.json").is_file()):
@@ -96,16 +101,20 @@ def main() -> None:
     print(f"T=1 reward over {a.eval_n} items: initial model {initial:.3f}, teacher {target:.3f}", flush=True)
 
     print(
-        f"students: {a.steps} steps each at lr {student_lr}, side by side (GRPO alone | distillation alone)", flush=True
+        f"students: {a.steps} steps each, side by side: GRPO alone (lr {grpo_lr}) | distillation alone "
+        f"(lr {distill_lr}, --distill-mode {a.distill_mode})",
+        flush=True,
     )
     t0 = time.monotonic()
     runs = {
-        "grpo": train(out / "grpo", a.steps, student_lr, a.seed),
+        "grpo": train(out / "grpo", a.steps, grpo_lr, a.seed),
         "distill": train(
             out / "distill",
             a.steps,
-            student_lr,
+            distill_lr,
             a.seed,
+            "--distill-mode",
+            a.distill_mode,
             "--teacher",
             str(teacher),
             "--distill-coef",
@@ -135,7 +144,9 @@ def main() -> None:
         "teacher_steps": a.teacher_steps,
         "steps": a.steps,
         "lr": a.lr,
-        "student_lr": student_lr,
+        "grpo_lr": grpo_lr,
+        "distill_lr": distill_lr,
+        "distill_mode": a.distill_mode,
         "distill_coef": a.distill_coef,
         "seed": a.seed,
         "window": a.window,

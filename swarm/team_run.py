@@ -164,8 +164,10 @@ def team_problems(spec: RunConfig, resume: bool = False) -> list[str]:
             found.append(
                 f"--team: {role}={model}: {path} is not a model directory (no config.json), a preset or {EMBEDDED}"
             )
-    if spec.server.engine not in ("torch", "fake") and len({resolve_model(m) for m in team.values()}) < len(team):
-        found.append("--team: roles on one model are LoRA policies of one server, which runs in the torch engine")
+    if spec.server.engine == "verl" and len({resolve_model(m) for m in team.values()}) < len(team):
+        found.append(
+            "--team: roles on one model are LoRA policies of one server, which runs in the torch and vllm engines"
+        )
     if resume and not found:
         found += _resume_problems(spec, team)
     return found
@@ -215,7 +217,7 @@ def member_config(spec: RunConfig, member: Member, out: Path, port: int, resume:
     }
     if member.shared:  # roles on one base: a LoRA policy per role, as --shared-base
         update["policies"] = [PolicySpec(name=role) for role in member.roles]
-        if not s.lora.enabled and s.engine == "torch":
+        if not s.lora.enabled and s.engine in ("torch", "vllm"):
             update["lora"] = s.lora.model_copy(update={"rank": SHARED_BASE_RANK})
     else:  # the role's calls and claims name the role: the server's model name
         update["model_name"] = member.roles[0]

@@ -176,7 +176,7 @@ def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -
         update.update(quotas={_family(name): share for name, share in mix.items()}, quota_schedule=None)
     if spec.roles:  # --shared-base: a LoRA policy per role on the one base
         update["policies"] = [PolicySpec(name=role) for role in spec.roles]
-        if not spec.server.lora.enabled and spec.server.engine == "torch":
+        if not spec.server.lora.enabled and spec.server.engine in ("torch", "vllm"):
             update["lora"] = spec.server.lora.model_copy(update={"rank": SHARED_BASE_RANK})
     return spec.server.model_copy(update=update)
 

@@ -26,4 +26,16 @@ class LossAgg(StrEnum):
     seq_mean_token_mean = "seq-mean-token-mean"
 
 
-__all__ = ["Advantage", "LossAgg"]
+class DistillMode(StrEnum):
+    """How on-policy distillation scores the student's tokens (swarm.algorithms.distill).
+
+    `sampled`: the reverse KL estimated on the sampled token, as an advantage (tinker-cookbook's;
+    any teacher, a URL too). `full`: the exact reverse KL over the whole vocabulary at every
+    sampled position, as a loss term (GKD's; a local teacher, whose logits the step reads).
+    """
+
+    sampled = "sampled"
+    full = "full"
+
+
+__all__ = ["Advantage", "DistillMode", "LossAgg"]

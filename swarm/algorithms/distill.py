@@ -44,4 +44,15 @@ def mean_reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor, mask
     return reverse_kl(student_logp, teacher_logp)[m].sum() / n
 
 
-__all__ = ["distill_advantages", "mean_reverse_kl", "reverse_kl"]
+def full_reverse_kl(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """Exact KL(pi_s || pi_t) at each position, from full log-distributions [..., V]: `--distill-mode full`.
+
+    Summing over the vocabulary removes the sampled token's noise from the estimate above, at the
+    cost of the teacher's whole distribution (a local teacher). Its gradient through the student's
+    logits is the reverse-KL gradient itself (GKD's on-policy objective with beta = 1), so it is a
+    loss term, weighted like the policy loss, not an advantage."""
+    s = student_logp.float()
+    return (s.exp() * (s - teacher_logp.float())).sum(-1)
+
+
+__all__ = ["distill_advantages", "full_reverse_kl", "mean_reverse_kl", "reverse_kl"]

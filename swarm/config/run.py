@@ -182,8 +182,8 @@ class RunConfig(BaseModel):
             if self.workflow is not None or len(self.mix) != 1 or not get_task(next(iter(self.mix))).roles:
                 teams = ", ".join(t for t in list_tasks() if get_task(t).roles)
                 raise ValueError(f"--shared-base trains the roles of one team task ({teams}) as policies of one server")
-            if self.server.engine not in ("torch", "fake"):
-                raise ValueError("--shared-base: several policies on one base run in the torch engine")
+            if self.server.engine not in ("torch", "vllm", "fake"):
+                raise ValueError("--shared-base: several policies on one base run in the torch and vllm engines")
         if self.team is not None and (self.shared_base or self.attach is not None):
             raise ValueError("--team starts a server per model itself: not with --shared-base or --attach")
         if self.attach is not None and self.shared_base:

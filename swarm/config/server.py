@@ -18,6 +18,7 @@ from typing import Annotated, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from store.paths import data_dir, default_model_dir
+from swarm.algorithms.choices import DistillMode
 from swarm.config.lora import LoraSettings
 from swarm.config.options import Flag
 from swarm.config.policies import PolicySpec
@@ -139,9 +140,8 @@ class ServerConfig(BaseModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     teacher: Annotated[str | None, Flag(studied=False, panel="training")] = Field(
         None,
-        description="on-policy distillation from this teacher: a model directory or `swarm train` run "
-        "folder (its last checkpoint), or the URL of an OpenAI-compatible server returning prompt "
-        "logprobs (vLLM, Roost); same tokenizer as the student; needs --distill-coef (docs/distillation.md)",
+        description="distil from this teacher: a model directory or run folder, or the URL of an "
+        "OpenAI-compatible server returning prompt logprobs; the student's tokenizer (docs/distillation.md)",
     )
     lora: LoraSettings = Field(
         default_factory=LoraSettings,
@@ -270,11 +270,9 @@ class ServerConfig(BaseModel):
     max_staleness: int = Field(
         0,
         ge=0,
-        description="k: a sample may be trained by a policy at most k versions newer than the one that "
-        "generated it. 0: on-policy (claims wait while a step trains). k >= 1: the next window "
-        "opens as a step starts, so episodes are claimed and played while it trains (lag <= 1), "
-        "corrected by the PPO ratio against their recorded logprobs. An episode over it is "
-        "dropped whole and counted (dropped_stale). Each step logs policy_lag_mean/max",
+        description="k: a sample is trained by a policy at most k versions newer than the one that "
+        "generated it. 0: on-policy. k >= 1: episodes are played while a step trains (lag <= 1), "
+        "corrected by the PPO ratio; one over k is dropped and counted (dropped_stale)",
     )
     claims_during_step: Annotated[bool, Flag(name="--claims-during-step", off="--no-claims-during-step")] = Field(
         True,
@@ -287,9 +285,8 @@ class ServerConfig(BaseModel):
         None,
         ge=0,
         description="after a restart, episodes acknowledged before it may be this many versions from "
-        "the policy that trains them (PPO ratio against their recorded logprobs); None: "
-        "as far as the steps lost since the checkpoint and the replay itself need, so no "
-        "acknowledged episode is dropped as stale",
+        "the policy that trains them (PPO ratio); None: as far as the replay needs, so none is "
+        "dropped as stale",
     )
     failed_group_policy: FailedGroupPolicy = Field(
         FailedGroupPolicy.drop,
@@ -390,6 +387,11 @@ class ServerConfig(BaseModel):
         if (self.teacher or self.train.reward_coef != 1.0) and self.engine == EngineName.verl:
             raise ValueError(
                 "--teacher/--reward-coef: distillation runs in the torch and vllm engines, not --engine verl"
+            )
+        if self.train.distill_mode == DistillMode.full and (self.teacher or "").startswith(("http://", "https://")):
+            raise ValueError(
+                "--distill-mode full reads the teacher's logits in the step: give a local teacher (a model "
+                "directory or run), or --distill-mode sampled for a URL"
             )
         if self.teacher and self.policies:
             raise ValueError("--teacher: a server of several policies cannot distill yet; serve the student alone")

@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm.algorithms.choices import Advantage, LossAgg
+from swarm.algorithms.choices import Advantage, DistillMode, LossAgg
 from swarm.config.options import Flag
 
 
@@ -37,8 +37,11 @@ class TrainConfig(BaseModel):
     distill_coef: Annotated[float, Flag(studied=False)] = Field(
         0.0,
         ge=0.0,
-        description="with --teacher: weight of the per-token reverse-KL advantage, coef * (teacher logprob "
-        "- student logprob) on every sampled token (docs/distillation.md)",
+        description="with --teacher: weight of the per-token reverse KL to the teacher (docs/distillation.md)",
+    )
+    distill_mode: Annotated[DistillMode, Flag(studied=False)] = Field(
+        DistillMode.sampled,
+        description="with --teacher: sampled (any teacher) or full, the exact KL over the vocabulary (a local teacher)",
     )
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient-norm clip")

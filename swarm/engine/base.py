@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from swarm.config.train import TrainConfig
 from swarm.samples import TrainSample
@@ -92,6 +92,9 @@ class TrainBatch:
     #: per sample, aligned with its `input_ids`: a term added to each trained token's advantage
     #: (on-policy distillation's, swarm/algorithms/distill.py); None: the episode's advantage alone
     token_advantages: list[list[float]] | None = None
+    #: `--distill-mode full`: the frozen local teacher (a torch module) whose exact reverse KL the
+    #: step adds to its loss; None otherwise
+    teacher: Any = None
 
 
 @runtime_checkable

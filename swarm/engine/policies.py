@@ -179,6 +179,7 @@ class PolicyEngine:
                 reference=ref,
                 share_prefix=self.share_prefix,
                 token_advantages=batch.token_advantages,
+                teacher=batch.teacher,
             )
             self.host.base.batcher.weights_changed(self.adapter)
             self.policy_version += 1

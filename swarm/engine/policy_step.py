@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.algorithms import compute_advantages, kl_k3, loss_scales, ppo_clip_loss
+from swarm.algorithms.distill import full_reverse_kl
 from swarm.engine.base import TrainConfig, TrainSample
 from swarm.engine.lora import adapters_off, unwrap
 from swarm.engine.precision import grads_to_clip
@@ -171,6 +172,7 @@ def policy_step(
     reference: torch.nn.Module | None = None,
     share_prefix: bool = True,
     token_advantages: Sequence[Sequence[float]] | None = None,
+    teacher: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """One optimisation step; returns its metrics. `optimizer` may be a `MasterWeightAdamW`.
     `share_prefix=False` always takes the plain forward (benchmarks and tests compare).
@@ -178,7 +180,10 @@ def policy_step(
     `token_advantages` (one list per sample, aligned with its `input_ids`, like its rollout
     logprobs) are added to each trained token's advantage: on-policy distillation's per-token
     term (swarm/algorithms/distill.py). The episode's group advantage is scaled by
-    `config.reward_coef` first, so `reward_coef=0` trains on those terms alone."""
+    `config.reward_coef` first, so `reward_coef=0` trains on those terms alone.
+
+    `teacher` (a frozen local model, `--distill-mode full`) adds `config.distill_coef` times the
+    exact reverse KL to it at every trained position to the loss."""
     if not samples:
         raise ValueError("empty batch")
     for s in samples:
@@ -197,11 +202,16 @@ def policy_step(
     optimizer.zero_grad(set_to_none=True)
     totals = torch.zeros(len(METRICS), device=device)
     tokens = trained = 0
+    distill = teacher is not None and bool(config.distill_coef)
     shared = (
         plan(samples, config.micro_batch_tokens)
-        if share_prefix and _head_and_base(model) is not None and usable(model)
+        if share_prefix
+        and _head_and_base(model) is not None
+        and usable(model)
+        and (not distill or _head_and_base(teacher) is not None)
         else None
     )
+    distill_kl = torch.zeros((), device=device)  # summed over trained tokens
     parts = shared or micro_batches([len(s.input_ids) for s in samples], config.micro_batch_tokens)
     for part in parts:
         mb = (
@@ -228,6 +238,12 @@ def policy_step(
                 ref_logp = ref_logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
             kl_ref = (kl_k3(logp, ref_logp) * mb.w).sum() / denom
             loss = loss + config.kl_coef * kl_ref
+        if distill:
+            with torch.no_grad():
+                teacher_logp = F.log_softmax(trained_logits(teacher, mb).float(), -1)
+            kl_pos = full_reverse_kl(logp_all, teacher_logp)
+            loss = loss + config.distill_coef * (kl_pos * mb.w).sum() / denom
+            distill_kl += kl_pos.detach().sum()
         loss.backward()
         totals += torch.stack(
             [loss.detach(), terms.pg_loss, terms.clipfrac, terms.approx_kl, kl_ref.detach(), ent.detach()]
@@ -256,4 +272,5 @@ def policy_step(
         "adv_mean": sum(adv) / len(adv),
         "adv_abs_mean": sum(abs(x) for x in adv) / len(adv),
         "lr": config.lr,
+        **({"distill_kl": float(distill_kl) / max(trained, 1), "distill_tokens": float(trained)} if distill else {}),
     }

@@ -234,6 +234,7 @@ class TorchEngine:
                 reference=ref,
                 share_prefix=self.share_prefix,
                 token_advantages=batch.token_advantages,
+                teacher=batch.teacher,
             )
             self.batcher.weights_changed()
             self.policy_version += 1

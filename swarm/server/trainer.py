@@ -44,6 +44,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from swarm.algorithms.choices import DistillMode
 from swarm.config.train import TrainConfig
 from swarm.engine.base import Engine, TrainBatch
 from swarm.model.teacher import Teacher, distill_terms
@@ -263,12 +264,14 @@ class Trainer:
                     self.batch_resolved.publish(batch, None)
                     return
                 config = self.config
-                token_adv, distilled = None, {}
+                token_adv, distilled, teacher_model = None, {}, None
                 if self.teacher is not None and config.distill_coef:
-                    token_adv, distilled = await distill_terms(self.teacher, samples, config.distill_coef)
-                metrics = await asyncio.to_thread(
-                    self.engine.train_step, TrainBatch(samples=samples, config=config, token_advantages=token_adv)
-                )
+                    if config.distill_mode == DistillMode.full:  # the step reads the teacher's logits itself
+                        teacher_model = self.teacher.model  # type: ignore[attr-defined]  # local: ServerConfig
+                    else:
+                        token_adv, distilled = await distill_terms(self.teacher, samples, config.distill_coef)
+                batch_in = TrainBatch(samples=samples, config=config, token_advantages=token_adv, teacher=teacher_model)
+                metrics = await asyncio.to_thread(self.engine.train_step, batch_in)
                 trained = time.monotonic()
                 self.batch_resolved.publish(batch, self.step + 1)  # rows marked before the new step is visible
                 self.step += 1

@@ -4,19 +4,15 @@ One engine serves the module (each vLLM start is ~45 s on 2 cores); the restart 
 causes is the "freshly started vLLM" of the parity check: it loads the last good adapter
 file through `/v1/load_lora_adapter`, and the logprobs it gives must equal those the
 long-running server gave for the same adapter version (FRESH_TOL, as the full-weight test).
-The end-to-end `swarm train` run starts one more.
+`swarm train` with adapters on vLLM runs end to end in test_vllm_policies.py (`--shared-base`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,26 +201,3 @@ def test_loading_a_checkpoint_pushes_its_adapter_and_a_resume_relabels_it(engine
     assert engine.served_version == saved + 10 and engine.publisher.served_model == f"roost-v{saved + 10}"
     assert _models(engine) == ["roost", f"roost-v{saved + 10}"]
     assert _diff(engine.logprobs(fixed), before) <= FRESH_TOL
-
-
-def test_swarm_train_with_the_vllm_engine_and_a_lora_adapter(vllm_python, tmp_path):
-    model = build_untrained(tmp_path / "model", seed=0)
-    out = tmp_path / "run"
-    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    cmd = [sys.executable, "-m", "swarm", "train", "--engine", "vllm", "--vllm-python", str(vllm_python)]
-    cmd += ["--task", "arith", "--model", str(model), "--lora-rank", "8", "--steps", "2", "--group-size", "2"]
-    cmd += ["--batch-groups", "2", "--concurrency", "4", "--no-mlflow", "--out", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
-    log = (out / "logs" / "server.log").read_text() if (out / "logs" / "server.log").exists() else ""
-    assert r.returncode == 0, r.stdout + r.stderr + log[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    rows = [json.loads(line) for line in (out / summary["metrics"]).read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2] and summary["steps_done"] == 2
-    assert [row["vllm_served_version"] for row in rows] == [1.0, 2.0]
-    assert all(row["vllm_sync_failed"] == 0 and row["vllm_adapters_loaded"] == 1 for row in rows)
-    assert [row["vllm_adapters_unloaded"] for row in rows] == [1.0, 2.0]
-    pids = [int(p) for p in re.findall(r"vLLM pid (\d+) healthy", log)]
-    assert pids, log[-3000:]
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)

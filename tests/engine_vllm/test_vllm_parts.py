@@ -110,3 +110,23 @@ def test_config_fields_reach_the_vllm_settings():
     assert VllmSettings(args="--x 'a b'").extra_args == ("--x", "a b")
     with pytest.raises(ValueError):
         ServerConfig(engine="vllm", vllm={"kv_cache_gb": 0})
+
+
+def test_make_engine_gives_the_vllm_engine_the_servers_lora_and_settings(monkeypatch, tmp_path):
+    """`swarm serve --engine vllm --lora-rank 8` (one policy): the wiring alone, the engine recorded
+    instead of started; the engine with adapters runs against a real vLLM in test_vllm_lora.py."""
+    import swarm.engine.vllm.engine as vllm_engine
+
+    seen: dict = {}
+
+    class Recorder:
+        def __init__(self, model_dir, work_dir, **kwargs) -> None:
+            seen.update(model_dir=model_dir, work_dir=work_dir, **kwargs)
+
+    monkeypatch.setattr(vllm_engine, "VllmEngine", Recorder)
+    config = ServerConfig(
+        engine="vllm", lora={"rank": 8, "alpha": 16}, out_dir=tmp_path, model_dir=tmp_path, model_name="m"
+    )
+    assert isinstance(make_engine(config), Recorder)
+    assert seen["lora"].rank == 8 and seen["lora"].alpha == 16 and seen["settings"] is config.vllm
+    assert seen["work_dir"] == tmp_path / "vllm" and seen["served_name"] == config.served_model_name == "m"

@@ -8,8 +8,12 @@ same adapter (FRESH_TOL), vLLM against the trainer's recompute (HF_TOL).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,3 +188,36 @@ def test_the_server_routes_trains_adds_and_removes_policies_on_one_vllm(served):
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
         r = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "model": "a"}, headers=worker, timeout=60)
         assert r.status_code == 200
+
+
+def test_swarm_train_shared_base_with_the_vllm_engine(vllm_python: Path, tmp_path: Path) -> None:
+    """`swarm train --task duet --shared-base --engine vllm`: planner and executor are LoRA policies of
+    one server whose one vLLM serves both adapters; each role trains its steps, each step's adapter is
+    what vLLM serves next (its version; the old one unloaded), and vLLM is gone when the run ends.
+
+    Also the CLI's LoRA path through vLLM end to end (`--lora-rank`, the adapter sync of each step),
+    which test_vllm_lora.py checks in process for one policy."""
+    model = build_untrained(tmp_path / "model", seed=0)
+    out = tmp_path / "run"
+    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "swarm", "train", "--engine", "vllm", "--vllm-python", str(vllm_python)]
+    cmd += ["--task", "duet", "--shared-base", "--model", str(model), "--steps", "2", "--group-size", "2"]
+    cmd += ["--batch-groups", "1", "--concurrency", "4", "--no-mlflow", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
+    log = (out / "logs" / "server.log").read_text() if (out / "logs" / "server.log").exists() else ""
+    assert r.returncode == 0, r.stdout + r.stderr + log[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["policies"]) == {"planner", "executor"} and summary["steps_done"] == 2
+    for role in ("planner", "executor"):
+        rows = [json.loads(x) for x in (out / summary["metrics"][role]).read_text().splitlines()]
+        assert [row["step"] for row in rows][:2] == [1, 2]
+        assert [row["vllm_served_version"] for row in rows][:2] == [1.0, 2.0]
+        assert all(row["vllm_sync_failed"] == 0 and row["vllm_adapters_loaded"] == 1 for row in rows[:2])
+        assert [row["vllm_adapters_unloaded"] for row in rows][:2] == [1.0, 2.0]  # each old version unloaded
+        state = out / "server" / "policies" / role / "checkpoints" / "latest" / "engine_state.json"
+        assert json.loads(state.read_text())["lora"]["rank"] == 8  # --shared-base's default rank
+    assert json.loads((out / "server" / "server.json").read_text())["policies"] == ["planner", "executor"]
+    pids = [int(p) for p in re.findall(r"vLLM pid (\d+) healthy", log)]
+    assert len(set(pids)) == 1, log[-3000:]  # one vLLM for both policies
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)

@@ -252,8 +252,8 @@ def test_swarm_train_with_two_vllm_replicas(vllm_python, tmp_path):
     """The flag end to end: the CLI, the server (episode ids as affinity), two vLLM processes, two steps.
 
     Also `swarm train --engine vllm`'s full-weight path end to end (each step's weights served
-    before the next step's generation; no vLLM left behind); the single-replica CLI path runs in
-    test_vllm_lora.py's `swarm train --engine vllm --lora-rank`."""
+    before the next step's generation; no vLLM left behind); the single-replica CLI path with adapters runs in
+    test_vllm_policies.py's `swarm train --shared-base --engine vllm`."""
     from swarm.model.build import build_untrained
 
     model = build_untrained(tmp_path / "model", seed=0)

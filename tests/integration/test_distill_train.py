@@ -28,15 +28,17 @@ def _train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_a_local_teacher_scores_the_student_tokens_in_every_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sampled", "full"])
+def test_a_local_teacher_scores_the_student_tokens_in_every_step(tmp_path: Path, mode: str) -> None:
     """The teacher is the student's own initial model: at step 1 (before any update) its logprobs of
-    the sampled tokens are the rollout logprobs, so the reverse KL is 0 up to kernel noise; an
-    off-by-one position or another model would make it of order 1."""
+    the sampled tokens are the rollout logprobs (`sampled`), and its whole distribution the student's
+    (`full`, scored inside the step), so the reverse KL is 0 up to kernel noise; an off-by-one position
+    or another model would make it of order 1."""
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     r = _train(
         tmp_path, "--model", str(model), "--teacher", str(model), "--distill-coef", "1", "--reward-coef", "0",
-        "--steps", "3", "--out", str(out),
+        "--distill-mode", mode, "--steps", "3", "--out", str(out),
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(line) for line in (out / "server" / "metrics.jsonl").read_text().splitlines()]
@@ -59,3 +61,10 @@ def test_a_teacher_url_without_prompt_logprobs_is_refused_before_anything_starts
     lines = [line for line in r.stderr.splitlines() if "--teacher" in line]
     assert len(lines) == 1 and "prompt logprobs" in lines[0], r.stderr
     assert not out.exists()  # nothing started: no run folder, no server
+
+    full = _train(
+        tmp_path, "--model", str(model), "--teacher", "http://127.0.0.1:9/v1", "--distill-coef", "1",
+        "--distill-mode", "full", "--steps", "1", "--out", str(out),
+    )  # fmt: skip
+    assert full.returncode == 2 and "local teacher" in full.stderr, full.stdout + full.stderr
+    assert not out.exists()

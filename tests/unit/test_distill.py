@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import swarm.engine.policy_step as ps
-from swarm.algorithms.distill import distill_advantages, mean_reverse_kl, reverse_kl
+from swarm.algorithms.distill import distill_advantages, full_reverse_kl, mean_reverse_kl, reverse_kl
 from swarm.engine import TrainConfig, TrainSample
 from swarm.model.build import build_untrained
 from swarm.model.teacher import TeacherError, distill_terms, parse_prompt_logprobs
@@ -156,3 +156,69 @@ def test_reward_coef_scales_the_group_advantage_and_token_terms_add_to_it(base) 
     assert not math.isnan(m_tok["grad_norm"])
     with pytest.raises(ValueError, match="align"):
         _step(base, samples, TrainConfig(), False, as_tokens[:-1])
+
+
+# -- --distill-mode full: the exact reverse KL as a loss term ----------------------------------------
+
+
+def test_full_reverse_kl_by_hand() -> None:
+    """KL([.5,.3,.2] || [.2,.5,.3]) = 0.223804 (by hand above); KL(p || p) = 0; one row per position."""
+    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.5, 0.3])
+    kl = full_reverse_kl(torch.stack([p.log(), q.log()]), torch.stack([q.log(), q.log()]))
+    assert kl.tolist() == pytest.approx([0.223804, 0.0], abs=1e-6)
+
+
+def test_full_mode_loss_and_gradient_are_the_exact_reverse_kl_in_both_layouts(base) -> None:
+    """With reward_coef 0 the step's loss is distill_coef * the token mean of KL(student || teacher)
+    over the trained positions (computed here by a plain forward of each model), its gradient that
+    KL's gradient, the same in the plain and shared-prefix layouts; a teacher equal to the student
+    gives KL 0 and no gradient."""
+    samples = _samples(base)
+    teacher = copy.deepcopy(base)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    config = TrainConfig(lr=1.0, reward_coef=0.0, distill_coef=0.5)
+
+    kls = []
+    for s in samples:
+        ids = torch.tensor([s.input_ids])
+        with torch.no_grad():
+            ls = torch.log_softmax(base(input_ids=ids).logits[0, :-1].double(), -1)
+            lt = torch.log_softmax(teacher(input_ids=ids).logits[0, :-1].double(), -1)
+        per = (ls.exp() * (ls - lt)).sum(-1)
+        kls += [float(k) for k, m in zip(per, s.loss_mask[1:]) if m]
+    expected = sum(kls) / len(kls)
+
+    runs = {}
+    for share in (True, False):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        runs[share] = (ps.policy_step(model, opt, samples, config, share_prefix=share, teacher=teacher), model)
+    (m_shared, shared), (m_plain, plain) = runs[True], runs[False]
+    assert m_shared["shared_prefix"] == 1.0 and m_plain["shared_prefix"] == 0.0
+    for m in (m_plain, m_shared):
+        assert m["distill_kl"] == pytest.approx(expected, rel=1e-6)
+        assert m["loss"] == pytest.approx(0.5 * expected, rel=1e-6)  # the pg term is 0 with no advantage
+        assert m["grad_norm"] > 0
+    for a, b in zip(shared.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+    same = ps.policy_step(
+        copy.deepcopy(base), torch.optim.SGD(base.parameters(), lr=0.0), samples, config, teacher=copy.deepcopy(base)
+    )
+    # the step's logits are float32: 0 up to its rounding, against ~1e-2 above
+    assert same["distill_kl"] == pytest.approx(0.0, abs=1e-6) and same["grad_norm"] == pytest.approx(0.0, abs=1e-5)
+    assert expected > 1e-3
+
+
+def test_full_mode_needs_a_local_teacher() -> None:
+    from swarm.config.server import ServerConfig
+
+    with pytest.raises(ValueError, match="local teacher"):
+        ServerConfig(
+            teacher="http://127.0.0.1:9/v1",
+            train=TrainConfig(distill_coef=1.0, distill_mode="full"),
+        )
+    ok = ServerConfig(teacher="/some/model", train=TrainConfig(distill_coef=1.0, distill_mode="full"))
+    assert ok.train.distill_mode == "full"
