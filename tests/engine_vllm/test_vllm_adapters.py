@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -288,6 +289,33 @@ def test_a_request_outlasting_the_drain_is_aborted_then_vllm_resumed(setup, peft
         "/v1/unload_lora_adapter",
     ]
     assert publisher.counters["aborted_in_sync"] == 1 and publisher.gate.in_flight == 0
+
+
+def test_a_policys_straggler_ends_itself_and_vllm_is_never_paused(setup, peft_model):
+    """`abort_by_pause=False` (a policy on a vLLM shared with others): a drain that times out sets the
+    gate's `aborting` for the policy's own streams to end themselves, and posts no `/pause` (it would end
+    every policy's requests) and so no `/resume`; `aborting` is off again once the drain is over."""
+    publisher, vllm, _rec = setup
+    publisher.drain_timeout_s = 0.05
+    publisher.abort_by_pause = False
+    assert publisher.gate.enter_blocking(lambda: publisher.served_model) == "roost-v0"  # a request in flight
+    seen: list[bool] = []
+
+    def stream() -> None:  # the stream's side: it sees the abort at its next chunk and leaves
+        while not publisher.gate.aborting:
+            time.sleep(0.005)
+        seen.append(publisher.gate.aborting)
+        publisher.gate.leave()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    with loopback_server(vllm) as (url, rec):
+        publisher.upstream.url = url  # type: ignore[misc]
+        publisher.publish(_save(peft_model, 0.01), 1)
+    reader.join(5)
+    assert seen == [True] and not publisher.gate.aborting and publisher.gate.in_flight == 0
+    assert rec.routes() == ["/health", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"]
+    assert publisher.counters["aborted_in_sync"] == 1 and publisher.served_version == 1
 
 
 def test_a_restart_loads_the_last_good_version_and_adopt_relabels_it(setup, peft_model):

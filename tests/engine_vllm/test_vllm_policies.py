@@ -97,7 +97,9 @@ def test_two_policies_share_one_vllm_and_a_step_of_one_leaves_the_other_as_it_wa
     assert a.publisher.root.parent == b.publisher.root.parent  # WORK/adapters/NAME
 
 
-def test_a_request_of_b_in_flight_while_a_steps_and_publishes_completes(served):
+def test_a_request_of_b_in_flight_while_a_steps_and_publishes_completes_and_only_as_straggler_ends(served):
+    """b's long request runs through a's step and sync untouched (b's gate never drains); a's own long
+    request outlasts a's drain timeout and is ended ("abort") by its own stream, vLLM never paused."""
     _config, host = served
     a, b = host.policy("a"), host.policy("b")
     p = _prompt(b)
@@ -106,7 +108,8 @@ def test_a_request_of_b_in_flight_while_a_steps_and_publishes_completes(served):
 
     async def go(batch):
         running = asyncio.create_task(b.generate(req))
-        while b.gate.in_flight == 0:
+        straggler = asyncio.create_task(a.generate(req))  # a's own: still running when a's sync drains
+        while b.gate.in_flight == 0 or a.gate.in_flight == 0:
             await asyncio.sleep(0.005)
         step = asyncio.create_task(asyncio.to_thread(a.train_step, batch))
         short = asyncio.create_task(b.generate(GenerateRequest(p, SamplingParams(max_tokens=4))))  # during the step
@@ -115,20 +118,27 @@ def test_a_request_of_b_in_flight_while_a_steps_and_publishes_completes(served):
             drained = drained or b.gate.draining
             await asyncio.sleep(0.002)
         overlapped = not running.done()
-        return await running, await step, overlapped, drained, await short
+        return await running, await step, overlapped, drained, await short, await straggler
 
-    # on a loaded machine b's request may end before a's step (nothing overlapped): tried at most three times
-    for _ in range(3):
-        version = a.policy_version
-        done, metrics, overlapped, drained, short = asyncio.run(go(_batch(a, n=2, max_tokens=4)))
-        assert metrics["vllm_sync_failed"] == 0 and a.served_version == version + 1
-        if overlapped:
-            break
+    timeout, a.publisher.drain_timeout_s = a.publisher.drain_timeout_s, 1.0
+    try:
+        # on a loaded machine b's request may end before a's step (nothing overlapped): tried at most three times
+        for _ in range(3):
+            version, aborted = a.policy_version, a.publisher.counters["aborted_in_sync"]
+            done, metrics, overlapped, drained, short, cut = asyncio.run(go(_batch(a, n=2, max_tokens=4)))
+            assert metrics["vllm_sync_failed"] == 0 and a.served_version == version + 1
+            assert cut.finish_reason == "abort" and cut.policy_version == version and len(cut.token_ids) < tokens
+            assert a.publisher.counters["aborted_in_sync"] == aborted + 1 and not a.publisher._aborted
+            if overlapped:
+                break
+    finally:
+        a.publisher.drain_timeout_s = timeout
     assert overlapped, "b's request was never in flight during a's step"
-    assert not drained
+    assert not drained and b.publisher.counters["aborted_in_sync"] == 0
     assert len(done.token_ids) == tokens and done.finish_reason == "length" and done.policy_version == 0
     assert short.policy_version == 0 and len(short.token_ids) >= 1
     assert _models(host) == [f"a-v{a.served_version}", "b-v0", "base"]
+    assert not a.gate.aborting and not a.gate.draining
 
 
 def test_a_restarted_vllm_serves_every_policys_last_good_adapter(served):

@@ -93,3 +93,54 @@ def test_a_local_teacher_with_another_tokenizer_is_refused(model_dir, tokenizer,
     assert "\n" not in str(err.value) and "another tokenizer than the student" in str(err.value)
     with pytest.raises(TeacherError, match="does not exist"):
         check_teacher(str(tmp_path / "nowhere"), tokenizer)
+
+
+def test_full_mode_the_trainer_hands_the_local_teacher_to_the_engines_step(model_dir, tokenizer) -> None:
+    """`--distill-mode full` through the server's `Trainer` and a real `TorchEngine`: no per-token
+    advantages are built (distill_terms is not called), the engine's step reads the local teacher's
+    logits, and the step's row carries the exact reverse KL to that teacher, computed here from two
+    plain forwards (a teacher perturbed away from the student, so it is not 0)."""
+    import torch
+
+    from swarm.config.train import TrainConfig
+    from swarm.engine.torch_engine import TorchEngine
+    from swarm.samples import TrainSample
+    from swarm.server.batcher import Batcher, FinishedEpisode
+    from swarm.server.trainer import GenerationGate, Trainer
+
+    engine = TorchEngine(model_dir, seed=0, device="cpu", reference=False)
+    teacher = LocalTeacher(model_dir, device="cpu")
+    with torch.no_grad():
+        for p in teacher.model.parameters():
+            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
+    ids = tokenizer.encode("What is 12+30? 42", add_special_tokens=False)
+    mask = [0] * (len(ids) - 2) + [1, 1]
+    with torch.no_grad():
+        s = torch.log_softmax(engine.model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+        t = torch.log_softmax(teacher.model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+    own = [0.0, *s.gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1).tolist()]
+    kl = (s.exp() * (s - t)).sum(-1)[-2:].mean().item()
+    assert kl > 1e-4
+
+    batcher = Batcher(group_size=2, batch_groups=1)
+    g = batcher.admit("t", "e1")
+    batcher.admit("t", "e2")
+    for e, reward in (("e1", 1.0), ("e2", 0.0)):
+        batcher.finish(g.group_id, FinishedEpisode(e, reward, [TrainSample(ids, mask, own, e, g.group_id, reward)]))
+    rows: list[dict] = []
+
+    class Rows:
+        def write(self, record: dict) -> None:
+            rows.append(record)
+
+    config = TrainConfig(distill_coef=1.0, reward_coef=0.0, distill_mode="full")
+    trainer = Trainer(engine, batcher, GenerationGate(), config, Rows(), teacher=teacher)
+
+    async def step() -> None:
+        trainer.kick()
+        await trainer.wait()
+
+    asyncio.run(step())
+    assert trainer.errors == 0 and len(rows) == 1, trainer.last_error
+    assert rows[0]["distill_kl"] == pytest.approx(kl, rel=1e-4) and rows[0]["distill_tokens"] == 4
+    assert rows[0]["grad_norm"] > 0

@@ -127,6 +127,7 @@ class AdapterPublisher:
         served_name: str,
         version: int,
         drain_timeout_s: float,
+        abort_by_pause: bool = True,
     ) -> None:
         self.root = Path(root)
         self.layout = layout
@@ -135,6 +136,10 @@ class AdapterPublisher:
         self.upstream = upstream
         self.served_name = served_name
         self.drain_timeout_s = drain_timeout_s
+        #: how a drain that timed out ends the requests in flight: vLLM's `/pause?mode=abort` (every request
+        #: of the process), or False: the streams end themselves on the gate's `aborting` (this adapter's
+        #: only, where one vLLM serves several policies)
+        self.abort_by_pause = abort_by_pause
         self.good_version = self.served_version = int(version)
         #: the last good adapter's directory: what serves, and what a restart loads
         self.good: Path | None = None
@@ -302,8 +307,9 @@ class AdapterPublisher:
             "%d requests still running after %.0fs: aborting them for the adapter sync", running, self.drain_timeout_s
         )
         self.counters["aborted_in_sync"] += running
-        self._aborted = True
-        self._post("/pause", params={"mode": "abort"})
+        if self.abort_by_pause:
+            self._aborted = True
+            self._post("/pause", params={"mode": "abort"})
 
     def _healthy(self) -> bool:
         """`/health` answers 200 (the supervisor's check, on this publisher's client)."""

@@ -4,8 +4,10 @@ A weight sync must not swap the weights under a request (its tokens would mix tw
 policies), and a restart must not receive new requests. So every request enters
 this gate and leaves it when done; a sync *drains* it (new requests wait, those in
 flight finish, or are aborted after a timeout) and a restart *holds* it (new
-requests wait). It is the one piece of state the stream client, the weight publisher
-and the supervisor share, so it lives apart from all three. Async callers wait by
+requests wait). While a drain aborts, `aborting` is set: a stream that reads it ends
+itself (one policy's requests on a vLLM that serves several, swarm/engine/vllm/policies.py).
+It is the one piece of state the stream client, the weight publisher and the supervisor
+share, so it lives apart from all three. Async callers wait by
 polling so that the event loop is never blocked on the lock of a thread-side sync.
 """
 
@@ -28,6 +30,8 @@ class DrainGate:
         self._poll_s = poll_s
         self.draining = False
         self.in_flight = 0
+        #: a drain timed out and is ending the requests in flight: streams that watch it end at their next chunk
+        self.aborting = False
 
     async def enter(self, label: Callable[[], T]) -> T:
         """Wait (without blocking the event loop) until the gate is open, enter, and return `label()`
@@ -67,12 +71,16 @@ class DrainGate:
             self.draining = True
             if not self._cond.wait_for(lambda: self.in_flight == 0, timeout=timeout_s):
                 running = self.in_flight
+                self.aborting = True
                 self._cond.release()
                 try:
                     on_timeout(running)
                 finally:
                     self._cond.acquire()
-                self._cond.wait_for(lambda: self.in_flight == 0, timeout=abort_wait_s)
+                try:
+                    self._cond.wait_for(lambda: self.in_flight == 0, timeout=abort_wait_s)
+                finally:
+                    self.aborting = False
         return time.perf_counter() - t0
 
     def reopen(self) -> None:

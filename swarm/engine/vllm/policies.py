@@ -30,10 +30,11 @@ Shared: the process, and the `Supervisor` that restarts it. A restart holds ever
 adapter again. Syncs of different policies take turns on the supervisor's lock (tens of ms each); a
 step of A holds the torch host's lock, not vLLM, which serves B meanwhile.
 
-Not separated: a drain that times out (`--vllm-drain-timeout-s`) ends the stragglers with vLLM's
-`/pause?mode=abort`, which has no per-adapter form, so other policies' requests in flight end
-("abort") too. Removing a policy ends its calls in flight ("abort": their streams are closed, which
-vLLM aborts), unloads its adapter names and deletes its directory; the torch side frees its adapter.
+A drain that times out (`--vllm-drain-timeout-s`) ends only its own policy's stragglers: vLLM's
+`/pause?mode=abort` has no per-adapter form and would end every policy's requests, so the publisher
+sets its gate's `aborting` instead and each of the policy's streams ends itself at its next chunk
+("abort": the stream is closed, which vLLM aborts). Removing a policy ends its calls in flight the
+same way, unloads its adapter names and deletes its directory; the torch side frees its adapter.
 A rank above the `--max-lora-rank` vLLM started with (the widest of the policies at start) is refused.
 One process only: `--vllm-replicas` > 1 with policies is refused (swarm/config/server.py), and the
 Tinker API (swarm/tinker) stays on the torch engine: its primitives drive the torch host directly.
@@ -242,6 +243,7 @@ class VllmPolicyEngine(VllmEngine):
             served_name=policy.name,
             version=policy.policy_version,
             drain_timeout_s=host.settings.drain_timeout_s,
+            abort_by_pause=False,  # vLLM's /pause would end every policy's requests: this one's end themselves
         )
         self.publisher.prepare(save)  # version 0: the fresh adapter (B = 0), loaded by the host
         self.client = CompletionsClient(
@@ -265,7 +267,9 @@ class VllmPolicyEngine(VllmEngine):
             body["model"] = model
             async with aclosing(self.client.completions(request, body)) as chunks:
                 async for chunk in chunks:
-                    if self.removed:  # closing the stream makes vLLM abort the request
+                    # removed, or this policy's sync gave up waiting for it: closing the stream makes vLLM
+                    # abort the request, and only this one (the other policies' requests run on)
+                    if self.removed or self.gate.aborting:
                         yield version, TokenChunk([], [], "abort")
                         return
                     yield version, chunk
