@@ -39,8 +39,9 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
@@ -233,10 +234,11 @@ class VllmEngine:
         return Completion(list(request.prompt_ids), ids, logps, reason, version, top_logprobs=tops)
 
     async def _stream(self, request: GenerateRequest) -> AsyncIterator[tuple[int, TokenChunk]]:
+        self._live()
         fmt = request.params.response_format
         if fmt is not None:  # compiled with the library vLLM's guidance backend runs, off the event loop:
             # a bad schema is refused with the torch engine's message, before vLLM sees it
-            await asyncio.to_thread(self.trainer.batcher.compile, fmt)
+            await asyncio.to_thread(self._formats().compile, fmt)
         body = self.client.body(request)  # the same for every replica: each names its own model below
         tried: set[int] = set()
         while True:  # a replica that went away before its first token: the request goes to another one
@@ -244,16 +246,32 @@ class VllmEngine:
             started = False
             try:
                 async with self._admitted(replica) as (version, model):
+                    self._live()  # e.g. its policy removed while it waited at the gate
                     body["model"] = model
-                    async for chunk in replica.client.completions(request, body):
-                        started = True
-                        yield version, chunk
+                    async with aclosing(replica.client.completions(request, body)) as chunks:
+                        async for chunk in chunks:
+                            if self._cut():  # closing the stream makes vLLM abort the request, only this one
+                                yield version, TokenChunk([], [], "abort")
+                                return
+                            started = True
+                            yield version, chunk
                 return
             except ReplicaGone:
                 tried.add(replica.index)
                 if started or not self.replicas.others_up(tried):
                     raise
                 log.warning("vLLM replica %d went away before answering: request sent to another", replica.index)
+
+    def _live(self) -> None:
+        """Raise if this engine may not take a request (a policy engine removed from its host)."""
+
+    def _cut(self) -> bool:
+        """Whether the requests in flight are to end now ("abort") by closing their streams."""
+        return False
+
+    def _formats(self) -> Any:
+        """The torch batcher whose format compiler checks a `response_format` before vLLM sees it."""
+        return self.trainer.batcher
 
     @asynccontextmanager
     async def _admitted(self, replica: Replica) -> AsyncIterator[tuple[int, str]]:

@@ -45,13 +45,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 from swarm.config.lora import LoraSettings
 from swarm.config.vllm import VllmSettings, max_lora_rank
-from swarm.engine.base import GenerateRequest, TokenChunk
 from swarm.engine.lora import LoraError, save_adapter
 from swarm.engine.policies import PolicyEngine, PolicyHost
 from swarm.engine.torch_engine import EngineError
@@ -255,24 +253,13 @@ class VllmPolicyEngine(VllmEngine):
         if self.removed:
             raise EngineError(f"policy {self.name!r} was removed")
 
-    async def _stream(self, request: GenerateRequest) -> AsyncIterator[tuple[int, TokenChunk]]:
-        """`VllmEngine._stream` on the one process, ended ("abort") when the policy is removed."""
-        self._live()
-        fmt = request.params.response_format
-        if fmt is not None:  # a bad schema refused as the torch engine does, off the event loop
-            await asyncio.to_thread(self.host.trainer.base.batcher.compile, fmt)
-        body = self.client.body(request)
-        async with self._admitted(self.replicas[0]) as (version, model):
-            self._live()  # removed while it waited at the gate
-            body["model"] = model
-            async with aclosing(self.client.completions(request, body)) as chunks:
-                async for chunk in chunks:
-                    # removed, or this policy's sync gave up waiting for it: closing the stream makes vLLM
-                    # abort the request, and only this one (the other policies' requests run on)
-                    if self.removed or self.gate.aborting:
-                        yield version, TokenChunk([], [], "abort")
-                        return
-                    yield version, chunk
+    def _cut(self) -> bool:
+        """Removed, or this policy's sync gave up waiting for its requests (the gate's `aborting`): end
+        them by closing their streams; the other policies' requests run on (vLLM's /pause would end all)."""
+        return self.removed or self.gate.aborting
+
+    def _formats(self) -> Any:
+        return self.host.trainer.base.batcher
 
     async def close(self) -> None:
         """The host owns the process and the model: closing one policy's view closes nothing."""
