@@ -183,7 +183,8 @@ def test_claims_are_admitted_and_served_while_a_slowed_step_trains(make_server, 
     assert srv.swarm.trainer.step == 0 and srv.swarm.batcher.stepping  # all of it during the step
     assert ep.policy_version == 0 and r.system_fingerprint == "roost-policy-v0"
     assert client.status().training
-    wait_until(lambda: srv.swarm.trainer.step == 2, timeout=20)  # b's window trains right after
+    # b's window trains right after; the step counts before its metrics row is written: wait for the row
+    wait_until(lambda: srv.swarm.trainer.step == 2 and len(_rows(srv)) == 2, timeout=20)
     rows = _rows(srv)
     assert [(m["step"], m["policy_lag_max"], m["dropped_stale"]) for m in rows] == [(1, 0, 0), (2, 1, 0)]
     assert _trained_lags(srv.engine) == [0, 1]
@@ -220,7 +221,7 @@ def test_on_policy_k0_without_claims_during_step_refuses_claims_while_a_step_tra
     )
     assert r.status_code == 429 and r.json()["error"]["code"] == "training"
     _play(client, "b")  # waits out the step
-    wait_until(lambda: srv.swarm.trainer.step == 2)
+    wait_until(lambda: srv.swarm.trainer.step == 2 and len(_rows(srv)) == 2)  # the row is written after the count
     assert _trained_lags(srv.engine) == [0, 0] and [m["policy_lag_max"] for m in _rows(srv)] == [0, 0]
 
 
@@ -237,7 +238,7 @@ def test_on_policy_claims_during_a_step_wait_at_the_gate_and_train_at_lag_0(make
     early.openai.chat.completions.create(model=early.model, messages=MESSAGES, max_tokens=4)
     assert srv.swarm.trainer.step == 1  # the call was answered only after the step
     early.finish(1.0)
-    wait_until(lambda: srv.swarm.trainer.step == 2)
+    wait_until(lambda: srv.swarm.trainer.step == 2 and len(_rows(srv)) == 2)  # the row is written after the count
     assert _trained_lags(srv.engine) == [0, 0] and [m["policy_lag_max"] for m in _rows(srv)] == [0, 0]
     assert srv.swarm.counters["expired"] == 0
 
