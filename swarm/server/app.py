@@ -45,6 +45,17 @@ from swarm.tinker.routes import install as install_tinker
 log = logging.getLogger("swarm.server")
 
 
+def _with_vllm(start: Callable[[], Any]) -> Any:
+    """`start()` an engine or host that runs vLLM; without a usable vLLM, exit with the one line that
+    names what to install (`swarm serve` prints it, no traceback)."""
+    from swarm.engine.vllm.server import VllmUnavailable  # lazy: only a vllm engine needs it
+
+    try:
+        return start()
+    except VllmUnavailable as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def make_host(config: ServerConfig) -> Any:
     """A server of several policies: the shared base with one adapter per `config.policies` entry (with
     `--engine vllm`, trained in process and served as adapters of one vLLM: swarm/engine/vllm/policies.py)."""
@@ -53,11 +64,10 @@ def make_host(config: ServerConfig) -> Any:
         host: Any = FakePolicyHost(config.model_dir, seed=config.seed)
     elif config.engine == "vllm":
         from swarm.engine.vllm.policies import VllmPolicyHost  # lazy: the trainer side imports torch
-        from swarm.engine.vllm.server import VllmUnavailable
 
         ranks = [config.for_policy(spec).lora.rank for spec in config.policies]
-        try:
-            host = VllmPolicyHost(
+        host = _with_vllm(
+            lambda: VllmPolicyHost(
                 config.model_dir,
                 config.out_dir / "vllm",
                 max_rank=max(ranks),
@@ -67,8 +77,7 @@ def make_host(config: ServerConfig) -> Any:
                 settings=config.vllm,
                 served_name=config.served_model_name,
             )
-        except VllmUnavailable as exc:
-            raise SystemExit(str(exc)) from None  # one line naming what to install, no traceback
+        )
     else:
         from swarm.engine.policies import PolicyHost  # lazy: importing torch takes seconds
 
@@ -99,10 +108,9 @@ def make_engine(config: ServerConfig) -> Engine:
             raise SystemExit(f"swarm serve: {exc}") from None
     if config.engine == "vllm":
         from swarm.engine.vllm.engine import VllmEngine  # lazy: the trainer side imports torch
-        from swarm.engine.vllm.server import VllmUnavailable
 
-        try:
-            return VllmEngine(
+        return _with_vllm(
+            lambda: VllmEngine(
                 config.model_dir,
                 config.out_dir / "vllm",
                 seed=config.seed,
@@ -111,8 +119,7 @@ def make_engine(config: ServerConfig) -> Engine:
                 served_name=config.served_model_name,
                 lora=config.lora,
             )
-        except VllmUnavailable as exc:
-            raise SystemExit(str(exc)) from None  # one line naming what to install, no traceback
+        )
     if config.engine == "verl":
         try:
             from swarm.engine.verl.engine import VerlEngine  # lazy: verl, Ray and torch are an optional extra
