@@ -34,6 +34,7 @@ from swarm.config.options import config_options, require_extra
 from swarm.config.run import ORCHESTRATED, RunConfig
 from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
 from swarm.model.presets import PRESETS, UnknownPreset, get_preset
+from swarm.model.recipe import matches
 from swarm.model.version import BUILD_VERSION, built_version
 from swarm.plugins import mount_plugins, needs_plugins
 from swarm.run_checks import Problems, prepare
@@ -90,6 +91,9 @@ def model_init(
             get_preset(preset)
         except UnknownPreset as exc:
             raise typer.BadParameter(str(exc), param_hint="--preset") from None
+    if preset is None and not force and matches(target := out or default_model_dir(), seed):
+        typer.echo(str(target))  # built already: read from its marker, without importing torch (seconds)
+        return
     from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
 
     with rich_progress() as progress:

@@ -28,11 +28,21 @@ as fast as its tests on that many cores.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from typing import Any
 
 import pytest
+
+# One torch thread per process. Three workers on two cores, each with torch's default of a thread per
+# core, oversubscribe the CPU, and an OpenMP thread that waits for its sibling spins on a core another
+# worker needs: measured on a subset of the suite (model build, fuzz, units, train CLI; `-n 3`, two
+# cores), 167-174 s and 273-289 CPU-s with the default, 129-141 s and 222-243 CPU-s with one thread.
+# The servers the tests start already use one (swarm/engine/precision.py: half the cores) and vLLM binds
+# its own; this is for the torch work in the workers themselves and the CLIs they run. Set before any
+# test module imports torch, and inherited by every process a test starts; an explicit value wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 GROUPS = {
     "tests/engine_vllm/": "vllm",

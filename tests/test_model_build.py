@@ -345,3 +345,26 @@ def test_tool_template_matches_its_python_twin(conv, with_tools):
         assert tokenizer.apply_chat_template(
             conv, tools=tools, tokenize=False, add_generation_prompt=gen
         ) == render_chat(conv, add_generation_prompt=gen, tools=tools)
+
+
+def test_init_of_a_built_model_reads_its_marker_without_torch(tmp_path):
+    """`swarm model init` again (the README's first command, rerun) answers from the marker: no torch import,
+    no rebuild. Another seed or warm start does not match, so that would build."""
+    import subprocess
+    import sys
+
+    from swarm.model.recipe import marker_for, matches
+
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / MARKER).write_text(json.dumps(marker_for(0, WarmStartConfig())))
+    assert matches(built, 0) and not matches(built, 1) and not matches(built, 0, TINY)
+    assert not matches(tmp_path / "absent", 0)
+    code = (
+        "import sys; from typer.testing import CliRunner; from swarm.cli import app; "
+        f"r = CliRunner().invoke(app, ['model', 'init', '--out', {str(built)!r}]); "
+        "print(r.exit_code, r.output.strip(), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["0", str(built), "False"], out.stdout + out.stderr
+    assert sorted(p.name for p in built.iterdir()) == [MARKER]  # nothing built beside it

@@ -31,6 +31,7 @@ from rich.progress import Progress as Bar
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from store.paths import default_model_dir
+from swarm.model.recipe import VOCAB_SIZE, is_complete, marker_for, matches
 from swarm.model.tokenizer import CONTEXT_LENGTH, ENDOFTEXT, IM_END, build_tokenizer, render_chat, save_tokenizer
 from swarm.model.version import BUILD_VERSION, MARKER
 from swarm.model.warmstart import WarmStartConfig, warm_start
@@ -50,8 +51,6 @@ __all__ = [
     "rich_progress",
     "task_corpus",
 ]
-
-VOCAB_SIZE = 512
 
 #: `progress(message, fraction)` with fraction in [0, 1].
 Progress = Callable[[str, float], None]
@@ -116,21 +115,6 @@ def build_untrained(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def _marker_for(seed: int, config: WarmStartConfig) -> dict:
-    return {"version": BUILD_VERSION, "seed": seed, "vocab_size": VOCAB_SIZE, "warm_start": config.as_dict()}
-
-
-def is_complete(model_dir: Path, seed: int | None = None) -> bool:
-    """True when `model_dir` holds a finished build of this recipe (and `seed`, if given)."""
-    try:
-        marker = json.loads((Path(model_dir) / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    if marker.get("version") != BUILD_VERSION:
-        return False
-    return seed is None or marker.get("seed") == seed
-
-
 def _clean_stale_temps(parent: Path, name: str) -> None:
     """Remove temp/aside dirs left by interrupted inits whose process is gone."""
     for p in [*parent.glob(f".{name}.tmp-*"), *parent.glob(f".{name}.old-*")]:
@@ -159,12 +143,12 @@ def init_model(
     out_dir = Path(out_dir) if out_dir is not None else default_model_dir()
     config = config or WarmStartConfig()
     report = progress or (lambda message, fraction: None)
-    if not force and _matches(out_dir, seed, config):
+    if not force and matches(out_dir, seed, config):
         report("model ready", 1.0)
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(out_dir):  # a concurrent init of the same dir waits, then finds it built
-        if not force and _matches(out_dir, seed, config):
+        if not force and matches(out_dir, seed, config):
             report("model ready", 1.0)
             return out_dir
         if out_dir.exists() and any(out_dir.iterdir()) and not force and not (out_dir / MARKER).exists():
@@ -173,12 +157,6 @@ def init_model(
         _build(out_dir, seed, config, report)
     report("model ready", 1.0)
     return out_dir
-
-
-def _matches(out_dir: Path, seed: int, config: WarmStartConfig) -> bool:
-    if not is_complete(out_dir, seed):
-        return False
-    return json.loads((out_dir / MARKER).read_text()) == _marker_for(seed, config)
 
 
 @contextmanager
@@ -211,7 +189,7 @@ def _build(out_dir: Path, seed: int, config: WarmStartConfig, report: Progress) 
             )
             + "\n"
         )
-        marker = _marker_for(seed, config)  # written last: its presence means complete
+        marker = marker_for(seed, config)  # written last: its presence means complete
         (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
         _swap_into_place(tmp, out_dir)
     finally:
