@@ -253,8 +253,9 @@ class LocalBackend:
     def cancel(self, handle: JobHandle, force: bool = False) -> None:
         """SIGTERM the wrapper (it stops the job, SIGKILL after kill_wait, records CANCELLED).
 
-        `force`: SIGKILL the job's process group and the wrapper now; the status then
-        reads CANCELLED from the `cancel` marker written first.
+        `force`: SIGKILL the job's process group and the wrapper now, and return once both are
+        gone (up to 2 s: a killed process exits when the kernel next runs it, which on a loaded
+        machine is not at once); the status then reads CANCELLED from the `cancel` marker written first.
         """
         job_dir = Path(handle.stdout_path).parent
         if (job_dir / "exit.json").exists():
@@ -263,8 +264,8 @@ class LocalBackend:
         if not self._alive(handle):
             return
         pid, _ = self._pid(handle)
+        child = _read_json(job_dir / "child") if force else None
         if force:
-            child = _read_json(job_dir / "child")
             if child:
                 try:
                     os.killpg(child["pgid"], signal.SIGKILL)
@@ -278,11 +279,16 @@ class LocalBackend:
         except ProcessLookupError:
             pass
         if force:
-            self._wait_gone(handle, 2.0)
+            self._wait_gone(handle, 2.0, child_pid=child["pid"] if child else None)
 
-    def _wait_gone(self, handle: JobHandle, timeout: float) -> None:
+    def _wait_gone(self, handle: JobHandle, timeout: float, child_pid: int | None = None) -> None:
+        """Until the wrapper (and the job's group leader `child_pid`) are gone, or `timeout` passed."""
         end = time.monotonic() + timeout
-        while self._alive(handle) and time.monotonic() < end:
+
+        def alive() -> bool:
+            return self._alive(handle) or (child_pid is not None and proc_start_ticks(child_pid) is not None)
+
+        while alive() and time.monotonic() < end:
             self._reap()
             time.sleep(0.02)
 
