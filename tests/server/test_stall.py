@@ -19,8 +19,13 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+#: per request: httpx's default 5 s failed one CI run whose machine stalled for longer under load; what these
+#: tests time (leases, stalls) is the server's clock, not the client's patience
+HTTP_S = 30.0
+
+
 def _claim(srv: RunningServer, task: str) -> dict:
-    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": task}, headers=_h(srv.token))
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": task}, headers=_h(srv.token), timeout=HTTP_S)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -30,13 +35,17 @@ def _play(srv: RunningServer, ep: dict) -> None:
         f"{srv.url}/v1/chat/completions",
         headers=_h(ep["api_key"]),
         json={"model": ep["model"], "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=HTTP_S,
     )
     assert r.status_code == 200, r.text
 
 
 def _finish(srv: RunningServer, ep: dict, reward: float = 1.0) -> httpx.Response:
     return httpx.post(
-        f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish", json={"reward": reward}, headers=_h(ep["api_key"])
+        f"{srv.url}/swarm/v1/episodes/{ep['episode_id']}/finish",
+        json={"reward": reward},
+        headers=_h(ep["api_key"]),
+        timeout=HTTP_S,
     )
 
 
