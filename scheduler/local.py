@@ -265,17 +265,13 @@ class LocalBackend:
             return
         pid, _ = self._pid(handle)
         child = _read_json(job_dir / "child") if force else None
-        if force:
-            if child:
-                try:
-                    os.killpg(child["pgid"], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            sig = signal.SIGKILL
-        else:
-            sig = signal.SIGTERM
+        if child:
+            try:
+                os.killpg(child["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
-            os.kill(pid, sig)
+            os.kill(pid, signal.SIGKILL if force else signal.SIGTERM)
         except ProcessLookupError:
             pass
         if force:

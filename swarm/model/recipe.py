@@ -7,11 +7,10 @@ importing `swarm.model.build` for that took seconds of torch and transformers im
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swarm.model.version import BUILD_VERSION, MARKER
+from swarm.model.version import BUILD_VERSION, read_marker
 
 VOCAB_SIZE = 512
 
@@ -87,17 +86,12 @@ def marker_for(seed: int, config: WarmStartConfig) -> dict:
 
 def is_complete(model_dir: Path, seed: int | None = None) -> bool:
     """True when `model_dir` holds a finished build of this recipe (and `seed`, if given)."""
-    try:
-        marker = json.loads((Path(model_dir) / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    if marker.get("version") != BUILD_VERSION:
+    marker = read_marker(model_dir)
+    if marker is None or marker.get("version") != BUILD_VERSION:
         return False
     return seed is None or marker.get("seed") == seed
 
 
 def matches(model_dir: Path, seed: int, config: WarmStartConfig | None = None) -> bool:
     """True when `model_dir` is a finished build of exactly this seed and warm start (default: the embedded one)."""
-    if not is_complete(model_dir, seed):
-        return False
-    return json.loads((Path(model_dir) / MARKER).read_text()) == marker_for(seed, config or WarmStartConfig())
+    return read_marker(model_dir) == marker_for(seed, config or WarmStartConfig())

@@ -18,10 +18,16 @@ BUILD_VERSION = 6
 MARKER = "roost_model.json"
 
 
+def read_marker(model_dir: Path) -> dict | None:
+    """The marker of a finished build in `model_dir`; None when there is none (or it is unreadable)."""
+    try:
+        marker = json.loads((Path(model_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
 def built_version(model_dir: Path) -> int | None:
     """The recipe version of a finished build in `model_dir`; None when there is none (or it is unreadable)."""
-    try:
-        version = json.loads((Path(model_dir) / MARKER).read_text()).get("version")
-    except (OSError, ValueError, AttributeError):
-        return None
+    version = (read_marker(model_dir) or {}).get("version")
     return version if isinstance(version, int) else None
