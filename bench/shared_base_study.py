@@ -35,7 +35,7 @@ def run_study(home: Path, model: Path, steps: int, shared: bool, parallel: int) 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{home / 'mlflow.db'}"
     from sqlmodel import Session, select
 
-    from researcher.config import StudyConfig
+    from researcher.config import SHARED_BASE_PARALLEL, StudyConfig
     from researcher.planning import PlanDefaults
     from researcher.runner import create_study, drive, make_context
     from store.db import dispose_engines
@@ -45,7 +45,8 @@ def run_study(home: Path, model: Path, steps: int, shared: bool, parallel: int) 
     cfg = StudyConfig(
         topic=TOPIC,
         shared_base=shared,
-        parallel=parallel,
+        # as `researcher study --shared-base` without --parallel: every trial of a round at once
+        parallel=max(parallel, SHARED_BASE_PARALLEL) if shared else parallel,
         model_dir=str(model),
         defaults=PlanDefaults(steps=steps),
         poll_s=1.0,

@@ -57,6 +57,7 @@ try:  # the options' models need numpy (researcher.analysis), which a client-onl
         usage_error,
     )
     from researcher.config import (
+        SHARED_BASE_PARALLEL,
         Adaptive,
         Budget,
         StudyConfig,
@@ -83,10 +84,6 @@ console = Console()
 err = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
-#: trials at once of a --shared-base study without --parallel: they are policies of one server, whose
-#: forward passes batch their rows; a trial's own job runs only its client fleet
-SHARED_BASE_PARALLEL = 12
-
 # What `researcher` needs beyond the `server` extra (roost[research] brings them with it): the study graph
 # and its checkpoints, the LLM planner, the scheduler daemon, the statistics. Top-level module names.
 RESEARCH_MODULES = ("langgraph", "langchain_core", "langchain_openai", "apscheduler", "scipy")

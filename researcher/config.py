@@ -100,6 +100,11 @@ class Adaptive(BaseModel):
         return self.max_seeds if self.max_seeds is not None else 2 * seeds
 
 
+#: trials at once of a --shared-base study without --parallel: they are policies of one server, whose
+#: forward passes batch their rows; a trial's own job runs only its client fleet
+SHARED_BASE_PARALLEL = 12
+
+
 class StudyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -8,8 +8,9 @@ peft injects its LoRA layers into the Hugging Face model in place, so the model 
 the peft wrapper (`unwrap`) computes base + adapter with the plain HF forward: the continuous
 batcher and the shared-prefix training forward use it unchanged (its `lm_head`, its
 `base_model` transformer, its KV cache). `adapters_off` switches every adapter off for the
-length of a `with` (peft's `disable_adapter`): the torch engine runs its KL reference forward
-that way, under the lock that keeps generation out, so no forward ever sees a half-switched model.
+length of a `with` (peft's `disable_adapter`): the single-adapter torch engine runs its KL
+reference forward that way, under the lock that keeps generation out, so no forward ever sees a
+half-switched model. A host of several policies switches nothing (swarm/engine/adapter_routing.py).
 
 Nothing here imports peft until a LoRA engine is built: full fine-tuning (rank 0) never loads it,
 and `is_peft` asks `sys.modules`, so checking costs nothing either.
@@ -21,7 +22,7 @@ import contextlib
 import json
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from swarm.config.lora import LoraSettings
+from swarm.engine.adapter_routing import is_routed, route
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -55,7 +57,12 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def adapters_off(model: Any) -> AbstractContextManager[Any]:
-    """For a peft model: its adapters switched off inside the `with` (the base alone); else nothing."""
+    """For a peft model: its adapters switched off inside the `with` (the base alone); else nothing.
+
+    A host of several policies routes adapters per thread (swarm/engine/adapter_routing.py): there
+    only this thread's forwards run the base, generation beside it keeps its adapters."""
+    if is_routed(model):
+        return route(off=True)
     return model.disable_adapter() if is_peft(model) else contextlib.nullcontext()
 
 
@@ -123,31 +130,6 @@ def add_adapter(model: Any, name: str, settings: LoraSettings, base_dir: Path) -
         model.delete_adapter(name)
         raise
     model.peft_config[name].base_model_name_or_path = str(Path(base_dir).resolve())
-
-
-def mixed_scope(model: Any) -> Callable[[list[str]], AbstractContextManager[Any]]:
-    """A context factory for per-row adapters in one forward of the model inside `model`.
-
-    peft routes each row of a batch through its own adapter when the peft model's forward gets
-    `adapter_names`; the continuous batcher calls the HF model inside the wrapper directly (its
-    KV cache, its positions), so it enters the same hooks peft's forward enters for that call.
-    A batch of one adapter instead makes it the active one (peft's plain, faster path): callers
-    that train or read an adapter set the active one themselves under the same lock.
-    """
-    tuner = model.base_model
-
-    def scope(names: list[str]) -> AbstractContextManager[Any]:
-        first = names[0]
-        if first != "__base__" and all(n == first for n in names):
-            # one adapter for every row (the common batch): peft's plain path with that adapter
-            # active, not the per-row gather and scatter (measured 5.9 vs 8.6 ms per 8-row decode
-            # forward of the tiny model); the switch costs nothing when it is active already
-            if tuner.active_adapters != [first]:
-                tuner.set_adapter(first)
-            return contextlib.nullcontext()
-        return tuner._enable_peft_forward_hooks(adapter_names=names)
-
-    return scope
 
 
 def adapted_layers(model: torch.nn.Module, adapter_name: str | None = None) -> dict[str, tuple[int, int]]:
@@ -266,7 +248,6 @@ __all__ = [
     "is_peft",
     "load_adapter",
     "lora_config",
-    "mixed_scope",
     "quiet_peft",
     "read_adapter_config",
     "save_adapter",

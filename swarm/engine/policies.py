@@ -14,16 +14,23 @@ Each `PolicyEngine` is an `Engine` (swarm/engine/base.py) of its own, so the ser
 `Swarm` per policy exactly as it wires one for a whole engine: its own windows, groups, trainer,
 checkpoints and metrics. What they share is the host's model and its continuous batcher: a
 forward pass runs the rows of every policy together, each row through its own adapter (peft's
-per-row `adapter_names`, swarm/engine/lora.py `mixed_scope`), and a prompt prefilled by one
+per-row `adapter_names`, swarm/engine/adapter_routing.py `rows_scope`), and a prompt prefilled by one
 adapter is never reused for another (swarm/engine/continuous.py).
 
-A step holds the host's lock, as the single-policy engine does: peft's active adapter and the
-model's train/eval mode are module-wide state, so no forward may run while a step has switched
-them. Every policy's generation therefore pauses for a step (on this CPU a forward beside it would
-share its cores anyway); the server's `GenerationGate` of the training policy holds back that
-policy's own calls until its new weights are in, the other policies' claims and agents go on.
+A step runs beside the other policies' generation. Nothing in it switches the shared model:
+adapters are chosen per thread (swarm/engine/adapter_routing.py: the step's forwards run its own
+adapter, its KL reference the base, while the batcher's thread runs each row's), and the model
+stays in eval mode, which computes what train mode does when every dropout is 0. Only the weight
+update itself (the optimizer's step, dropping the policy's cached prefills, its version) holds
+the host's lock, between two forwards; the server's `GenerationGate` of the training policy
+holds back that policy's own calls until its new weights are in. Steps of different policies
+run at once too, as many as the cores hold (`StepSlots`, swarm/engine/step_slots.py): each has
+its own adapter, gradients and optimizer. Adding and removing a policy change the model's layers
+and wait for every step. A policy with dropout (or a base whose attention has it) needs train
+mode, which is the whole model's: while any such policy is served, every step holds the model
+alone, as a single-policy engine does.
 
-The KL reference is the base with every adapter off (`adapters_off`), as for one adapter.
+The KL reference is the base with every adapter off (for this thread only), as for one adapter.
 Checkpoints hold one policy's adapter, its optimizer state and its version: the same files a
 single-adapter run writes, so `swarm model export --merge`, `swarm eval` and resume read them alike.
 """
@@ -31,8 +38,10 @@ single-adapter run writes, so `swarm model export --merge`, `swarm eval` and res
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +49,12 @@ import torch
 
 from swarm.config.lora import LoraSettings
 from swarm.config.policies import check_name
+from swarm.engine.adapter_routing import adapter_parameters, install, route, rows_scope, train_every_adapter
 from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
-from swarm.engine.lora import LoraError, add_adapter, attach, load_adapter, mixed_scope, save_adapter
+from swarm.engine.lora import LoraError, add_adapter, attach, load_adapter, save_adapter
 from swarm.engine.policy_step import policy_step
 from swarm.engine.precision import MasterWeightAdamW, build_optimizer
+from swarm.engine.step_slots import StepSlots
 from swarm.engine.torch_engine import (
     OPTIMIZER_FILE,
     STATE_FILE,
@@ -53,6 +64,14 @@ from swarm.engine.torch_engine import (
     generation_since,
     load_optimizer,
 )
+
+
+def step_slots(device: torch.device) -> int:
+    """Steps at once: a CPU's cores over the threads one step's torch uses; one on a GPU, where a second
+    step would queue on the same device and only add its activations' memory."""
+    if device.type != "cpu":
+        return 1
+    return max(1, len(os.sched_getaffinity(0)) // max(1, torch.get_num_threads()))
 
 
 class PolicyHost:
@@ -74,10 +93,34 @@ class PolicyHost:
         self.peft: Any = None  # the peft wrapper, made with the first policy
         self.policies: dict[str, PolicyEngine] = {}
         self._adapters = 0  # adapters ever added: each gets a fresh peft name
+        #: steps of different policies at once, as many as the cores hold (one on a GPU), beside generation;
+        #: what changes the model itself (adding or removing a policy, train mode) alone
+        self.slots = StepSlots(step_slots(self.base.device))
+        #: whether a step may run beside generation: no dropout anywhere (eval mode computes what train mode does)
+        self.steps_beside_generation = True
 
     @property
     def lock(self) -> Any:
+        """Held by every forward of the batcher and every weight update: one at a time."""
         return self.base._lock
+
+    @contextlib.contextmanager
+    def step_turn(self) -> Iterator[bool]:
+        """A step's turn; True: it runs beside generation and other steps (eval mode, no dropout anywhere),
+        False: it holds the model alone (train mode is the whole model's). Neither changes meanwhile:
+        adding or removing a policy waits for every running step."""
+        with self.slots.step():
+            if self.steps_beside_generation:
+                yield True
+                return
+        with self.exclusive():
+            yield False
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No step, no forward: for what changes the model's layers or an adapter's weights outside a step."""
+        with self.slots.exclusive(), self.lock:
+            yield
 
     def add(self, name: str, settings: LoraSettings) -> PolicyEngine:
         """A new policy: a fresh adapter (equal to the base until it trains) with its own optimizer.
@@ -90,7 +133,7 @@ class PolicyHost:
                 f"policy {name!r} has --lora-rank 0 (full fine-tuning): policies that share a base train "
                 "LoRA adapters; give it --lora-rank r > 0, or serve it alone"
             )
-        with self.lock:
+        with self.exclusive():
             if name in self.policies:
                 raise ValueError(f"a policy named {name!r} already exists")
             # peft's name for it: never the policy's own, which may hold '.' (a module path separator
@@ -98,25 +141,39 @@ class PolicyHost:
             adapter = f"policy{self._adapters}"
             if self.peft is None:
                 self.peft = attach(self.base.model, settings, self.model_dir, adapter_name=adapter)
-                self.base.batcher.adapter_scope = mixed_scope(self.peft)
+                self.base.batcher.adapter_scope = rows_scope
                 self.base.model = self.peft
             else:
                 add_adapter(self.peft, adapter, settings, self.model_dir)
+            install(self.peft)  # the new adapter's layers are peft's own after an add: routed again
+            train_every_adapter(self.peft)
             self._adapters += 1
             self.peft.eval()  # peft hands the model back in training mode; steps switch it themselves
             policy = PolicyEngine(self, name, adapter, settings)
             self.policies[name] = policy
+            self._check_dropout()
         return policy
+
+    def _check_dropout(self) -> None:
+        config = getattr(self.base.network, "config", None)
+        attention = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+        self.steps_beside_generation = attention == 0 and not any(
+            isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.peft.modules()
+        )
 
     def remove(self, name: str) -> None:
         """Drop a policy: its adapter and optimizer state are freed (its checkpoints stay on disk)."""
-        with self.lock:
+        with self.exclusive():
             policy = self.policies.pop(name, None)
             if policy is None:
                 raise KeyError(name)
             self.base.batcher.drop_adapter(policy.adapter)  # its calls in flight end ("abort")
             if self.policies:
+                if policy.adapter in self.peft.base_model.active_adapters:  # else peft warns it picks another
+                    self.peft.base_model.set_adapter(next(iter(self.policies.values())).adapter)
                 self.peft.delete_adapter(policy.adapter)
+                train_every_adapter(self.peft)
+                self._check_dropout()
             else:  # peft keeps one adapter at least: the last one is zeroed out of use instead
                 self.peft.base_model.set_adapter([])  # type: ignore[arg-type]
             policy.optimizer = None
@@ -142,8 +199,7 @@ class PolicyEngine:
         self.policy_version = 0
         self.share_prefix = host.base.placement.share_prefix
         self._gen_mark: GenMark = (0.0, 0, 0, 0)
-        host.peft.set_adapter(adapter)  # requires_grad on this adapter's parameters only: its optimizer's
-        self.optimizer: Any = build_optimizer(host.peft, host.base.placement)
+        self.optimizer: Any = build_optimizer(host.peft, host.base.placement, adapter_parameters(host.peft, adapter))
 
     # -- generation -------------------------------------------------------------
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:
@@ -167,33 +223,41 @@ class PolicyEngine:
     # -- training ---------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         config = batch.config.model_copy(update={"lr": batch.config.lr * self.lora.lr_scale})
-        with self.host.lock:
-            model = self._live()
-            model.set_adapter(self.adapter)  # the plain forward and the gradients: this adapter's
-            ref = model if config.kl_coef else None  # the base: every adapter off in that forward
+        host = self.host
+        published: dict[str, float] = {}
+
+        @contextlib.contextmanager
+        def update(hold: bool) -> Iterator[None]:  # the new weights, their prefills and version appear together
+            with host.lock if hold else contextlib.nullcontext():
+                yield
+                host.base.batcher.weights_changed(self.adapter)
+                self.policy_version += 1
+                gen, self._gen_mark = generation_since(host.base.batcher, self._gen_mark)
+                published.update(gen)
+
+        with host.step_turn() as beside, route(self.adapter):
             metrics = policy_step(
-                model,
+                self._live(),
                 self.optimizer,
                 batch.samples,
                 config,
-                reference=ref,
+                reference=self._live() if config.kl_coef else None,  # the base: this thread's adapters off
                 share_prefix=self.share_prefix,
                 token_advantages=batch.token_advantages,
                 teacher=batch.teacher,
+                update=update(hold=beside),
+                switch_mode=not beside,
             )
-            self.host.base.batcher.weights_changed(self.adapter)
-            self.policy_version += 1
-            gen, self._gen_mark = generation_since(self.host.base.batcher, self._gen_mark)
         metrics["policy_version"] = float(self.policy_version)
-        metrics.update(gen)  # the shared engine's generation since this policy's last step: every policy's rows
+        metrics.update(published)  # the shared engine's generation since this policy's last step: every policy's rows
         return metrics
 
     def logprobs(self, ids: list[int]) -> list[float]:
         """Teacher-forced logprob of each token after the first, through this policy's adapter."""
         with self.host.lock, torch.inference_mode():
-            model = self._live()
+            self._live()
             t = torch.tensor([ids], device=self.host.base.device)
-            with mixed_scope(model)([self.adapter]):
+            with route(self.adapter):
                 logits = self.host.base.network(input_ids=t).logits[0, :-1].float()
             lp = torch.log_softmax(logits, -1).gather(-1, t[0, 1:].unsqueeze(-1)).squeeze(-1)
         return lp.tolist()
@@ -226,14 +290,13 @@ class PolicyEngine:
 
     def load(self, path: Path) -> None:
         path = Path(path)
-        with self.host.lock:
+        with self.host.exclusive():
             model = self._live()
             try:
                 load_adapter(model, path, self.lora, adapter_name=self.adapter)
             except LoraError as exc:
                 raise EngineError(str(exc)) from None
             self.host.base.batcher.weights_changed(self.adapter)
-            model.set_adapter(self.adapter)
             if isinstance(self.optimizer, MasterWeightAdamW):
                 self.optimizer.sync_from_model()
             if (path / OPTIMIZER_FILE).exists():

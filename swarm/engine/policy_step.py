@@ -24,8 +24,11 @@ What keeps it at the speed of a bare forward/backward/AdamW step (measured by
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -173,6 +176,8 @@ def policy_step(
     share_prefix: bool = True,
     token_advantages: Sequence[Sequence[float]] | None = None,
     teacher: torch.nn.Module | None = None,
+    update: AbstractContextManager[Any] | None = None,
+    switch_mode: bool = True,
 ) -> dict[str, float]:
     """One optimisation step; returns its metrics. `optimizer` may be a `MasterWeightAdamW`.
     `share_prefix=False` always takes the plain forward (benchmarks and tests compare).
@@ -183,7 +188,14 @@ def policy_step(
     `config.reward_coef` first, so `reward_coef=0` trains on those terms alone.
 
     `teacher` (a frozen local model, `--distill-mode full`) adds `config.distill_coef` times the
-    exact reverse KL to it at every trained position to the loss."""
+    exact reverse KL to it at every trained position to the loss.
+
+    For a step that runs beside generation on the same model (several policies on one base,
+    swarm/engine/policies.py): `update` is entered around the weight update alone (the optimizer's
+    step, whether it steps or skips), where the caller keeps forwards out; `switch_mode=False`
+    leaves the model in eval mode throughout, which the caller may ask only when every dropout of
+    the model is 0 (then train and eval mode compute the same), since the mode is the whole
+    model's and a forward of another thread would see it."""
     if not samples:
         raise ValueError("empty batch")
     for s in samples:
@@ -198,7 +210,8 @@ def policy_step(
         group["weight_decay"] = config.weight_decay
     adv = [a * config.reward_coef for a in sample_advantages(samples, config)]
     scales, denom = loss_scales([s.loss_mask[1:] for s in samples], [s.weight for s in samples], config.loss_agg)
-    model.train()
+    if switch_mode:
+        model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = torch.zeros(len(METRICS), device=device)
     tokens = trained = 0
@@ -253,10 +266,12 @@ def policy_step(
         torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm) if params else torch.zeros((), device=device)
     )
     finite = bool(torch.isfinite(grad_norm))  # the step's one host sync before the update
-    if finite:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    model.eval()
+    with update if update is not None else contextlib.nullcontext():
+        if finite:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if switch_mode:
+        model.eval()
     values = torch.cat([totals, grad_norm.detach().float().reshape(1)]).tolist()
     dt = time.perf_counter() - t0
     return {

@@ -165,12 +165,16 @@ class MasterWeightAdamW:
         torch._foreach_copy_(self.params, self.master)
 
 
-def build_optimizer(model: torch.nn.Module, placement: Placement) -> torch.optim.Optimizer | MasterWeightAdamW:
+def build_optimizer(
+    model: torch.nn.Module, placement: Placement, params: list[torch.nn.Parameter] | None = None
+) -> torch.optim.Optimizer | MasterWeightAdamW:
     """AdamW as the engine has always used it, over the parameters that train (all of them in full
-    fine-tuning; a LoRA adapter's only, so the frozen base gets no state); over fp32 masters when
-    those are low precision (peft keeps adapters in fp32 on a bf16 base: no masters needed then)."""
+    fine-tuning; a LoRA adapter's only, so the frozen base gets no state; `params`: those, one
+    adapter of several); over fp32 masters when those are low precision (peft keeps adapters in
+    fp32 on a bf16 base: no masters needed then)."""
     kw = {"lr": 1e-5, "betas": (0.9, 0.99), "eps": 1e-8}
-    params = [p for p in model.parameters() if p.requires_grad]
+    if params is None:
+        params = [p for p in model.parameters() if p.requires_grad]
     if placement.master_weights and any(p.dtype != torch.float32 for p in params):
         return MasterWeightAdamW(params, **kw)
     return torch.optim.AdamW(params, **kw)  # type: ignore[arg-type]
@@ -180,4 +184,6 @@ def grads_to_clip(model: torch.nn.Module, optimizer: object) -> list[torch.Tenso
     """The parameters whose gradients the step clips and the optimizer reads."""
     if isinstance(optimizer, MasterWeightAdamW):
         return optimizer.gather_grads()
-    return [p for p in model.parameters() if p.grad is not None]
+    # the optimizer's own, not every parameter with a gradient: another policy's step on the same model
+    # may hold gradients of its adapter at this moment (swarm/engine/policies.py)
+    return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]

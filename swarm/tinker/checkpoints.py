@@ -132,11 +132,10 @@ def load(policy: PolicyEngine, folder: Path, with_optimizer: bool) -> None:
     """The saved adapter into `policy` (its rank must match); with `with_optimizer` also its AdamW
     state and version, else a fresh optimizer state (Tinker's `load_state`)."""
     host = policy.host
-    with host.lock:
+    with host.exclusive():
         model = policy._live()
         load_adapter(model, folder, policy.lora, adapter_name=policy.adapter)
         host.base.batcher.weights_changed(policy.adapter)
-        model.set_adapter(policy.adapter)
         opt = policy.optimizer
         if isinstance(opt, MasterWeightAdamW):
             opt.sync_from_model()

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm.algorithms.tinker_losses import tinker_loss
+from swarm.engine.adapter_routing import route
 from swarm.engine.policies import PolicyEngine
 from swarm.engine.policy_step import micro_batches
 from swarm.engine.precision import MasterWeightAdamW
@@ -118,9 +119,8 @@ def forward_backward(
     host = policy.host
     outputs: list[dict[str, np.ndarray]] = [{} for _ in datums]
     total = 0.0
-    with host.lock:
+    with host.exclusive(), route(policy.adapter):  # train mode below is the whole model's: nothing beside it
         model = policy._live()
-        model.set_adapter(policy.adapter)  # requires_grad on this adapter only
         params = _params(policy)
         if not forward_only:
             stash.restore(params)
@@ -162,9 +162,8 @@ def optim_step(policy: PolicyEngine, step: AdamStep, stash: GradStash) -> dict[s
     """Apply the accumulated gradients with AdamW as `step` says; clears them. A non-finite gradient
     norm skips the update (metrics `skipped` 1), as the swarm trainer's step does."""
     host = policy.host
-    with host.lock:
-        model = policy._live()
-        model.set_adapter(policy.adapter)
+    with host.exclusive():
+        policy._live()
         params = _params(policy)
         stash.restore(params)
         opt = policy.optimizer
@@ -193,12 +192,13 @@ def prompt_logprobs(
     """Teacher-forced logprob of each prompt token given the ones before it (the first: NaN, Tinker's
     None), through `policy`'s adapter (None: the base with every adapter off); with `topk` also the
     k most likely tokens at each position."""
-    from swarm.engine.lora import adapters_off, mixed_scope  # lazy: peft helpers, loaded with the host
+    from swarm.engine.lora import adapters_off  # lazy: peft helpers, loaded with the host
 
     with host.lock, torch.inference_mode():
         t = torch.tensor([ids], device=host.base.device)
         if policy is not None:
-            ctx: Any = mixed_scope(policy._live())([policy.adapter])
+            policy._live()
+            ctx: Any = route(policy.adapter)
         else:
             ctx = adapters_off(host.peft) if host.peft is not None else torch.inference_mode()
         with ctx:

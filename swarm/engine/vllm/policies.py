@@ -7,7 +7,7 @@
     a.train_step(batch)                               # the torch step; then only planner's adapter travels
 
 Training is the torch `PolicyHost`'s (swarm/engine/policies.py): one frozen base in this process, one
-adapter and AdamW per policy, a step holding that host's lock. Its own generation is never used:
+adapter and AdamW per policy, steps taking turns on that host. Its own generation is never used:
 generation is one vLLM process serving the same base with LoRA enabled, `max_loras` adapters in a
 batch (one per policy, and one for the version a sync switches in; policies added at run time past
 that are still served, vLLM's worker swapping adapters in and out of its cache from their directories).
@@ -28,7 +28,7 @@ Each policy has its own
 Shared: the process, and the `Supervisor` that restarts it. A restart holds every policy's gate
 (`Gates`), and its `on_start` relabels every publisher: a restarted vLLM serves each policy's last good
 adapter again. Syncs of different policies take turns on the supervisor's lock (tens of ms each); a
-step of A holds the torch host's lock, not vLLM, which serves B meanwhile.
+step of A runs on the torch host, not vLLM, which serves B meanwhile.
 
 A drain that times out (`--vllm-drain-timeout-s`) ends only its own policy's stragglers: vLLM's
 `/pause?mode=abort` has no per-adapter form and would end every policy's requests, so the publisher
