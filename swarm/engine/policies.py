@@ -145,7 +145,7 @@ class PolicyHost:
                 self.base.model = self.peft
             else:
                 add_adapter(self.peft, adapter, settings, self.model_dir)
-            install(self.peft)  # the new adapter's layers are peft's own after an add: routed again
+            install(self.peft)  # layers peft wrapped for these targets just now are of its own classes: route them
             train_every_adapter(self.peft)
             self._adapters += 1
             self.peft.eval()  # peft hands the model back in training mode; steps switch it themselves

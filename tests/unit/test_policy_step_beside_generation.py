@@ -250,3 +250,29 @@ def test_routes_are_per_thread_and_stack(model_dir):
         mixed = net(input_ids=ids.expand(3, -1)).logits
     for row, want in enumerate((la, lb, base)):
         assert torch.allclose(mixed[row], want[0], atol=1e-5), row
+
+
+def test_layers_wrapped_for_a_later_policys_targets_are_routed_too(model_dir):
+    from peft.tuners.lora import LoraLayer
+
+    from swarm.engine.adapter_routing import _Routed
+
+    host = PolicyHost(model_dir, seed=0, device="cpu")
+    a = host.add("a", LoraSettings(rank=4, targets="q_proj"))
+    b = host.add("b", LoraSettings(rank=4))  # every linear layer: peft wraps the others now
+    layers = [m for m in host.peft.modules() if isinstance(m, LoraLayer)]
+    assert len(layers) > sum(1 for m in layers if a.adapter in m.lora_A)  # b's targets reach further than a's
+    assert all(isinstance(m, _Routed) for m in layers)
+    with torch.no_grad():
+        for name, p in host.peft.named_parameters():
+            if f".{b.adapter}." in name and "lora_B" in name and "q_proj" not in name:
+                p.fill_(0.05)  # only the layers a does not wrap: they must follow the route
+    ids = torch.tensor([[1, 5, 9, 17]])
+    with torch.inference_mode():
+        with route(b.adapter):
+            lb = host.base.network(input_ids=ids).logits
+        with route(off=True):
+            base = host.base.network(input_ids=ids).logits
+        with route(a.adapter):
+            la = host.base.network(input_ids=ids).logits
+    assert not torch.allclose(lb, base) and torch.allclose(la, base)  # a's B is 0: a is the base
