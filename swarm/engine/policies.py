@@ -236,12 +236,13 @@ class PolicyEngine:
                 published.update(gen)
 
         with host.step_turn() as beside, route(self.adapter):
+            model = self._live()
             metrics = policy_step(
-                self._live(),
+                model,
                 self.optimizer,
                 batch.samples,
                 config,
-                reference=self._live() if config.kl_coef else None,  # the base: this thread's adapters off
+                reference=model if config.kl_coef else None,  # the base: this thread's adapters off
                 share_prefix=self.share_prefix,
                 token_advantages=batch.token_advantages,
                 teacher=batch.teacher,

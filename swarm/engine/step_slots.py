@@ -35,51 +35,41 @@ class StepSlots:
     def waiting(self) -> int:
         return len(self._queue)
 
-    def _enter(self, ready: Callable[[], bool], take: Callable[[], None]) -> None:
-        """Wait in line until first and `ready`, then `take` (under the same lock): a step that just ended
-        cannot take its slot again before a caller that waited for it (one policy starving another)."""
+    @contextlib.contextmanager
+    def _turn(self, ready: Callable[[], bool]) -> Iterator[None]:
+        """Wait in line until first and `ready`; the body (taking the turn) runs under the same lock, so a
+        step that just ended cannot take its slot again before a caller that waited for it."""
         me = object()
         with self._cond:
             self._queue.append(me)
             try:
                 self._cond.wait_for(lambda: self._queue[0] is me and ready())
-                take()
+                yield
             finally:
                 self._queue.remove(me)
                 self._cond.notify_all()
 
-    def _release(self, give: Callable[[], None]) -> None:
-        with self._cond:
-            give()
-            self._cond.notify_all()
-
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        self._enter(lambda: not self._exclusive and self._running < self.slots, self._add_step)
+        with self._turn(lambda: not self._exclusive and self._running < self.slots):
+            self._running += 1
         try:
             yield
         finally:
-            self._release(self._end_step)
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        self._enter(lambda: not self._exclusive and self._running == 0, self._set_exclusive)
+        with self._turn(lambda: not self._exclusive and self._running == 0):
+            self._exclusive = True
         try:
             yield
         finally:
-            self._release(self._end_exclusive)
-
-    def _add_step(self) -> None:
-        self._running += 1
-
-    def _end_step(self) -> None:
-        self._running -= 1
-
-    def _set_exclusive(self) -> None:
-        self._exclusive = True
-
-    def _end_exclusive(self) -> None:
-        self._exclusive = False
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
 
 
 __all__ = ["StepSlots"]

@@ -24,10 +24,11 @@ engine with generation depends on `max_staleness` (k, see batcher.py):
   engine holds its model lock for the whole update, so its forward passes queue
   behind the step: claims, agent time, rendering and merging overlap the step, the
   engine's own generation resumes after it; a policy of several on one base holds
-  it only for the optimizer's update, its step's forwards run beside generation). A call that spans an update keeps the
-  version it started with, so its lag is over- never under-stated, and its recorded
-  logprobs are those of the weights that actually sampled each token, which is what
-  the PPO ratio needs (swarm/engine/policy_step.py uses them as the old logprobs).
+  it only for the optimizer's update, its step's forwards run beside generation).
+  A call that spans an update keeps the version it started with, so its lag is
+  over- never under-stated, and its recorded logprobs are those of the weights that
+  actually sampled each token, which is what the PPO ratio needs
+  (swarm/engine/policy_step.py uses them as the old logprobs).
 
 Checkpoints taken under `gate.exclusive()` (on stop, on request) wait for a running
 step in both modes, so saved weights and saved counters always agree.

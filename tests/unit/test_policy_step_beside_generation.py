@@ -15,7 +15,7 @@ import torch
 
 from swarm.config.lora import LoraSettings
 from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
-from swarm.engine.adapter_routing import route
+from swarm.engine.adapter_routing import adapter_parameters, route
 from swarm.engine.policies import PolicyEngine, PolicyHost
 from swarm.engine.step_slots import StepSlots
 from swarm.model.build import build_untrained
@@ -32,9 +32,8 @@ def _host(model_dir: Path, names=("a", "b"), dropout: float = 0.0) -> PolicyHost
         policy = host.add(name, LoraSettings(rank=4 + i, dropout=dropout))
         g = torch.Generator().manual_seed(i + 1)  # non-zero B: fresh adapters would all equal the base
         with torch.no_grad():
-            for pname, p in host.peft.named_parameters():
-                if f".{policy.adapter}." in pname and "lora_" in pname:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+            for p in adapter_parameters(host.peft, policy.adapter):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     host.base.batcher.weights_changed()
     return host
 
