@@ -11,6 +11,7 @@ import torch
 
 from swarm.config.lora import LoraSettings
 from swarm.engine import GenerateRequest, SamplingParams, TrainBatch, TrainConfig, TrainSample
+from swarm.engine.adapter_routing import adapter_parameters
 from swarm.engine.lora import LoraError
 from swarm.engine.policies import PolicyEngine, PolicyHost, check_name
 from swarm.model.build import build_untrained
@@ -27,9 +28,8 @@ def _randomize(policy: PolicyEngine, seed: int) -> None:
     """Non-zero adapter weights: peft starts B at zero, so fresh adapters would all equal the base."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in policy.host.peft.named_parameters():
-            if f".{policy.adapter}." in name and "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        for p in adapter_parameters(policy.host.peft, policy.adapter):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     policy.host.base.batcher.weights_changed()
 
 
