@@ -10,7 +10,14 @@
 #    torch, and both again with a rank-8 LoRA adapter; peak GPU memory.
 # 2. `swarm train --task arith --steps 30 --device cuda` on the embedded model (ROOST_HOME's, built
 #    first if missing, or ROOST_GPU_MODEL=DIR): it must finish and its reward must rise.
+# 3. tests/unit/test_policy_step_beside_generation.py on cuda (ROOST_TEST_DEVICE): a policy's step
+#    beside another's generation and step trains and generates what each does alone, on the GPU.
+# 4. bench/policy_overlap.py on cuda: two LoRA policies of one base, one training while the other
+#    generates (beside, against a step that holds the model), on a model of the 0.5B's widths.
+# 5. `swarm train --task duet --shared-base --steps 30 --device cuda`: planner and executor as two
+#    LoRA policies of one server on the GPU; it must finish and each role's reward must rise.
 #
+# GPU_PARTS=engine,train,policy_tests,policies,duet (the default: all) picks parts, e.g. to rerun one.
 # Without CUDA it says so and exits with status 2 before doing anything (CI checks that, and runs
 # part 1's wiring on CPU: tests/unit/test_gpu_acceptance.py). docs/gpu.md has the figures of a run.
 set -uo pipefail
@@ -39,7 +46,9 @@ part() {  # part NAME SECONDS COMMAND...: run one part under a time limit, its o
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$PY" -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
 
-part engine 300 "$PY" bench/gpu_acceptance.py --json "$OUT_DIR/engine.json"
+want() { case ",${GPU_PARTS:-engine,train,policy_tests,policies,duet}," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
+want engine && part engine 300 "$PY" bench/gpu_acceptance.py --json "$OUT_DIR/engine.json"
 
 train_arith() {
     "$PY" -m swarm train --task arith --steps 30 --device "$DEVICE" --no-mlflow --out "$OUT_DIR/train" --fresh \
@@ -54,6 +63,30 @@ PY
 }
 export -f train_arith
 export PY OUT_DIR DEVICE=cuda
-part train 240 bash -c train_arith
+want train && part train 240 bash -c train_arith
+
+want policy_tests && part policy_tests 150 env ROOST_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider \
+    tests/unit/test_policy_step_beside_generation.py
+
+want policies && part policies 150 "$PY" bench/policy_overlap.py --device cuda --hidden 896 --layers 24 \
+    --seconds 8 --rounds 2 --concurrency 32 --json "$OUT_DIR/policies.json"
+
+train_duet() {
+    "$PY" -m swarm train --task duet --shared-base --steps 30 --device "$DEVICE" --no-mlflow --out "$OUT_DIR/duet" \
+        --fresh ${ROOST_GPU_MODEL:+--model "$ROOST_GPU_MODEL"} || return
+    "$PY" - "$OUT_DIR/duet/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+rose = True
+for role, p in s["policies"].items():
+    first, last = p["reward_first_mean"], p["reward_last_mean"]
+    print(f"duet --shared-base on cuda, {role}: reward {first:.3f} -> {last:.3f}, {p['steps_done']} steps")
+    rose = rose and last > first
+print(f"wall {s['wall_s']:.0f}s")
+sys.exit(0 if rose else "a role's reward did not rise")
+PY
+}
+export -f train_duet
+want duet && part duet 200 bash -c train_duet
 echo "gpu acceptance: $failed part(s) failed; logs and JSON in $OUT_DIR"
 exit "$failed"

@@ -2,6 +2,7 @@
 that holds the whole model.
 
     python bench/policy_overlap.py [--hidden 512 --layers 8 --seconds 20 --rounds 2] [--json out.json]
+    python bench/policy_overlap.py --device cuda --hidden 896 --layers 24     # on a GPU (bf16)
 
 A `PolicyHost` (swarm/engine/policies.py) with two LoRA policies on one base: a thread trains
 policy `a` step after step (16 samples of 96 tokens, 48 trained) while `--concurrency` requests of
@@ -123,12 +124,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="windows per mode, alternated")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: bf16 weights, one step at a time")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model, params = build_model(Path(tmp) / "model", args.hidden, args.layers)
-        print(f"model: Qwen2, hidden {args.hidden}, {args.layers} layers, {params / 1e6:.1f}M parameters (float32)")
-        host = PolicyHost(model, seed=0)
+        host = PolicyHost(model, seed=0, device=args.device)
+        dtype = str(host.base.placement.dtype)
+        print(f"model: Qwen2, hidden {args.hidden}, {args.layers} layers, {params / 1e6:.1f}M parameters ({dtype})")
         for name in ("a", "b", "c"):
             host.add(name, LoraSettings(rank=8))
         work = batch(host.policy("a"))

@@ -68,7 +68,8 @@ from swarm.engine.torch_engine import (
 
 def step_slots(device: torch.device) -> int:
     """Steps at once: a CPU's cores over the threads one step's torch uses; one on a GPU, where a second
-    step would queue on the same device and only add its activations' memory."""
+    step would queue on the same device and only add its activations' memory (autograd runs every
+    backward on a CUDA device in that device's one thread)."""
     if device.type != "cpu":
         return 1
     return max(1, len(os.sched_getaffinity(0)) // max(1, torch.get_num_threads()))
