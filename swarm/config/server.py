@@ -337,12 +337,7 @@ class ServerConfig(BaseModel):
                 "full-parameter policy would change the base under the others; give --lora-rank r > 0 "
                 "(or a `lora:` per policy), or serve a full-parameter policy on a server of its own"
             )
-        if self.engine == EngineName.vllm:  # one vLLM process serves every policy's adapters
-            if self.vllm.replicas > 1:
-                raise ValueError(
-                    f"policies with --vllm-replicas {self.vllm.replicas}: several policies are served by one "
-                    "vLLM process; give --vllm-replicas 1, or serve each policy on a server of its own"
-                )
+        if self.engine == EngineName.vllm:  # each vLLM process (replica) serves every policy's adapters
             wide = [p.name for p in self.policies if (p.lora or self.lora).rank > LORA_RANKS[-1]]
             if wide:
                 raise ValueError(f"policies {', '.join(wide)}: vLLM serves adapters of rank at most {LORA_RANKS[-1]}")

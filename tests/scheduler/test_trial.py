@@ -159,7 +159,9 @@ def test_local_find_uses_the_wrappers_record(tmp_path: Path) -> None:
     h = backend.submit(spec)
     try:
         job_dir = Path(h.stdout_path).parent
-        wait_for(lambda: (job_dir / "wrapper.json").exists(), 10, what="wrapper record")
+        # the wrapper writes its record first and `started` once it holds a slot: a loaded machine can
+        # read the status between the two (PENDING, rightly)
+        wait_for(lambda: (job_dir / "started").exists(), 10, what="wrapper record and slot")
         (job_dir / "handle.json").unlink()  # the submitter died before writing it
         assert backend.find(spec) == h
         assert backend.find(job_spec(tmp_path, "t1", env={ENV_JOB_ID: "8"})) is None

@@ -152,10 +152,8 @@ def test_a_full_parameter_policy_is_refused_at_start(model_dir: Path, tmp_path: 
     ServerConfig(engine="vllm", model_dir=model_dir, policies=[{"name": "a"}, {"name": "b"}], lora={"rank": 4})
     with pytest.raises(ValueError, match="share a base train LoRA"):  # the same rule on vLLM
         ServerConfig(engine="vllm", model_dir=model_dir, policies=[{"name": "a"}, {"name": "b", "lora": {"rank": 4}}])
-    with pytest.raises(ValueError, match="served by one vLLM process"):
-        ServerConfig(
-            engine="vllm", model_dir=model_dir, policies=[{"name": "a"}], lora={"rank": 4}, vllm={"replicas": 2}
-        )
+    # several vLLM processes each serve every policy's adapters (tests/engine_vllm/test_vllm_policies.py)
+    ServerConfig(engine="vllm", model_dir=model_dir, policies=[{"name": "a"}], lora={"rank": 4}, vllm={"replicas": 2})
     with pytest.raises(ValueError, match="rank at most 512"):
         ServerConfig(engine="vllm", model_dir=model_dir, policies=[{"name": "a", "lora": {"rank": 1024}}])
     with pytest.raises(ValueError, match="engine: not a setting a policy can change"):

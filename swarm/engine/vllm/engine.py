@@ -250,7 +250,7 @@ class VllmEngine:
                     body["model"] = model
                     async with aclosing(replica.client.completions(request, body)) as chunks:
                         async for chunk in chunks:
-                            if self._cut():  # closing the stream makes vLLM abort the request, only this one
+                            if self._cut(replica):  # closing the stream makes vLLM abort the request, only this one
                                 yield version, TokenChunk([], [], "abort")
                                 return
                             started = True
@@ -265,8 +265,8 @@ class VllmEngine:
     def _live(self) -> None:
         """Raise if this engine may not take a request (a policy engine removed from its host)."""
 
-    def _cut(self) -> bool:
-        """Whether the requests in flight are to end now ("abort") by closing their streams."""
+    def _cut(self, replica: Replica) -> bool:
+        """Whether the requests in flight on `replica` are to end now ("abort") by closing their streams."""
         return False
 
     def _formats(self) -> Any:

@@ -30,21 +30,30 @@ Shared: the process, and the `Supervisor` that restarts it. A restart holds ever
 adapter again. Syncs of different policies take turns on the supervisor's lock (tens of ms each); a
 step of A runs on the torch host, not vLLM, which serves B meanwhile.
 
+Replicas (`--vllm-replicas N`, docs/replicas.md): N such processes, each with its own supervisor and
+`Gates`, and each policy a replica of its own on each (gate, publisher over `WORK/replica-i/adapters/
+NAME/`, client) in a `ReplicaSet`, so its requests are routed and its adapter published to every
+process exactly as a single-policy engine's are (replicas.py). A policy is added to, and removed from,
+every process under all their supervisors' locks (taken in order): none restarts half-way.
+
 A drain that times out (`--vllm-drain-timeout-s`) ends only its own policy's stragglers: vLLM's
 `/pause?mode=abort` has no per-adapter form and would end every policy's requests, so the publisher
 sets its gate's `aborting` instead and each of the policy's streams ends itself at its next chunk
 ("abort": the stream is closed, which vLLM aborts). Removing a policy ends its calls in flight the
 same way, unloads its adapter names and deletes its directory; the torch side frees its adapter.
 A rank above the `--max-lora-rank` vLLM started with (the widest of the policies at start) is refused.
-One process only: `--vllm-replicas` > 1 with policies is refused (swarm/config/server.py), and the
-Tinker API (swarm/tinker) stays on the torch engine: its primitives drive the torch host directly.
+The Tinker API (swarm/tinker) stays on the torch engine: its primitives drive the torch host directly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +62,7 @@ from swarm.config.vllm import VllmSettings, max_lora_rank
 from swarm.engine.lora import LoraError, save_adapter
 from swarm.engine.policies import PolicyEngine, PolicyHost
 from swarm.engine.torch_engine import EngineError
-from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout
+from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout, copy_adapter
 from swarm.engine.vllm.engine import VllmEngine
 from swarm.engine.vllm.errors import VllmEngineError
 from swarm.engine.vllm.gate import DrainGate
@@ -110,33 +119,63 @@ class VllmPolicyHost:
         longest = self.trainer.base.max_positions
         self.max_positions = min(longest, settings.max_model_len or longest)
         self.policies: dict[str, VllmPolicyEngine] = {}
-        self.gates = Gates()
         devices = settings.device_groups
-        self.process = VllmProcess(
-            python,
-            self.model_dir,
-            served_name,
-            settings,
-            self.work_dir / "vllm.log",
-            seed=seed,
-            max_model_len=self.max_positions,
-            lora_rank=self.max_rank,
-            max_loras=max_loras,
-            cuda_devices=devices[0] if devices else None,
-        )
-        # the supervisor only holds and reopens its gate: `Gates` does that for every policy's
-        self.supervisor = Supervisor(self.process, self.gates, on_start=self._relabel)  # type: ignore[arg-type]
-        self.supervisor.start()
+        #: per replica: its process, the gates of every policy's requests there, and its supervisor
+        self.processes = [
+            VllmProcess(
+                python,
+                self.model_dir,
+                served_name,
+                settings,
+                self.root(i) / "vllm.log",
+                seed=seed + i,
+                max_model_len=self.max_positions,
+                lora_rank=self.max_rank,
+                max_loras=max_loras,
+                port=settings.port + i if settings.port else None,
+                cuda_devices=devices[i] if devices else None,
+            )
+            for i in range(settings.replicas)
+        ]
+        self.gates = [Gates() for _ in self.processes]
+        # a supervisor only holds and reopens its gate: `Gates` does that for every policy's on its replica
+        self.supervisors = [
+            Supervisor(process, gates, on_start=partial(self._relabel, i))  # type: ignore[arg-type]
+            for i, (process, gates) in enumerate(zip(self.processes, self.gates))
+        ]
+        self.process, self.supervisor = self.processes[0], self.supervisors[0]  # one process: its names as before
+        self._each(lambda sup: sup.start(), "start")
 
-    def _relabel(self) -> None:
-        """The supervisor's `on_start`: a (re)started vLLM holds no adapter; every policy's last good one is
-        loaded again under its version's name (all are tried; the first failure is raised after)."""
+    def root(self, i: int) -> Path:
+        """Replica `i`'s folder: the work folder for the first, as with one process; `replica-i` in it else."""
+        return self.work_dir if i == 0 else self.work_dir / f"replica-{i}"
+
+    def _each(self, work: Any, what: str) -> None:
+        """`work(supervisor)` for every replica at once; on a failure every supervisor is closed and it is raised."""
+        with ThreadPoolExecutor(len(self.supervisors), thread_name_prefix="roost-vllm-policies") as pool:
+            futures = [pool.submit(work, sup) for sup in self.supervisors]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
+            self._close()
+            raise failed[0]  # type: ignore[misc]
+
+    @contextlib.contextmanager
+    def _all_held(self) -> Iterator[None]:
+        """Every replica's supervisor lock, taken in order: no replica restarts meanwhile."""
+        with contextlib.ExitStack() as stack:
+            for sup in self.supervisors:
+                stack.enter_context(sup.lock)
+            yield
+
+    def _relabel(self, i: int) -> None:
+        """Replica `i`'s supervisor's `on_start`: a (re)started vLLM holds no adapter; every policy's last good
+        one is loaded again under its version's name (all are tried; the first failure is raised after)."""
         failed: list[VllmEngineError] = []
         for policy in list(self.policies.values()):
             try:
-                policy.publisher.relabel()
+                policy.replicas[i].publisher.relabel()
             except VllmEngineError as exc:
-                log.error("vLLM could not load policy %s's adapter after a start: %s", policy.name, exc)
+                log.error("vLLM replica %d could not load policy %s's adapter after a start: %s", i, policy.name, exc)
                 failed.append(exc)
         if failed:
             raise failed[0]
@@ -155,15 +194,18 @@ class VllmPolicyHost:
         try:
             engine = VllmPolicyEngine(self, policy)
             try:
-                with self.supervisor.lock:  # no restart meanwhile: it would not relabel this one yet
-                    if not self.supervisor.healthy():
-                        self.supervisor.recover("found dead adding a policy")
-                    engine.publisher.relabel()
-                    self.gates.gates[name] = engine.gate
+                with self._all_held():  # no restart meanwhile: it would not relabel this one yet
+                    for r in engine.replicas:
+                        if not r.supervisor.healthy():
+                            r.supervisor.recover("found dead adding a policy")
+                        r.publisher.relabel()
+                        self.gates[r.index].gates[name] = r.gate
                     self.policies[name] = engine
             except BaseException:
-                engine.publisher.close()
-                shutil.rmtree(engine.publisher.root, ignore_errors=True)
+                for r in engine.replicas:
+                    self.gates[r.index].gates.pop(name, None)
+                    r.publisher.close()
+                    shutil.rmtree(r.publisher.root, ignore_errors=True)
                 raise
         except BaseException:
             self.trainer.remove(name)
@@ -179,14 +221,17 @@ class VllmPolicyHost:
         def late(running: int) -> None:  # unloading only forgets the name: these finish in vLLM by themselves
             log.warning("policy %s removed with %d calls still running in vLLM", name, running)
 
-        engine.gate.drain(self.settings.drain_timeout_s, late, abort_wait_s=0)
-        with self.supervisor.lock:
+        for r in engine.replicas:
+            r.gate.drain(self.settings.drain_timeout_s, late, abort_wait_s=0)
+        with self._all_held():
             self.policies.pop(name, None)
-            self.gates.gates.pop(name, None)
-            engine.publisher.unload()
-        engine.gate.reopen()  # a call that waited at the gate is refused past it (`_live`)
-        engine.publisher.close()
-        shutil.rmtree(engine.publisher.root, ignore_errors=True)
+            for r in engine.replicas:
+                self.gates[r.index].gates.pop(name, None)
+                r.publisher.unload()
+        for r in engine.replicas:
+            r.gate.reopen()  # a call that waited at the gate is refused past it (`_live`)
+            r.publisher.close()
+            shutil.rmtree(r.publisher.root, ignore_errors=True)
         self.trainer.remove(name)
 
     def policy(self, name: str) -> VllmPolicyEngine:
@@ -197,9 +242,11 @@ class VllmPolicyHost:
         await self.trainer.close()
 
     def _close(self) -> None:
-        self.supervisor.close()
+        for sup in self.supervisors:
+            sup.close()
         for policy in self.policies.values():
-            policy.publisher.close()
+            for r in policy.replicas:
+                r.publisher.close()
 
 
 class VllmPolicyEngine(VllmEngine):
@@ -230,33 +277,50 @@ class VllmPolicyEngine(VllmEngine):
         self._save_adapter = save
         with lock:
             layout = adapter_layout(peft, policy.adapter)
-        self.process, self.supervisor = host.process, host.supervisor
-        self.gate = DrainGate()
-        self.publisher = AdapterPublisher(
-            host.work_dir / "adapters" / policy.name,
-            layout,
-            policy.lora.rank,
-            self.gate,
-            host.supervisor,
-            served_name=policy.name,
-            version=policy.policy_version,
-            drain_timeout_s=host.settings.drain_timeout_s,
-            abort_by_pause=False,  # vLLM's /pause would end every policy's requests: this one's end themselves
+        replicas: list[Replica] = []
+        for i, (process, supervisor) in enumerate(zip(host.processes, host.supervisors)):
+            gate = DrainGate()
+            publisher = AdapterPublisher(
+                host.root(i) / "adapters" / policy.name,
+                layout,
+                policy.lora.rank,
+                gate,
+                supervisor,
+                served_name=policy.name,
+                version=policy.policy_version,
+                drain_timeout_s=host.settings.drain_timeout_s,
+                abort_by_pause=False,  # vLLM's /pause would end every policy's requests: this one's end themselves
+            )
+            # version 0: the fresh adapter (B = 0), loaded by the host; the other replicas copy the first's
+            publisher.prepare(save if i == 0 else copy_adapter(replicas[0].publisher.good))  # type: ignore[arg-type]
+            client = CompletionsClient(
+                partial(getattr, process, "url"),
+                policy.name,
+                self.max_positions,
+                self._eos_ids(),
+                end_id=self._end_id(),
+            )
+            replicas.append(Replica(i, process, gate, supervisor, publisher, client))
+        self.replicas = ReplicaSet(replicas)
+        # the first replica's parts under the names a one-process engine has (checks, tests, counters)
+        first = replicas[0]
+        self.process, self.supervisor, self.gate, self.publisher, self.client = (
+            first.process,
+            first.supervisor,
+            first.gate,
+            first.publisher,
+            first.client,
         )
-        self.publisher.prepare(save)  # version 0: the fresh adapter (B = 0), loaded by the host
-        self.client = CompletionsClient(
-            lambda: host.process.url, policy.name, self.max_positions, self._eos_ids(), end_id=self._end_id()
-        )
-        self.replicas = ReplicaSet([Replica(0, self.process, self.gate, self.supervisor, self.publisher, self.client)])
 
     def _live(self) -> None:
         if self.removed:
             raise EngineError(f"policy {self.name!r} was removed")
 
-    def _cut(self) -> bool:
-        """Removed, or this policy's sync gave up waiting for its requests (the gate's `aborting`): end
-        them by closing their streams; the other policies' requests run on (vLLM's /pause would end all)."""
-        return self.removed or self.gate.aborting
+    def _cut(self, replica: Replica) -> bool:
+        """Removed, or this policy's sync gave up waiting for its requests on `replica` (that gate's
+        `aborting`): end them by closing their streams; the other policies' requests run on (vLLM's
+        /pause would end all)."""
+        return self.removed or replica.gate.aborting
 
     def _formats(self) -> Any:
         return self.host.trainer.base.batcher
