@@ -4,7 +4,8 @@ The test starts `vllm.entrypoints.openai.api_server` from the vLLM virtualenv
 (`.venv-vllm`, made by .ci/vllm.sh; ROOST_VLLM_PYTHON names another interpreter)
 serving a model of the embedded model's architecture, and plans whole studies with
 `ChatOpenAI` + JSON-schema structured output (vLLM's guided decoding makes even a
-tiny model's answers schema-valid). The trials are real `swarm train` runs.
+tiny model's answers schema-valid). The trials are real `swarm train` runs (in the outage study,
+`--shared-base`: LoRA policies of the study's one server, each trial's job its client fleet).
 
 Without vLLM the tests skip, saying why; with ROOST_REQUIRE_VLLM=1 (CI) they fail instead.
 """
@@ -149,9 +150,10 @@ def live(vllm_server: VLLMServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[V
         yield vllm_server
 
 
-def _study(server: VLLMServer, topic: str, parallel: int = 2, **budget: int) -> StudyConfig:
+def _study(server: VLLMServer, topic: str, parallel: int = 2, shared_base: bool = False, **budget: int) -> StudyConfig:
     return StudyConfig(
         topic=topic,
+        shared_base=shared_base,
         planner="llm",
         llm_base_url=server.url,
         llm_model=SERVED,
@@ -196,12 +198,15 @@ def test_a_study_planned_by_vllm_survives_the_server_dying(live: VLLMServer, mon
     backoff, the restarted server answers, and the study goes on without re-launching
     anything.
     """
-    # all of a round's trials at once (2 arms x 3 seeds): their start-up is mostly waiting, not CPU
-    monkeypatch.setenv("ROOST_LOCAL_MAX_JOBS", "6")
+    # all of a round's trials at once (2 arms x 3 seeds) as LoRA policies of the study's one server (its own
+    # job: 7 in all): a trial's job is its client fleet only, so six trials cost one server's start-up, not
+    # six (~35 CPU-s less on 2 cores); the planner's knobs (KNOBS) are all ones a policy can set
+    monkeypatch.setenv("ROOST_LOCAL_MAX_JOBS", "7")
     cfg = _study(
         live,
         "Does the learning rate matter on arith? Compare lr 0 with lr 3e-4.",
         parallel=6,
+        shared_base=True,
         max_trials=9,
         llm_tokens=400_000,
     )
