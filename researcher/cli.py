@@ -24,14 +24,11 @@ says in one line what to install, exit 1, before importing the study machinery i
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import shlex
-import shutil
 import sys
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -71,16 +68,15 @@ except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming
     if exc.name is None or exc.name.partition(".")[0] in ("researcher", "swarm", "store", "scheduler"):
         raise  # one of ours missing is a bug, not an install without the extra
     raise SystemExit(f"researcher needs {exc.name}: pip install 'roost[research]'") from None
+from researcher.cli_output import Progress, console, export_html, finish, open_in_browser, print_plan, shown
 from store.paths import default_model_dir
 from swarm.client.cli import load_object
 from swarm.config.options import require_extra
 
 if TYPE_CHECKING:
     from researcher.graph import FirstRound
-    from researcher.runner import Step
 
 app = typer.Typer(help="Plan, run and report RL studies autonomously.", no_args_is_help=True, add_completion=False)
-console = Console()
 err = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -170,108 +166,6 @@ def _root(
     )
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     ctx.obj = CliOptions(debug=debug)
-
-
-# ---------------------------------------------------------------- output
-
-
-def _print_plan(cfg: StudyConfig, plan: FirstRound) -> None:
-    from researcher.report import planner_description  # lazy: research extra (checked by _require_research)
-
-    frame, hyp, design = plan.frame, plan.hypothesis, plan.design
-    console.print(f"[bold]Planner:[/] {escape(planner_description(cfg))}")
-    console.print(f"[bold]Question:[/] {escape(frame.question)}")
-    console.print(f"[bold]Task:[/] {frame.task}   [bold]Metric:[/] {frame.metric} ({frame.metric_description()})")
-    console.print(f"[bold]Hypothesis:[/] {escape(hyp.statement)} (direction: {hyp.direction})")
-    t = Table("arm", "knobs", "seeds", "steps", title=f"Design (baseline: {escape(design.baseline)})")
-    for a in design.arms:
-        t.add_row(
-            escape(a.name),
-            escape(json.dumps({**design.common, **a.knobs})),
-            escape(str(design.seeds)),
-            str(design.steps),
-        )
-    console.print(t)
-    console.print(f"{len(design.trial_configs())} trials")
-    if plan.note:
-        console.print(f"[yellow]{escape(plan.note)}[/]")
-
-
-class _Progress:
-    """Prints a waiting study's trial counts when they change, not on every poll (one per drive)."""
-
-    def __init__(self) -> None:
-        self.last = ""
-
-    def __call__(self, step: Step) -> None:
-        if step.state == "waiting" and step.detail.get("running") is not None:
-            line = f"trials running {step.detail.get('running')}, pending {step.detail.get('pending')}"
-            if line != self.last:
-                self.last = line
-                console.print(f"[dim]{datetime.now().strftime('%H:%M:%S')} {line}[/]")
-
-
-def _finish(study_id: int, step: Step, out: Path | None = None) -> None:
-    if step.state == "approval":
-        d = step.detail
-        console.print(
-            f"[bold yellow]Study {study_id} awaits approval[/] of round {d.get('round', 0) + 1} "
-            f"({d.get('planner', '?')} planner): {escape(str(d.get('hypothesis')))}"
-        )
-        for a in d.get("design", {}).get("arms", []):
-            console.print(f"  arm {escape(a['name'])}: {escape(str(a['knobs']))} × seeds {d['design']['seeds']}")
-        if d.get("note"):
-            console.print(f"  [yellow]{escape(d['note'])}[/]")
-        console.print(f"Approve with: researcher approve {study_id}   (or: researcher stop {study_id})")
-    elif step.state in ("done", "inactive"):
-        _show_report_path(study_id, out)
-
-
-def _shown(path: Path) -> str:
-    """A path as the user typed it: relative to the working directory when it lies below it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def export_html(study_id: int, out: Path | None = None) -> Path:
-    """The study's HTML report copied to OUT/report.html (default ./studies/study-N/), where the
-    user works, not only in ROOST_HOME; rendered from the study's state first when the study has
-    none yet (unfinished, or reported before the HTML existed). KeyError for an unknown study."""
-    from researcher.graph import build_graph  # lazy: research extra (checked by the caller)
-    from researcher.html_report import FILE_NAME, write  # lazy: research extra (checked by the caller)
-    from researcher.report import study_view  # lazy: research extra (checked by the caller)
-    from researcher.runner import checkpointer, make_context  # lazy: research extra (checked by the caller)
-
-    ctx = make_context(study_id)
-    st = ctx.study()
-    dest = (out if out is not None else Path("studies") / f"study-{study_id}") / FILE_NAME
-    src = Path(ctx.cfg.study_dir) / "report" / FILE_NAME
-    if st.report and src.exists():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.resolve() != dest.resolve():
-            shutil.copyfile(src, dest)
-        return dest
-    with checkpointer(ctx.engine) as saver:
-        snap = build_graph(ctx).compile(checkpointer=saver).get_state({"configurable": {"thread_id": str(study_id)}})
-    return write(study_view(ctx, dict(snap.values or {})), dest)
-
-
-def _show_report_path(study_id: int, out: Path | None = None) -> None:
-    from researcher.runner import make_context  # lazy: research extra (checked by _require_research)
-
-    ctx = make_context(study_id)
-    study = ctx.study()
-    console.print(
-        f"[bold green]Study {study_id} {study.status.lower()}[/]; report: {ctx.cfg.study_dir}/report/report.md"
-    )
-    html = export_html(study_id, out)
-    console.print(f"HTML report: {_shown(html)} (open it with: researcher report {study_id} --open)", soft_wrap=True)
-    if study.report:
-        for line in study.report.splitlines():
-            if line.startswith("- Round") or line.startswith("- **"):
-                console.print(escape(line))
 
 
 # ---------------------------------------------------------------- commands
@@ -457,7 +351,7 @@ def study(
         cfg.prompt_versions = LLMPlanner.prompt_versions()
     if dry_run:
         plan = _plan(cfg)
-        _print_plan(cfg, plan)
+        print_plan(cfg, plan)
         try:
             check_program(cfg, plan.design)
         except ValueError as e:
@@ -496,7 +390,7 @@ def _drive_here(study_id: int, opts: CliOptions, resume: object = None, out: Pat
     from store.models import StudyStatus  # lazy: with the runner
 
     try:
-        _finish(study_id, drive(study_id, resume=resume, on_step=_Progress()), out)
+        finish(study_id, drive(study_id, resume=resume, on_step=Progress()), out)
     except KeyboardInterrupt:
         console.print(
             f"\n[yellow]interrupted[/]: running trials go on; continue with "
@@ -626,11 +520,11 @@ def report(
     if as_html or open_it:
         path = export_html(study_id, out)
         if not open_it:
-            typer.echo(_shown(path))
-        elif _open_in_browser(path):
-            typer.echo(f"opened {_shown(path)}")
+            typer.echo(shown(path))
+        elif open_in_browser(path):
+            typer.echo(f"opened {shown(path)}")
         else:
-            typer.echo(f"no browser to open it; the report: {_shown(path)}")
+            typer.echo(f"no browser to open it; the report: {shown(path)}")
         return
     ctx = make_context(study_id)
     st = ctx.study()
@@ -640,16 +534,6 @@ def report(
     with checkpointer(ctx.engine) as saver:
         snap = build_graph(ctx).compile(checkpointer=saver).get_state({"configurable": {"thread_id": str(study_id)}})
     typer.echo(render(ctx, dict(snap.values or {}), Path(ctx.cfg.study_dir) / "report"))
-
-
-def _open_in_browser(path: Path) -> bool:
-    """Whether a browser took the file; False where none can (a server, no display)."""
-    import webbrowser  # lazy: only --open needs it
-
-    try:
-        return webbrowser.open(path.resolve().as_uri())
-    except webbrowser.Error:
-        return False
 
 
 @app.command()
