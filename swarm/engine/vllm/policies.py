@@ -92,7 +92,8 @@ class Gates:
 
 
 class VllmPolicyHost:
-    """The torch trainer of every policy and the one supervised vLLM that serves them (module docstring).
+    """The torch trainer of every policy and the supervised vLLM process (one per replica) that serves them
+    all (module docstring).
 
     `max_rank`: the widest adapter vLLM must take (`--max-lora-rank`); `max_loras`: adapters in one batch.
     """
@@ -144,16 +145,16 @@ class VllmPolicyHost:
             for i, (process, gates) in enumerate(zip(self.processes, self.gates))
         ]
         self.process, self.supervisor = self.processes[0], self.supervisors[0]  # one process: its names as before
-        self._each(lambda sup: sup.start(), "start")
+        self._start_all()
 
     def root(self, i: int) -> Path:
         """Replica `i`'s folder: the work folder for the first, as with one process; `replica-i` in it else."""
         return self.work_dir if i == 0 else self.work_dir / f"replica-{i}"
 
-    def _each(self, work: Any, what: str) -> None:
-        """`work(supervisor)` for every replica at once; on a failure every supervisor is closed and it is raised."""
+    def _start_all(self) -> None:
+        """Start every replica's vLLM at once (each waits until healthy); if one fails, stop all and raise."""
         with ThreadPoolExecutor(len(self.supervisors), thread_name_prefix="roost-vllm-policies") as pool:
-            futures = [pool.submit(work, sup) for sup in self.supervisors]
+            futures = [pool.submit(sup.start) for sup in self.supervisors]
         failed = [f.exception() for f in futures if f.exception() is not None]
         if failed:
             self._close()
