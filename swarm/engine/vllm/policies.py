@@ -1,4 +1,4 @@
-"""Several LoRA policies served by one vLLM process: `swarm serve --engine vllm --policy a --policy b`.
+"""Several LoRA policies served by one vLLM process (or each of N replicas): `swarm serve --engine vllm --policy a`.
 
     host = VllmPolicyHost(model_dir, work_dir, settings=settings, max_rank=8, max_loras=3)
     a = host.add("planner", LoraSettings(rank=8))    # a torch adapter and optimizer; vLLM serves "planner-v0"
