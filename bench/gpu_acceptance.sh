@@ -50,20 +50,28 @@ want() { case ",${GPU_PARTS:-engine,train,policy_tests,policies,duet}," in *",$1
 
 want engine && part engine 300 "$PY" bench/gpu_acceptance.py --json "$OUT_DIR/engine.json"
 
-train_arith() {
-    "$PY" -m swarm train --task arith --steps 30 --device "$DEVICE" --no-mlflow --out "$OUT_DIR/train" --fresh \
+# train NAME ARGS...: `swarm train ARGS` on the GPU into OUT_DIR/NAME; each trained policy's reward (a
+# --shared-base run's every role) must rise from its first steps to its last
+train() {
+    local name=$1
+    shift
+    "$PY" -m swarm train "$@" --steps 30 --device "$DEVICE" --no-mlflow --out "$OUT_DIR/$name" --fresh \
         ${ROOST_GPU_MODEL:+--model "$ROOST_GPU_MODEL"} || return
-    "$PY" - "$OUT_DIR/train/summary.json" <<'PY'
+    "$PY" - "$OUT_DIR/$name/summary.json" "$*" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-first, last = s["reward_first_mean"], s["reward_last_mean"]
-print(f"arith on cuda, 30 steps: reward {first:.3f} -> {last:.3f} in {s['wall_s']:.0f}s")
-sys.exit(0 if last > first else f"the reward did not rise ({first:.3f} -> {last:.3f})")
+rose = True
+for who, p in (s.get("policies") or {"the run": s}).items():
+    first, last = p["reward_first_mean"], p["reward_last_mean"]
+    print(f"{sys.argv[2]} on cuda, 30 steps, {who}: reward {first:.3f} -> {last:.3f}")
+    rose = rose and last > first
+print(f"wall {s['wall_s']:.0f}s")
+sys.exit(0 if rose else "the reward did not rise")
 PY
 }
-export -f train_arith
+export -f train
 export PY OUT_DIR DEVICE=cuda
-want train && part train 240 bash -c train_arith
+want train && part train 240 bash -c 'train train --task arith'
 
 want policy_tests && part policy_tests 150 env ROOST_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider \
     tests/unit/test_policy_step_beside_generation.py
@@ -71,22 +79,6 @@ want policy_tests && part policy_tests 150 env ROOST_TEST_DEVICE=cuda "$PY" -m p
 want policies && part policies 150 "$PY" bench/policy_overlap.py --device cuda --hidden 896 --layers 24 \
     --seconds 8 --rounds 2 --concurrency 32 --json "$OUT_DIR/policies.json"
 
-train_duet() {
-    "$PY" -m swarm train --task duet --shared-base --steps 30 --device "$DEVICE" --no-mlflow --out "$OUT_DIR/duet" \
-        --fresh ${ROOST_GPU_MODEL:+--model "$ROOST_GPU_MODEL"} || return
-    "$PY" - "$OUT_DIR/duet/summary.json" <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))
-rose = True
-for role, p in s["policies"].items():
-    first, last = p["reward_first_mean"], p["reward_last_mean"]
-    print(f"duet --shared-base on cuda, {role}: reward {first:.3f} -> {last:.3f}, {p['steps_done']} steps")
-    rose = rose and last > first
-print(f"wall {s['wall_s']:.0f}s")
-sys.exit(0 if rose else "a role's reward did not rise")
-PY
-}
-export -f train_duet
-want duet && part duet 200 bash -c train_duet
+want duet && part duet 200 bash -c 'train duet --task duet --shared-base'
 echo "gpu acceptance: $failed part(s) failed; logs and JSON in $OUT_DIR"
 exit "$failed"

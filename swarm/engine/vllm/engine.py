@@ -96,11 +96,14 @@ class VllmEngine:
         self.replicas = ReplicaSet([])  # filled below: a replica is built from the first one's files
         for i in range(settings.replicas):
             self.replicas.add(self._replica(i, python, work_dir, seed, state))
-        # the first replica's parts under the names the engine had with one process (checks, tests, bench)
+        self._name_first()
+        self.replicas.start()
+
+    def _name_first(self) -> None:
+        """The first replica's parts under the names the engine had with one process (checks, tests, bench)."""
         first = self.replicas[0]
         self.process, self.gate, self.supervisor = first.process, first.gate, first.supervisor
         self.publisher, self.client = first.publisher, first.client
-        self.replicas.start()
 
     def _replica(
         self, i: int, python: Path, work_dir: Path, seed: int, state: dict[str, torch.Tensor] | None

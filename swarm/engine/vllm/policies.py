@@ -52,7 +52,6 @@ import contextlib
 import logging
 import shutil
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -66,7 +65,7 @@ from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout, copy_ad
 from swarm.engine.vllm.engine import VllmEngine
 from swarm.engine.vllm.errors import VllmEngineError
 from swarm.engine.vllm.gate import DrainGate
-from swarm.engine.vllm.replicas import Replica, ReplicaSet
+from swarm.engine.vllm.replicas import Replica, ReplicaSet, on_each
 from swarm.engine.vllm.server import VllmProcess, find_python
 from swarm.engine.vllm.stream import CompletionsClient
 from swarm.engine.vllm.supervisor import Supervisor
@@ -145,20 +144,15 @@ class VllmPolicyHost:
             for i, (process, gates) in enumerate(zip(self.processes, self.gates))
         ]
         self.process, self.supervisor = self.processes[0], self.supervisors[0]  # one process: its names as before
-        self._start_all()
+        try:
+            on_each(self.supervisors, lambda sup: sup.start())  # at once, each until healthy
+        except BaseException:
+            self._close()
+            raise
 
     def root(self, i: int) -> Path:
         """Replica `i`'s folder: the work folder for the first, as with one process; `replica-i` in it else."""
         return self.work_dir if i == 0 else self.work_dir / f"replica-{i}"
-
-    def _start_all(self) -> None:
-        """Start every replica's vLLM at once (each waits until healthy); if one fails, stop all and raise."""
-        with ThreadPoolExecutor(len(self.supervisors), thread_name_prefix="roost-vllm-policies") as pool:
-            futures = [pool.submit(sup.start) for sup in self.supervisors]
-        failed = [f.exception() for f in futures if f.exception() is not None]
-        if failed:
-            self._close()
-            raise failed[0]  # type: ignore[misc]
 
     @contextlib.contextmanager
     def _all_held(self) -> Iterator[None]:
@@ -243,8 +237,7 @@ class VllmPolicyHost:
         await self.trainer.close()
 
     def _close(self) -> None:
-        for sup in self.supervisors:
-            sup.close()
+        on_each(self.supervisors, lambda sup: sup.close(), raise_first=False)
         for policy in self.policies.values():
             for r in policy.replicas:
                 r.publisher.close()
@@ -303,15 +296,7 @@ class VllmPolicyEngine(VllmEngine):
             )
             replicas.append(Replica(i, process, gate, supervisor, publisher, client))
         self.replicas = ReplicaSet(replicas)
-        # the first replica's parts under the names a one-process engine has (checks, tests, counters)
-        first = replicas[0]
-        self.process, self.supervisor, self.gate, self.publisher, self.client = (
-            first.process,
-            first.supervisor,
-            first.gate,
-            first.publisher,
-            first.client,
-        )
+        self._name_first()
 
     def _live(self) -> None:
         if self.removed:

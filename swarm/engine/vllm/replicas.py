@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from swarm.engine.vllm.adapters import AdapterPublisher
 from swarm.engine.vllm.errors import VllmEngineError
@@ -51,6 +52,7 @@ from swarm.engine.vllm.supervisor import Supervisor
 log = logging.getLogger("swarm.engine.vllm")
 
 Publisher = WeightPublisher | AdapterPublisher
+T = TypeVar("T")
 
 
 class Router:
@@ -229,19 +231,24 @@ class ReplicaSet:
         return metrics
 
     def _each(self, work: Callable[[Replica], object], *, raise_first: bool = True) -> list:
-        """`work(replica)` for every replica at once; the results in order. With one replica it runs here (its
-        exception as it is); with several, every call ends before failures are raised as one `VllmEngineError`
-        naming each replica (`raise_first=False`: logged only)."""
-        if len(self.replicas) == 1:
-            return [work(self.replicas[0])]
-        with ThreadPoolExecutor(len(self.replicas), thread_name_prefix="roost-vllm-replicas") as pool:
-            futures = [pool.submit(work, r) for r in self.replicas]
-        failed = [(i, f.exception()) for i, f in enumerate(futures) if f.exception() is not None]
-        if failed and raise_first:
-            raise VllmEngineError(
-                "; ".join(f"vLLM replica {i}: {exc}" for i, exc in failed)
-                + f" (the other {len(self.replicas) - len(failed)} replicas succeeded)"
-            ) from failed[0][1]
-        for i, exc in failed:
-            log.error("vLLM replica %d: %s", i, exc)
-        return [f.result() for f in futures if f.exception() is None]
+        return on_each(self.replicas, work, raise_first=raise_first)
+
+
+def on_each(items: Sequence[T], work: Callable[[T], object], *, raise_first: bool = True) -> list:
+    """`work(item)` for the replicas' `items` (replica i's at index i) all at once; the results in order.
+
+    With one item it runs here (its exception as it is); with several, every call ends before failures
+    are raised as one `VllmEngineError` naming each replica (`raise_first=False`: logged only)."""
+    if len(items) == 1:
+        return [work(items[0])]
+    with ThreadPoolExecutor(len(items), thread_name_prefix="roost-vllm-replicas") as pool:
+        futures = [pool.submit(work, item) for item in items]
+    failed = [(i, f.exception()) for i, f in enumerate(futures) if f.exception() is not None]
+    if failed and raise_first:
+        raise VllmEngineError(
+            "; ".join(f"vLLM replica {i}: {exc}" for i, exc in failed)
+            + f" (the other {len(items) - len(failed)} replicas succeeded)"
+        ) from failed[0][1]
+    for i, exc in failed:
+        log.error("vLLM replica %d: %s", i, exc)
+    return [f.result() for f in futures if f.exception() is None]
