@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -81,6 +82,14 @@ def main() -> None:
     ap.add_argument("--distill-lr", type=float, default=None, help="the distilled student's lr (default: --student-lr)")
     ap.add_argument("--distill-mode", choices=("sampled", "full"), default="sampled")
     ap.add_argument("--distill-coef", type=float, default=1.0)
+    ap.add_argument(
+        "--grpo-extra", default="", help="more `swarm train` flags for the GRPO student, e.g. an lr schedule"
+    )
+    ap.add_argument(
+        "--distill-extra",
+        default="",
+        help="more `swarm train` flags for the distilled student, e.g. '--lr-warmup-steps 10 --lr-decay-steps 150'",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-n", type=int, default=200)
     ap.add_argument("--window", type=int, default=5, help="steps of the moving average")
@@ -107,7 +116,7 @@ def main() -> None:
     )
     t0 = time.monotonic()
     runs = {
-        "grpo": train(out / "grpo", a.steps, grpo_lr, a.seed),
+        "grpo": train(out / "grpo", a.steps, grpo_lr, a.seed, *shlex.split(a.grpo_extra)),
         "distill": train(
             out / "distill",
             a.steps,
@@ -121,6 +130,7 @@ def main() -> None:
             str(a.distill_coef),
             "--reward-coef",
             "0",
+            *shlex.split(a.distill_extra),
         ),
     }
     for name, proc in runs.items():
@@ -148,6 +158,8 @@ def main() -> None:
         "distill_lr": distill_lr,
         "distill_mode": a.distill_mode,
         "distill_coef": a.distill_coef,
+        "grpo_extra": a.grpo_extra,
+        "distill_extra": a.distill_extra,
         "seed": a.seed,
         "window": a.window,
         "initial_t1_reward": initial,

@@ -12,6 +12,7 @@ from typing import Annotated, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from swarm.algorithms.choices import Advantage, DistillMode, LossAgg
+from swarm.algorithms.schedule import lr_at
 from swarm.config.options import Flag
 
 
@@ -22,6 +23,16 @@ class TrainConfig(BaseModel):
     cli_panel: ClassVar[str] = "training"  # the --help panel of its fields (swarm/config/options.py)
 
     lr: Annotated[float, Flag(study=(0.0, 1e-2))] = Field(2e-4, ge=0.0, description="learning rate")
+    lr_warmup_steps: int = Field(
+        0, ge=0, le=1_000_000, description="steps over which the lr rises linearly to lr (0: none)"
+    )
+    lr_decay_steps: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="steps after the warmup over which the lr falls along a cosine to lr x lr_min_ratio (0: constant)",
+    )
+    lr_min_ratio: float = Field(0.1, ge=0.0, le=1.0, description="the decayed lr's floor, as a fraction of lr")
     advantage: Advantage = Field(Advantage.grpo, description="group advantage estimator")
     clip_eps: float = Field(0.2, gt=0.0, description="PPO clip epsilon (low side, and high unless clip_eps_high)")
     clip_eps_high: float | None = Field(None, gt=0.0, description="PPO clip epsilon of the high side (DAPO)")
@@ -55,6 +66,13 @@ class TrainConfig(BaseModel):
         description="token-mean: every trained token weighs the same; "
         "seq-mean-token-mean: every sample does (task mixes)",
     )
+
+    def at_step(self, step: int) -> TrainConfig:
+        """These knobs for the step after `step` trained ones: the lr its schedule gives then."""
+        if not (self.lr_warmup_steps or self.lr_decay_steps):
+            return self
+        lr = lr_at(self.lr, step, self.lr_warmup_steps, self.lr_decay_steps, self.lr_min_ratio)
+        return self.model_copy(update={"lr": lr})
 
 
 __all__ = ["TrainConfig"]

@@ -265,7 +265,7 @@ class Trainer:
                     log.warning("window %d has no samples (all episodes empty or dropped); skipped", batch.window)
                     self.batch_resolved.publish(batch, None)
                     return
-                config = self.config
+                config = self.config.at_step(self.step)  # the lr schedule's value now
                 token_adv, distilled, teacher_model = None, {}, None
                 if self.teacher is not None and config.distill_coef:
                     if config.distill_mode == DistillMode.full:  # the step reads the teacher's logits itself

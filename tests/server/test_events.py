@@ -126,3 +126,18 @@ def test_a_failing_step_listener_fails_the_step_but_the_window_reopens(model_dir
     asyncio.run(run())
     assert trainer.errors == 1 and trainer.step == 1 and rows.rows == []
     assert len(reopened) == 1 and not batcher.training
+
+
+def test_the_trainer_steps_at_the_lr_its_schedule_gives_after_a_resume(model_dir: Path) -> None:
+    """A resumed trainer (step 12 restored) goes on along the schedule, with nothing saved for it."""
+    engine = FakeEngine(model_dir)
+    cfg = TrainConfig(lr=1e-3, lr_warmup_steps=2, lr_decay_steps=20, lr_min_ratio=0.0)
+    trainer = Trainer(engine, _ready_batcher(), GenerationGate(), cfg, _Rows(), step=12)
+
+    async def run() -> None:
+        trainer.kick()
+        await trainer.wait()
+
+    asyncio.run(run())
+    assert engine.batches[0].config.lr == pytest.approx(cfg.at_step(12).lr) == pytest.approx(5e-4)
+    assert trainer.config.lr == 1e-3  # the live value is the peak; the step's copy carries the schedule

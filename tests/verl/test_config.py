@@ -73,6 +73,8 @@ def test_verl_refuses_what_it_cannot_run() -> None:
 def test_settings_verl_cannot_express_are_refused_before_verl_is_asked() -> None:
     with pytest.raises(VerlConfigError, match="per_episode_norm"):
         verl_overrides(ServerConfig(engine="verl", per_episode_norm=True))
+    with pytest.raises(VerlConfigError, match="lr_warmup_steps"):
+        verl_overrides(ServerConfig(engine="verl", train={"lr_decay_steps": 10}))
     with pytest.raises(VerlConfigError, match="tensor parallel"):
         verl_overrides(ServerConfig(engine="verl", verl=VerlSettings(nodes=1, gpus_per_node=2, rollout_tp=4)))
 

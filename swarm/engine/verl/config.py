@@ -23,7 +23,8 @@ The mapping, field by field (docs/verl.md, "Config mapping", says why):
 | `max_steps`, `checkpoint_every`, `out_dir`, `seed` | `trainer.total_training_steps`, `save_freq`, `default_local_dir`, `actor.data_loader_seed` |
 | `verl.*` | cluster layout, trainer mode, memory split (`swarm.config.verl`) |
 
-Refused with a clear error: `per_episode_norm` (verl has no per-sample loss weight).
+Refused with a clear error: `per_episode_norm` (verl has no per-sample loss weight), and an lr
+schedule (`lr_warmup_steps`, `lr_decay_steps`: verl's optimizer runs its own scheduler).
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ def verl_overrides(server: ServerConfig) -> list[str]:
         raise VerlConfigError(
             "per_episode_norm has no verl equivalent (verl has no per-sample loss weight); "
             "turn it off for --engine verl"
+        )
+    if t.lr_warmup_steps or t.lr_decay_steps:
+        raise VerlConfigError(
+            "lr_warmup_steps / lr_decay_steps are applied by Roost's own step, and verl steps with its own "
+            "optimizer and scheduler; leave them 0 for --engine verl"
         )
     if v.rollout_tp > v.nodes * v.gpus_per_node:
         raise VerlConfigError(f"rollout tensor parallel {v.rollout_tp} exceeds the {v.nodes * v.gpus_per_node} GPUs")
