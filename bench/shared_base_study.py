@@ -77,17 +77,24 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="steps per trial")
     ap.add_argument("--parallel", type=int, default=2, help="trials at once without --shared-base")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--keep", type=Path, default=None, help="keep both studies' homes here (default: a temp dir)")
+    ap.add_argument("--only", choices=("separate", "shared"), default=None, help="run one side alone (to profile it)")
     args = ap.parse_args()
     from store.paths import default_model_dir
     from swarm.model.build import init_model
 
     model = args.model or init_model(default_model_dir())
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or Path(scratch)
         for shared in (False, True):
+            if args.only and args.only != ("shared" if shared else "separate"):
+                continue
             r = run_study(Path(tmp) / ("shared" if shared else "separate"), model, args.steps, shared, args.parallel)
             results.append(r)
             print(json.dumps(r), flush=True)
+    if args.only:
+        return
     separate, shared = results
     ratio = shared["wall_s"] / separate["wall_s"]
     print(

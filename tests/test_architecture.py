@@ -163,7 +163,7 @@ def test_swarm_samples_is_the_ground_floor() -> None:
 SWARM_LAYERS: list[set[str]] = [
     {"swarm.samples"},  # the ground floor: calls and training samples
     {"swarm.algorithms", "swarm.timeline"},  # the pure cores
-    {"swarm.tasks", "swarm.protocol"},  # built-in tasks; the wire protocol's bodies
+    {"swarm.tasks", "swarm.protocol", "swarm.tls"},  # built-in tasks; the wire protocol's bodies; one TLS context
     {"swarm.config"},  # every settings model and the option derivation
     {"swarm.chat"},  # tool-call parsing, shared by the model package and the server
     {"swarm.engine"},  # models behind one interface

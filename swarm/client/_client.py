@@ -46,6 +46,7 @@ from swarm.client._retry import (
     mark_stopping,
 )
 from swarm.protocol import AGENT_HEADER, API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
+from swarm.tls import tls_context
 
 #: Connection pools shared by a client's episodes' OpenAI calls (see `SwarmClient.openai_http`).
 OPENAI_POOLS = 16
@@ -89,7 +90,6 @@ class SwarmClient:
         self._pools: list[httpx.Client] = []  # for the episodes' OpenAI calls (`openai_http`)
         self._pools_lock = threading.Lock()
         self._turn = 0
-        self._tls: Any = None
         # concurrent claims and finishes of this client's threads share requests (`_coalesce.py`)
         self._claims = Coalescer(self._http, self.token, f"{API_PREFIX}/claims", "claims")
         self._finishes = Coalescer(self._http, self.token, f"{API_PREFIX}/finishes", "finishes")
@@ -242,12 +242,10 @@ class SwarmClient:
         with self._pools_lock:
             self._turn += 1
             if len(self._pools) < OPENAI_POOLS:
-                if self._tls is None:
-                    self._tls = httpx.create_ssl_context()
                 self._pools.append(
                     httpx.Client(
                         timeout=self.timeout * 10,
-                        verify=self._tls,
+                        verify=tls_context(),
                         event_hooks=self._hooks,
                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
                     )
@@ -320,10 +318,9 @@ class EpisodeBase:
         import openai  # lazy: importing openai takes ~0.7 s; only episodes that call the model need it
 
         kw = self._openai_kwargs(agent, kwargs)
-        if self._stopping is not None and "http_client" not in kw:  # its 503 "stopping" reaches the client
-            kw["http_client"] = openai.DefaultAsyncHttpxClient(
-                event_hooks={"response": [partial(amark_stopping, stopping=self._stopping)]}
-            )
+        if "http_client" not in kw:  # the process's TLS context, not a new one per episode (~20 ms of CPU)
+            hooks = {"response": [partial(amark_stopping, stopping=self._stopping)]} if self._stopping else None
+            kw["http_client"] = openai.DefaultAsyncHttpxClient(verify=tls_context(), event_hooks=hooks)
         return openai.AsyncOpenAI(**kw)
 
     @cached_property
