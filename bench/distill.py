@@ -3,8 +3,8 @@
     python bench/distill.py                          # ~10 min on 2 busy CPU cores
     python bench/distill.py --teacher-steps 150 --steps 40 --out /tmp/distill-bench
 
-1. The teacher: `swarm train --task arith --steps T` from the embedded initial model (its last
-   checkpoint is the teacher; `--reuse` keeps one already there).
+1. The teacher: `swarm train --task arith --steps T` (`--task calc`: multi-turn with a tool) from the
+   embedded initial model (its last checkpoint is the teacher; `--reuse` keeps one already there).
 2. Its temperature-1 reward: `swarm.model.evaluate` over `--eval-n` arith items at T=1 (and the
    initial model's, for scale).
 3. Two students from the same embedded initial model, same seed, same steps and lr, run at the same
@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SWARM = [sys.executable, "-m", "swarm"]
 
 
-def train(out: Path, steps: int, lr: float, seed: int, *extra: str) -> subprocess.Popen:
-    """`swarm train --task arith` into `out` (its log beside it), started and not waited for."""
+def train(out: Path, steps: int, lr: float, seed: int, *extra: str, task: str = "arith") -> subprocess.Popen:
+    """`swarm train --task TASK` into `out` (its log beside it), started and not waited for."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    args = [*SWARM, "train", "--task", "arith", "--steps", str(steps), "--lr", str(lr), "--seed", str(seed)]
+    args = [*SWARM, "train", "--task", task, "--steps", str(steps), "--lr", str(lr), "--seed", str(seed)]
     args += ["--no-mlflow", "--fresh", "--out", str(out), *extra]
     log = open(out.with_suffix(".log"), "w")  # noqa: SIM115 - closed with the process by the OS
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy())
@@ -64,16 +64,17 @@ def first_reaching(curve: list[float], target: float) -> int | None:
     return next((i + 1 for i, v in enumerate(curve) if v >= target), None)
 
 
-def t1_reward(model: Path, n: int, seed: int) -> float:
+def t1_reward(model: Path, n: int, seed: int, task: str = "arith") -> float:
     from swarm.model.evaluate import evaluate, run_models  # lazy: torch, only after the runs
 
     path, _ = run_models(model)
-    return float(evaluate(path, "arith", n=n, temperature=1.0, seed=seed)["mean_reward"])
+    return float(evaluate(path, task, n=n, temperature=1.0, seed=seed)["mean_reward"])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/roost-distill-bench"))
+    ap.add_argument("--task", default="arith", help="the built-in task of the teacher and both students")
     ap.add_argument("--teacher-steps", type=int, default=150)
     ap.add_argument("--steps", type=int, default=40, help="steps of each student")
     ap.add_argument("--lr", type=float, default=3e-4, help="the teacher run's lr")
@@ -102,11 +103,12 @@ def main() -> None:
     started = time.monotonic()
     teacher = out / "teacher"
     if not (a.reuse and (teacher / "summary.json").is_file()):
-        print(f"teacher: swarm train --task arith --steps {a.teacher_steps} --lr {a.lr}", flush=True)
-        wait(train(teacher, a.teacher_steps, a.lr, a.seed + 1), "the teacher run", teacher.with_suffix(".log"))
+        print(f"teacher: swarm train --task {a.task} --steps {a.teacher_steps} --lr {a.lr}", flush=True)
+        proc = train(teacher, a.teacher_steps, a.lr, a.seed + 1, task=a.task)
+        wait(proc, "the teacher run", teacher.with_suffix(".log"))
     teacher_s = time.monotonic() - started
-    target = t1_reward(teacher, a.eval_n, a.seed)
-    initial = t1_reward(default_model_dir(), a.eval_n, a.seed)
+    target = t1_reward(teacher, a.eval_n, a.seed, a.task)
+    initial = t1_reward(default_model_dir(), a.eval_n, a.seed, a.task)
     print(f"T=1 reward over {a.eval_n} items: initial model {initial:.3f}, teacher {target:.3f}", flush=True)
 
     print(
@@ -116,7 +118,7 @@ def main() -> None:
     )
     t0 = time.monotonic()
     runs = {
-        "grpo": train(out / "grpo", a.steps, grpo_lr, a.seed, *shlex.split(a.grpo_extra)),
+        "grpo": train(out / "grpo", a.steps, grpo_lr, a.seed, *shlex.split(a.grpo_extra), task=a.task),
         "distill": train(
             out / "distill",
             a.steps,
@@ -131,6 +133,7 @@ def main() -> None:
             "--reward-coef",
             "0",
             *shlex.split(a.distill_extra),
+            task=a.task,
         ),
     }
     for name, proc in runs.items():
@@ -151,6 +154,7 @@ def main() -> None:
         at = reached[name]
         print(f"{name}: reaches the teacher's T=1 reward {target:.3f} (avg{a.window}) at step {at or f'> {a.steps}'}")
     result = {
+        "task": a.task,
         "teacher_steps": a.teacher_steps,
         "steps": a.steps,
         "lr": a.lr,

@@ -319,7 +319,9 @@ class EpisodeBase:
 
         kw = self._openai_kwargs(agent, kwargs)
         if "http_client" not in kw:  # the process's TLS context, not a new one per episode (~20 ms of CPU)
-            hooks = {"response": [partial(amark_stopping, stopping=self._stopping)]} if self._stopping else None
+            hooks = None
+            if self._stopping is not None:  # its 503 "stopping" reaches the client
+                hooks = {"response": [partial(amark_stopping, stopping=self._stopping)]}
             kw["http_client"] = openai.DefaultAsyncHttpxClient(verify=tls_context(), event_hooks=hooks)
         return openai.AsyncOpenAI(**kw)
 
