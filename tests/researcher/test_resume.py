@@ -13,8 +13,9 @@ import pytest
 from sqlmodel import Session, select
 
 from researcher.config import StudyConfig
+from researcher.graph import build_graph
 from researcher.planning import PlanDefaults
-from researcher.runner import create_study, drive, make_context, store_engine
+from researcher.runner import checkpointer, create_study, drive, make_context, store_engine
 from scheduler.manager import JobManager
 from scheduler.records import StoreSink
 from store.models import Job, Study, Trial
@@ -125,16 +126,30 @@ def test_kill_9_mid_study_then_resume(fake_program, tmp_path):
     assert launched_before >= 2
     res = _researcher("resume", "1", env=env)
     assert res.wait(timeout=240) == 0, _log()
-    out = _log()
     with Session(engine) as s:
         study = s.exec(select(Study)).one()
         jobs = s.exec(select(Job)).all()
         trials = s.exec(select(Trial)).all()
-    assert study.status == "COMPLETED", out
+    # seen once under CI load (2026-11-27): `resume` exited 0 with the report written and the study
+    # ACTIVE; the rows, the graph's last checkpoint and the resume's own output say where it stopped
+    assert study.status == "COMPLETED", f"{_explain(engine)}\n{_graph_state(1)}"
     assert {t.status for t in trials} == {"COMPLETED"}
     assert len(jobs) == 6 and len({j.trial_id for j in jobs}) == 6  # one job per trial
     assert _starts(make_context(1).cfg.study_dir) == [1] * 6  # each trial ran once
     assert "lr=0 is worse" in study.report
+
+
+def _graph_state(study_id: int) -> str:
+    """The study graph's last checkpoint: where a driver that stopped early left it."""
+    ctx = make_context(study_id)
+    with checkpointer(ctx.engine) as saver:
+        snap = build_graph(ctx).compile(checkpointer=saver).get_state({"configurable": {"thread_id": str(study_id)}})
+    v = snap.values or {}
+    interrupts = [i.value for i in getattr(snap, "interrupts", ()) or ()]
+    return (
+        f"graph: next={snap.next} interrupts={interrupts} route={v.get('route')} "
+        f"stop={v.get('stop_reason')} report={v.get('report_path')} round={v.get('round')}"
+    )
 
 
 def _explain(engine) -> str:
