@@ -51,6 +51,7 @@ from swarm.engine.vllm.errors import VllmEngineError, post_route
 from swarm.engine.vllm.gate import DrainGate
 from swarm.engine.vllm.publisher import Upstream
 from swarm.engine.vllm.weights import CheckpointRefused, Layout, layout_of, validate
+from swarm.tls import tls_context
 
 log = logging.getLogger("swarm.engine.vllm")
 
@@ -150,8 +151,9 @@ class AdapterPublisher:
         #: syncs, sync_failures, refused, aborted_in_sync, unloaded, unload_failures
         self.counters: Counter[str] = Counter()
         self._aborted = False
-        #: one client for every call (a new one per call costs ~25 ms: its TLS context), thread-safe
-        self._http = httpx.Client(timeout=120)
+        #: one client for every call (a new one per call costs ~25 ms: its TLS context), thread-safe; on the
+        #: process's context, since a server of several policies and replicas has a publisher for each
+        self._http = httpx.Client(timeout=120, verify=tls_context())
 
     def close(self) -> None:
         self._http.close()

@@ -178,8 +178,10 @@ class CompletionsClient:
         return [TokenChunk(ids, logps, reason, top_logprobs=tops)]
 
     def logprobs(self, ids: list[int], model: str | None = None) -> list[float]:
-        """Teacher-forced logprob of each token after the first, as vLLM computes it with `model` (checks, tests)."""
-        resp = httpx.post(self.url() + "/v1/completions", timeout=60, json=self._forced(list(ids), 0, model))
+        """Teacher-forced logprob of each token after the first, as vLLM computes it with `model` (checks,
+        tests, and every `echo` request to a vLLM-engine server: hence the process's TLS context)."""
+        forced = self._forced(list(ids), 0, model)
+        resp = httpx.post(self.url() + "/v1/completions", timeout=60, json=forced, verify=tls_context())
         resp.raise_for_status()
         rows = resp.json()["choices"][0]["prompt_logprobs"][1:]
         return [float(row[str(tok)]["logprob"]) for row, tok in zip(rows, ids[1:])]

@@ -27,6 +27,7 @@ import httpx
 
 from swarm.engine.vllm.errors import ServerStartError
 from swarm.engine.vllm.gate import DrainGate
+from swarm.tls import tls_context
 
 log = logging.getLogger("swarm.engine.vllm")
 
@@ -36,9 +37,10 @@ def control_client() -> httpx.Client:
 
     `httpx.get`/`httpx.post` build a client per call, and with it a TLS context (the CA bundle
     loaded: ~25 ms, 10 % of a full sync's trainer side, docs/scale.md) that plain-HTTP loopback never
-    uses. Thread-safe. Idle connections are dropped after 1 s, before the server's keep-alive
-    timeout (uvicorn's 5 s) can close one under a request being sent on it."""
-    return httpx.Client(timeout=120, limits=httpx.Limits(keepalive_expiry=1.0))
+    uses; this one takes the process's (swarm/tls.py). Thread-safe. Idle connections are dropped after
+    1 s, before the server's keep-alive timeout (uvicorn's 5 s) can close one under a request being
+    sent on it."""
+    return httpx.Client(timeout=120, limits=httpx.Limits(keepalive_expiry=1.0), verify=tls_context())
 
 
 def free_port(host: str = "127.0.0.1") -> int:
