@@ -53,7 +53,7 @@ def service(request: Request) -> TinkerService:
             409,
             "not_a_policy_server",
             "the Tinker API trains LoRA policies on a shared base: start swarm serve with --policy NAME "
-            "and --lora-rank r (and the torch engine)",
+            "and --lora-rank r (the torch or vllm engine)",
         )
     return svc
 
@@ -232,9 +232,12 @@ async def optim_step(request: Request, svc: TinkerService = Depends(caller)) -> 
     p = check_adam(body.adam_params or body.optim_params or s.AdamParamsBody())
     m = svc.model(body.model_id)
     step = AdamStep(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
-    return future(
-        svc.submit(m, body.seq_id, fingerprint(raw), lambda: {"metrics": step_fn(m.policy, step, m.stash)}), m.id
-    )
+
+    def work() -> dict[str, Any]:
+        metrics = step_fn(m.policy, step, m.stash)
+        return {"metrics": {**metrics, **svc.published(m)}}
+
+    return future(svc.submit(m, body.seq_id, fingerprint(raw), work), m.id)
 
 
 # -- checkpoints --------------------------------------------------------------------
@@ -304,6 +307,7 @@ async def load_weights(request: Request, svc: TinkerService = Depends(caller)) -
     def work() -> dict[str, Any]:
         load(m.policy, folder, body.optimizer)
         m.stash.clear()
+        svc.hooks.publish(m.policy.name)  # served as loaded (vLLM: its adapter), or the future fails saying why
         return {"path": path.uri, "model_id": m.id, "type": "load_weights"}
 
     return future(svc.submit(m, seq, fingerprint(raw), work), m.id)

@@ -8,9 +8,13 @@
              sampling client and the OpenAI/Anthropic routes (`model`) both serve it
 
 What the server around it must do is behind `PolicyHooks` (the app implements it): add a policy (a
-`PolicyEngine` of the host, and a `Swarm` whose claims are refused with 409
-`policy_trained_by_primitives`, so the OpenAI proxy serves it under its name), remove one, and name
-the policies the swarm trainer trains (which this API refuses with 409 `policy_trained_by_swarm`).
+`PolicyEngine` of the torch host, and a `Swarm` whose claims are refused with 409
+`policy_trained_by_primitives`, so the OpenAI proxy serves it under its name), remove one, name
+the policies the swarm trainer trains (which this API refuses with 409 `policy_trained_by_swarm`),
+and sample: a policy's generation and the base's go through the engine that serves them (the torch
+host's batcher, or vLLM with the policy's adapter), and `publish` makes that engine serve what the
+primitives changed (vLLM: the adapter written and loaded as a new version; torch: nothing to do).
+The primitives themselves always run on the torch host, which trains on either engine.
 So this package needs nothing of the server's modules, and the server mounts it as a plug-in.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import secrets
 import time
 from collections import OrderedDict
@@ -38,13 +43,26 @@ SDK_HEARTBEAT_S = 10.0  # the tinker SDK heartbeats its session this often, what
 SNAPSHOTS_KEPT = 4  # sampler snapshots live at once (each an adapter and a Swarm); older ones reload on use
 POLICY_NAME_MAX = 64
 
+log = logging.getLogger("swarm.tinker")
+
 
 class PolicyHooks(Protocol):
-    async def add(self, name: str, settings: LoraSettings) -> PolicyEngine: ...
+    async def add(self, name: str, settings: LoraSettings) -> PolicyEngine:
+        """A new policy: its torch `PolicyEngine` (what the primitives train)."""
+        ...
 
     async def remove(self, name: str) -> None: ...
 
     def swarm_policies(self) -> list[str]: ...
+
+    async def generate(self, name: str | None, request: GenerateRequest) -> Any:
+        """A `Completion` of policy `name` (None: the base, every adapter off) from the serving engine."""
+        ...
+
+    def publish(self, name: str) -> dict[str, float]:
+        """Make the serving engine serve policy `name`'s current weights (blocking: called off the loop);
+        the sync's timings. Raises when the engine could not take them (it serves the last good ones)."""
+        ...
 
 
 @dataclass
@@ -201,6 +219,16 @@ class TinkerService:
             m.last_seq = seq_id
         return rid
 
+    def published(self, m: Model) -> dict[str, float]:
+        """(In the model's lane, after an optim_step) its new weights served under its name: the OpenAI
+        routes sample the training model as it is now. A failed sync does not undo the step, which the
+        client would otherwise retry: it is reported in the step's metrics (`publish_failed`) and logged."""
+        try:
+            return self.hooks.publish(m.policy.name)
+        except Exception as exc:  # noqa: BLE001 - any engine's failure: the step stands, the old weights serve on
+            log.error("model %s: the weights of its optim_step did not reach the serving engine: %s", m.id, exc)
+            return {"publish_failed": 1.0}
+
     # -- checkpoints --------------------------------------------------------------------
     def save(self, m: Model, kind: str, name: str) -> ckpt.TinkerPath:
         """(In the model's lane) write the model's state at tinker://ID/KIND/NAME, atomically."""
@@ -246,6 +274,7 @@ class TinkerService:
             rank = int(ckpt.read_meta(folder).get("rank", self.lora.rank))
             policy = await self.hooks.add(name, self.lora.model_copy(update={"rank": rank, "lr_scale": 1.0}))
             await asyncio.to_thread(ckpt.load, policy, folder, False)
+            await asyncio.to_thread(self.hooks.publish, name)
             self.snapshots[path.uri] = policy
             while len(self.snapshots) > SNAPSHOTS_KEPT:
                 old, engine = self.snapshots.popitem(last=False)
@@ -280,19 +309,13 @@ class TinkerService:
         from swarm.tinker.compute import prompt_logprobs  # lazy: torch, once a sample is asked
 
         policy = await self.snapshot(path) if path is not None else None
-        if policy is not None:
-            gen = policy.generate
-        else:  # the base: every adapter off in its rows (an unnamed row would run the active adapter)
-            from swarm.engine.continuous import BASE_ADAPTER  # lazy: with the torch host
-
-            def gen(request: GenerateRequest) -> Any:
-                return self.host.base.generate(request, adapter=BASE_ADAPTER)
+        name = policy.name if policy is not None else None  # None: the base, every adapter off in its rows
 
         def one(i: int) -> GenerateRequest:
             seed = params.seed + i if params.seed is not None else None
             return GenerateRequest(list(ids), dataclasses.replace(params, seed=seed))
 
-        outs = await asyncio.gather(*(gen(one(i)) for i in range(n)))
+        outs = await asyncio.gather(*(self.hooks.generate(name, one(i)) for i in range(n)))
         prompt = None
         if prompt_topk is not None:
             prompt = await asyncio.to_thread(prompt_logprobs, policy, self.host, ids, prompt_topk)

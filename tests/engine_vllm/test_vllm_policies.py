@@ -32,6 +32,9 @@ from swarm.engine import GenerateRequest, SamplingParams
 from swarm.model.build import build_untrained
 from swarm.testing import running_server, wait_until
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tinker"))
+from tinker_kit import TinkerHTTP, datum, fwdbwd, sample_body  # noqa: E402
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FRESH_TOL = 1e-5
@@ -157,6 +160,76 @@ def test_a_restarted_vllm_serves_every_policys_last_good_adapter(served):
     assert _diff(a.logprobs(fixed), before["a"]) <= FRESH_TOL
     assert _diff(b.logprobs(fixed), before["b"]) <= FRESH_TOL
     assert a.counters()["vllm_restarts"] == b.counters()["vllm_restarts"] == 1
+
+
+def test_the_tinker_api_trains_on_the_torch_host_and_samples_from_vllm(served):
+    """Tinker's primitives on a vLLM policy server: forward_backward and optim_step train the model's adapter
+    on the torch host and each step's adapter reaches vLLM under the model's name; a sampler snapshot is
+    loaded into vLLM and sampled there, with the trainer's logprobs; the base sampler runs no adapter; a
+    finished session's models leave vLLM. Leaves the host's own policies (a, b) as it found them."""
+    config, host = served
+    with running_server(config, host) as srv:
+        t = TinkerHTTP(srv.url, key=f"tml-{srv.token}")
+        try:
+            caps = t.http.get("/api/v1/get_server_capabilities").json()
+            base = caps["supported_models"][0]["model_name"]
+            sid = t.session()
+
+            def create(seq: int) -> str:
+                body = {"session_id": sid, "model_seq_id": seq, "base_model": base, "lora_config": {"rank": 4}}
+                return t.call("create_model", body)["model_id"]
+
+            def forward(model_id: str, ids: list[int]) -> list[float]:
+                out = t.call("forward", fwdbwd(model_id, [datum(ids[:-1], ids[1:])]))
+                return out["loss_fn_outputs"][0]["logprobs"]["data"]
+
+            model_id = create(0)
+            name = model_id.replace(":", "-")
+            assert f"{name}-v0" in _models(host)  # a policy of the one vLLM, its fresh adapter loaded
+            prompt = _prompt(host.policy("a"), "What is 7+8?")
+            before = forward(model_id, prompt)
+            t.call("forward_backward", fwdbwd(model_id, [datum(prompt[:-1], prompt[1:])], seq=1))
+            step = t.call("optim_step", {"model_id": model_id, "seq_id": 2, "adam_params": {"learning_rate": 5e-2}})
+            assert "publish_s" in step["metrics"] and "publish_failed" not in step["metrics"], step
+            after = forward(model_id, prompt)
+            assert _diff(after, before) > 1e-3, "the step changed nothing"
+            assert f"{name}-v1" in _models(host) and f"{name}-v0" not in _models(host)
+            assert _diff(host.policy(name).logprobs(prompt), after) <= HF_TOL  # vLLM serves the step's adapter
+
+            path = t.call("save_weights_for_sampler", {"model_id": model_id, "path": "s1", "seq_id": 3})["path"]
+            snap = f"{name}.s1"
+            assert any(m.startswith(f"{snap}-v") for m in _models(host)), _models(host)
+            sampler = t.ok(
+                "create_sampling_session", {"session_id": sid, "sampling_session_seq_id": 0, "model_path": path}
+            )
+            body = sample_body(sampler["sampling_session_id"], prompt, 2, True, max_tokens=4, temperature=1.0, seed=3)
+            res = t.call("asample", body)
+            assert res["prompt_logprobs"][0] is None and res["prompt_logprobs"][1:] == pytest.approx(after, abs=1e-5)
+            for seq in res["sequences"]:  # sampled by vLLM through the snapshot: the trained model's logprobs
+                assert 1 <= len(seq["tokens"]) <= 4
+                full = forward(model_id, prompt + seq["tokens"])
+                assert _diff(seq["logprobs"], full[-len(seq["tokens"]) :]) <= HF_TOL
+
+            fresh = create(1)  # untrained: the base's logprobs
+            on_base = t.ok(
+                "create_sampling_session", {"session_id": sid, "sampling_session_seq_id": 1, "base_model": base}
+            )
+            body = {**body, "sampling_session_id": on_base["sampling_session_id"], "prompt_logprobs": False}
+            for seq in t.call("asample", body)["sequences"]:
+                full = forward(fresh, prompt + seq["tokens"])
+                assert _diff(seq["logprobs"], full[-len(seq["tokens"]) :]) <= HF_TOL
+
+            worker = {"Authorization": f"Bearer {srv.token}"}
+            r = t.http.post("/v1/completions", headers=worker, json={"model": snap, "prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 200 and r.json()["model"] == snap, r.text
+
+            assert t.post(f"sessions/{sid}/finish", {"reason": {"type": "success"}, "detail": None}).status_code == 200
+            assert not any(m.startswith((f"{name}-v", f"{fresh.replace(':', '-')}-v")) for m in _models(host))
+            admin = {"Authorization": f"Bearer {srv.admin_token}"}  # the snapshot stays served until removed
+            assert t.http.delete(f"/swarm/v1/admin/policies/{snap}", headers=admin).status_code == 200
+            assert [m for m in _models(host) if not m.startswith(("a-v", "b-v"))] == ["base"]
+        finally:
+            t.close()
 
 
 def test_the_server_routes_trains_adds_and_removes_policies_on_one_vllm(served):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tinker_kit import BASE, datum, fwdbwd
+from tinker_kit import BASE, datum, fwdbwd, sample_body
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,14 +74,7 @@ def test_sampler_snapshot_is_served_to_the_sdk_and_the_openai_route(tinker_serve
     path = out["path"]
     assert path == f"tinker://{model_id}/sampler_weights/v1"
     sampler = t.ok("create_sampling_session", {"session_id": sid, "sampling_session_seq_id": 0, "model_path": path})
-    body = {
-        "sampling_session_id": sampler["sampling_session_id"],
-        "seq_id": 0,
-        "num_samples": 3,
-        "prompt": {"chunks": [{"type": "encoded_text", "tokens": TOKENS}]},
-        "sampling_params": {"max_tokens": 5, "temperature": 1.0, "seed": 7},
-        "prompt_logprobs": True,
-    }
+    body = sample_body(sampler["sampling_session_id"], TOKENS, 3, True, max_tokens=5, temperature=1.0, seed=7)
     res = t.call("asample", body)
     assert len(res["sequences"]) == 3
     assert all(1 <= len(q["tokens"]) <= 5 and len(q["logprobs"]) == len(q["tokens"]) for q in res["sequences"])

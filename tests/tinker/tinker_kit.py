@@ -65,6 +65,18 @@ def fwdbwd(
     }
 
 
+def sample_body(sampler: str, tokens: list[int], n: int, prompt_logprobs: bool, **params: Any) -> dict[str, Any]:
+    """An `asample` request of `n` samples of `tokens` from sampling session `sampler`."""
+    return {
+        "sampling_session_id": sampler,
+        "seq_id": 0,
+        "num_samples": n,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": tokens}]},
+        "sampling_params": params,
+        "prompt_logprobs": prompt_logprobs,
+    }
+
+
 # -- the SDK's protobuf form of forward_backward, written independently of swarm/tinker/wire.py -----
 
 

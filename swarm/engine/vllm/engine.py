@@ -60,9 +60,23 @@ from swarm.engine.vllm.stream import CompletionsClient
 from swarm.engine.vllm.supervisor import Supervisor
 from swarm.engine.vllm.weights import CheckpointRefused, ServingDir, layout_of, unique_state
 
-__all__ = ["VllmEngine", "VllmEngineError"]
+__all__ = ["VllmEngine", "VllmEngineError", "end_of_turn_id", "eos_ids"]
 
 log = logging.getLogger("swarm.engine.vllm")
+
+
+def eos_ids(tok: Any) -> list[int]:
+    """The ids that end a completion: the template's end of turn, end of text and the tokenizer's EOS."""
+    ids = {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    ids.add(tok.eos_token_id)
+    return sorted(i for i in ids if isinstance(i, int) and i >= 0 and i != tok.unk_token_id)
+
+
+def end_of_turn_id(tok: Any) -> int | None:
+    """The template's end of turn (`<|im_end|>`) where it is one of the EOS ids: a constrained JSON
+    answer ends with it, as on the torch engine (`Grammars.end_ids`); None leaves vLLM its own EOS."""
+    end = tok.convert_tokens_to_ids(END_OF_TURN)
+    return end if isinstance(end, int) and end in eos_ids(tok) else None
 
 
 class VllmEngine:
@@ -206,16 +220,10 @@ class VllmEngine:
         return out
 
     def _eos_ids(self) -> list[int]:
-        tok = self.tokenizer
-        ids = {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
-        ids.add(tok.eos_token_id)
-        return sorted(i for i in ids if isinstance(i, int) and i >= 0 and i != tok.unk_token_id)
+        return eos_ids(self.tokenizer)
 
     def _end_id(self) -> int | None:
-        """The template's end of turn (`<|im_end|>`) where it is one of the EOS ids: a constrained JSON
-        answer ends with it, as on the torch engine (`Grammars.end_ids`); None leaves vLLM its own EOS."""
-        end = self.tokenizer.convert_tokens_to_ids(END_OF_TURN)
-        return end if isinstance(end, int) and end in self._eos_ids() else None
+        return end_of_turn_id(self.tokenizer)
 
     # -- generation -------------------------------------------------------------
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]:

@@ -42,7 +42,9 @@ sets its gate's `aborting` instead and each of the policy's streams ends itself 
 ("abort": the stream is closed, which vLLM aborts). Removing a policy ends its calls in flight the
 same way, unloads its adapter names and deletes its directory; the torch side frees its adapter.
 A rank above the `--max-lora-rank` vLLM started with (the widest of the policies at start) is refused.
-The Tinker API (swarm/tinker) stays on the torch engine: its primitives drive the torch host directly.
+The Tinker API (swarm/tinker) trains a policy's adapter on the torch host, as the swarm trainer does;
+its samplers are served here like any policy, and its base sampler by `generate_base` (vLLM's base
+model, no adapter).
 """
 
 from __future__ import annotations
@@ -56,13 +58,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from swarm.config.lora import LoraSettings
 from swarm.config.vllm import VllmSettings, max_lora_rank
+from swarm.engine.base import Completion, GenerateRequest
 from swarm.engine.lora import LoraError, save_adapter
 from swarm.engine.policies import PolicyEngine, PolicyHost
 from swarm.engine.torch_engine import EngineError
 from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout, copy_adapter
-from swarm.engine.vllm.engine import VllmEngine
+from swarm.engine.vllm.engine import VllmEngine, end_of_turn_id, eos_ids
 from swarm.engine.vllm.errors import VllmEngineError
 from swarm.engine.vllm.gate import DrainGate
 from swarm.engine.vllm.replicas import Replica, ReplicaSet, on_each
@@ -231,6 +236,34 @@ class VllmPolicyHost:
 
     def policy(self, name: str) -> VllmPolicyEngine:
         return self.policies[name]
+
+    async def generate_base(self, request: GenerateRequest) -> Completion:
+        """A completion of the base with every adapter off (the Tinker API's base sampler), from the first
+        replica whose process runs. The base never changes, so there is no gate to pass or version to
+        label (0); a vLLM that died mid-request fails it, and its supervisor restarts the process."""
+        i = next((i for i, p in enumerate(self.processes) if p.alive()), 0)
+        tok = self.trainer.base.tokenizer
+        client = CompletionsClient(
+            partial(getattr, self.processes[i], "url"),
+            self.served_name,
+            self.max_positions,
+            eos_ids(tok),
+            end_id=end_of_turn_id(tok),
+        )
+        ids: list[int] = []
+        logps: list[float] = []
+        tops: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs > 0 else None
+        reason = "length"
+        try:
+            async for chunk in client.completions(request, client.body(request)):
+                ids.extend(chunk.token_ids)
+                logps.extend(chunk.logprobs)
+                if tops is not None:
+                    tops.extend(chunk.top_logprobs or [])
+                reason = chunk.finish_reason or reason
+        except httpx.TransportError as exc:
+            raise VllmEngineError(f"vLLM could not be reached for a base sample ({exc!r})") from exc
+        return Completion(list(request.prompt_ids), ids, logps, reason, 0, top_logprobs=tops)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._close)
