@@ -13,6 +13,10 @@
 4. Their per-step training reward (the T=1 rollouts of the policy being trained: the same quantity
    the teacher's T=1 evaluation measures), smoothed over `--window` steps, and the first step at
    which each reaches the teacher's reward; the distillation run's `distill_kl` per step.
+5. With `--eval-every K`: each student checkpoints every K steps, and every checkpoint is evaluated
+   as the teacher was (`swarm.model.evaluate`, same items, T=1): the first checkpoint at or above the
+   teacher's held-out reward, the measure that compares like with like (a run's training reward is on
+   its own prompts, while the teacher's figure is held out).
 
 Writes OUT/distill.json (the curves and the figures) and prints a table.
 """
@@ -71,6 +75,12 @@ def t1_reward(model: Path, n: int, seed: int, task: str = "arith") -> float:
     return float(evaluate(path, task, n=n, temperature=1.0, seed=seed)["mean_reward"])
 
 
+def checkpoint_rewards(run: Path, n: int, seed: int, task: str) -> list[tuple[int, float]]:
+    """(step, held-out T=1 reward) of each of a run's checkpoints, in step order."""
+    steps = sorted((run / "server" / "checkpoints").glob("step_*"))
+    return [(int(c.name.removeprefix("step_")), t1_reward(c, n, seed, task)) for c in steps]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/roost-distill-bench"))
@@ -95,6 +105,12 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=200)
     ap.add_argument("--window", type=int, default=5, help="steps of the moving average")
     ap.add_argument("--reuse", action="store_true", help="keep a teacher already trained in OUT/teacher")
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="checkpoint the students every K steps and evaluate each checkpoint as the teacher (0: off)",
+    )
     a = ap.parse_args()
     out: Path = a.out
     student_lr = a.lr if a.student_lr is None else a.student_lr
@@ -117,13 +133,15 @@ def main() -> None:
         flush=True,
     )
     t0 = time.monotonic()
+    every = ["--checkpoint-every", str(a.eval_every)] if a.eval_every > 0 else []
     runs = {
-        "grpo": train(out / "grpo", a.steps, grpo_lr, a.seed, *shlex.split(a.grpo_extra), task=a.task),
+        "grpo": train(out / "grpo", a.steps, grpo_lr, a.seed, *every, *shlex.split(a.grpo_extra), task=a.task),
         "distill": train(
             out / "distill",
             a.steps,
             distill_lr,
             a.seed,
+            *every,
             "--distill-mode",
             a.distill_mode,
             "--teacher",
@@ -153,6 +171,15 @@ def main() -> None:
     for name in runs:
         at = reached[name]
         print(f"{name}: reaches the teacher's T=1 reward {target:.3f} (avg{a.window}) at step {at or f'> {a.steps}'}")
+    held_out = {name: checkpoint_rewards(out / name, a.eval_n, a.seed, a.task) for name in runs} if every else {}
+    held_reached = {name: next((s for s, r in pts if r >= target), None) for name, pts in held_out.items()}
+    if held_out:
+        print(f"\nheld-out T=1 reward over {a.eval_n} items at each checkpoint (the teacher: {target:.3f})")
+        print("step  " + "  ".join(f"{name:>8}" for name in held_out))
+        for i, (step, _) in enumerate(held_out["grpo"]):
+            print(f"{step:4d}  " + "  ".join(f"{pts[i][1]:8.3f}" for pts in held_out.values() if i < len(pts)))
+        for name, at in held_reached.items():
+            print(f"{name}: held-out reward reaches the teacher's {target:.3f} at checkpoint {at or f'> {a.steps}'}")
     result = {
         "task": a.task,
         "teacher_steps": a.teacher_steps,
@@ -172,6 +199,8 @@ def main() -> None:
         "smoothed": smooth,
         "distill_kl": kl,
         "reached_at": reached,
+        "held_out": held_out,
+        "held_out_reached_at": held_reached,
         "teacher_s": round(teacher_s, 1),
         "students_s": round(students_s, 1),
         "wall_s": round(time.monotonic() - started, 1),

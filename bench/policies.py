@@ -197,18 +197,10 @@ def start_server(model: Path, out: Path, token: str, policies: list[str], args: 
 
 
 def wait_healthy(server: Server, token: str, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited: {server.out.with_suffix('.log').read_text()[-2000:]}")
-        try:
-            r = httpx.get(f"{server.url}/swarm/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=2)
-            if r.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"server {server.url} not healthy after {timeout_s:.0f}s")
+    """`swarm train`'s own wait for a server it started (one client for every try)."""
+    from swarm.train import _wait_healthy  # lazy: the CLI's modules, once a server is started
+
+    _wait_healthy(server.url, token, server.proc, server.out.with_suffix(".log"), timeout=timeout_s)
 
 
 def stop_server(server: Server) -> None:
