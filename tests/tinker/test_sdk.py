@@ -43,9 +43,10 @@ TARGETS = [17, 42, 9, 33, 8, 11]
 class Server:
     """A `swarm serve` process of one LoRA policy on the tiny model; kill -9 and restart in place."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, engine: str = "torch") -> None:
         self.python = full_python()
         self.work = work
+        self.engine = engine
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -57,13 +58,13 @@ class Server:
 
     def start(self) -> None:
         env = {**os.environ, "ROOST_HOME": str(self.work / "home"), "HF_HUB_OFFLINE": "1"}
-        cmd = [self.python, "-m", "swarm", "serve", "--engine", "torch", "--device", "cpu"]
+        cmd = [self.python, "-m", "swarm", "serve", "--engine", self.engine, "--device", "cpu"]
         cmd += ["--model", str(self.model), "--port", str(self.port), "--token", TOKEN, "--admin-token", "sdk-admin"]
         cmd += ["--lora-rank", "4", "--policy", "main", "--out", str(self.work / "server"), "--no-mlflow"]
         log = open(self.work / "server.log", "ab")  # noqa: SIM115 - the child writes it; closed on stop
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
-        wait_healthy(self.proc, self.url, self.work / "server.log", timeout=120)
+        wait_healthy(self.proc, self.url, self.work / "server.log", timeout=120 if self.engine == "torch" else 600)
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -81,8 +82,8 @@ class Server:
 
 
 @pytest.fixture
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    srv = Server(tmp_path)
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Server]:
+    srv = Server(tmp_path, getattr(request, "param", "torch"))
     srv.start()
     monkeypatch.setenv("TINKER_BASE_URL", srv.url)
     monkeypatch.setenv("TINKER_API_KEY", f"tml-{TOKEN}")
@@ -208,3 +209,29 @@ def test_a_key_without_the_worker_token_is_refused(server: Server, monkeypatch: 
     with pytest.raises(Exception) as err:
         tinker.ServiceClient().create_lora_training_client(base_model="tiny-model", rank=4).result(timeout=60)
     assert "401" in str(err.value) or "invalid" in str(err.value).lower()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("server", ["vllm"], indirect=True)
+def test_on_a_vllm_server_the_sdk_trains_and_vllm_samples(server: Server) -> None:
+    """`swarm serve --engine vllm`: the primitives train on the server's torch host, each optim_step's
+    adapter reaches vLLM, and a sampler's samples come from vLLM with the trained model's logprobs."""
+    service = tinker.ServiceClient()
+    tc = _training(service)
+    data = [_datum(weights=[1.0] * 6)]
+    first = tc.forward_backward(data, "cross_entropy").result()
+    step = tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    assert step.metrics is not None and "publish_s" in step.metrics and "publish_failed" not in step.metrics
+    assert tc.forward(data, "cross_entropy").result().metrics["loss:sum"] < first.metrics["loss:sum"]
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=4, seed=3, temperature=1.0)
+    res = sampler.sample(types.ModelInput.from_ints(TOKENS), num_samples=2, sampling_params=params).result()
+    for seq in res.sequences:  # vLLM's logprobs of its samples: the trained model's (CPU kernels: 0.05)
+        full = TOKENS + list(seq.tokens)
+        fwd = tc.forward([_datum(full[:-1], full[1:])], "cross_entropy").result()
+        expected = fwd.loss_fn_outputs[0]["logprobs"].tolist()[-len(seq.tokens) :]
+        assert max(abs(a - b) for a, b in zip(seq.logprobs, expected)) <= 0.05
+    base = service.get_server_capabilities().supported_models[0].model_name
+    on_base = service.create_sampling_client(base_model=base)
+    out = on_base.sample(types.ModelInput.from_ints(TOKENS), num_samples=1, sampling_params=params).result()
+    assert 1 <= len(out.sequences[0].tokens) <= 4
