@@ -91,7 +91,8 @@ HEAVY = {
         "swarm.server.http_protocol",
     ),  # uvicorn's protocol classes, only in a serving process
     "tracking": ("store.tracking",),  # MLflow
-    "tinker_hooks": ("swarm.tinker.service",),  # torch and peft: a fake-engine server never loads them
+    # torch and peft: a fake-engine server never loads them (the batcher's BASE_ADAPTER: the base sampler's)
+    "tinker_hooks": ("swarm.tinker.service", "swarm.engine.continuous"),
 }
 
 
