@@ -85,6 +85,16 @@ class Completion:
     top_logprobs: list[list[tuple[int, float]]] | None = None  # as `TokenChunk.top_logprobs`
 
 
+def completion_of(request: GenerateRequest, chunks: list[TokenChunk], version: int) -> Completion:
+    """A request's streamed chunks as one `Completion` labelled `version`: their tokens and logprobs
+    joined, their top-k too when the request asked for it, and the last finish reason ("length" if none)."""
+    tops = [t for c in chunks for t in (c.top_logprobs or [])] if request.params.top_logprobs > 0 else None
+    reason = next((c.finish_reason for c in reversed(chunks) if c.finish_reason), "length")
+    ids = [t for c in chunks for t in c.token_ids]
+    logps = [x for c in chunks for x in c.logprobs]
+    return Completion(list(request.prompt_ids), ids, logps, reason, version, top_logprobs=tops)
+
+
 @dataclass
 class TrainBatch:
     samples: list[TrainSample]

@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarm.config.lora import LoraSettings
-from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
+from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch, completion_of
 from swarm.engine.constrained import Grammars
 from swarm.engine.continuous import ContinuousBatcher
 from swarm.engine.lora import ADAPTER_CONFIG, LoraError, attach, is_adapter_dir, load_adapter, save_adapter, unwrap
@@ -191,18 +191,7 @@ class TorchEngine:
 
     async def generate(self, request: GenerateRequest, adapter: str | None = None) -> Completion:
         version = self.policy_version
-        ids: list[int] = []
-        logps: list[float] = []
-        tops: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs > 0 else None
-        reason = "length"
-        async for chunk in self.stream(request, adapter):
-            ids.extend(chunk.token_ids)
-            logps.extend(chunk.logprobs)
-            if tops is not None:
-                tops.extend(chunk.top_logprobs or [])
-            if chunk.finish_reason:
-                reason = chunk.finish_reason
-        return Completion(list(request.prompt_ids), ids, logps, reason, version, top_logprobs=tops)
+        return completion_of(request, [chunk async for chunk in self.stream(request, adapter)], version)
 
     # -- training -------------------------------------------------------------
     @property

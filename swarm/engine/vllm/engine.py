@@ -49,7 +49,7 @@ import torch
 from swarm.chat.tool_grammar import END_OF_TURN
 from swarm.config.lora import LoraSettings
 from swarm.config.vllm import VllmSettings
-from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch
+from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch, completion_of
 from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout, copy_adapter
 from swarm.engine.vllm.errors import ReplicaGone, VllmEngineError
 from swarm.engine.vllm.gate import DrainGate
@@ -231,18 +231,9 @@ class VllmEngine:
             yield chunk
 
     async def generate(self, request: GenerateRequest) -> Completion:
-        ids: list[int] = []
-        logps: list[float] = []
-        tops: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs > 0 else None
-        reason, version = "length", self.served_version
-        async for at, chunk in self._stream(request):
-            version = at
-            ids.extend(chunk.token_ids)
-            logps.extend(chunk.logprobs)
-            if tops is not None:
-                tops.extend(chunk.top_logprobs or [])
-            reason = chunk.finish_reason or reason
-        return Completion(list(request.prompt_ids), ids, logps, reason, version, top_logprobs=tops)
+        labelled = [pair async for pair in self._stream(request)]
+        version = labelled[-1][0] if labelled else self.served_version  # the last chunk's version labels it
+        return completion_of(request, [chunk for _, chunk in labelled], version)
 
     async def _stream(self, request: GenerateRequest) -> AsyncIterator[tuple[int, TokenChunk]]:
         self._live()

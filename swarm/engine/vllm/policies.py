@@ -62,7 +62,7 @@ import httpx
 
 from swarm.config.lora import LoraSettings
 from swarm.config.vllm import VllmSettings, max_lora_rank
-from swarm.engine.base import Completion, GenerateRequest
+from swarm.engine.base import Completion, GenerateRequest, completion_of
 from swarm.engine.lora import LoraError, save_adapter
 from swarm.engine.policies import PolicyEngine, PolicyHost
 from swarm.engine.torch_engine import EngineError
@@ -141,6 +141,14 @@ class VllmPolicyHost:
                 cuda_devices=devices[i] if devices else None,
             )
             for i in range(settings.replicas)
+        ]
+        tok = self.trainer.base.tokenizer
+        #: per replica: a client of its base model (no adapter), for `generate_base`
+        self.base_clients = [
+            CompletionsClient(
+                partial(getattr, p, "url"), served_name, self.max_positions, eos_ids(tok), end_id=end_of_turn_id(tok)
+            )
+            for p in self.processes
         ]
         self.gates = [Gates() for _ in self.processes]
         # a supervisor only holds and reopens its gate: `Gates` does that for every policy's on its replica
@@ -241,29 +249,12 @@ class VllmPolicyHost:
         """A completion of the base with every adapter off (the Tinker API's base sampler), from the first
         replica whose process runs. The base never changes, so there is no gate to pass or version to
         label (0); a vLLM that died mid-request fails it, and its supervisor restarts the process."""
-        i = next((i for i, p in enumerate(self.processes) if p.alive()), 0)
-        tok = self.trainer.base.tokenizer
-        client = CompletionsClient(
-            partial(getattr, self.processes[i], "url"),
-            self.served_name,
-            self.max_positions,
-            eos_ids(tok),
-            end_id=end_of_turn_id(tok),
-        )
-        ids: list[int] = []
-        logps: list[float] = []
-        tops: list[list[tuple[int, float]]] | None = [] if request.params.top_logprobs > 0 else None
-        reason = "length"
+        client = next((c for p, c in zip(self.processes, self.base_clients) if p.alive()), self.base_clients[0])
         try:
-            async for chunk in client.completions(request, client.body(request)):
-                ids.extend(chunk.token_ids)
-                logps.extend(chunk.logprobs)
-                if tops is not None:
-                    tops.extend(chunk.top_logprobs or [])
-                reason = chunk.finish_reason or reason
+            chunks = [chunk async for chunk in client.completions(request, client.body(request))]
         except httpx.TransportError as exc:
             raise VllmEngineError(f"vLLM could not be reached for a base sample ({exc!r})") from exc
-        return Completion(list(request.prompt_ids), ids, logps, reason, 0, top_logprobs=tops)
+        return completion_of(request, chunks, 0)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._close)
