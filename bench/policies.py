@@ -53,8 +53,6 @@ import json
 import os
 import resource
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,18 +65,14 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from swarm import children
+from swarm.children import free_port
 from swarm.client import SwarmClient, run_fleet
 from swarm.tasks import arith, completion_text
 
 console = Console(width=max(170, Console().width))  # the tables' columns on one line, piped too
 TICK = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -198,24 +192,12 @@ def start_server(model: Path, out: Path, token: str, policies: list[str], args: 
 
 def wait_healthy(server: Server, token: str, timeout_s: float = 300.0) -> None:
     """`swarm train`'s own wait for a server it started (one client for every try)."""
-    from swarm.train import _wait_healthy  # lazy: the CLI's modules, once a server is started
-
-    _wait_healthy(server.url, token, server.proc, server.out.with_suffix(".log"), timeout=timeout_s)
+    children.wait_healthy(server.url, token, server.proc, server.out.with_suffix(".log"), timeout=timeout_s)
 
 
 def stop_server(server: Server) -> None:
     """SIGTERM to the server's process group (its PID), SIGKILL if it lingers."""
-    proc = server.proc
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    except ProcessLookupError:
-        pass
+    children.stop(server.proc, grace=30.0)
 
 
 def make_workflow(max_tokens: int, agent_ms: float = 0.0):

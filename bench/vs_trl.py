@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -192,13 +191,9 @@ def _launch(argv: list[str], core: int, log: Path) -> subprocess.Popen:
 
 
 def _stop(proc: subprocess.Popen, grace: float = 60.0) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    from swarm import children  # lazy, as every swarm import here
+
+    children.stop(proc, grace)
 
 
 def _roost_curve(metrics: Path, started: float) -> list[dict]:

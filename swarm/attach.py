@@ -33,12 +33,13 @@ from pathlib import Path
 
 import httpx
 
+from swarm.children import stop
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
 from swarm.run_checks import RUN_FILE, read_metrics
 from swarm.server.bootstrap import SECRETS_FILE
-from swarm.train import _follow, _stop, console, fleet_configs, start_fleets, summarize
+from swarm.train import console, fleet_configs, follow, start_fleets, summarize
 
 #: what an attached run writes into its --out (the policy's own rows, copied from the server's folder)
 ATTACHED_METRICS = "metrics.jsonl"
@@ -114,7 +115,7 @@ def _yaml(path: Path) -> dict:
 
 
 class _Alive:
-    """The server's liveness as `_follow` asks a process for it: `poll()` is None while /health answers.
+    """The server's liveness as `follow` asks a process for it: `poll()` is None while /health answers.
 
     Three misses in a row over 10 s or more count as gone (a loaded machine can miss one). It asks twice
     a second for the whole run, so through one client: a new one per ask cost ~20 ms of CPU (its TLS
@@ -223,12 +224,12 @@ def run_attached(spec: RunConfig) -> dict:
             clients |= start_fleets(fleets, out, logs, env, (1, spec.steps), resume=False)
             alive = _Alive(shared.url)
             try:
-                _follow(spec, shared.url, shared.token, alive, {"": metrics}, t0, clients)  # type: ignore[arg-type]
+                follow(spec, shared.url, shared.token, alive, {"": metrics}, t0, clients)  # type: ignore[arg-type]
             finally:
                 alive.close()
         finally:
             for p in clients.values():
-                _stop(p)
+                stop(p)
             removed = _remove(shared, name)
             if metrics.exists():
                 shutil.copyfile(metrics, out / ATTACHED_METRICS)

@@ -49,6 +49,7 @@ from pathlib import Path
 import httpx
 
 from store.paths import default_model_dir
+from swarm.children import free_port, log_tail, open_log, raise_interrupt, stop, swarm_command, wait_healthy
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec, check_name
@@ -59,20 +60,7 @@ from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.tasks import get_task, list_tasks
 from swarm.team_resume import SERVERS, Member, recorded_team, resume_problems, role_dir, role_steps
-from swarm.train import (
-    SHARED_BASE_RANK,
-    _info,
-    _open_log,
-    _raise_interrupt,
-    _stop,
-    _swarm,
-    _tail,
-    _wait_healthy,
-    console,
-    free_port,
-    start_fleets,
-    summarize,
-)
+from swarm.train import SHARED_BASE_RANK, console, reward_text, start_fleets, summarize
 
 EMBEDDED = "embedded"
 #: checkpoint every k steps when the run asks for none (`--checkpoint-every 0`): a restarted server
@@ -266,8 +254,8 @@ class _Server:
         config = member_config(self.spec, self.member, self.out, self.port, resume)
         path = write_config(self.out / f"server-{self.member.name}.yaml", config)
         self.proc = subprocess.Popen(
-            _swarm("serve", "--config", str(path)),
-            stdout=_open_log(self.log, resume, first_step, self.spec.steps),
+            swarm_command("serve", "--config", str(path)),
+            stdout=open_log(self.log, resume, first_step, self.spec.steps),
             stderr=subprocess.STDOUT,
             env=self.env,
             start_new_session=True,
@@ -275,7 +263,7 @@ class _Server:
 
     def wait_healthy(self, token: str) -> None:
         assert self.proc is not None
-        _wait_healthy(
+        wait_healthy(
             self.url, token, self.proc, self.log, timeout=900.0 if self.spec.server.engine == "vllm" else 180.0
         )
 
@@ -320,7 +308,7 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
         console.print(f"--resume: {', '.join(at)}")
     t0 = time.monotonic()
     clients: dict[Path, subprocess.Popen] = {}
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         try:
             first_step = {s.member.name: min(done.get(r, 0) for r in s.member.roles) + 1 for s in servers}
@@ -335,10 +323,10 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
             _await_exits(servers)
         finally:
             for p in clients.values():
-                _stop(p)
+                stop(p)
             for s in servers:
                 if s.proc is not None:
-                    _stop(s.proc, grace=45.0)
+                    stop(s.proc, grace=45.0)
             signal.signal(signal.SIGTERM, previous)
     except BaseException as exc:
         summary = team_summary(spec, servers, metrics, time.monotonic() - t0, team)
@@ -369,7 +357,7 @@ def _supervise(
             rows = tail.poll()
             for r in rows[printed[role] :]:
                 console.print(
-                    f"{role} step {r.get('step')}: {_info(r)}  loss {r.get('loss', float('nan')):+.4f}  "
+                    f"{role} step {r.get('step')}: {reward_text(r)}  loss {r.get('loss', float('nan')):+.4f}  "
                     f"kl {r.get('kl', float('nan')):.4f}  {r.get('tokens_per_s', 0):.0f} tok/s"
                 )
             printed[role] = len(rows)  # a restarted server rewrites its file: rows lost with the crash go
@@ -384,7 +372,7 @@ def _supervise(
             if s.restarts >= MAX_RESTARTS:
                 raise RuntimeError(
                     f"server {s.member.name} died {s.restarts + 1} times (exit codes {s.exits}); see {s.log}:\n"
-                    f"{_tail(s.log)}"
+                    f"{log_tail(s.log)}"
                 )
             s.restarts += 1
             console.print(
@@ -399,7 +387,7 @@ def _supervise(
             first = next(iter(clients))
             raise RuntimeError(
                 f"every client process exited (exit code {', '.join(map(str, codes))}) with steps {printed} of "
-                f"{spec.steps}; see {first}:\n{_tail(first)}"
+                f"{spec.steps}; see {first}:\n{log_tail(first)}"
             )
         if time.monotonic() - t0 > spec.timeout_s:
             raise TimeoutError(f"the team did not reach {spec.steps} steps per role in {spec.timeout_s:.0f}s")

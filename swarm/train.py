@@ -29,17 +29,14 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import IO
 
-import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from swarm.children import free_port, log_tail, open_log, raise_interrupt, stop, swarm_command, wait_healthy
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
@@ -55,35 +52,6 @@ console = Console(stderr=True)
 
 def _family(task: str) -> str:
     return get_task(task).family
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _swarm(*args: str) -> list[str]:
-    return [sys.executable, "-m", "swarm", *args]
-
-
-def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """Terminate a child we started, by PID (its process group), escalating to SIGKILL."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=5)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5) -> dict:
@@ -221,18 +189,6 @@ def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
     return out
 
 
-def _open_log(path: Path, resume: bool, first_step: int, last_step: int) -> IO[str]:
-    """A process's log, appended to under a marker line: a resumed or replaced run never loses the
-    earlier part's log (the file is whole from the folder's first run on)."""
-    f = path.open("a")
-    f.write(
-        f"--- swarm train{' --resume' if resume else ''} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-        f"steps {first_step}..{last_step} ---\n"
-    )
-    f.flush()
-    return f
-
-
 def start_fleets(
     fleets: dict[str, FleetConfig], out: Path, logs: Path, env: dict[str, str], steps: tuple[int, int], resume: bool
 ) -> dict[Path, subprocess.Popen]:
@@ -242,8 +198,8 @@ def start_fleets(
     for log_name, fleet in fleets.items():
         log = logs / f"{log_name}.log"
         procs[log] = subprocess.Popen(
-            _swarm("client", "--config", str(write_config(out / f"fleet-{log_name}.yaml", fleet))),
-            stdout=_open_log(log, resume, *steps),
+            swarm_command("client", "--config", str(write_config(out / f"fleet-{log_name}.yaml", fleet))),
+            stdout=open_log(log, resume, *steps),
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
@@ -285,26 +241,26 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     t0 = time.monotonic()
     procs: dict[Path, subprocess.Popen] = {}  # its log -> a process we started
     # SIGTERM (a scheduler's cancel) must still run the cleanup below: stop children by PID
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         try:
             server_log = logs / "server.log"
             server = procs[server_log] = subprocess.Popen(
-                _swarm("serve", "--config", str(server_file)),
-                stdout=_open_log(server_log, resume, done + 1, spec.steps),
+                swarm_command("serve", "--config", str(server_file)),
+                stdout=open_log(server_log, resume, done + 1, spec.steps),
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
             )
             # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
-            _wait_healthy(url, token, server, server_log, timeout=900.0 if spec.server.engine == "vllm" else 180.0)
+            wait_healthy(url, token, server, server_log, timeout=900.0 if spec.server.engine == "vllm" else 180.0)
             procs |= start_fleets(fleets, out, logs, env, (done + 1, spec.steps), resume)
             clients = {log: p for log, p in procs.items() if p is not server}
-            _follow(spec, url, token, server, metrics, t0, clients, done)
+            follow(spec, url, token, server, metrics, t0, clients, done)
             _await_exit(server, [m.parent for m in metrics.values()])  # each policy logs its own model
         finally:
             for p in reversed(procs.values()):  # the server last, given the time to open and close its
-                _stop(p, grace=45.0 if p is procs[server_log] else 10.0)  # MLflow run (it waits <= 30 s)
+                stop(p, grace=45.0 if p is procs[server_log] else 10.0)  # MLflow run (it waits <= 30 s)
             signal.signal(signal.SIGTERM, previous)
     except BaseException as exc:
         _record_failure(out, spec, time.monotonic() - t0, exc)
@@ -432,35 +388,8 @@ def finish_mlflow_run(mlflow_run: dict, params: dict[str, str], status: str | No
         console.print(f"[yellow]warning[/yellow]: could not update the MLflow run: {exc}")
 
 
-def _wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
-    end = time.monotonic() + timeout
-    # one client for every try (20 a second): a new one per try cost ~20 ms of CPU (its TLS context),
-    # ~40 % of a core taken from the server while it starts
-    with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=2) as http:
-        while time.monotonic() < end:
-            if server.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with code {server.returncode}; see {log}:\n" + log.read_text()[-2000:]
-                )
-            try:
-                if http.get(f"{url}/swarm/v1/status").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-    raise TimeoutError(f"server at {url} not healthy after {timeout:.0f}s; see {log}")
-
-
-def _tail(log: Path, lines: int = 8) -> str:
-    """The last lines of a log, indented, for an error message that names it."""
-    try:
-        text = log.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return ""
-    return "\n".join(f"  {line}" for line in text)
-
-
-def _info(row: dict) -> str:
+def reward_text(row: dict) -> str:
+    """A step's reward for a progress line: the mean, and each task family's in a mix."""
     per = {k.partition("/")[2]: v for k, v in row.items() if k.startswith("reward_mean/")}
     text = f"reward {row.get('reward_mean', 0):.3f}"
     if len(per) > 1:
@@ -468,7 +397,7 @@ def _info(row: dict) -> str:
     return text
 
 
-def _follow(
+def follow(
     spec: RunConfig,
     url: str,
     token: str,
@@ -497,7 +426,7 @@ def _follow(
                 rows = tail.poll()
                 for r in rows[printed[role] :]:
                     progress.console.print(
-                        f"{f'{role} ' if role else ''}step {r.get('step')}: {_info(r)}  "
+                        f"{f'{role} ' if role else ''}step {r.get('step')}: {reward_text(r)}  "
                         f"loss {r.get('loss', float('nan')):+.4f}  kl {r.get('kl', float('nan')):.4f}  "
                         f"entropy {r.get('entropy', float('nan')):.3f}  {r.get('tokens_per_s', 0):.0f} tok/s"
                     )
@@ -505,14 +434,15 @@ def _follow(
                 if rows:
                     latest[role] = rows[-1]
             shown = min(printed.values())
-            info = "  ".join(f"{f'{role} ' if role else ''}{_info(r)}" for role, r in latest.items()) or "collecting…"
+            info = "  ".join(f"{f'{role} ' if role else ''}{reward_text(r)}" for role, r in latest.items())
+            info = info or "collecting…"
             progress.update(bar, completed=min(shown, spec.steps), info=info)
             if server.poll() is not None:
                 if shown < spec.steps:
                     log = spec.out / "logs" / "server.log"
                     raise RuntimeError(
                         f"server stopped after {shown} of {spec.steps} steps "
-                        f"(exit code {server.returncode}); see its log, {log}:\n{_tail(log)}"
+                        f"(exit code {server.returncode}); see its log, {log}:\n{log_tail(log)}"
                     )
                 return
             if shown >= spec.steps:
@@ -523,7 +453,7 @@ def _follow(
                 raise RuntimeError(
                     f"every client process exited (exit code {', '.join(map(str, codes))}) after "
                     f"{shown} of {spec.steps} steps; see their logs: "
-                    f"{', '.join(map(str, clients))}\n{first.name}:\n{_tail(first)}"
+                    f"{', '.join(map(str, clients))}\n{first.name}:\n{log_tail(first)}"
                 )
             if time.monotonic() - t0 > spec.timeout_s:
                 raise TimeoutError(f"training did not reach {spec.steps} steps in {spec.timeout_s:.0f}s")

@@ -171,7 +171,7 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.client", "swarm.rewards"},  # the SDK and fleets; rewards a workflow computes (an LLM judge)
     {"swarm.tinker"},  # the Tinker-compatible API: primitives on policies of the base (the server mounts it)
     {"swarm.server"},  # the swarm server
-    {"swarm.run_checks"},  # what `swarm train` checks before it starts anything, and its folder rules
+    {"swarm.run_checks", "swarm.children"},  # what `swarm train` checks before it starts; its children
     {"swarm.testing", "swarm.train", "swarm.inspect", "swarm.ctl", "swarm.plugins"},  # what drives a server
     {"swarm.team_resume"},  # a --team run's folder as `--resume` reads it (under team_run, which uses it)
     {"swarm.attach", "swarm.team_run"},  # `swarm train --attach` / `--team`: reuse train's parts

@@ -1,0 +1,98 @@
+"""The child processes a run starts, and how it ends them.
+
+`swarm train`, `swarm train --team`, `swarm train --attach` and the benches each start a server
+and client fleets as `swarm` subprocesses over loopback. What they share lives here, so each
+keeps one behaviour: a child runs in its own session (`start_new_session=True` at its `Popen`),
+so `stop` ends it and whatever it started by process group, by PID, never by name; a server is
+ready when its status route answers with the token, not when its port opens; a child's log is
+appended to under a marker line, never truncated, so a resumed run keeps the earlier part's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+
+def swarm_command(*args: str) -> list[str]:
+    """`swarm ARGS...` as this interpreter runs it (the same virtualenv, no PATH lookup)."""
+    return [sys.executable, "-m", "swarm", *args]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now (another process may still take it before the child binds)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to a child's process group, SIGKILL if it has not exited after `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=5)
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler: the run's `finally` stops its children, as on Ctrl-C."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
+    """Until the server at `url` answers its status route; its log's tail if it exits first."""
+    end = time.monotonic() + timeout
+    # one client for every try (20 a second): a new one per try cost ~20 ms of CPU (its TLS context),
+    # ~40 % of a core taken from the server while it starts
+    with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=2) as http:
+        while time.monotonic() < end:
+            if server.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with code {server.returncode}; see {log}:\n" + log.read_text()[-2000:]
+                )
+            try:
+                if http.get(f"{url}/swarm/v1/status").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+    raise TimeoutError(f"server at {url} not healthy after {timeout:.0f}s; see {log}")
+
+
+def open_log(path: Path, resume: bool, first_step: int, last_step: int) -> IO[str]:
+    """A child's log, appended to under a marker line: a resumed or replaced run never loses the
+    earlier part's log (the file is whole from the folder's first run on)."""
+    f = path.open("a")
+    f.write(
+        f"--- swarm train{' --resume' if resume else ''} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+        f"steps {first_step}..{last_step} ---\n"
+    )
+    f.flush()
+    return f
+
+
+def log_tail(log: Path, lines: int = 8) -> str:
+    """The last lines of a log, indented, for an error message that names it."""
+    try:
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n".join(f"  {line}" for line in text)
+
+
+__all__ = ["free_port", "log_tail", "open_log", "raise_interrupt", "stop", "swarm_command", "wait_healthy"]
