@@ -169,6 +169,9 @@ def _train(
     total = len(batches)
     warmup = max(1, int(total * config.warmup_frac))
 
+    # Not swarm.algorithms.schedule.lr_at: that warmup reaches the peak one step later and its decay
+    # spans a fixed count. This one builds the embedded model, whose weights every figure in docs/
+    # was measured on; the same floats must come out of a rebuild, so its schedule stays as it was.
     def lr_at(step: int) -> float:
         if step < warmup:
             return config.lr * (step + 1) / warmup
