@@ -9,7 +9,8 @@
    initial model's, for scale).
 3. Two students from the same embedded initial model, same seed, same steps and lr, run at the same
    time: GRPO alone (`swarm train --task arith`) and distillation alone (`--teacher OUT/teacher
-   --distill-coef C --reward-coef 0`: the rewards are computed but not trained on).
+   --distill-coef C --reward-coef 0`: the rewards are computed but not trained on), or with
+   `--reward-coef R` distillation plus R x the GRPO advantage (the mix tinker-cookbook users run).
 4. Their per-step training reward (the T=1 rollouts of the policy being trained: the same quantity
    the teacher's T=1 evaluation measures), smoothed over `--window` steps, and the first step at
    which each reaches the teacher's reward; the distillation run's `distill_kl` per step.
@@ -94,6 +95,12 @@ def main() -> None:
     ap.add_argument("--distill-mode", choices=("sampled", "full"), default="sampled")
     ap.add_argument("--distill-coef", type=float, default=1.0)
     ap.add_argument(
+        "--reward-coef",
+        type=float,
+        default=0.0,
+        help="the distilled student's GRPO advantage scale (0: distillation alone, the issue's claim)",
+    )
+    ap.add_argument(
         "--grpo-extra", default="", help="more `swarm train` flags for the GRPO student, e.g. an lr schedule"
     )
     ap.add_argument(
@@ -116,6 +123,7 @@ def main() -> None:
     student_lr = a.lr if a.student_lr is None else a.student_lr
     grpo_lr = student_lr if a.grpo_lr is None else a.grpo_lr
     distill_lr = student_lr if a.distill_lr is None else a.distill_lr
+    distilled = "distillation alone" if a.reward_coef == 0 else f"distillation + reward x{a.reward_coef:g}"
     started = time.monotonic()
     teacher = out / "teacher"
     if not (a.reuse and (teacher / "summary.json").is_file()):
@@ -128,7 +136,7 @@ def main() -> None:
     print(f"T=1 reward over {a.eval_n} items: initial model {initial:.3f}, teacher {target:.3f}", flush=True)
 
     print(
-        f"students: {a.steps} steps each, side by side: GRPO alone (lr {grpo_lr}) | distillation alone "
+        f"students: {a.steps} steps each, side by side: GRPO alone (lr {grpo_lr}) | {distilled} "
         f"(lr {distill_lr}, --distill-mode {a.distill_mode})",
         flush=True,
     )
@@ -149,7 +157,7 @@ def main() -> None:
             "--distill-coef",
             str(a.distill_coef),
             "--reward-coef",
-            "0",
+            str(a.reward_coef),
             *shlex.split(a.distill_extra),
             task=a.task,
         ),
@@ -189,6 +197,7 @@ def main() -> None:
         "distill_lr": distill_lr,
         "distill_mode": a.distill_mode,
         "distill_coef": a.distill_coef,
+        "reward_coef": a.reward_coef,
         "grpo_extra": a.grpo_extra,
         "distill_extra": a.distill_extra,
         "seed": a.seed,
