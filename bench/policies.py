@@ -66,7 +66,6 @@ from rich.console import Console
 from rich.table import Table
 
 from swarm import children
-from swarm.children import free_port
 from swarm.client import SwarmClient, run_fleet
 from swarm.tasks import arith, completion_text
 
@@ -141,7 +140,7 @@ class Server:
 
 def start_server(model: Path, out: Path, token: str, policies: list[str], args: argparse.Namespace) -> Server:
     """A `swarm serve` on loopback in its own session (so it and its children stop as one group)."""
-    port = free_port()
+    port = children.free_port()
     cmd = [
         sys.executable,
         "-m",

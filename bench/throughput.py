@@ -34,7 +34,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from swarm.children import free_port
 from swarm.client import SwarmClient
 from swarm.engine.base import GenerateRequest, SamplingParams
 from swarm.engine.fake import FakeEngine
@@ -55,12 +55,6 @@ from swarm.model.build import build_untrained
 console = Console()
 TICK = os.sysconf("SC_CLK_TCK")
 MESSAGES = [{"role": "user", "content": "What is 12+30?"}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_s(pid: int) -> float:

@@ -163,7 +163,8 @@ def test_swarm_samples_is_the_ground_floor() -> None:
 SWARM_LAYERS: list[set[str]] = [
     {"swarm.samples"},  # the ground floor: calls and training samples
     {"swarm.algorithms", "swarm.timeline"},  # the pure cores
-    {"swarm.tasks", "swarm.protocol", "swarm.tls"},  # built-in tasks; the wire protocol's bodies; one TLS context
+    # built-in tasks; the wire protocol's bodies; one TLS context; the child processes a run starts
+    {"swarm.tasks", "swarm.protocol", "swarm.tls", "swarm.children"},
     {"swarm.config"},  # every settings model and the option derivation
     {"swarm.chat"},  # tool-call parsing, shared by the model package and the server
     {"swarm.engine"},  # models behind one interface
@@ -171,7 +172,7 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.client", "swarm.rewards"},  # the SDK and fleets; rewards a workflow computes (an LLM judge)
     {"swarm.tinker"},  # the Tinker-compatible API: primitives on policies of the base (the server mounts it)
     {"swarm.server"},  # the swarm server
-    {"swarm.run_checks", "swarm.children"},  # what `swarm train` checks before it starts; its children
+    {"swarm.run_checks"},  # what `swarm train` checks before it starts anything, and its folder rules
     {"swarm.testing", "swarm.train", "swarm.inspect", "swarm.ctl", "swarm.plugins"},  # what drives a server
     {"swarm.team_resume"},  # a --team run's folder as `--resume` reads it (under team_run, which uses it)
     {"swarm.attach", "swarm.team_run"},  # `swarm train --attach` / `--team`: reuse train's parts

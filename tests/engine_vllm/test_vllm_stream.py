@@ -17,10 +17,10 @@ import httpx
 import pytest
 from vllm_helpers import loopback_server, reply
 
+from swarm.children import free_port
 from swarm.engine.base import GenerateRequest, SamplingParams, TokenChunk, UnsupportedRequest
 from swarm.engine.vllm.errors import VllmEngineError
 from swarm.engine.vllm.stream import CompletionsClient
-from swarm.engine.vllm.supervisor import free_port
 
 EOS = 9
 CONTEXT = 10

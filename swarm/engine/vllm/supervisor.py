@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from swarm.children import free_port
 from swarm.engine.vllm.errors import ServerStartError
 from swarm.engine.vllm.gate import DrainGate
 from swarm.tls import tls_context
@@ -41,12 +41,6 @@ def control_client() -> httpx.Client:
     1 s, before the server's keep-alive timeout (uvicorn's 5 s) can close one under a request being
     sent on it."""
     return httpx.Client(timeout=120, limits=httpx.Limits(keepalive_expiry=1.0), verify=tls_context())
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class ServerProcess:
