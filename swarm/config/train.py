@@ -54,6 +54,14 @@ class TrainConfig(BaseModel):
         DistillMode.sampled,
         description="with --teacher: sampled (any teacher) or full, the exact KL over the vocabulary (a local teacher)",
     )
+    # verl's ppo_epochs, TRL's num_iterations: each pass an optimizer update on the same rollouts, whose
+    # logprobs stay the "old" policy, so the clip bounds how far the later passes move (docs/distillation.md)
+    ppo_epochs: Annotated[int, Flag(study=(1, 8))] = Field(
+        1,
+        ge=1,
+        le=64,
+        description="updates per batch (PPO epochs)",
+    )
     entropy_coef: float = Field(0.0, description="entropy bonus coefficient")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient-norm clip")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")

@@ -214,7 +214,7 @@ def policy_step(
         model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = torch.zeros(len(METRICS), device=device)
-    tokens = trained = 0
+    norms = torch.zeros(config.ppo_epochs, device=device)
     distill = teacher is not None and bool(config.distill_coef)
     shared = (
         plan(samples, config.micro_batch_tokens)
@@ -224,18 +224,65 @@ def policy_step(
         and (not distill or _head_and_base(teacher) is not None)
         else None
     )
-    distill_kl = torch.zeros((), device=device)  # summed over trained tokens
+    distill_kl = torch.zeros((), device=device)  # summed over trained tokens, in the first pass
     parts = shared or micro_batches([len(s.input_ids) for s in samples], config.micro_batch_tokens)
-    for part in parts:
-        mb = (
-            SharedPrefixBatch(samples, part, adv, scales, device, token_advantages)
-            if shared is not None
-            else MicroBatch(samples, part, adv, scales, device, token_advantages)
-        )
-        tokens += mb.tokens
+    mbs = [
+        SharedPrefixBatch(samples, part, adv, scales, device, token_advantages)
+        if shared is not None
+        else MicroBatch(samples, part, adv, scales, device, token_advantages)
+        for part in parts
+    ]
+    tokens = sum(mb.tokens for mb in mbs)
+    trained = sum(int(mb.pos.numel()) for mb in mbs)
+    skipped = 0
+    # `ppo_epochs` passes over the same batch, an optimizer update after each (PPO's epochs): the
+    # rollout logprobs stay the "old" policy, so the clip bounds how far the later passes move
+    for epoch in range(config.ppo_epochs):
+        norms[epoch], finite = _one_pass(
+            model, optimizer, mbs, config, denom, totals, reference, teacher if distill else None,
+            distill_kl if epoch == 0 else None, update,
+        )  # fmt: skip
+        skipped += not finite
+    if switch_mode:
+        model.eval()
+    values = torch.cat([totals / config.ppo_epochs, norms.mean().reshape(1)]).tolist()
+    dt = time.perf_counter() - t0
+    return {
+        **dict(zip(METRICS, values[:-1])),
+        "grad_norm": values[-1],
+        "skipped": float(skipped),
+        "samples": float(len(samples)),
+        "tokens": float(tokens),
+        "trained_tokens": float(trained),
+        "tokens_per_s": config.ppo_epochs * tokens / dt if dt > 0 else 0.0,
+        "shared_prefix": float(shared is not None),
+        "step_s": dt,
+        "adv_mean": sum(adv) / len(adv),
+        "adv_abs_mean": sum(abs(x) for x in adv) / len(adv),
+        "lr": config.lr,
+        **({"distill_kl": float(distill_kl) / max(trained, 1), "distill_tokens": float(trained)} if distill else {}),
+    }
+
+
+def _one_pass(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mbs: Sequence[MicroBatch | SharedPrefixBatch],
+    config: TrainConfig,
+    denom: float,
+    totals: torch.Tensor,
+    reference: torch.nn.Module | None,
+    teacher: torch.nn.Module | None,
+    distill_kl: torch.Tensor | None,
+    update: AbstractContextManager[Any] | None,
+) -> tuple[torch.Tensor, bool]:
+    """Forward and backward over every micro-batch, then one clipped optimizer update; adds the
+    metrics to `totals` (and the exact distillation KL to `distill_kl` when given). Returns the
+    gradient norm and whether it was finite (a non-finite one skips the update)."""
+    device = totals.device
+    for mb in mbs:
         if mb.pos.numel() == 0:
             continue  # nothing trained in these samples (all-prompt): no gradient to take
-        trained += int(mb.pos.numel())
         logp_all = F.log_softmax(trained_logits(model, mb).float(), dim=-1)
         logp = logp_all.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
         terms = ppo_clip_loss(logp, mb.old, mb.adv, mb.w, denom, config.clip_eps, config.clip_eps_high)
@@ -251,12 +298,13 @@ def policy_step(
                 ref_logp = ref_logp.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
             kl_ref = (kl_k3(logp, ref_logp) * mb.w).sum() / denom
             loss = loss + config.kl_coef * kl_ref
-        if distill:
+        if teacher is not None:
             with torch.no_grad():
                 teacher_logp = F.log_softmax(trained_logits(teacher, mb).float(), -1)
             kl_pos = full_reverse_kl(logp_all, teacher_logp)
             loss = loss + config.distill_coef * (kl_pos * mb.w).sum() / denom
-            distill_kl += kl_pos.detach().sum()
+            if distill_kl is not None:
+                distill_kl += kl_pos.detach().sum()
         loss.backward()
         totals += torch.stack(
             [loss.detach(), terms.pg_loss, terms.clipfrac, terms.approx_kl, kl_ref.detach(), ent.detach()]
@@ -265,27 +313,9 @@ def policy_step(
     grad_norm = (
         torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm) if params else torch.zeros((), device=device)
     )
-    finite = bool(torch.isfinite(grad_norm))  # the step's one host sync before the update
+    finite = bool(torch.isfinite(grad_norm))  # the update's one host sync
     with update if update is not None else contextlib.nullcontext():
         if finite:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    if switch_mode:
-        model.eval()
-    values = torch.cat([totals, grad_norm.detach().float().reshape(1)]).tolist()
-    dt = time.perf_counter() - t0
-    return {
-        **dict(zip(METRICS, values[:-1])),
-        "grad_norm": values[-1],
-        "skipped": float(not finite),
-        "samples": float(len(samples)),
-        "tokens": float(tokens),
-        "trained_tokens": float(trained),
-        "tokens_per_s": tokens / dt if dt > 0 else 0.0,
-        "shared_prefix": float(shared is not None),
-        "step_s": dt,
-        "adv_mean": sum(adv) / len(adv),
-        "adv_abs_mean": sum(abs(x) for x in adv) / len(adv),
-        "lr": config.lr,
-        **({"distill_kl": float(distill_kl) / max(trained, 1), "distill_tokens": float(trained)} if distill else {}),
-    }
+    return grad_norm.detach().float(), finite

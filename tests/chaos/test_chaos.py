@@ -229,9 +229,9 @@ def _chaos_run(
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_chaos_fake_engine(tmp_path: Path, model_dir: Path) -> None:
-    s = _chaos_run(tmp_path, model_dir, "fake", max_steps=16, budget_s=200)
+    s = _chaos_run(tmp_path, model_dir, "fake", max_steps=10, budget_s=200)  # 16 steps took 80-105 s of CI
     assert s["server_sigkills"] == 1 and s["client_sigkills"] >= 3 and s["client_sigstops"] == 1
-    assert s["acknowledged"] >= 16 * 8 * 0.8
+    assert s["acknowledged"] >= 10 * 8 * 0.8
     assert s["trained_rows_compacted"] > 0  # checkpoints compacted the buffer, across the kill too
 
 

@@ -39,6 +39,7 @@ def test_mapped_config_passes_verls_validation_and_carries_the_settings(tmp_path
             entropy_coef=0.001,
             loss_agg=LossAgg.seq_mean_token_mean,
             weight_decay=0.1,
+            ppo_epochs=2,
         ),
         verl=VerlSettings(nodes=2, gpus_per_node=8, rollout_tp=2),
     )
@@ -52,6 +53,7 @@ def test_mapped_config_passes_verls_validation_and_carries_the_settings(tmp_path
     assert actor.use_kl_loss and actor.kl_loss_coef == 0.01 and actor.kl_loss_type == "low_var_kl"
     assert actor.loss_agg_mode == "seq-mean-token-mean" and actor.entropy_coeff == 0.001
     assert (cfg.data.train_batch_size, rollout.n, actor.ppo_mini_batch_size) == (16, 8, 16)
+    assert actor.ppo_epochs == 2
     assert rollout.temperature == 0.9 and cfg.trainer.total_training_steps == 50 and cfg.trainer.save_freq == 5
     assert rollout.agent.agent_loop_manager_class == "swarm.engine.verl.adapter.SwarmRolloutAdapter"
     assert cfg.data.custom_cls.name == "SlotDataset"

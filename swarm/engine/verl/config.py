@@ -18,7 +18,8 @@ The mapping, field by field (docs/verl.md, "Config mapping", says why):
 | `train.entropy_coef` | `actor.entropy_coeff` |
 | `train.loss_agg` | `actor.loss_agg_mode` (same names) |
 | `train.micro_batch_tokens` | `actor.ppo_max_token_len_per_gpu` (dynamic batch size; at least one whole sample) |
-| `batch_groups` (B), `group_size` (n) | `data.train_batch_size`, `rollout.n`; `ppo_mini_batch_size = B`: one optimizer step per step, as Roost |
+| `batch_groups` (B), `group_size` (n) | `data.train_batch_size`, `rollout.n`; `ppo_mini_batch_size = B`: one mini-batch, the whole step's, as Roost |
+| `train.ppo_epochs` | `actor.ppo_epochs` (an optimizer step per pass over that one mini-batch) |
 | `temperature` / `default_temperature` | `rollout.temperature` (verl recomputes logprobs at one temperature) |
 | `max_steps`, `checkpoint_every`, `out_dir`, `seed` | `trainer.total_training_steps`, `save_freq`, `default_local_dir`, `actor.data_loader_seed` |
 | `verl.*` | cluster layout, trainer mode, memory split (`swarm.config.verl`) |
@@ -117,7 +118,7 @@ def verl_overrides(server: ServerConfig) -> list[str]:
         f"{a}.kl_loss_coef": t.kl_coef,
         f"{a}.kl_loss_type": "low_var_kl",
         f"{a}.ppo_mini_batch_size": server.batch_groups,
-        f"{a}.ppo_epochs": 1,
+        f"{a}.ppo_epochs": t.ppo_epochs,
         f"{a}.use_dynamic_bsz": True,
         f"{a}.ppo_max_token_len_per_gpu": max(t.micro_batch_tokens, seq_len),
         f"{a}.data_loader_seed": server.seed,
