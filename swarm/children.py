@@ -10,6 +10,7 @@ appended to under a marker line, never truncated, so a resumed run keeps the ear
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -35,17 +36,25 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM to a child's process group, SIGKILL if it has not exited after `grace` seconds."""
-    if proc.poll() is not None:
+    """SIGTERM to a child's process group, SIGKILL after `grace` seconds; once the child has exited,
+    SIGKILL to what is left of its group, since a grandchild may outlive it by a moment.
+
+    A child reaped before this call is left alone: its PID, and so its group's, may be another's now."""
+    if proc.returncode is not None:
         return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            pass
+            break  # the group is gone
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the child is gone; a grandchild may still hold its group
+        break
+    if proc.poll() is None:
         proc.wait(timeout=5)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from swarm.children import free_port
+from swarm import children
 from swarm.engine.vllm.errors import ServerStartError
 from swarm.engine.vllm.gate import DrainGate
 from swarm.tls import tls_context
@@ -55,7 +54,7 @@ class ServerProcess:
     def __init__(self, log_path: Path, *, port: int = 0, start_timeout_s: float = 300.0) -> None:
         self.log_path = Path(log_path)
         self.fixed_port = port
-        self.port = port or free_port()
+        self.port = port or children.free_port()
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -105,7 +104,7 @@ class ServerProcess:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.starts and not self.fixed_port:
-            self.port = free_port()  # the dead server's port may linger in TIME_WAIT
+            self.port = children.free_port()  # the dead server's port may linger in TIME_WAIT
         with open(self.log_path, "ab") as out:
             out.write(f"\n==== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
             out.flush()
@@ -136,26 +135,11 @@ class ServerProcess:
         )
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL what is left after `grace_s`."""
+        """SIGTERM the process group (our own session: the server and its children), SIGKILL what is
+        left after `grace_s`, and what outlives the server."""
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)  # our own session: the server and its children
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                # the group may outlive its leader by a moment: make sure the children go too
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            break
-        if proc.poll() is None:
-            proc.wait(timeout=5)
+        if proc is not None:
+            children.stop(proc, grace_s)
 
     def log_tail(self, lines: int = 25) -> str:
         try:

@@ -1,0 +1,68 @@
+"""`swarm.children.stop`: a child and everything it started end, by process group, never by name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from swarm.children import stop
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's wait is left
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _spawn(tmp_path: Path, script: str) -> tuple[subprocess.Popen, int]:
+    """A child in its own session whose grandchild writes its PID to a file and sleeps."""
+    pidfile = tmp_path / "grandchild.pid"
+    proc = subprocess.Popen(["bash", "-c", script.replace("PIDFILE", str(pidfile))], start_new_session=True)
+    end = time.monotonic() + 10
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < end, "the grandchild never started"
+        time.sleep(0.02)
+    return proc, int(pidfile.read_text())
+
+
+def test_a_grandchild_that_ignores_sigterm_goes_with_its_parent(tmp_path: Path) -> None:
+    """The child exits at SIGTERM at once; its grandchild ignores SIGTERM and would live on, an
+    orphan holding the group, without the SIGKILL that follows the child's exit."""
+    proc, grandchild = _spawn(tmp_path, 'bash -c \'trap "" TERM; echo $$ > PIDFILE; exec sleep 60\' & wait')
+    try:
+        t0 = time.monotonic()
+        stop(proc, grace=10.0)
+        assert proc.returncode is not None
+        assert time.monotonic() - t0 < 5.0  # it did not wait out the grace: the child had exited
+        assert _gone_within(grandchild, 5.0), "the grandchild outlived stop()"
+    finally:
+        if _alive(grandchild):
+            os.kill(grandchild, 9)
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    proc, grandchild = _spawn(tmp_path, 'trap "" TERM; echo $$ > PIDFILE; while true; do sleep 0.1; done')
+    assert grandchild == proc.pid  # here the child itself writes the file
+    t0 = time.monotonic()
+    stop(proc, grace=0.5)
+    assert proc.returncode == -9 and 0.5 <= time.monotonic() - t0 < 5.0
+
+
+def test_a_child_reaped_before_is_left_alone(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    proc.wait()
+    stop(proc)  # no signal to a group whose id may be another process's by now
+    assert proc.returncode == 0
