@@ -17,7 +17,7 @@ from swarm.algorithms.choices import Advantage, LossAgg
 from swarm.config.quotas import QuotaPhase, check_quotas, check_schedule
 from swarm.protocol import Count, Number
 
-TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "advantage", "loss_agg")
+TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "advantage", "loss_agg", "ppo_epochs")
 WINDOW_KEYS = ("temperature", "default_temperature", "batch_groups", "quotas", "quota_schedule")
 NULLABLE = {"temperature", "quotas", "quota_schedule"}
 
@@ -34,6 +34,7 @@ class LiveConfigUpdate(BaseModel):
     max_grad_norm: Number | None = Field(None, gt=0.0, le=1e6, description="gradient clip (next step)")
     advantage: Advantage | None = Field(None, description="group advantage estimator (next step)")
     loss_agg: LossAgg | None = Field(None, description="loss aggregation (next step)")
+    ppo_epochs: Count | None = Field(None, ge=1, le=64, description="updates per step over its batch (next step)")
     temperature: Number | None = Field(
         None, ge=0.0, le=2.0, description="force this temperature on every call; null: stop forcing"
     )

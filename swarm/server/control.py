@@ -5,7 +5,7 @@
 When a change takes effect, so that every batch stays self-consistent:
 
 * training knobs (`lr`, `kl_coef`, `entropy_coef`, `clip_eps`, `max_grad_norm`,
-  `advantage`, `loss_agg`): from the next optimisation step that starts (a running step
+  `advantage`, `loss_agg`, `ppo_epochs`): from the next optimisation step that starts (a running step
   keeps the config it started with);
 * window knobs (`temperature`, `default_temperature`, `batch_groups`, `quotas`,
   `quota_schedule`): from the next on-policy window, i.e. the next batch. They

@@ -95,6 +95,8 @@ def test_admin_routes_need_the_admin_token(server: RunningServer, route: str) ->
         {"quotas": {"a": 0.7, "b": 0.7}},
         {"quotas": {"a": 1}, "quota_schedule": [{"from_step": 0, "quotas": {"a": 1}}]},
         {"advantage": "ppo"},
+        {"ppo_epochs": 0},
+        {"ppo_epochs": 1.5},
         {"batch_groups": None},
         [1, 2],
         {"lr": "fast"},
@@ -174,14 +176,15 @@ def test_lr_change_during_a_step_applies_to_the_step_after(make_server, model_di
     srv = make_server(engine=FakeEngine(model_dir, train_delay_s=0.5), batch_groups=1, group_size=1)
     _finish(srv, _episode(srv, "a"))
     wait_until(lambda: srv.swarm.trainer.running)
-    r = _set(srv, {"lr": 5e-5, "kl_coef": 0.1})
+    r = _set(srv, {"lr": 5e-5, "kl_coef": 0.1, "ppo_epochs": 2})
     assert r.json()["changed"]["lr"]["effective_step"] == 2
     _step(srv, 1)
     _finish(srv, _episode(srv, "b"))
     _step(srv, 2)
     eng: FakeEngine = srv.engine
     assert eng.batches[0].config.lr != 5e-5 and eng.batches[1].config.lr == 5e-5
-    assert eng.batches[1].config.kl_coef == 0.1
+    assert eng.batches[1].config.kl_coef == 0.1 and eng.batches[1].config.ppo_epochs == 2
+    assert eng.batches[0].config.ppo_epochs == 1
     rows = _rows(srv)
     assert rows[0]["live/lr"] == eng.batches[0].config.lr and rows[1]["live/lr"] == 5e-5
 
