@@ -41,7 +41,7 @@ def _spawn(tmp_path: Path, script: str) -> tuple[subprocess.Popen, int]:
 def test_a_grandchild_that_ignores_sigterm_goes_with_its_parent(tmp_path: Path) -> None:
     """The child exits at SIGTERM at once; its grandchild ignores SIGTERM and would live on, an
     orphan holding the group, without the SIGKILL that follows the child's exit."""
-    proc, grandchild = _spawn(tmp_path, 'bash -c \'trap "" TERM; echo $$ > PIDFILE; exec sleep 60\' & wait')
+    proc, grandchild = _spawn(tmp_path, "bash -c 'trap \"\" TERM; echo $$ > PIDFILE; exec sleep 60' & wait")
     try:
         t0 = time.monotonic()
         stop(proc, grace=10.0)
