@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,7 +117,41 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
                 self.ordered = True
             super()._assign_work_unit(node)
 
+        def remove_node(self, node: Any) -> str | None:
+            """xdist's own puts back every unit the lost worker ever took, finished ones too, at the end of
+            the queue. A worker handed a finished unit is sent no test, so it never reports and is never
+            handed more or shut down: once in CI the run then waited, seven tests unrun, until its
+            timeout. Only the units with a test left go back, first in the queue."""
+            workload = self.assigned_work.get(node, {})
+            for scope in [scope for scope, unit in workload.items() if all(unit.values())]:
+                del workload[scope]
+            crashitem = super().remove_node(node)
+            for scope in reversed(list(workload)):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+            return crashitem
+
     return GroupScheduling(config, log)
+
+
+def pytest_testnodedown(node: Any, error: object | None) -> None:
+    """A lost worker's exit status and the machine's free memory, so a crash in CI says what ended it
+    (-9: SIGKILL, as the OOM killer sends; -11: a segfault) instead of only "not properly terminated"."""
+    if error is None:
+        return
+    popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
+    status: object = "unknown"
+    if popen is not None:
+        try:
+            status = popen.wait(timeout=5)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic line must not fail the run
+            status = f"not known ({exc})"
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+    print(
+        f"\nworker {node.gateway.id} lost ({error}): exit status {status}; "
+        f"MemAvailable {meminfo.get('MemAvailable', '?').strip()} of {meminfo.get('MemTotal', '?').strip()}",
+        flush=True,
+    )
 
 
 BUSY: dict[str, float] = defaultdict(float)  # worker -> seconds its tests took (setup, call, teardown)
