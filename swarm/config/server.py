@@ -388,6 +388,13 @@ class ServerConfig(BaseModel):
                 "--distill-mode full reads the teacher's logits in the step: give a local teacher (a model "
                 "directory or run), or --distill-mode sampled for a URL"
             )
+        if self.train.teacher_temperature != 1.0 and (self.teacher or "").startswith(("http://", "https://")):
+            raise ValueError(
+                "--teacher-temperature rescales the teacher's logits: give a local teacher (a model directory or "
+                "run folder); a URL teacher returns one logprob per token, which no temperature can be applied to"
+            )
+        if self.train.teacher_temperature != 1.0 and not self.teacher:
+            raise ValueError("--teacher-temperature: give --teacher MODEL_DIR to distill from")
         if self.teacher and self.policies:
             raise ValueError("--teacher: a server of several policies cannot distill yet; serve the student alone")
         return self

@@ -43,16 +43,21 @@ class TrainConfig(BaseModel):
     reward_coef: Annotated[float, Flag(studied=False)] = Field(
         1.0,
         ge=0.0,
-        description="scale of the group (reward) advantage; 0 with --teacher: distillation alone",
+        description="reward advantage scale (0: distil alone)",
     )
     distill_coef: Annotated[float, Flag(studied=False)] = Field(
         0.0,
         ge=0.0,
-        description="with --teacher: weight of the per-token reverse KL to the teacher (docs/distillation.md)",
+        description="weight of the reverse KL to --teacher",
     )
     distill_mode: Annotated[DistillMode, Flag(studied=False)] = Field(
         DistillMode.sampled,
-        description="with --teacher: sampled (any teacher) or full, the exact KL over the vocabulary (a local teacher)",
+        description="sampled (any teacher) or full: the exact KL (a local teacher)",
+    )
+    # the teacher's logits divided by it before the softmax: below 1 the student learns a sharper policy than
+    # the one the teacher samples at temperature 1 (docs/distillation.md); only a local teacher has logits
+    teacher_temperature: Annotated[float, Flag(studied=False)] = Field(
+        1.0, gt=0.0, le=10.0, description="the local --teacher's temperature"
     )
     # verl's ppo_epochs, TRL's num_iterations: each pass an optimizer update on the same rollouts, whose
     # logprobs stay the "old" policy, so the clip bounds how far the later passes move (docs/distillation.md)

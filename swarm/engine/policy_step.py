@@ -300,7 +300,7 @@ def _one_pass(
             loss = loss + config.kl_coef * kl_ref
         if teacher is not None:
             with torch.no_grad():
-                teacher_logp = F.log_softmax(trained_logits(teacher, mb).float(), -1)
+                teacher_logp = F.log_softmax(trained_logits(teacher, mb).float() / config.teacher_temperature, -1)
             kl_pos = full_reverse_kl(logp_all, teacher_logp)
             loss = loss + config.distill_coef * (kl_pos * mb.w).sum() / denom
             if distill_kl is not None:

@@ -52,7 +52,7 @@ class Teacher(Protocol):
     i >= 1, and 0.0 at i = 0 (nothing predicts the first token): aligned with a sample's ids, as its
     rollout logprobs are."""
 
-    async def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]: ...
+    async def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]: ...
 
     async def close(self) -> None: ...
 
@@ -245,8 +245,9 @@ class LocalTeacher:
         self.budget = budget_tokens
         self._lock = asyncio.Lock()  # one scoring at a time: the forward is this model's only user
 
-    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        """Teacher-forced logprobs, right-padded micro-batches sorted by length (no grad)."""
+    def score(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
+        """Teacher-forced logprobs, right-padded micro-batches sorted by length (no grad); of the
+        teacher's distribution at `temperature` (its logits divided by it)."""
         import torch  # lazy: see __init__
 
         from swarm.engine.policy_step import micro_batches  # lazy: policy_step imports torch
@@ -262,14 +263,16 @@ class LocalTeacher:
                     attn[row, : len(sequences[i])] = 1
                 ids, attn = ids.to(self.device), attn.to(self.device)
                 logits = self.model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
+                if temperature != 1.0:
+                    logits = logits / temperature
                 lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1).cpu()
                 for row, i in enumerate(part):
                     out[i] = [0.0, *lp[row, : len(sequences[i]) - 1].tolist()]
         return out
 
-    async def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    async def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
         async with self._lock:
-            return await asyncio.to_thread(self.score, sequences)
+            return await asyncio.to_thread(self.score, sequences, temperature)
 
     async def close(self) -> None:
         self.model = None  # type: ignore[assignment]
@@ -290,7 +293,9 @@ class HttpTeacher:
             raise TeacherError(f"teacher answered {r.status_code}: {r.text[:200]}")
         return parse_prompt_logprobs(r.json(), len(ids))
 
-    async def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    async def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
+        if temperature != 1.0:  # ServerConfig refuses it at start; a caller of this class directly is told here
+            raise TeacherError("a URL teacher returns one logprob per token: no temperature can be applied to it")
         return list(await asyncio.gather(*(self._one(s) for s in sequences)))
 
     async def close(self) -> None:
@@ -306,15 +311,16 @@ def open_teacher(info: TeacherInfo, device: str | None = None) -> Teacher:
 
 
 async def distill_terms(
-    teacher: Teacher, samples: Sequence[TrainSample], coef: float
+    teacher: Teacher, samples: Sequence[TrainSample], coef: float, temperature: float = 1.0
 ) -> tuple[list[list[float]], dict[str, float]]:
     """Per-sample token advantages (aligned with each sample's ids) and the step's metrics:
-    `distill_kl`, the token mean of log pi_student - log pi_teacher over the trained tokens."""
+    `distill_kl`, the token mean of log pi_student - log pi_teacher over the trained tokens (the
+    teacher's logprobs at `temperature`)."""
     import torch  # lazy: see LocalTeacher
 
     from swarm.algorithms.distill import distill_advantages, reverse_kl  # lazy: imports torch
 
-    teacher_lp = await teacher.logprobs([s.input_ids for s in samples])
+    teacher_lp = await teacher.logprobs([s.input_ids for s in samples], temperature)
     advantages: list[list[float]] = []
     kl_sum, tokens = 0.0, 0
     for s, t in zip(samples, teacher_lp):

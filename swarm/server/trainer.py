@@ -271,7 +271,9 @@ class Trainer:
                     if config.distill_mode == DistillMode.full:  # the step reads the teacher's logits itself
                         teacher_model = self.teacher.model  # type: ignore[attr-defined]  # local: ServerConfig
                     else:
-                        token_adv, distilled = await distill_terms(self.teacher, samples, config.distill_coef)
+                        token_adv, distilled = await distill_terms(
+                            self.teacher, samples, config.distill_coef, config.teacher_temperature
+                        )
                 batch_in = TrainBatch(samples=samples, config=config, token_advantages=token_adv, teacher=teacher_model)
                 metrics = await asyncio.to_thread(self.engine.train_step, batch_in)
                 trained = time.monotonic()

@@ -67,3 +67,9 @@ def test_a_teacher_url_without_prompt_logprobs_is_refused_before_anything_starts
     )  # fmt: skip
     assert full.returncode == 2 and "local teacher" in full.stderr, full.stdout + full.stderr
     assert not out.exists()
+    sharper = _train(
+        tmp_path, "--model", str(model), "--teacher", "http://127.0.0.1:9/v1", "--distill-coef", "1",
+        "--teacher-temperature", "0.7", "--steps", "1", "--out", str(out),
+    )  # fmt: skip
+    assert sharper.returncode == 2 and "--teacher-temperature" in sharper.stderr, sharper.stdout + sharper.stderr
+    assert "local teacher" in sharper.stderr and not out.exists()

@@ -46,9 +46,11 @@ class StubTeacher:
     def __init__(self, table: list[list[float]]) -> None:
         self.table = table
         self.seen: list[list[int]] = []
+        self.temperature: float | None = None
 
-    async def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    async def logprobs(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
         self.seen = [list(s) for s in sequences]
+        self.temperature = temperature
         return self.table
 
     async def close(self) -> None:
@@ -70,6 +72,9 @@ def test_distill_terms_by_hand() -> None:
     # trained tokens: kl = -1 - (-1.5) = 0.5 and -2 - (-1) = -1; A = -2 * kl; the prompt gets 0
     assert adv == [[0.0, 0.0, -1.0, 2.0]]
     assert metrics == {"distill_kl": pytest.approx(-0.25), "distill_tokens": 2.0}
+    assert teacher.temperature == 1.0
+    asyncio.run(distill_terms(teacher, [sample], coef=2.0, temperature=0.7))  # --teacher-temperature reaches it
+    assert teacher.temperature == 0.7
 
 
 def test_a_teacher_without_prompt_logprobs_is_refused() -> None:
@@ -168,24 +173,25 @@ def test_full_reverse_kl_by_hand() -> None:
     assert kl.tolist() == pytest.approx([0.223804, 0.0], abs=1e-6)
 
 
-def test_full_mode_loss_and_gradient_are_the_exact_reverse_kl_in_both_layouts(base) -> None:
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_full_mode_loss_and_gradient_are_the_exact_reverse_kl_in_both_layouts(base, temperature: float) -> None:
     """With reward_coef 0 the step's loss is distill_coef * the token mean of KL(student || teacher)
-    over the trained positions (computed here by a plain forward of each model), its gradient that
-    KL's gradient, the same in the plain and shared-prefix layouts; a teacher equal to the student
-    gives KL 0 and no gradient."""
+    over the trained positions (computed here by a plain forward of each model; the teacher's logits
+    divided by `teacher_temperature`), its gradient that KL's gradient, the same in the plain and
+    shared-prefix layouts; a teacher equal to the student gives KL 0 and no gradient."""
     samples = _samples(base)
     teacher = copy.deepcopy(base)
     with torch.no_grad():
         for p in teacher.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    config = TrainConfig(lr=1.0, reward_coef=0.0, distill_coef=0.5)
+    config = TrainConfig(lr=1.0, reward_coef=0.0, distill_coef=0.5, teacher_temperature=temperature)
 
     kls = []
     for s in samples:
         ids = torch.tensor([s.input_ids])
         with torch.no_grad():
             ls = torch.log_softmax(base(input_ids=ids).logits[0, :-1].double(), -1)
-            lt = torch.log_softmax(teacher(input_ids=ids).logits[0, :-1].double(), -1)
+            lt = torch.log_softmax(teacher(input_ids=ids).logits[0, :-1].double() / temperature, -1)
         per = (ls.exp() * (ls - lt)).sum(-1)
         kls += [float(k) for k, m in zip(per, s.loss_mask[1:]) if m]
     expected = sum(kls) / len(kls)
@@ -204,6 +210,8 @@ def test_full_mode_loss_and_gradient_are_the_exact_reverse_kl_in_both_layouts(ba
     for a, b in zip(shared.parameters(), plain.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
+    if temperature != 1.0:
+        return  # the student against itself sharpened is not KL 0
     same = ps.policy_step(
         copy.deepcopy(base), torch.optim.SGD(base.parameters(), lr=0.0), samples, config, teacher=copy.deepcopy(base)
     )
@@ -222,3 +230,48 @@ def test_full_mode_needs_a_local_teacher() -> None:
         )
     ok = ServerConfig(teacher="/some/model", train=TrainConfig(distill_coef=1.0, distill_mode="full"))
     assert ok.train.distill_mode == "full"
+
+
+# -- --teacher-temperature: the teacher's distribution at another temperature ------------------------
+
+
+def test_a_local_teacher_scores_at_its_temperature(base) -> None:
+    """LocalTeacher.score(seqs, T) is log_softmax(logits / T) of each next token: a distribution
+    (T = 0.5 sharpens it: the argmax token gains), and T = 1 is the plain teacher."""
+    from swarm.model.teacher import LocalTeacher
+
+    teacher = LocalTeacher.__new__(LocalTeacher)  # the model from the fixture, not loaded from a folder
+    teacher.model, teacher.device, teacher.budget = base.eval(), torch.device("cpu"), 8192
+    seqs = [[1, 5, 9, 2, 7], [3, 4]]
+    with torch.no_grad():
+        logits = base(input_ids=torch.tensor([seqs[0]])).logits[0, :-1].double()
+    for t in (1.0, 0.5, 2.0):
+        got = teacher.score(seqs, t)
+        want = torch.log_softmax(logits / t, -1).gather(-1, torch.tensor(seqs[0][1:]).unsqueeze(-1)).squeeze(-1)
+        assert got[0][0] == 0.0 and len(got[1]) == 2
+        assert got[0][1:] == pytest.approx(want.tolist(), abs=1e-5)
+    top = int(logits[0].argmax())
+    sharp = teacher.score([[1, top]], 0.5)[0][1]
+    plain = teacher.score([[1, top]], 1.0)[0][1]
+    assert sharp > plain
+
+
+def test_teacher_temperature_needs_a_local_teacher() -> None:
+    import asyncio
+
+    from swarm.config.server import ServerConfig
+    from swarm.model.teacher import HttpTeacher, TeacherError
+
+    with pytest.raises(ValueError, match="local teacher"):
+        ServerConfig(teacher="http://127.0.0.1:9/v1", train=TrainConfig(distill_coef=1.0, teacher_temperature=0.7))
+    with pytest.raises(ValueError, match="--teacher MODEL_DIR"):
+        ServerConfig(train=TrainConfig(teacher_temperature=0.7))
+    for bad in (0.0, -1.0, 11.0):
+        with pytest.raises(ValueError, match="teacher_temperature"):
+            TrainConfig(teacher_temperature=bad)
+    ok = ServerConfig(teacher="/some/model", train=TrainConfig(distill_coef=1.0, teacher_temperature=0.7))
+    assert ok.train.teacher_temperature == 0.7
+    http = HttpTeacher("http://127.0.0.1:9", "m")
+    with pytest.raises(TeacherError, match="one logprob per token"):
+        asyncio.run(http.logprobs([[1, 2]], 0.7))
+    asyncio.run(http.close())
