@@ -39,8 +39,11 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM to a child's process group, SIGKILL after `grace` seconds; once the child has exited,
     SIGKILL to what is left of its group, since a grandchild may outlive it by a moment.
 
-    A child reaped before this call is left alone: its PID, and so its group's, may be another's now."""
-    if proc.returncode is not None:
+    A child that died before this call (killed, crashed; a watchdog's `poll()` reaped it) may have left
+    its children behind in its group: vLLM's engine core outlived a SIGKILLed launcher, 1.5 GB a time,
+    until the machine ran out of memory. Those are killed too (`sweep_group`)."""
+    if proc.poll() is not None:
+        sweep_group(proc.pid)
         return
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
@@ -56,6 +59,24 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
         break
     if proc.poll() is None:
         proc.wait(timeout=5)
+
+
+def sweep_group(leader: int) -> None:
+    """SIGKILL what is left of the process group of a child that has exited and been reaped.
+
+    Linux gives no new process a PID still in use as a group's ID, so while the dead leader's group
+    has members, `leader` names that group and nothing else. Once the group is empty the number is
+    free: if a process now holds it, the group of that ID (if any) is not the child's, and is left alone."""
+    try:
+        os.kill(leader, 0)
+    except ProcessLookupError:
+        pass  # no process has the number: a group of that ID can only be the dead child's
+    except PermissionError:
+        return  # the number is another user's process now
+    else:
+        return  # the number is a live process's now: not the child's
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(leader, signal.SIGKILL)
 
 
 def raise_interrupt(signum: int, frame: object) -> None:
@@ -104,4 +125,13 @@ def log_tail(log: Path, lines: int = 8) -> str:
     return "\n".join(f"  {line}" for line in text)
 
 
-__all__ = ["free_port", "log_tail", "open_log", "raise_interrupt", "stop", "swarm_command", "wait_healthy"]
+__all__ = [
+    "free_port",
+    "log_tail",
+    "open_log",
+    "raise_interrupt",
+    "stop",
+    "sweep_group",
+    "swarm_command",
+    "wait_healthy",
+]

@@ -134,6 +134,7 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     return GroupScheduling(config, log)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: the verl and client-only venvs run without xdist
 def pytest_testnodedown(node: Any, error: object | None) -> None:
     """A lost worker's exit status and the machine's free memory, so a crash in CI says what ended it
     (-9: SIGKILL, as the OOM killer sends; -11: a segfault) instead of only "not properly terminated"."""

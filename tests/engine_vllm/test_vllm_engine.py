@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
+from vllm_helpers import assert_gone, crash_launcher
 from vllm_helpers import chat_prompt as _prompt
 from vllm_helpers import generate_all as _gen
 from vllm_helpers import max_diff as _diff
@@ -86,8 +85,9 @@ def test_train_sync_refuse_rollback_and_restart(engine, tmp_path):
     assert _diff(l1, engine.trainer.logprobs(fixed)) <= HF_TOL
 
     # a killed vLLM is restarted (on the last good weights, the step-1 file): a fresh server on that checkpoint
-    os.kill(engine.process.pid, signal.SIGKILL)
+    orphans = crash_launcher(engine.process.pid)
     _wait_restarted(engine, 1)
+    assert_gone(orphans)  # the dead launcher's engine core went with the restart
     fresh1 = engine.logprobs(fixed)
     assert _diff(fresh1, l1) <= FRESH_TOL, "in-place reload and a fresh start on the same weights differ"
     assert engine.served_version == v0 + 1

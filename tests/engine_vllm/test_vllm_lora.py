@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from safetensors.torch import load_file, save_file
+from vllm_helpers import assert_gone, crash_launcher
 from vllm_helpers import chat_prompt as _prompt
 from vllm_helpers import generate_all as _gen
 from vllm_helpers import max_diff as _diff
@@ -138,8 +137,9 @@ def test_adapter_sync_matches_a_fresh_vllm_refuses_corrupt_adapters_and_unloads_
     assert _diff(engine.logprobs(fixed), l1) <= FRESH_TOL
 
     # a freshly started vLLM (the restart after a kill) loads the last good adapter file: the same logprobs
-    os.kill(engine.process.pid, signal.SIGKILL)
+    orphans = crash_launcher(engine.process.pid)
     _wait_restarted(engine, 1)
+    assert_gone(orphans)
     assert _models(engine) == ["roost", "roost-v1"] and engine.served_version == 1
     fresh = engine.logprobs(fixed)
     assert _diff(fresh, l1) <= FRESH_TOL, "the long-running server and a fresh one differ on the same adapter"

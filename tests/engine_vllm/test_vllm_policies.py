@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from vllm_helpers import assert_gone, crash_launcher
 from vllm_helpers import chat_prompt as _prompt
 from vllm_helpers import generate_all as _gen
 from vllm_helpers import max_diff as _diff
@@ -151,11 +151,12 @@ def test_a_restarted_vllm_serves_every_policys_last_good_adapter(served):
     fixed = _prompt(a, "What is 7+8?")
     before = {"a": a.logprobs(fixed), "b": b.logprobs(fixed)}
     held = _models(host)
-    os.kill(host.process.pid, signal.SIGKILL)
+    orphans = crash_launcher(host.process.pid)
     end = time.monotonic() + 400
     while not (host.supervisor.restarts >= 1 and host.supervisor.healthy() and not a.gate.draining):
         assert time.monotonic() < end, f"vLLM not restarted; log:\n{host.process.log_tail()}"
         time.sleep(0.5)
+    assert_gone(orphans)
     assert _models(host) == held and host.process.starts == 2
     assert _diff(a.logprobs(fixed), before["a"]) <= FRESH_TOL
     assert _diff(b.logprobs(fixed), before["b"]) <= FRESH_TOL

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from vllm_helpers import chat_prompt, generate_all, max_diff, train_batch
+from vllm_helpers import assert_gone, chat_prompt, crash_launcher, generate_all, max_diff, train_batch
 
 from swarm.config.vllm import VllmSettings
 from swarm.engine import GenerateRequest, SamplingParams
@@ -217,7 +216,7 @@ def test_a_killed_replica_restarts_while_the_other_serves_and_training_goes_on(e
     fixed = chat_prompt(engine, "What is 5+6?")
     victim, other = engine.replicas[1], engine.replicas[0]
     old_pid = victim.process.pid
-    os.kill(old_pid, signal.SIGKILL)
+    orphans = crash_launcher(old_pid)
     served_during_restart = 0
     end = time.monotonic() + 400
     while not (victim.up() and victim.supervisor.restarts == 1):  # the other serves meanwhile
@@ -231,6 +230,7 @@ def test_a_killed_replica_restarts_while_the_other_serves_and_training_goes_on(e
         time.sleep(2.0)  # light: the replacement vLLM boots on the same two cores
     assert served_during_restart > 0, "no request was served while replica 1 restarted"
     assert victim.process.pid != old_pid and other.supervisor.restarts == 0
+    assert_gone(orphans)
     c = engine.counters()
     assert c["vllm_restarts"] == 1 and c["vllm_replicas_up"] == 2
     # the restarted replica serves the last good weights, labelled as before

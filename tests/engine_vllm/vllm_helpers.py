@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
@@ -51,6 +55,46 @@ def train_batch(engine: Any, n: int = 4, max_tokens: int = 12) -> Any:
         for i, o in enumerate(generate_all(engine, requests))
     ]
     return TrainBatch(samples, TrainConfig(lr=5e-3))
+
+
+def _group(leader: int) -> list[int]:
+    """The live PIDs in process group `leader`, from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == leader:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def crash_launcher(pid: int) -> list[int]:
+    """SIGKILL vLLM's launcher alone, as a crash would, and return what else its group holds (vLLM's
+    engine core, its resource tracker): the supervisor's restart must end those too, or each crash
+    leaves ~1.5 GB behind."""
+    left = [p for p in _group(pid) if p != pid]
+    assert left, "vLLM's launcher has no engine core beside it"
+    os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def assert_gone(pids: list[int], seconds: float = 15.0) -> None:
+    end = time.monotonic() + seconds
+    while True:
+        alive = [p for p in pids if Path(f"/proc/{p}").exists() and "Z" != _state(p)]
+        if not alive:
+            return
+        assert time.monotonic() < end, f"still running after the restart: {alive}"
+        time.sleep(0.2)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
 
 
 def max_diff(a: list[float], b: list[float]) -> float:

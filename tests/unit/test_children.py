@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from swarm.children import stop
+from swarm.children import stop, sweep_group
 
 
 def _alive(pid: int) -> bool:
@@ -64,5 +64,34 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) 
 def test_a_child_reaped_before_is_left_alone(tmp_path: Path) -> None:
     proc = subprocess.Popen(["true"], start_new_session=True)
     proc.wait()
-    stop(proc)  # no signal to a group whose id may be another process's by now
+    stop(proc)  # its group is empty: nothing to signal
     assert proc.returncode == 0
+
+
+def test_what_a_killed_child_left_in_its_group_goes_at_stop(tmp_path: Path) -> None:
+    """As vLLM's launcher SIGKILLed: the child dies at once, a watchdog's poll() reaps it, and its
+    grandchild (vLLM's engine core) lives on in the group, an orphan. `stop` on the dead child ends it."""
+    proc, grandchild = _spawn(tmp_path, "bash -c 'echo $$ > PIDFILE; exec sleep 60' & wait")
+    try:
+        os.kill(proc.pid, 9)
+        proc.wait(5)
+        assert proc.poll() == -9 and _alive(grandchild)  # an orphan now, still in the dead child's group
+        assert os.getpgid(grandchild) == proc.pid
+        stop(proc)
+        assert _gone_within(grandchild, 5.0), "the orphan outlived stop()"
+    finally:
+        if _alive(grandchild):
+            os.kill(grandchild, 9)
+
+
+def test_a_number_taken_again_is_not_swept(tmp_path: Path) -> None:
+    """Once a dead child's group is empty its number is free; a live process holding it now (here: a
+    new group leader given the number by hand) is not the child's, and `sweep_group` leaves it alone."""
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        sweep_group(other.pid)  # as if `other` had the number of a child reaped earlier
+        time.sleep(0.2)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
