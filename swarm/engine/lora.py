@@ -153,6 +153,13 @@ def targeted_layers(model: torch.nn.Module, settings: LoraSettings) -> dict[str,
     from peft.tuners.tuners_utils import check_target_module_exists  # lazy: see lora_config
 
     config = lora_config(settings)
+    try:  # "all-linear" (the default) is a shorthand peft expands into module names before it matches any
+        from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+    except ImportError:  # a peft without it: the layers are checked after peft wraps them (attach, add_adapter)
+        pass
+    else:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = _maybe_include_all_linear_layers(config, base)
     return {
         name: (int(m.in_features), int(m.out_features))
         for name, m in model.named_modules()

@@ -298,6 +298,25 @@ def test_rank_larger_than_a_layer_is_refused_with_the_reason(model_dir):
     _engine(model_dir, rank=128, targets="q_proj").batcher.close()  # exactly the width: allowed
 
 
+def test_a_rank_past_the_width_is_refused_before_peft_wraps_anything(model_dir):
+    """With the default targets ("all-linear", a shorthand peft expands itself) the widths are read
+    before peft allocates: `--lora-rank 100000` was refused only after ~4 GB and seconds of adapter,
+    with the base model's layers already wrapped in place. Now nothing is allocated or wrapped."""
+    from swarm.engine.lora import attach, targeted_layers
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    layers = targeted_layers(model, LoraSettings(rank=8))
+    names = {name.rsplit(".", 1)[-1] for name in layers}
+    assert names == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert len(layers) == 7 * model.config.num_hidden_layers  # every layer's, the output head not among them
+    before = {name: type(m) for name, m in model.named_modules()}
+    with pytest.raises(LoraError, match="--lora-rank 100000 is larger than the width"):
+        attach(model, LoraSettings(rank=100_000), model_dir)
+    assert {name: type(m) for name, m in model.named_modules()} == before  # untouched
+    wrapped = attach(model, LoraSettings(rank=8), model_dir)
+    assert set(targeted_layers(wrapped, LoraSettings(rank=8))) == {f"base_model.model.{n}" for n in layers}
+
+
 def test_rank_zero_is_full_fine_tuning_as_before(model_dir, tmp_path):
     engine = TorchEngine(model_dir, seed=0, device="cpu")
     try:
