@@ -154,7 +154,7 @@ def targeted_layers(model: torch.nn.Module, settings: LoraSettings) -> dict[str,
 
     config = lora_config(settings)
     try:  # "all-linear" (the default) is a shorthand peft expands into module names before it matches any
-        from peft.tuners.tuners_utils import _maybe_include_all_linear_layers
+        from peft.tuners.tuners_utils import _maybe_include_all_linear_layers  # lazy: see lora_config
     except ImportError:  # a peft without it: the layers are checked after peft wraps them (attach, add_adapter)
         pass
     else:
