@@ -383,12 +383,13 @@ class ServerConfig(BaseModel):
             raise ValueError(
                 "--teacher/--reward-coef: distillation runs in the torch and vllm engines, not --engine verl"
             )
-        if self.train.distill_mode == DistillMode.full and (self.teacher or "").startswith(("http://", "https://")):
+        url_teacher = (self.teacher or "").startswith(("http://", "https://"))  # no logits: one logprob a token
+        if self.train.distill_mode == DistillMode.full and url_teacher:
             raise ValueError(
                 "--distill-mode full reads the teacher's logits in the step: give a local teacher (a model "
                 "directory or run), or --distill-mode sampled for a URL"
             )
-        if self.train.teacher_temperature != 1.0 and (self.teacher or "").startswith(("http://", "https://")):
+        if self.train.teacher_temperature != 1.0 and url_teacher:
             raise ValueError(
                 "--teacher-temperature rescales the teacher's logits: give a local teacher (a model directory or "
                 "run folder); a URL teacher returns one logprob per token, which no temperature can be applied to"

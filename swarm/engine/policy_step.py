@@ -300,7 +300,10 @@ def _one_pass(
             loss = loss + config.kl_coef * kl_ref
         if teacher is not None:
             with torch.no_grad():
-                teacher_logp = F.log_softmax(trained_logits(teacher, mb).float() / config.teacher_temperature, -1)
+                teacher_logits = trained_logits(teacher, mb).float()
+                if config.teacher_temperature != 1.0:  # a positions x vocabulary division, only when asked for
+                    teacher_logits = teacher_logits / config.teacher_temperature
+                teacher_logp = F.log_softmax(teacher_logits, -1)
             kl_pos = full_reverse_kl(logp_all, teacher_logp)
             loss = loss + config.distill_coef * (kl_pos * mb.w).sum() / denom
             if distill_kl is not None:

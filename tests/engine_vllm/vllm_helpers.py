@@ -57,17 +57,22 @@ def train_batch(engine: Any, n: int = 4, max_tokens: int = 12) -> Any:
     return TrainBatch(samples, TrainConfig(lr=5e-3))
 
 
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, pgid, ...); None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _running(fields: list[str] | None) -> bool:
+    return fields is not None and fields[0] not in ("Z", "X")  # a zombie has ended; only its reaping is left
+
+
 def _group(leader: int) -> list[int]:
-    """The live PIDs in process group `leader`, from /proc."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == leader:
-            members.append(int(stat.parent.name))
-    return members
+    """The running PIDs in process group `leader`."""
+    pids = (int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat"))
+    return [pid for pid in pids if _running(fields := _stat(pid)) and int(fields[2]) == leader]
 
 
 def crash_launcher(pid: int) -> list[int]:
@@ -82,19 +87,9 @@ def crash_launcher(pid: int) -> list[int]:
 
 def assert_gone(pids: list[int], seconds: float = 15.0) -> None:
     end = time.monotonic() + seconds
-    while True:
-        alive = [p for p in pids if Path(f"/proc/{p}").exists() and "Z" != _state(p)]
-        if not alive:
-            return
+    while alive := [p for p in pids if _running(_stat(p))]:
         assert time.monotonic() < end, f"still running after the restart: {alive}"
         time.sleep(0.2)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "Z"
 
 
 def max_diff(a: list[float], b: list[float]) -> float:
