@@ -17,7 +17,13 @@
 # 5. `swarm train --task duet --shared-base --steps 30 --device cuda`: planner and executor as two
 #    LoRA policies of one server on the GPU; it must finish and each role's reward must rise.
 #
-# GPU_PARTS=engine,train,policy_tests,policies,duet (the default: all) picks parts, e.g. to rerun one.
+# Two more parts run only when GPU_PARTS names them (they do not fit the default run's 8 minutes):
+# 6. k_policies: bench/policies.py --device cuda: k LoRA policies of one server against k servers
+#    sharing the GPU, k = 1, 2, 4, 8, on the embedded model.
+# 7. tinker: bench/tinker.py --device cuda: the Tinker API's forward_backward + optim_step over HTTP
+#    against the same primitives called in process.
+#
+# GPU_PARTS=engine,train,policy_tests,policies,duet (the default) picks parts, e.g. to rerun one.
 # Without CUDA it says so and exits with status 2 before doing anything (CI checks that, and runs
 # part 1's wiring on CPU: tests/unit/test_gpu_acceptance.py). docs/gpu.md has the figures of a run.
 set -uo pipefail
@@ -80,5 +86,10 @@ want policies && part policies 150 "$PY" bench/policy_overlap.py --device cuda -
     --seconds 8 --rounds 2 --concurrency 32 --json "$OUT_DIR/policies.json"
 
 want duet && part duet 200 bash -c 'train duet --task duet --shared-base'
+
+want k_policies && part k_policies 300 "$PY" bench/policies.py --device cuda --seconds 12 \
+    ${ROOST_GPU_MODEL:+--model "$ROOST_GPU_MODEL"} --json "$OUT_DIR/k_policies.json"
+want tinker && part tinker 120 "$PY" bench/tinker.py --device cuda --steps 10 \
+    ${ROOST_GPU_MODEL:+--model "$ROOST_GPU_MODEL"} --json "$OUT_DIR/tinker.json"
 echo "gpu acceptance: $failed part(s) failed; logs and JSON in $OUT_DIR"
 exit "$failed"

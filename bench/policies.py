@@ -4,6 +4,7 @@
     python bench/policies.py --ks 1,2,4 --seconds 30 --json out.json
     python bench/policies.py --agent-ms 500                   # agents that spend 0.5 s outside the server
     python bench/policies.py --max-b-k 4                      # B (k servers) only up to k = 4
+    python bench/policies.py --device cuda                    # every server on the one GPU
 
 Why: a team of roles, a study's trials or several users' runs each want their own policy.
 `swarm serve --policy p0 --policy p1 ...` trains them as LoRA adapters over one shared base
@@ -148,6 +149,8 @@ def start_server(model: Path, out: Path, token: str, policies: list[str], args: 
         "serve",
         "--engine",
         "torch",
+        "--device",
+        args.device,
         "--lora-rank",
         str(args.lora_rank),
         "--model",
@@ -508,6 +511,7 @@ def main() -> None:
     ap.add_argument("--warmup-steps", type=int, default=2, help="steps every policy makes before the window opens")
     ap.add_argument("--warmup-timeout", type=float, default=240.0)
     ap.add_argument("--model", type=Path, default=None, help="default: the embedded model (else a random tiny one)")
+    ap.add_argument("--device", default="cpu", help="the servers' device (cuda: every server shares the one GPU)")
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--batch-groups", type=int, default=1)
@@ -542,7 +546,7 @@ def main() -> None:
                 console.print(f"[yellow]no embedded model at {model}; building a random tiny one[/]")
                 model = build_untrained(tmp_path / "model", seed=0)
         console.print(
-            f"model {model}, torch engine, LoRA rank {args.lora_rank}, group {args.group_size} x "
+            f"model {model}, torch engine on {args.device}, LoRA rank {args.lora_rank}, group {args.group_size} x "
             f"{args.batch_groups}, max_tokens {args.max_tokens}, {args.concurrency} in flight per fleet, "
             f"{args.agent_ms:.0f} ms agent time per episode, "
             f"{args.seconds:.0f}s windows after {args.warmup_steps} warm-up steps, {CORES} cores"
