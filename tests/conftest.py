@@ -29,6 +29,7 @@ as fast as its tests on that many cores.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -44,6 +45,10 @@ import pytest
 # its own; this is for the torch work in the workers themselves and the CLIs they run. Set before any
 # test module imports torch, and inherited by every process a test starts; an explicit value wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# The shared helper modules of tests/kit (procs, full_install, ...) import by name in every suite
+# (--import-mode=importlib puts no test folder on sys.path).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "kit"))
 
 GROUPS = {
     "tests/engine_vllm/": "vllm",

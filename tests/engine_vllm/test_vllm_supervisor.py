@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from procs import running
 
 from swarm.engine.vllm.errors import ServerStartError
 from swarm.engine.vllm.gate import DrainGate
@@ -64,15 +65,6 @@ class HealthServer(ServerProcess):
         return [sys.executable, str(self.script), str(self.delay), str(self.port)]
 
 
-def _gone(pid: int) -> bool:
-    """No such process, or a zombie its parent has not reaped yet."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return True
-    return state == "Z"
-
-
 def _wait(condition, timeout: float = 30.0) -> None:
     end = time.monotonic() + timeout
     while not condition():
@@ -115,11 +107,11 @@ def test_recover_restarts_only_a_dead_server_and_close_kills_the_group(started):
     _wait(lambda: not sup.alive())
     sup.recover("a request found it dead")
     assert sup.restarts == 1 and sup.healthy() and not sup.gate.draining and starts[-1][1]
-    assert _gone(health["pid"]) and _gone(health["child"])
+    assert not running(health["pid"]) and not running(health["child"])
     health = httpx.get(sup.url + "/health").json()
     sup.close()
-    assert not sup.alive() and _gone(health["pid"])
-    _wait(lambda: _gone(health["child"]))  # the group went with it
+    assert not sup.alive() and not running(health["pid"])
+    _wait(lambda: not running(health["child"]))  # the group went with it
     sup.recover("after close")
     assert sup.restarts == 1
 

@@ -10,12 +10,12 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
+
+from procs import gone_within, group, running
 
 
 def chat_prompt(engine: Any, text: str = "What is 2+3?") -> list[int]:
@@ -57,39 +57,18 @@ def train_batch(engine: Any, n: int = 4, max_tokens: int = 12) -> Any:
     return TrainBatch(samples, TrainConfig(lr=5e-3))
 
 
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (state, ppid, pgid, ...); None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _running(fields: list[str] | None) -> bool:
-    return fields is not None and fields[0] not in ("Z", "X")  # a zombie has ended; only its reaping is left
-
-
-def _group(leader: int) -> list[int]:
-    """The running PIDs in process group `leader`."""
-    pids = (int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat"))
-    return [pid for pid in pids if _running(fields := _stat(pid)) and int(fields[2]) == leader]
-
-
 def crash_launcher(pid: int) -> list[int]:
     """SIGKILL vLLM's launcher alone, as a crash would, and return what else its group holds (vLLM's
     engine core, its resource tracker): the supervisor's restart must end those too, or each crash
     leaves ~1.5 GB behind."""
-    left = [p for p in _group(pid) if p != pid]
+    left = [p for p in group(pid) if p != pid]
     assert left, "vLLM's launcher has no engine core beside it"
     os.kill(pid, signal.SIGKILL)
     return left
 
 
 def assert_gone(pids: list[int], seconds: float = 15.0) -> None:
-    end = time.monotonic() + seconds
-    while alive := [p for p in pids if _running(_stat(p))]:
-        assert time.monotonic() < end, f"still running after the restart: {alive}"
-        time.sleep(0.2)
+    assert gone_within(pids, seconds), f"still running after the restart: {[p for p in pids if running(p)]}"
 
 
 def max_diff(a: list[float], b: list[float]) -> float:

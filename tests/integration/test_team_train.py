@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import running, tree
 
 from swarm.model.build import VOCAB_SIZE, build_untrained, task_corpus
 from swarm.model.presets import build_preset
@@ -83,30 +84,6 @@ def test_a_team_of_two_different_models_trains_each_role_on_its_own_server(tmp_p
     assert "team: planner=" in (out / "run.yaml").read_text()
 
 
-def _tree(root: int) -> list[int]:
-    """`root` and every process below it (from /proc), so the test kills exactly what the run started."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in ("Z", "X")
-    except OSError:
-        return True
-
-
 def _steps(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
@@ -132,8 +109,8 @@ def test_a_team_run_killed_whole_resumes_each_role_from_its_own_checkpoint(tmp_p
             assert train.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
             time.sleep(0.1)
     finally:
-        tree = _tree(train.pid)  # swarm train, its servers and its client: SIGKILL, nothing may tidy up
-        for pid in tree:
+        pids = tree(train.pid)  # swarm train, its servers and its client: SIGKILL, nothing may tidy up
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -141,9 +118,9 @@ def test_a_team_run_killed_whole_resumes_each_role_from_its_own_checkpoint(tmp_p
         train.wait(10)
         log.close()
     end = time.monotonic() + 20
-    while not all(_gone(pid) for pid in tree) and time.monotonic() < end:
+    while any(map(running, pids)) and time.monotonic() < end:
         time.sleep(0.1)
-    assert len(tree) >= 4 and all(map(_gone, tree)), tree  # the run, two servers, a client
+    assert len(pids) >= 4 and not any(map(running, pids)), pids  # the run, two servers, a client
     assert not (out / "summary.json").exists()  # killed: no summary, no last checkpoint
     at_kill = {}
     for role, folder in roles.items():

@@ -7,24 +7,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from procs import gone_within, running
+
 from swarm.children import stop, sweep_group
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"  # a zombie has ended; only its parent's wait is left
-
-
-def _gone_within(pid: int, seconds: float) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return not _alive(pid)
 
 
 def _spawn(tmp_path: Path, script: str) -> tuple[subprocess.Popen, int]:
@@ -47,9 +32,9 @@ def test_a_grandchild_that_ignores_sigterm_goes_with_its_parent(tmp_path: Path) 
         stop(proc, grace=10.0)
         assert proc.returncode is not None
         assert time.monotonic() - t0 < 5.0  # it did not wait out the grace: the child had exited
-        assert _gone_within(grandchild, 5.0), "the grandchild outlived stop()"
+        assert gone_within(grandchild, 5.0), "the grandchild outlived stop()"
     finally:
-        if _alive(grandchild):
+        if running(grandchild):
             os.kill(grandchild, 9)
 
 
@@ -75,12 +60,12 @@ def test_what_a_killed_child_left_in_its_group_goes_at_stop(tmp_path: Path) -> N
     try:
         os.kill(proc.pid, 9)
         proc.wait(5)
-        assert proc.poll() == -9 and _alive(grandchild)  # an orphan now, still in the dead child's group
+        assert proc.poll() == -9 and running(grandchild)  # an orphan now, still in the dead child's group
         assert os.getpgid(grandchild) == proc.pid
         stop(proc)
-        assert _gone_within(grandchild, 5.0), "the orphan outlived stop()"
+        assert gone_within(grandchild, 5.0), "the orphan outlived stop()"
     finally:
-        if _alive(grandchild):
+        if running(grandchild):
             os.kill(grandchild, 9)
 
 

@@ -1,0 +1,70 @@
+"""What /proc says about processes, for tests that must see a process, its group or its tree end.
+
+Imported by name (the root conftest puts this folder on sys.path). Stdlib only: the vLLM and verl
+venvs' suites use it too. Processes are found by PID, process group or parent, never by name;
+`scheduler._wrap.proc_start_ticks` is the product's reader of the same file.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, pgid, ...); None once it is gone.
+
+    The command name is cut at the last ")": it may hold spaces and parentheses itself."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _running(fields: list[str] | None) -> bool:
+    return fields is not None and fields[0] not in ("Z", "X")  # a zombie has ended; only its reaping is left
+
+
+def running(pid: int) -> bool:
+    return _running(stat(pid))
+
+
+def gone_within(pids: int | list[int], seconds: float) -> bool:
+    """Whether every one of `pids` has ended (or is a zombie) within `seconds`."""
+    todo = [pids] if isinstance(pids, int) else list(pids)
+    end = time.monotonic() + seconds
+    while todo := [p for p in todo if running(p)]:
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _every() -> dict[int, list[str]]:
+    out = {}
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        fields = stat(int(path.parent.name))
+        if _running(fields):
+            out[int(path.parent.name)] = fields  # type: ignore[assignment]
+    return out
+
+
+def group(leader: int) -> list[int]:
+    """The running PIDs of process group `leader`."""
+    return [pid for pid, fields in _every().items() if int(fields[2]) == leader]
+
+
+def tree(root: int) -> list[int]:
+    """`root` and every running process below it, so a test kills exactly what a run started."""
+    children: dict[int, list[int]] = {}
+    for pid, fields in _every().items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+__all__ = ["gone_within", "group", "running", "stat", "tree"]
