@@ -250,7 +250,8 @@ def roost_argv(task: str, model: Path, out: Path, seconds: float, group_call: bo
         fleet = calc_bench.roost_args()
     else:
         in_flight = matched["prompts_per_step"] * (1 if group_call else matched["group_size"])
-        fleet = ["--concurrency", str(in_flight), *(["--group-call"] if group_call else [])]
+        # said either way: arith's default is the group in one call
+        fleet = ["--concurrency", str(in_flight), "--group-call" if group_call else "--no-group-call"]
     return [
         "train",
         "--task",

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from swarm.chat.tool_parsers import get_parser, parse
+from swarm.config.run import RunConfig
 from swarm.model.build import build_tokenizer, task_corpus
 from swarm.model.tokenizer import render_chat
 from swarm.tasks import calc
@@ -192,3 +193,6 @@ def test_arith_command_lines_unchanged(tmp_path: Path) -> None:
     assert roost[roost.index("--concurrency") + 1] == "8" and "--group-call" in roost
     no_group = vs_trl.roost_argv("arith", tmp_path / "model", tmp_path / "roost", 60.0, group_call=False)
     assert no_group[no_group.index("--concurrency") + 1] == "64" and "--group-call" not in no_group
+    # said, not left to the default: arith's default is a group in one call, and a bench that only
+    # left the flag out ran --no-group-call as group calls (406 "one-call" steps/min against TRL's 289)
+    assert "--no-group-call" in no_group and RunConfig(task="arith").grouped
