@@ -1,7 +1,8 @@
 """What /proc says about processes, for tests that must see a process, its group or its tree end.
 
-Imported by name (the root conftest puts this folder on sys.path). Stdlib only: the vLLM and verl
-venvs' suites use it too. Processes are found by PID, process group or parent, never by name;
+Imported by name (the root conftest puts this folder on sys.path). Stdlib only, so a suite run from
+another venv (vLLM's, verl's) can use it too. Processes are found by PID, process group or parent,
+never by name;
 `scheduler._wrap.proc_start_ticks` is the product's reader of the same file.
 """
 
