@@ -5,7 +5,8 @@ exists: every problem found is one line naming the flag (`Problems`), all of the
 Checked: the model directory, the workflow (importable, callable), the dataset (given,
 the task's, or a `dataset` function beside the workflow; importable, callable), the output
 folder (a folder, creatable, its earlier run), `--resume` (something to resume, steps left),
-`--vllm-python` when given, and `--teacher` (swarm/model/teacher.py).
+`--vllm-python` when given, `--device cuda` on a machine without CUDA, and `--teacher`
+(swarm/model/teacher.py).
 
 The run folder follows one set of rules (the README's "The run folder" and each run.yaml's
 header say the same):
@@ -148,6 +149,12 @@ def input_problems(spec: RunConfig) -> list[str]:
     model = Path(spec.server.model_dir)
     if not (model / "config.json").exists() and model != default_model_dir():  # the default is built
         found.append(f"--model: {model} is not a Hugging Face model directory (no config.json)")
+    device = spec.server.device
+    if device and device.startswith("cuda") and spec.server.engine in ("torch", "vllm"):
+        from swarm.engine.precision import device_problem  # lazy: torch, only when a GPU is asked for
+
+        if problem := device_problem(device):
+            found.append(problem)
     python = spec.server.vllm.python
     if spec.server.engine == "vllm" and python is not None and not Path(python).exists():
         found.append(f"--vllm-python: {python} does not exist")

@@ -48,6 +48,11 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class PlacementError(ValueError):
+    """A device or dtype this machine cannot give (no CUDA, no bf16, an unknown dtype): the user's
+    flag, said in one line (`swarm serve` and `swarm train` print it without a traceback)."""
+
+
 @dataclass(frozen=True)
 class Placement:
     device: str
@@ -82,25 +87,35 @@ def choose_placement(
 
     `device` None means CUDA when available, else CPU. `dtype` overrides the
     weight dtype ("float32", "bfloat16", "float16"); master weights follow from it.
-    Raises ValueError for an unknown dtype or a CUDA device on a machine without CUDA.
+    Raises PlacementError for an unknown dtype or a CUDA device on a machine without CUDA.
     """
     if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+        raise PlacementError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
     dev = device or ("cuda" if cuda_available else "cpu")
     if dev.startswith("cuda"):
         if not cuda_available:
-            raise ValueError(
-                f"device {dev!r} asked for, but torch sees no CUDA GPU (torch {torch.__version__}); pass --device cpu"
+            raise PlacementError(
+                f"--device {dev}: asked for, but torch sees no CUDA GPU (torch {torch.__version__}); pass --device cpu"
             )
         chosen = dtype or ("bfloat16" if bf16_supported else "float32")
         if chosen == "bfloat16" and not bf16_supported:
-            raise ValueError("bfloat16 asked for, but this GPU does not support it; use float32")
+            raise PlacementError("bfloat16 asked for, but this GPU does not support it; use float32")
         return Placement(
             dev, chosen, "sdpa", master_weights=chosen != "float32", fuse_pad_tokens=8192, share_prefix=False
         )
     chosen = dtype or "float32"
     threads = cpu_threads(cpu_count, env if env is not None else {}) if dev == "cpu" else None
     return Placement(dev, chosen, None, master_weights=chosen != "float32", threads=threads)
+
+
+def device_problem(device: str | None) -> str | None:
+    """Why this machine cannot give `device` (one line naming the flag), or None: what `swarm train`
+    checks before it starts a server that would only fail on it."""
+    try:
+        detect_placement(device)
+    except PlacementError as exc:
+        return str(exc)
+    return None
 
 
 def detect_placement(device: str | None, dtype: str | None = None) -> Placement:

@@ -85,6 +85,12 @@ def serve_command(
     if problem:
         typer.echo(f"swarm serve: {problem}", err=True)
         raise typer.Exit(1)
+    if config.device and config.device.startswith("cuda") and config.engine in ("torch", "vllm"):
+        from swarm.engine.precision import device_problem  # lazy: torch, only when a GPU is asked for
+
+        if problem := device_problem(config.device):
+            typer.echo(f"swarm serve: {problem}", err=True)
+            raise typer.Exit(2)
     write_config(Path(config.out_dir) / CONFIG_FILE, config)
     if not sys.stderr.isatty():
         # under `swarm train` (or nohup, systemd) the output is a log file, where transformers' progress

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from swarm.model.build import build_untrained
 
@@ -138,6 +139,20 @@ def test_train_rejects_bad_input(tmp_path):
         [sys.executable, "-m", "swarm", "train", "--model", str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and "config.json" in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA can give --device cuda")
+def test_train_on_cuda_without_a_gpu_is_refused_before_anything_starts(tmp_path):
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm", "train", "--task", "arith", "--device", "cuda", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ROOST_HOME": str(tmp_path / "home")},
+    )
+    assert r.returncode == 2 and "--device cuda" in r.stderr and "no CUDA GPU" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()  # no folder, no server, no MLflow run
 
 
 def test_train_a_task_mix_holds_the_shares_in_every_batch(tmp_path):

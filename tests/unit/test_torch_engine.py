@@ -237,6 +237,15 @@ def test_placement_cuda_bf16_sdpa_master_weights():
         choose_placement("cpu", False, False, dtype="fp8")
 
 
+def test_device_problem_names_the_flag_and_the_fix():
+    from swarm.engine.precision import PlacementError, device_problem
+
+    assert issubclass(PlacementError, ValueError) and device_problem("cpu") is None
+    if not torch.cuda.is_available():
+        problem = device_problem("cuda:1")
+        assert problem is not None and problem.startswith("--device cuda:1:") and "pass --device cpu" in problem
+
+
 def test_engine_on_cpu_keeps_fp32_plain_adamw(engine):
     assert engine.placement.device == "cpu" and next(engine.model.parameters()).dtype is torch.float32
     assert type(engine.optimizer) is torch.optim.AdamW
