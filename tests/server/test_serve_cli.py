@@ -12,32 +12,12 @@ import pytest
 import torch
 
 
-def test_serve_on_a_port_in_use_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+def _refused(tmp_path: Path, *args: str) -> tuple[int, str]:
+    """`swarm serve ARGS --out tmp/serve` that must fail: its exit status and its one line of output
+    (a traceback fails the test), after checking it wrote nothing into its folder."""
     out = tmp_path / "serve"
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        r = subprocess.run(
-            [sys.executable, "-m", "swarm", "serve", "--engine", "fake", "--port", str(port), "--out", str(out)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "ROOST_HOME": str(tmp_path / "home")},
-        )
-    assert r.returncode != 0, r.stdout + r.stderr
-    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
-    assert len(lines) == 1, lines  # no traceback
-    assert str(port) in lines[0] and "in use" in lines[0] and "--port" in lines[0], lines[0]
-    assert not (out / "config.yaml").exists() and not (out / "secrets.json").exists()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA can give --device cuda")
-def test_serve_on_cuda_without_a_gpu_says_so_in_one_line(tmp_path: Path, model_dir: Path) -> None:
-    """Not an 83-line traceback from inside the engine's placement: the flag, the reason, the fix."""
     r = subprocess.run(
-        [sys.executable, "-m", "swarm", "serve", "--model", str(model_dir), "--device", "cuda", "--no-mlflow"]
-        + ["--port", "0", "--out", str(tmp_path / "serve")],
+        [sys.executable, "-m", "swarm", "serve", *args, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -45,6 +25,22 @@ def test_serve_on_cuda_without_a_gpu_says_so_in_one_line(tmp_path: Path, model_d
     )
     assert r.returncode != 0, r.stdout + r.stderr
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
-    assert len(lines) == 1 and "--device cuda" in lines[0] and "no CUDA GPU" in lines[0], lines
-    assert "--device cpu" in lines[0] and r.returncode == 2
-    assert not (tmp_path / "serve" / "config.yaml").exists() and not (tmp_path / "serve" / "secrets.json").exists()
+    assert len(lines) == 1, lines  # no traceback
+    assert not (out / "config.yaml").exists() and not (out / "secrets.json").exists()
+    return r.returncode, lines[0]
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        _, line = _refused(tmp_path, "--engine", "fake", "--port", str(port))
+    assert str(port) in line and "in use" in line and "--port" in line, line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA can give --device cuda")
+def test_serve_on_cuda_without_a_gpu_says_so_in_one_line(tmp_path: Path, model_dir: Path) -> None:
+    """Not an 83-line traceback from inside the engine's placement: the flag, the reason, the fix."""
+    code, line = _refused(tmp_path, "--model", str(model_dir), "--device", "cuda", "--no-mlflow", "--port", "0")
+    assert code == 2 and "--device cuda" in line and "no CUDA GPU" in line and "--device cpu" in line, line
