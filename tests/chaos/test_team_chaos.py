@@ -1,6 +1,6 @@
 """`swarm train --team`: one role's server SIGKILLed mid-run is restarted from its checkpoint (issue 24).
 
-    swarm train --team planner=A,executor=B --workflow team_agent:play --task duet --steps 4
+    swarm train --team planner=A,executor=B --workflow team_agent:play --task duet --steps 5
     (two untrained models of different shapes; each server checkpoints every 2 steps)
     once the executor's server has trained 3 steps: SIGKILL it, by the PID its server.json names
 
@@ -30,7 +30,10 @@ from swarm.model.presets import build_preset
 from swarm.model.warmstart import WarmStartConfig
 
 HERE = Path(__file__).parent
-STEPS = 4  # the kill comes after step 3: one step past the checkpoint, one after the restart
+# the kill comes after step 3: one step past the checkpoint, and two left for the restarted server. With
+# one left (4 steps) the server could finish it between the test seeing step 3 and the kill (the next
+# step's episodes are collected while a step trains), and then the run had nothing to restart it for.
+STEPS = 5
 #: a warm start of a few batches: the test needs a second, differently shaped model, not a skilled one
 TINY_WARM = WarmStartConfig(
     arith_examples=64, guess_examples=0, calc_examples=0, duet_examples=16, target_arith_reward=None
