@@ -93,20 +93,7 @@ def make_host(config: ServerConfig) -> Any:
 
 
 def make_engine(config: ServerConfig) -> Engine:
-    """The engine named by `config.engine` (a `PolicyHost` when `config.policies` names several).
-
-    A device this machine cannot give (`--device cuda` without CUDA) exits with its one line."""
-    if config.engine in ("torch", "vllm"):
-        from swarm.engine.precision import PlacementError  # lazy: imports torch, as the engines do
-
-        try:
-            return _make_engine(config)
-        except PlacementError as exc:
-            raise SystemExit(f"swarm serve: {exc}") from None
-    return _make_engine(config)
-
-
-def _make_engine(config: ServerConfig) -> Engine:
+    """The engine named by `config.engine` (a `PolicyHost` when `config.policies` names several)."""
     if config.policies:
         return make_host(config)
     if config.engine == "fake":

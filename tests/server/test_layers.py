@@ -85,7 +85,6 @@ HEAVY = {
     "app": (
         "swarm.engine.torch_engine",
         "swarm.engine.lora",  # torch (and peft)
-        "swarm.engine.precision",  # torch: a device this machine cannot give, said in one line
         "swarm.engine.policies",  # torch and peft: the shared base of several policies
         "swarm.engine.vllm",
         "swarm.engine.verl",  # vllm, verl+ray
