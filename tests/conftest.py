@@ -46,8 +46,9 @@ import pytest
 # test module imports torch, and inherited by every process a test starts; an explicit value wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# The shared helper modules of tests/kit (procs, full_install, ...) import by name in every suite
-# (--import-mode=importlib puts no test folder on sys.path).
+# The shared helper modules of tests/kit (procs, server_fixtures, hidden_modules, ...) import by name
+# (--import-mode=importlib puts no test folder on sys.path). The suites CI runs without this conftest
+# (--noconftest, or --confcutdir below it: the tinker SDK, the cookbook, the frameworks) add it themselves.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "kit"))
 
 GROUPS = {

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hidden_modules import RUN_CLI
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_VENV_PYTHON = ROOT / ".venv-client" / "bin" / "python"
@@ -43,9 +44,6 @@ EXTRA_MODULES = (
     "langchain_core",
     "langchain_openai",
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kit"))  # hidden_modules.py, by name
-from hidden_modules import RUN_CLI  # noqa: E402
 
 RUN = "import sys\nsys.argv = ['researcher', *sys.argv[1:]]\nfrom researcher.cli import main\nmain()\n"
 

@@ -21,6 +21,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from hidden_modules import HIDE, RUN_CLI
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,9 +36,6 @@ RESEARCH_MODULES = {
     "langgraph-checkpoint-sqlite": "langgraph",  # a namespace package under langgraph.checkpoint
     "langgraph-checkpoint-postgres": "langgraph",
 }
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kit"))  # hidden_modules.py, by name
-from hidden_modules import HIDE, RUN_CLI  # noqa: E402
 
 
 def _extra() -> tuple[str, list[str]]:

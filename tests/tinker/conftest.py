@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kit"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tinker_kit (tests/kit: the root conftest)
 
 from server_fixtures import _roost_home, model_dir  # noqa: E402
 from tinker_kit import TOKEN, TinkerHTTP  # noqa: E402
