@@ -1,12 +1,13 @@
 """Schemathesis against the server's own OpenAPI schema: no 5xx, uniform 4xx errors, still healthy after.
 
-A real loopback server (FakeEngine). Every operation of the schema is fuzzed
+Two real loopback servers: the fake engine's, and a torch server of two LoRA policies on one base
+(its policy routes and per-policy `model` names live). Every operation of the schema is fuzzed
 with positive (schema-valid) and negative (schema-violating) cases, each sent
 with the credential its route wants: the worker token for claims and status, a
 fresh episode (id in the path, its key as Bearer) for each episode-route case,
 a long-lived open episode's key for the OpenAI routes, the admin token for
 `/admin/*` (run last; `stop` only with a worker token, which must get 403).
-Bounded: MAX_EXAMPLES per operation and mode, derandomized, well under a minute.
+Bounded: MAX_EXAMPLES per operation and mode, derandomized, under a minute each.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import Unsatisfiable
+from fuzzing import check_answer, fuzz_operations
 
 schemathesis = pytest.importorskip("schemathesis")
 
@@ -29,29 +29,47 @@ from swarm.engine.fake import FakeEngine  # noqa: E402
 from swarm.testing import RunningServer, running_server  # noqa: E402
 
 MAX_EXAMPLES = 15  # per operation and mode: ~60 operations x 2 modes; 25 took 84 s of CI, derandomized either way
-MODES = ("POSITIVE", "NEGATIVE")
 
 
-@pytest.fixture
-def fuzz_server(model_dir: Path, tmp_path: Path) -> Iterator[RunningServer]:
+FUZZ_CONFIG: dict[str, Any] = dict(
+    group_size=2,
+    batch_groups=100_000,
+    checkpoint_every=0,
+    keep_checkpoints=1,
+    token="worker-token",
+    admin_token="admin-token",
+    default_max_tokens=4,
+    max_tokens_limit=8,
+    max_body_bytes=256 * 1024,
+    stop_grace_s=0.1,
+    group_stall_s=None,
+    lease_seconds=3600,
+)  # fuzzing a loaded machine takes > 60 s: the pool's group must not stall, its episode's lease not lapse
+
+
+@pytest.fixture(params=["fake", "policies"])
+def fuzz_server(request: pytest.FixtureRequest, model_dir: Path, tmp_path: Path) -> Iterator[RunningServer]:
+    """The fake engine's server, and a real torch server of two LoRA policies on one base, whose
+    policy routes (`/swarm/v1/admin/policies`) and per-policy `model` names are live."""
+    out = tmp_path / "out"
+    if request.param == "fake":
+        config = ServerConfig(engine="fake", model_dir=model_dir, out_dir=out, **FUZZ_CONFIG)
+        with running_server(config, FakeEngine(model_dir)) as srv:
+            yield srv
+        return
+    from swarm.server.app import make_host  # lazy: torch and peft, only for the policy server
+
     config = ServerConfig(
-        engine="fake",
+        engine="torch",
+        device="cpu",
         model_dir=model_dir,
-        out_dir=tmp_path / "out",
-        group_size=2,
-        batch_groups=100_000,
-        checkpoint_every=0,
-        keep_checkpoints=1,
-        token="worker-token",
-        admin_token="admin-token",
-        default_max_tokens=4,
-        max_tokens_limit=8,
-        max_body_bytes=256 * 1024,
-        stop_grace_s=0.1,
-        group_stall_s=None,
-        lease_seconds=3600,
-    )  # fuzzing a loaded machine takes > 60 s: the pool's group must not stall, its episode's lease not lapse
-    with running_server(config, FakeEngine(model_dir)) as srv:
+        out_dir=out,
+        mlflow=False,
+        lora={"rank": 4},
+        policies=[{"name": "tiny-model"}, {"name": "other"}],
+        **FUZZ_CONFIG,
+    )
+    with running_server(config, make_host(config)) as srv:
         yield srv
 
 
@@ -69,21 +87,6 @@ def _order(op: Any) -> int:
     return 1 if "/admin/" in op.path else 0  # live config and pause would disturb the others: last
 
 
-def _runner(strategy: Any, body: Any) -> Any:
-    @settings(
-        max_examples=MAX_EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(case=strategy)
-    def run(case: Any) -> None:
-        body(case)
-
-    return run
-
-
 def test_fuzz_every_operation(fuzz_server: RunningServer) -> None:
     srv = fuzz_server
     schema = schemathesis.openapi.from_dict(srv.app.openapi())
@@ -94,7 +97,6 @@ def test_fuzz_every_operation(fuzz_server: RunningServer) -> None:
     fresh = iter(range(10**6))
     ran: dict[str, int] = {}
     failures: list[str] = []
-    skipped: list[str] = []
     statuses: dict[int, int] = {}
 
     def send(op: Any, case: Any) -> None:
@@ -117,30 +119,12 @@ def test_fuzz_every_operation(fuzz_server: RunningServer) -> None:
         response = case.call(base_url=srv.url, session=session, timeout=15)
         status = response.status_code
         statuses[status] = statuses.get(status, 0) + 1
-        if status >= 500:
-            failures.append(f"{name}: {status} {response.text[:300]} for {case.as_curl_command()[:600]}")
-        elif status >= 400:
-            try:
-                err = response.json()["error"]
-                assert isinstance(err["message"], str) and err["type"]
-            except Exception:
-                failures.append(f"{name}: {status} without the error shape: {response.text[:200]}")
+        check_answer(name, response, failures, case.as_curl_command())
         if op.path == "/swarm/v1/admin/stop" and status < 400:
             failures.append("a worker token stopped the server")
 
     started = time.monotonic()
-    for op in ops:
-        for mode in MODES:
-            strategy = op.as_strategy(generation_mode=getattr(schemathesis.GenerationMode, mode))
-
-            try:
-                _runner(strategy, lambda case, op=op: send(op, case))()
-            except Unsatisfiable:
-                if mode != "NEGATIVE":
-                    raise
-                skipped.append(f"{op.method.upper()} {op.path}")  # nothing in it can be made invalid
-            except Exception as exc:  # generation trouble is a test bug; report it with the operation
-                failures.append(f"{op.method.upper()} {op.path} ({mode}): {type(exc).__name__}: {exc}"[:800])
+    skipped = fuzz_operations(schemathesis, ops, send, MAX_EXAMPLES, failures)
     elapsed = time.monotonic() - started
     total = sum(ran.values())
     print(
