@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from _models import embedded_or_untrained  # bench/ is not a package: the script's folder is on the path
 from transformers import AutoModelForCausalLM
 
 from swarm.config.lora import LoraSettings
@@ -33,14 +34,7 @@ def _model(args: argparse.Namespace, tmp: Path) -> Path:
         from sync_lora import build_model  # bench/ is not a package: the script's folder is on the path
 
         return build_model(tmp / "model", args.hidden, args.layers)[0]
-    from store.paths import default_model_dir
-
-    model = default_model_dir()
-    if not (model / "config.json").exists():
-        from swarm.model.build import build_untrained
-
-        model = build_untrained(tmp / "model", seed=0)
-    return model
+    return embedded_or_untrained(tmp)
 
 
 def _loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

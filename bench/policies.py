@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from _models import embedded_or_untrained  # bench/ is not a package: the script's folder is on the path
 from rich.console import Console
 from rich.table import Table
 
@@ -535,16 +536,7 @@ def main() -> None:
     skipped = [k for k in ks if k > args.max_b_k]
     with tempfile.TemporaryDirectory(prefix="roost-policies-bench-") as tmp:
         tmp_path = Path(tmp)
-        model = args.model
-        if model is None:
-            from store.paths import default_model_dir
-
-            model = default_model_dir()
-            if not (model / "config.json").exists():
-                from swarm.model.build import build_untrained
-
-                console.print(f"[yellow]no embedded model at {model}; building a random tiny one[/]")
-                model = build_untrained(tmp_path / "model", seed=0)
+        model = embedded_or_untrained(tmp_path, args.model, lambda line: console.print(f"[yellow]{line}[/]"))
         console.print(
             f"model {model}, torch engine on {args.device}, LoRA rank {args.lora_rank}, group {args.group_size} x "
             f"{args.batch_groups}, max_tokens {args.max_tokens}, {args.concurrency} in flight per fleet, "

@@ -59,6 +59,7 @@ from pathlib import Path
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _models import embedded_or_untrained  # noqa: E402
 from _scale_parts import measure_memory, proc_status, swarm_train  # noqa: E402  (bench/ is not a package)
 from _scale_table import check_targets, render  # noqa: E402
 
@@ -80,14 +81,7 @@ def model_dir(name: str, args: argparse.Namespace, tmp: Path) -> Path:
     """The embedded model (ROOST_HOME's, else an untrained one built here), or the 0.5B preset (built into
     the cache once, ~1 GB, after a free-disk check)."""
     if name == "embedded":
-        from store.paths import default_model_dir
-
-        d = args.embedded_dir or default_model_dir()
-        if (d / "config.json").exists():
-            return d
-        from swarm.model.build import build_untrained
-
-        return build_untrained(tmp / "embedded")
+        return embedded_or_untrained(tmp / "embedded", args.embedded_dir)
     from swarm.model.presets import build_preset, default_preset_dir, is_preset_build
 
     d = args.preset_dir or default_preset_dir(PRESET)
