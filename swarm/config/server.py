@@ -15,7 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from store.paths import data_dir, default_model_dir
 from swarm.algorithms.choices import DistillMode
@@ -344,8 +344,9 @@ class ServerConfig(BaseModel):
         for p in self.policies:
             try:
                 TrainConfig(**{**self.train.model_dump(), **p.train})
-            except ValueError as exc:
-                raise ValueError(f"policy {p.name}: train: {exc}") from None
+            except ValidationError as exc:  # one line: the knob and what is wrong with it
+                wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+                raise ValueError(f"policy {p.name}: {wrong}") from None
         return self
 
     def for_policy(self, spec: PolicySpec) -> ServerConfig:

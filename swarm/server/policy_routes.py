@@ -26,6 +26,7 @@ from swarm.config.server import ServerConfig
 from swarm.protocol import API_PREFIX, AdminResponse, ErrorResponse
 from swarm.server.auth import admin, policies
 from swarm.server.auth_first import AuthFirstRoute
+from swarm.server.errors import describe_validation
 from swarm.server.exceptions import Conflict, InvalidRequest
 from swarm.server.state import Swarm
 
@@ -99,15 +100,16 @@ async def add_policy(body: dict[str, Any], request: Request, _: Swarm = Depends(
     try:
         spec = PolicySpec.model_validate(body)
     except ValidationError as exc:
-        raise InvalidRequest("invalid_policy", "; ".join(e["msg"] for e in exc.errors())) from None
+        raise InvalidRequest("invalid_policy", describe_validation(list(exc.errors()))) from None
     router_ = policies(request)
     if spec.name in router_.swarms:
         raise Conflict("policy_exists", f"a policy named {spec.name!r} is already served")
     base: ServerConfig = app.state.config
     try:  # the server's own checks (a full-parameter policy, train knobs) on the list with it
         base.model_validate({**base.model_dump(), "policies": [*(base.policies or []), spec.model_dump()]})
-    except ValidationError as exc:
-        raise InvalidRequest("invalid_policy", "; ".join(e["msg"] for e in exc.errors())) from None
+    except ValidationError as exc:  # the server's own checks name the policy themselves
+        wrong = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise InvalidRequest("invalid_policy", wrong) from None
     config = base.for_policy(spec).model_copy(update={"resume": True})
     try:
         engine = await asyncio.to_thread(host.add, spec.name, config.lora)

@@ -117,6 +117,9 @@ def test_policies_added_and_removed_while_serving(policy_server: RunningServer) 
     assert r.status_code == 400 and "policy name" in r.json()["error"]["message"]
     r = httpx.post(url, json={"name": "x", "train": {"lr": -1}}, headers=_admin(srv))
     assert r.status_code == 400
+    assert r.json()["error"]["message"] == "policy x: lr: Input should be greater than or equal to 0"
+    r = httpx.post(url, json={"name": "x", "lora": {"rank": "eight"}}, headers=_admin(srv))
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("lora.rank: Input should be a valid")
     worker = {"Authorization": f"Bearer {srv.token}"}
     assert httpx.post(url, json={"name": "y"}, headers=worker).status_code == 403
     with SwarmClient(srv.url, srv.token) as client:
@@ -158,7 +161,7 @@ def test_a_full_parameter_policy_is_refused_at_start(model_dir: Path, tmp_path: 
         ServerConfig(engine="vllm", model_dir=model_dir, policies=[{"name": "a", "lora": {"rank": 1024}}])
     with pytest.raises(ValueError, match="engine: not a setting a policy can change"):
         ServerConfig(engine="fake", model_dir=model_dir, policies=[{"name": "a", "engine": "torch"}])
-    with pytest.raises(ValueError, match="policy b: train"):
+    with pytest.raises(ValueError, match="policy b: lr: Input should be greater than or equal to 0"):
         ServerConfig(engine="fake", model_dir=model_dir, policies=[{"name": "a"}, {"name": "b", "train": {"lr": -1}}])
     with pytest.raises(ValueError, match="larger than the width"):  # checked where the model is: at start
         from swarm.config.lora import LoraSettings
