@@ -78,10 +78,14 @@ PATH = re.compile(r"(?:^|\s)((?:/|\./|~/)[^\s,;]+)")
 
 
 def detect_knobs(topic: str) -> list[str]:
+    """The knobs a topic names, in words or by the names the refusal lists (`group_size`, `kl_coef`:
+    the patterns' `[- ]` and word boundaries do not match an underscore; the other names, `lr` or
+    `temperature`, are words the patterns have, and `task` alone is too common a word to mean the knob)."""
     t = topic.lower()
     found = []
     for name, pattern in KNOB_PATTERNS:
-        if re.search(pattern, t) and name not in found:
+        by_name = "_" in name and re.search(rf"(?<![a-z0-9_]){name}(?![a-z0-9_])", t)
+        if (by_name or re.search(pattern, t)) and name not in found:
             found.append(name)
     return found
 
@@ -102,8 +106,8 @@ def detect_values(topic: str, knob: str) -> list[Any]:
     t = topic.lower()
     if knob == "timeline_merge":
         vals: list[Any] = []
-        for m in re.finditer(r"\b(on|off|with|without|enabled|disabled)\b", t):
-            v = m.group(1) in ("on", "with", "enabled")
+        for m in re.finditer(r"\b(on|off|with|without|enabled|disabled|true|false)\b", t):
+            v = m.group(1) in ("on", "with", "enabled", "true")
             if v not in vals:
                 vals.append(v)
         return vals

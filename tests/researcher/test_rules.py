@@ -1,7 +1,7 @@
 import pytest
 
 from researcher.planning import BudgetTooSmall, PlanDefaults, UnsupportedTopic, fit_to_budget
-from researcher.rules import RulesPlanner
+from researcher.rules import RulesPlanner, detect_knobs, studied_knobs
 
 
 def plan(topic, **kw):
@@ -39,6 +39,12 @@ def test_learning_rate_topic():
             "arith+guess",
         ),
         ("Token-mean loss on the guessing game", "loss_agg", ["token-mean", "seq-mean-token-mean"], "guess"),
+        # the knobs by the names the refusal lists them under
+        ("Compare group_size 4 and 8", "group_size", [4, 8], "arith"),
+        ("Compare kl_coef 0 and 0.1", "kl_coef", [0.0, 0.1], "arith"),
+        ("batch_groups 2 vs 4 on guess", "batch_groups", [2, 4], "guess"),
+        ("Compare timeline_merge true and false", "timeline_merge", [True, False], "arith"),
+        ("loss_agg on a mix of arith and guess", "loss_agg", ["token-mean", "seq-mean-token-mean"], "arith+guess"),
     ],
 )
 def test_knobs_are_parsed(topic, knob, values, task):
@@ -47,6 +53,13 @@ def test_knobs_are_parsed(topic, knob, values, task):
     h = p.hypothesize(topic, f, [])
     assert f.knobs == [knob] and f.task == task
     assert sorted(map(str, [h.baseline_value, *h.treatment_values])) == sorted(map(str, values))
+
+
+def test_every_knob_the_refusal_lists_is_recognised_by_that_name():
+    for knob in studied_knobs():
+        if knob != "task":  # a task mix is asked for in words ("a task mix"); "the arith task" is no knob
+            assert detect_knobs(f"Does {knob} matter?") == [knob], knob
+    assert detect_knobs("Does lr matter on the arith task?") == ["lr"]
 
 
 def test_more_seeds_and_one_round_only():
