@@ -343,7 +343,9 @@ def eval_command(
 
 @app.command("inspect")
 def inspect_command(
-    run_dir: Path = typer.Argument(..., help="a server output dir (holds rollouts.jsonl) or the file itself"),
+    run_dir: Path = typer.Argument(
+        ..., help="a `swarm train --out` or `swarm serve --out` folder, or its rollouts.jsonl itself"
+    ),
     episode: str = typer.Option(
         None, "--episode", "-e", help="episode id", show_default="the last recorded (that passes the filters)"
     ),

@@ -31,10 +31,33 @@ from swarm.timeline import Call, Segment, merge, merge_stats
 ROLLOUTS = "rollouts.jsonl"
 
 
+def rollout_log(run_dir: Path) -> Path:
+    """The rollout log of a server's `--out` folder, a `swarm train` run folder (its `server/`), or
+    the file itself. A run that wrote several (a policy or a team role each) names them instead."""
+    if not run_dir.is_dir():
+        if run_dir.exists():
+            return run_dir
+        raise FileNotFoundError(f"{run_dir} does not exist")
+    for folder in (run_dir, run_dir / "server"):
+        if (folder / ROLLOUTS).is_file():
+            return folder / ROLLOUTS
+    logs = sorted(
+        p.parent
+        for pattern in (f"server/policies/*/{ROLLOUTS}", f"policies/*/{ROLLOUTS}", f"servers/*/{ROLLOUTS}")
+        for p in run_dir.glob(pattern)
+    )
+    if logs:
+        raise FileNotFoundError(
+            f"{run_dir} holds {len(logs)} rollout logs, one per policy or server: inspect one of "
+            + ", ".join(str(p) for p in logs)
+        )
+    raise FileNotFoundError(
+        f"no rollout log in {run_dir} (give a `swarm train --out` or `swarm serve --out` folder, or its {ROLLOUTS})"
+    )
+
+
 def iter_episodes(run_dir: Path) -> Iterator[dict]:
-    path = run_dir / ROLLOUTS if run_dir.is_dir() else run_dir
-    if not path.exists():
-        raise FileNotFoundError(f"no rollout log at {path} (is this a `swarm serve --out` directory?)")
+    path = rollout_log(run_dir)
     with path.open() as f:
         for line in f:
             line = line.strip()

@@ -125,7 +125,7 @@ def test_every_readme_command_is_run_or_skipped_with_a_reason() -> None:
         "the main job": r"^swarm train --task arith\b",
         "the repeat from run.yaml": r"^swarm train --config runs/train/run\.yaml\b",
         "swarm eval of the run": r"^swarm eval --model runs/train\b",
-        "swarm inspect of the run": r"^swarm inspect runs/train/server\b",
+        "swarm inspect of the run": r"^swarm inspect runs/train\b",
         "a first research study": r'^researcher study "[^"]+"',
     }
     missing = [what for what, pattern in expected.items() if not any(re.search(pattern, c) for c in run)]

@@ -8,7 +8,7 @@ import sys
 
 from rich.console import Console
 
-from swarm.inspect import find_episode, render_html, render_terminal
+from swarm.inspect import find_episode, render_html, render_terminal, rollout_log
 
 
 def _write_rollouts(path):
@@ -42,6 +42,26 @@ def test_cli_errors_are_clear(tmp_path):
         [sys.executable, "-m", "swarm", "inspect", str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 2 and "no rollout log" in r.stderr
+
+
+def test_a_train_run_folder_is_read_through_its_server_and_several_logs_are_named(tmp_path):
+    run = tmp_path / "run"
+    (run / "server").mkdir(parents=True)
+    _write_rollouts(run / "server" / "rollouts.jsonl")  # `swarm train --out run`
+    assert rollout_log(run) == run / "server" / "rollouts.jsonl"
+    assert find_episode(run, "ep-a")["task_id"] == "t1"
+    assert rollout_log(run / "server" / "rollouts.jsonl") == run / "server" / "rollouts.jsonl"
+    team = tmp_path / "team"  # `swarm train --team`: a server per model
+    for role in ("planner", "executor"):
+        (team / "servers" / role).mkdir(parents=True)
+        _write_rollouts(team / "servers" / role / "rollouts.jsonl")
+    try:
+        rollout_log(team)
+    except FileNotFoundError as exc:
+        assert "2 rollout logs" in str(exc) and str(team / "servers" / "executor") in str(exc)
+    else:
+        raise AssertionError("a folder of two logs must name them, not pick one")
+    assert find_episode(team / "servers" / "planner", "ep-b")["task_id"] == "t2"
 
 
 def test_list_and_filter_episodes(tmp_path):
