@@ -30,6 +30,20 @@ def _runner(strategy: Any, body: Callable[[Any], None], max_examples: int) -> Ca
     return run
 
 
+def _nothing_to_break(op: Any) -> bool:
+    """No body, and only path and header parameters that take any string (a header optional too): no
+    case can violate the schema, and hypothesis would search for one until it gives up (for 25 of the
+    44 operations, 60 % of the fuzz's time)."""
+    if op.body:
+        return False
+    anything = ({}, {"type": "string"}, {"anyOf": [{"type": "string"}, {"type": "null"}]})
+    for p in op.iter_parameters():
+        schema = {k: v for k, v in (p.definition.get("schema") or {}).items() if k not in ("title", "description")}
+        if str(p.location.value) not in ("path", "header") or schema not in anything:
+            return False
+    return True
+
+
 def fuzz_operations(
     schemathesis: Any, ops: list[Any], send: Callable[[Any, Any], None], max_examples: int, failures: list[str]
 ) -> list[str]:
@@ -38,6 +52,9 @@ def fuzz_operations(
     skipped: list[str] = []
     for op in ops:
         for mode in MODES:
+            if mode == "NEGATIVE" and _nothing_to_break(op):
+                skipped.append(f"{op.method.upper()} {op.path}")
+                continue
             strategy = op.as_strategy(generation_mode=getattr(schemathesis.GenerationMode, mode))
             try:
                 _runner(strategy, lambda case, op=op: send(op, case), max_examples)()
