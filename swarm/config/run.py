@@ -163,6 +163,15 @@ class RunConfig(BaseModel):
             return {**data, "server": deep_merge(base, data["server"])}
         return data
 
+    @field_validator("attach", mode="before")
+    @classmethod
+    def _attach(cls, attach: Any) -> Any:
+        if attach is not None and str(attach).startswith(("http:/", "https:/")):  # a Path folds "//" into "/"
+            raise ValueError(
+                "the out folder of a running `swarm serve`, not a URL: the run reads the server's URL and tokens there"
+            )
+        return attach
+
     @field_validator("task")
     @classmethod
     def _task(cls, task: str | None) -> str | None:
