@@ -34,7 +34,7 @@ import inspect
 import json
 import re
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -337,15 +337,23 @@ def flag_names(model: type[BaseModel], defaults: BaseModel | None = None) -> dic
     return {leaf.path: leaf.option for leaf in leaves(model, defaults)}
 
 
+def errors_line(
+    errors: Iterable[Mapping[str, Any]], place: Callable[[tuple[str, ...]], str] = ".".join, most: int | None = 5
+) -> str:
+    """Pydantic's errors as one line, `place: message; ...` (the first `most`), each place written by
+    `place` from the error's `loc`: what a CLI, a config file and an HTTP 400 all print."""
+    parts = []
+    for err in list(errors)[:most]:
+        where = place(tuple(str(p) for p in err.get("loc", ())))
+        msg = err.get("msg", "invalid")
+        parts.append(f"{where}: {msg}" if where else str(msg))
+    return "; ".join(parts)
+
+
 def describe_error(exc: ValidationError, model: type[BaseModel], defaults: BaseModel | None = None) -> str:
     """A pydantic error as the user typed it: `--lease-seconds: Input should be greater than 0`."""
     names = flag_names(model, defaults)
-    lines = []
-    for err in exc.errors():
-        loc = tuple(str(p) for p in err["loc"])
-        where = names.get(loc) or ".".join(loc) or model.__name__
-        lines.append(f"{where}: {err['msg']}")
-    return "; ".join(lines)
+    return errors_line(exc.errors(), lambda loc: names.get(loc) or ".".join(loc) or model.__name__, most=None)
 
 
 def build_config(

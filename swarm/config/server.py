@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from store.paths import data_dir, default_model_dir
 from swarm.algorithms.choices import DistillMode
 from swarm.config.lora import LoraSettings
-from swarm.config.options import Flag
+from swarm.config.options import Flag, errors_line
 from swarm.config.policies import PolicySpec
 from swarm.config.quotas import QuotaPhase, check_quotas, check_schedule
 from swarm.config.train import TrainConfig
@@ -345,8 +345,7 @@ class ServerConfig(BaseModel):
             try:
                 TrainConfig(**{**self.train.model_dump(), **p.train})
             except ValidationError as exc:  # one line: the knob and what is wrong with it
-                wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-                raise ValueError(f"policy {p.name}: {wrong}") from None
+                raise ValueError(f"policy {p.name}: {errors_line(exc.errors())}") from None
         return self
 
     def for_policy(self, spec: PolicySpec) -> ServerConfig:

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from swarm.config.options import errors_line
 from swarm.server.exceptions import (
     Conflict,
     EpisodeNotFound,
@@ -128,11 +129,7 @@ def error_headers(status: int, exc: SwarmError | None = None) -> dict[str, str]:
 
 def describe_validation(errors: list[dict[str, Any]]) -> str:
     """Pydantic's errors as one line (at most five), the body's own prefix left out."""
-    parts = []
-    for e in errors[:5]:
-        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"
+    return errors_line(errors, lambda loc: ".".join(x for x in loc if x != "body") or "body") or "invalid request"
 
 
 def install_error_handlers(app: FastAPI) -> None:

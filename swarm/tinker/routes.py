@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from swarm.config.options import errors_line
 from swarm.tinker import schema as s
 from swarm.tinker.errors import TinkerError
 from swarm.tinker.futures import Outcome
@@ -78,8 +79,7 @@ async def body_of(request: Request, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate_json(raw or b"{}")
     except ValidationError as exc:
-        msg = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
-        raise TinkerError(400, "invalid_request", msg) from None
+        raise TinkerError(400, "invalid_request", errors_line(exc.errors())) from None
 
 
 def fingerprint(raw: bytes) -> str:
