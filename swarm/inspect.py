@@ -43,8 +43,8 @@ def rollout_log(run_dir: Path) -> Path:
             return folder / ROLLOUTS
     logs = sorted(
         p.parent
-        for pattern in (f"server/policies/*/{ROLLOUTS}", f"policies/*/{ROLLOUTS}", f"servers/*/{ROLLOUTS}")
-        for p in run_dir.glob(pattern)
+        for where in ("server/policies/*", "policies/*", "servers/*", "servers/*/policies/*")  # a team's shared server
+        for p in run_dir.glob(f"{where}/{ROLLOUTS}")
     )
     if logs:
         raise FileNotFoundError(

@@ -62,6 +62,16 @@ def test_a_train_run_folder_is_read_through_its_server_and_several_logs_are_name
     else:
         raise AssertionError("a folder of two logs must name them, not pick one")
     assert find_episode(team / "servers" / "planner", "ep-b")["task_id"] == "t2"
+    shared = tmp_path / "shared"  # `swarm train --team planner=M,executor=M`: one server, a policy per role
+    for role in ("planner", "executor"):
+        (shared / "servers" / "planner+executor" / "policies" / role).mkdir(parents=True)
+        _write_rollouts(shared / "servers" / "planner+executor" / "policies" / role / "rollouts.jsonl")
+    try:
+        rollout_log(shared)
+    except FileNotFoundError as exc:
+        assert "2 rollout logs" in str(exc) and "planner+executor/policies/planner" in str(exc)
+    else:
+        raise AssertionError("a team's shared server's policies must be named")
 
 
 def test_list_and_filter_episodes(tmp_path):
