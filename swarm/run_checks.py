@@ -149,11 +149,10 @@ def input_problems(spec: RunConfig) -> list[str]:
     model = Path(spec.server.model_dir)
     if not (model / "config.json").exists() and model != default_model_dir():  # the default is built
         found.append(f"--model: {model} is not a Hugging Face model directory (no config.json)")
-    device = spec.server.device
-    if device and device.startswith("cuda") and spec.server.engine in ("torch", "vllm"):
+    if spec.server.wants_gpu:
         from swarm.engine.precision import device_problem  # lazy: torch, only when a GPU is asked for
 
-        if problem := device_problem(device):
+        if problem := device_problem(spec.server.device):
             found.append(problem)
     python = spec.server.vllm.python
     if spec.server.engine == "vllm" and python is not None and not Path(python).exists():

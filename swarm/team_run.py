@@ -60,7 +60,7 @@ from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.tasks import get_task, list_tasks
 from swarm.team_resume import SERVERS, Member, recorded_team, resume_problems, role_dir, role_steps
-from swarm.train import SHARED_BASE_RANK, console, reward_text, start_fleets, summarize
+from swarm.train import SHARED_BASE_RANK, console, start_fleets, step_line, summarize
 
 EMBEDDED = "embedded"
 #: checkpoint every k steps when the run asks for none (`--checkpoint-every 0`): a restarted server
@@ -356,10 +356,7 @@ def _supervise(
         for role, tail in tails.items():
             rows = tail.poll()
             for r in rows[printed[role] :]:
-                console.print(
-                    f"{role} step {r.get('step')}: {reward_text(r)}  loss {r.get('loss', float('nan')):+.4f}  "
-                    f"kl {r.get('kl', float('nan')):.4f}  {r.get('tokens_per_s', 0):.0f} tok/s"
-                )
+                console.print(step_line(role, r, entropy=False))
             printed[role] = len(rows)  # a restarted server rewrites its file: rows lost with the crash go
         if all(n >= spec.steps for n in printed.values()):
             return

@@ -397,6 +397,21 @@ def reward_text(row: dict) -> str:
     return text
 
 
+def _shown(value: float, places: int) -> float:
+    """`value` rounded as printed, without a sign on zero: the KL estimate's noise around 0 read `-0.0000`."""
+    return round(value, places) + 0.0
+
+
+def step_line(role: str | None, row: dict, entropy: bool = True) -> str:
+    """One metrics row as the progress line `swarm train` prints per step (a team's roles prefixed)."""
+    nan = float("nan")
+    text = f"{f'{role} ' if role else ''}step {row.get('step')}: {reward_text(row)}  "
+    text += f"loss {_shown(row.get('loss', nan), 4):+.4f}  kl {_shown(row.get('kl', nan), 4):.4f}  "
+    if entropy:
+        text += f"entropy {row.get('entropy', nan):.3f}  "
+    return text + f"{row.get('tokens_per_s', 0):.0f} tok/s"
+
+
 def follow(
     spec: RunConfig,
     url: str,
@@ -425,11 +440,7 @@ def follow(
             for role, tail in tails.items():
                 rows = tail.poll()
                 for r in rows[printed[role] :]:
-                    progress.console.print(
-                        f"{f'{role} ' if role else ''}step {r.get('step')}: {reward_text(r)}  "
-                        f"loss {r.get('loss', float('nan')):+.4f}  kl {r.get('kl', float('nan')):.4f}  "
-                        f"entropy {r.get('entropy', float('nan')):.3f}  {r.get('tokens_per_s', 0):.0f} tok/s"
-                    )
+                    progress.console.print(step_line(role, r))
                 printed[role] = len(rows)
                 if rows:
                     latest[role] = rows[-1]

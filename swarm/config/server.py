@@ -428,6 +428,11 @@ class ServerConfig(BaseModel):
         )
 
     @property
+    def wants_gpu(self) -> bool:
+        """Whether this server's engine will put a model on a CUDA device (checked before it starts)."""
+        return bool(self.device and self.device.startswith("cuda") and self.engine in ("torch", "vllm"))
+
+    @property
     def served_model_name(self) -> str:
         first = self.served_model_names[0] if self.served_model_names else None
         return self.model_name or first or Path(self.model_dir).name or "roost"

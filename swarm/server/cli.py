@@ -85,7 +85,7 @@ def serve_command(
     if problem:
         typer.echo(f"swarm serve: {problem}", err=True)
         raise typer.Exit(1)
-    if config.device and config.device.startswith("cuda") and config.engine in ("torch", "vllm"):
+    if config.wants_gpu:
         from swarm.engine.precision import device_problem  # lazy: torch, only when a GPU is asked for
 
         if problem := device_problem(config.device):

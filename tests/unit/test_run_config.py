@@ -17,3 +17,16 @@ def test_attach_refuses_a_url_and_says_it_takes_the_servers_out_folder(given: ob
 
 def test_attach_takes_a_folder_named_like_a_host() -> None:
     assert RunConfig(attach="runs/http-server").attach == Path("runs/http-server")
+
+
+def test_step_line_shows_no_negative_zero() -> None:
+    """The KL estimate's noise around 0 (-1e-6) prints as 0.0000, a real negative as itself; a team role leads."""
+    from swarm.train import step_line
+
+    row = {"step": 3, "reward_mean": 0.5, "loss": -0.00001, "kl": -1e-6, "entropy": 1.25, "tokens_per_s": 900}
+    line = step_line(None, row)
+    assert line == "step 3: reward 0.500  loss +0.0000  kl 0.0000  entropy 1.250  900 tok/s"
+    assert step_line("planner", {**row, "kl": -0.02}, entropy=False) == (
+        "planner step 3: reward 0.500  loss +0.0000  kl -0.0200  900 tok/s"
+    )
+    assert "kl nan" in step_line(None, {"step": 1})
