@@ -22,9 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 import swarm.ctl as _ctl
 from store.paths import default_model_dir
@@ -33,13 +30,13 @@ from swarm.client.cli import client_command
 from swarm.config.options import config_options, require_extra
 from swarm.config.run import ORCHESTRATED, RunConfig
 from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
+from swarm.model.eval_cli import eval_command
 from swarm.model.presets import PRESETS, UnknownPreset, get_preset
 from swarm.model.recipe import matches
 from swarm.model.version import BUILD_VERSION, built_version
 from swarm.plugins import mount_plugins, needs_plugins
 from swarm.run_checks import Problems, prepare
 from swarm.server.cli import serve_command
-from swarm.tasks import list_tasks
 from swarm.team_run import EMBEDDED, ensure_models, run_team, team_problems
 from swarm.train import run
 
@@ -52,6 +49,7 @@ model_app = typer.Typer(help="The embedded model; a run's model as a plain direc
 app.add_typer(model_app, name="model")
 app.command("serve", help="Run a swarm server: OpenAI-compatible endpoint + episode API + trainer.")(serve_command)
 app.command("client", help="Run a client fleet: play a workflow over a dataset through a server.")(client_command)
+app.command("eval")(eval_command)
 app.add_typer(
     _ctl.app,
     name="ctl",
@@ -252,93 +250,6 @@ def _train_attached(spec: RunConfig) -> None:
         raise typer.Exit(1) from None
     typer.echo(json.dumps({k: summary[k] for k in ("reward_first_mean", "reward_last_mean", "wall_s")}))
     typer.echo(f"summary: {spec.out / 'summary.json'}")
-
-
-@app.command("eval")
-def eval_command(
-    model: Path = typer.Option(
-        None,
-        "--model",
-        help="Hugging Face causal-LM directory (a checkpoint too), or a `swarm train` run folder",
-        show_default="the embedded model",
-    ),
-    task: list[str] = typer.Option(None, "--task", help="built-in task, repeatable", show_default="every task"),
-    n: int = typer.Option(200, "--n", min=1, help="episodes per task and temperature"),
-    temperature: list[float] = typer.Option(
-        None, "--temperature", "-t", min=0.0, max=2.0, help="repeatable; 0 is greedy", show_default="0 and 1"
-    ),
-    seed: int = typer.Option(12345, "--seed", help="dataset and sampling seed (held out from training's)"),
-    json_out: Path = typer.Option(None, "--json", help="also write the results here"),
-    baseline: bool = typer.Option(
-        None,
-        "--baseline/--no-baseline",
-        help="also score the model the run started from, side by side",
-        show_default="on for a run folder (its last checkpoint is evaluated)",
-    ),
-) -> None:
-    """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled.
-
-    Given a `swarm train` run folder (or one of its checkpoints with --baseline), the trained
-    model is scored beside the one it started from: training may sharpen sampling and dip greedy.
-    """
-    require_extra("server", "torch", "transformers")
-    from swarm.model.evaluate import RunFolderError, comparison_table, evaluate, run_models  # lazy: torch: seconds
-
-    given = model or default_model_dir()
-    try:
-        model, initial = run_models(given)
-    except RunFolderError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--model") from None
-    if baseline is None:  # a run folder (resolved to its last checkpoint) compares by itself
-        baseline = initial is not None and model != given
-    if baseline and initial is None:
-        raise typer.BadParameter(
-            f"{model} is not a run folder or a run's checkpoint: no initial model to compare with",
-            param_hint="--baseline",
-        )
-    for path in (model, initial) if baseline else (model,):
-        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():  # a LoRA checkpoint
-            raise typer.BadParameter(
-                f"{path} is not a Hugging Face model directory (no config.json)", param_hint="--model"
-            )
-    names = task or list_tasks()
-    unknown = [t for t in names if t not in list_tasks()]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown task {unknown[0]!r}; built-in tasks: {', '.join(list_tasks())}", param_hint="--task"
-        )
-    models = [("initial", initial), ("trained", model)] if baseline else [("evaluated", model)]
-    runs = [(role, path, name, t) for role, path in models for name in names for t in (temperature or [0.0, 1.0])]
-    results = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    ) as progress:
-        bar = progress.add_task("evaluating", total=len(runs))
-        for role, path, name, t in runs:
-            progress.update(bar, description=f"{role} model: {name} at temperature {t:g}")
-            results.append({**evaluate(path, name, n, t, seed=seed), "model_role": role, "model": str(path)})
-            progress.advance(bar)
-    if baseline:
-        Console().print(f"initial model: {initial}\ntrained model: {model}")
-        table = comparison_table(results)
-    else:
-        table = Table(title=f"evaluation of {model}")
-        for column in ("task", "temperature", "n", "mean_reward", "solved", "calls_per_episode", "seconds"):
-            table.add_column(column, justify="right" if column != "task" else "left")
-        for r in results:
-            table.add_row(
-                *(
-                    str(r[c])
-                    for c in ("task", "temperature", "n", "mean_reward", "solved", "calls_per_episode", "seconds")
-                )
-            )
-    Console().print(table)
-    if json_out:
-        json_out.write_text(json.dumps(results, indent=2))
 
 
 @app.command("inspect")

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 import yaml
@@ -44,12 +46,14 @@ class LocalOpenAI:
     `create` blocks its caller; `serve(n_episodes)` (run by the owner thread)
     waits until every live episode is blocked in `create` or done, answers them
     with one `generate`, and repeats until all `n_episodes` called `episode_done`.
-    `temperature`, when set, overrides what the workflow asks for.
+    `temperature`, when set, overrides what the workflow asks for. `named` gives other models by the
+    `model` a call names (a team's roles: `{"planner": (model, tokenizer)}`); any other name is `model`'s.
     """
 
-    def __init__(self, model, tokenizer, temperature: float | None = None):
+    def __init__(self, model, tokenizer, temperature: float | None = None, named: dict | None = None):
         self.model = model
         self.tokenizer = tokenizer
+        self.named = dict(named or {})
         self.temperature = None if temperature is None else float(temperature)
         self.calls = 0
         self._cv = threading.Condition()
@@ -97,16 +101,20 @@ class LocalOpenAI:
                 if self._live == 0:
                     return
                 batch, self._pending = self._pending, []
-            try:
-                self._answer(batch)
-            except Exception as exc:  # surface in the episode threads, do not hang them
-                for request in batch:
-                    request["error"] = exc
+            by_model: dict[str, list[dict]] = {}
+            for request in batch:  # one `generate` per model the waiting calls name
+                by_model.setdefault(request["model"] if request["model"] in self.named else "", []).append(request)
+            for name, requests in by_model.items():
+                model, tokenizer = self.named.get(name, (self.model, self.tokenizer))
+                try:
+                    self._answer(requests, model, tokenizer)
+                except Exception as exc:  # surface in the episode threads, do not hang them
+                    for request in requests:
+                        request["error"] = exc
             for request in batch:
                 request["done"].set()
 
-    def _answer(self, batch: list[dict]) -> None:
-        tok = self.tokenizer
+    def _answer(self, batch: list[dict], model, tok) -> None:
         eos = tok.convert_tokens_to_ids(tok.eos_token)
         pad = tok.convert_tokens_to_ids(tok.pad_token)
         prompts = [
@@ -123,7 +131,7 @@ class LocalOpenAI:
         sample = temperature > 0
         extra = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if sample else {}
         with torch.no_grad():
-            out = self.model.generate(
+            out = model.generate(
                 ids,
                 attention_mask=mask,
                 do_sample=sample,
@@ -166,14 +174,19 @@ class LocalOpenAI:
             )
 
 
-def run_workflows(client: LocalOpenAI, workflow, items: list[dict]) -> list[float]:
-    """Run `workflow(item, episode)` for every item concurrently against `client`."""
-    rewards: list[float] = [0.0] * len(items)
+def run_workflows(client: LocalOpenAI, workflow, items: list[dict], episode: Callable[[], Any] | None = None) -> list:
+    """Run `workflow(item, episode())` for every item concurrently against `client`; what each returned.
+
+    `episode` makes what a workflow plays (default: one model, `.openai` and `.model`); a reward is a
+    float, a team's a `{role: reward}`."""
+    rewards: list = [0.0] * len(items)
     errors: list[BaseException] = []
+    make = episode or (lambda: SimpleNamespace(openai=client, model="local"))
 
     def play(i: int) -> None:
         try:
-            rewards[i] = float(workflow(items[i], SimpleNamespace(openai=client, model="local")))
+            got = workflow(items[i], make())
+            rewards[i] = got if isinstance(got, dict) else float(got)
         except BaseException as exc:  # re-raised once below, not printed by every thread
             errors.append(exc)
         finally:
@@ -219,7 +232,7 @@ def evaluate(
     }
 
 
-def _latest_checkpoint(checkpoints: Path) -> Path | None:
+def latest_checkpoint(checkpoints: Path) -> Path | None:
     """`checkpoints/latest` resolved, else the highest complete `step_*` (the server's own rule)."""
     latest = checkpoints / "latest"
     if (latest / CHECKPOINT_STATE).is_file():
@@ -228,7 +241,7 @@ def _latest_checkpoint(checkpoints: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _initial_model(server_dir: Path) -> Path | None:
+def initial_model(server_dir: Path) -> Path | None:
     """The model a server started from, as its `config.yaml` records it (the embedded one by default)."""
     config = server_dir / "config.yaml"
     if not config.is_file():
@@ -258,18 +271,18 @@ def run_models(path: Path) -> tuple[Path, Path | None]:
                 f"evaluate one of them, e.g. --model {policies / (names[0] if names else 'NAME')}"
             )
         if (server_dir / "checkpoints").is_dir() and (server_dir / "config.yaml").is_file():
-            checkpoint = _latest_checkpoint(server_dir / "checkpoints")
+            checkpoint = latest_checkpoint(server_dir / "checkpoints")
             if checkpoint is not None:
-                return checkpoint, _initial_model(server_dir)
+                return checkpoint, initial_model(server_dir)
     if (path / "checkpoints").is_dir() and path.parent.name == "policies":  # OUT/server/policies/NAME
-        checkpoint = _latest_checkpoint(path / "checkpoints")
+        checkpoint = latest_checkpoint(path / "checkpoints")
         if checkpoint is not None:
-            return checkpoint, _initial_model(path.parent.parent)
+            return checkpoint, initial_model(path.parent.parent)
     if (path / CHECKPOINT_STATE).is_file():  # OUT/server/checkpoints/step_N (or latest), or a policy's
         server_dir = path.parent.parent
         if server_dir.parent.name == "policies":
             server_dir = server_dir.parent.parent
-        return path, _initial_model(server_dir)
+        return path, initial_model(server_dir)
     return path, None
 
 

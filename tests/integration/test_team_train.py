@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from procs import running, tree
+from team_eval_kit import eval_team_run
 
 from swarm.model.build import VOCAB_SIZE, build_untrained, task_corpus
 from swarm.model.presets import build_preset
@@ -82,6 +83,12 @@ def test_a_team_of_two_different_models_trains_each_role_on_its_own_server(tmp_p
     fleet = (out / "fleet-client0.yaml").read_text()
     assert "planner=http://127.0.0.1:" in fleet and ",executor=http://127.0.0.1:" in fleet
     assert "team: planner=" in (out / "run.yaml").read_text()
+    # `swarm eval` of the run: each role's checkpoint (two shapes) plays its part, beside the models it started from
+    rows = eval_team_run(out, tmp_path / "eval.json")
+    assert {r["role"]: r["model"] for r in rows if r["model_role"] == "initial"} == {
+        "planner": str(planner),
+        "executor": str(executor),
+    }
 
 
 def _steps(path: Path) -> list[dict]:

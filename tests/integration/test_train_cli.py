@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from team_eval_kit import eval_team_run
 
 from swarm.model.build import build_untrained
 
@@ -230,3 +231,9 @@ def test_train_shared_base_trains_each_role_as_a_policy_of_one_server(tmp_path):
     served = (out / "server.yaml").read_text()
     assert "planner" in served and "executor" in served
     assert json.loads((out / "server" / "server.json").read_text())["policies"] == ["planner", "executor"]
+    # `swarm eval` of the run: both roles' LoRA checkpoints (merged into the base) play duet together
+    rows = eval_team_run(out, tmp_path / "eval.json")
+    assert {r["role"]: r["model"] for r in rows if r["model_role"] == "trained"} == {
+        role: str((out / "server" / "policies" / role / "checkpoints" / "latest").resolve())
+        for role in ("planner", "executor")
+    }

@@ -1,0 +1,150 @@
+"""`swarm eval`: score a model, a run or a team run on the built-in tasks, in process.
+
+The scoring is swarm/model/evaluate.py's (one model) and swarm/model/team_eval.py's (a team's roles
+together); this module reads the flags, picks what to score and prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from store.paths import default_model_dir
+from swarm.config.options import require_extra
+from swarm.tasks import list_tasks
+
+COLUMNS = ("task", "temperature", "n", "mean_reward", "solved", "calls_per_episode", "seconds")
+
+
+def eval_command(
+    model: Path = typer.Option(
+        None,
+        "--model",
+        help="Hugging Face causal-LM directory (a checkpoint too), or a `swarm train` run folder",
+        show_default="the embedded model",
+    ),
+    task: list[str] = typer.Option(None, "--task", help="built-in task, repeatable", show_default="every task"),
+    n: int = typer.Option(200, "--n", min=1, help="episodes per task and temperature"),
+    temperature: list[float] = typer.Option(
+        None, "--temperature", "-t", min=0.0, max=2.0, help="repeatable; 0 is greedy", show_default="0 and 1"
+    ),
+    seed: int = typer.Option(12345, "--seed", help="dataset and sampling seed (held out from training's)"),
+    json_out: Path = typer.Option(None, "--json", help="also write the results here"),
+    baseline: bool = typer.Option(
+        None,
+        "--baseline/--no-baseline",
+        help="also score the model the run started from, side by side",
+        show_default="on for a run folder (its last checkpoint is evaluated)",
+    ),
+) -> None:
+    """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled.
+
+    Given a `swarm train` run folder (or one of its checkpoints with --baseline), the trained
+    model is scored beside the one it started from: training may sharpen sampling and dip greedy.
+    A team run's folder (`--task duet --shared-base`, `--team`) is scored on its team task, each
+    role's checkpoint playing its part, a row per role.
+    """
+    require_extra("server", "torch", "transformers")
+    from swarm.model.evaluate import RunFolderError, comparison_table, evaluate, run_models  # lazy: torch: seconds
+    from swarm.model.team_eval import team_plan
+
+    given = model or default_model_dir()
+    unknown = [t for t in task or [] if t not in list_tasks()]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown task {unknown[0]!r}; built-in tasks: {', '.join(list_tasks())}", param_hint="--task"
+        )
+    try:
+        team = team_plan(given, task)
+        if team:  # a team run: its roles play the team task together
+            _eval_team(team, n, temperature or [0.0, 1.0], seed, baseline is not False, json_out)
+            return
+        model, initial = run_models(given)
+    except RunFolderError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--model") from None
+    if baseline is None:  # a run folder (resolved to its last checkpoint) compares by itself
+        baseline = initial is not None and model != given
+    if baseline and initial is None:
+        raise typer.BadParameter(
+            f"{model} is not a run folder or a run's checkpoint: no initial model to compare with",
+            param_hint="--baseline",
+        )
+    for path in (model, initial) if baseline else (model,):
+        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():  # a LoRA checkpoint
+            raise typer.BadParameter(
+                f"{path} is not a Hugging Face model directory (no config.json)", param_hint="--model"
+            )
+    names = task or list_tasks()
+    models = [("initial", initial), ("trained", model)] if baseline else [("evaluated", model)]
+    runs = [(role, path, name, t) for role, path in models for name in names for t in (temperature or [0.0, 1.0])]
+    results = []
+    with _progress() as progress:
+        bar = progress.add_task("evaluating", total=len(runs))
+        for role, path, name, t in runs:
+            progress.update(bar, description=f"{role} model: {name} at temperature {t:g}")
+            results.append({**evaluate(path, name, n, t, seed=seed), "model_role": role, "model": str(path)})
+            progress.advance(bar)
+    if baseline:
+        Console().print(f"initial model: {initial}\ntrained model: {model}")
+        table = comparison_table(results)
+    else:
+        table = _plain_table(results, f"evaluation of {model}")
+    Console().print(table)
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2))
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+
+
+def _eval_team(plan: list, n: int, temperatures: list[float], seed: int, baseline: bool, json_out: Path | None) -> None:
+    """Each team task of `plan` with the roles' trained checkpoints (and, with `baseline`, the models
+    they started from, when the run recorded them): a row per role."""
+    from swarm.model.evaluate import comparison_table  # lazy: torch: seconds
+    from swarm.model.team_eval import evaluate_team
+
+    runs = []
+    for name, found in plan:
+        trained = {role: checkpoint for role, (checkpoint, _) in found.items()}
+        initial = {role: start for role, (_, start) in found.items()}
+        if baseline and all(initial.values()):
+            runs += [("initial", initial, name, t) for t in temperatures]
+        runs += [("trained", trained, name, t) for t in temperatures]
+    compared = any(label == "initial" for label, *_ in runs)
+    results = []
+    with _progress() as progress:
+        bar = progress.add_task("evaluating", total=len(runs))
+        for label, models, name, t in runs:
+            progress.update(bar, description=f"{label} team: {name} at temperature {t:g}")
+            results += [{**row, "model_role": label} for row in evaluate_team(models, name, n, t, seed=seed)]
+            progress.advance(bar)
+    for name, found in plan:
+        for role, (checkpoint, start) in found.items():
+            Console().print(f"{name} {role}: trained {checkpoint}" + (f", initial {start}" if compared else ""))
+    Console().print(comparison_table(results) if compared else _plain_table(results, "evaluation of the team"))
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2))
+
+
+def _plain_table(results: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    for column in COLUMNS:
+        table.add_column(column, justify="right" if column != "task" else "left")
+    for r in results:
+        table.add_row(*(str(r[c]) for c in COLUMNS))
+    return table
+
+
+__all__ = ["eval_command"]

@@ -1,0 +1,154 @@
+"""Score a team run's roles together: each role's trained model plays its part of the team task.
+
+    swarm eval --model runs/duet                    # `swarm train --task duet --shared-base` or `--team`
+
+A team task (`Task.roles`, e.g. duet's planner and executor) is a game of several models, so a
+role's checkpoint scored alone says little: the planner's reward depends on the executor it
+plans for. Here every role's last checkpoint answers the calls its role makes (`LocalOpenAI`
+routes each call by the `model` it names, the role), against the same held-out problems, and each
+role's reward is reported beside what the team's initial models score: a run that trained both
+roles should raise both.
+
+Where a run keeps its roles (`team_checkpoints`): one server of LoRA policies (`swarm train --task
+duet --shared-base`: `server/policies/ROLE`), a team server per base (`swarm train --team`:
+`servers/NAME/policies/ROLE`, or `servers/ROLE` for a role alone on its model), or a server's own
+`--out` (`policies/ROLE`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from transformers import AutoTokenizer
+
+from swarm.model.adapter import load_causal_lm, tokenizer_dir
+from swarm.model.evaluate import LocalOpenAI, RunFolderError, initial_model, latest_checkpoint, run_workflows
+from swarm.tasks import get_task, list_tasks
+
+#: What a team plan is: per team task, {role: (its last checkpoint, the model it started from)}.
+TeamPlan = list[tuple[str, dict[str, tuple[Path, Path | None]]]]
+
+
+def _role_folders(path: Path, role: str) -> list[Path]:
+    """Where `role`'s folder may be, as each kind of team run lays it out."""
+    return [
+        path / "server" / "policies" / role,
+        path / "policies" / role,
+        *sorted(path.glob(f"servers/*/policies/{role}")),
+        path / "servers" / role,
+    ]
+
+
+def _server_of(folder: Path) -> Path:
+    """The server folder that holds a role's folder (its `config.yaml` names the initial model)."""
+    return folder.parent.parent if folder.parent.name == "policies" else folder
+
+
+def is_team_run(path: Path) -> bool:
+    """Whether `path` is a run folder whose roles (a policy or server per role) live in `servers/` or
+    `policies/` with checkpoints; a plain run, a checkpoint or a model directory is not."""
+    path = Path(path)
+    found = [*path.glob("server/policies/*/checkpoints"), *path.glob("policies/*/checkpoints")]
+    found += [*path.glob("servers/*/policies/*/checkpoints"), *path.glob("servers/*/checkpoints")]
+    return bool(found)
+
+
+def team_checkpoints(path: Path, roles: tuple[str, ...]) -> dict[str, tuple[Path, Path | None]]:
+    """{role: (its last checkpoint, the model it started from)} for a team run folder.
+
+    Raises RunFolderError naming the roles it found none for, and what the folder holds."""
+    path = Path(path)
+    got: dict[str, tuple[Path, Path | None]] = {}
+    for role in roles:
+        for folder in _role_folders(path, role):
+            checkpoint = latest_checkpoint(folder / "checkpoints") if (folder / "checkpoints").is_dir() else None
+            if checkpoint is not None:
+                got[role] = (checkpoint, initial_model(_server_of(folder)))
+                break
+    missing = [r for r in roles if r not in got]
+    if missing:
+        held = sorted({p.parent.name for p in path.glob("**/checkpoints")})
+        raise RunFolderError(
+            f"{path}: no checkpoint for role {', '.join(missing)} of the team ({', '.join(roles)})"
+            + (f"; it holds checkpoints of {', '.join(held)}" if held else "; it holds no checkpoints yet")
+        )
+    return got
+
+
+def team_plan(path: Path, tasks: list[str] | None) -> TeamPlan | None:
+    """The team tasks (of `tasks`, default every one) whose roles all have checkpoints in the run folder
+    `path`, with them; None when `path` is no team run (a plain run, a study's server of trials).
+
+    Raises RunFolderError for a team run asked for a one-model task (a role is scored alone by its own
+    folder), or for a team task named in `tasks` whose roles are not all there."""
+    if not is_team_run(path):
+        return None
+    asked = [t for t in tasks or [] if get_task(t).roles]
+    plan: TeamPlan = []
+    for name in asked or [t for t in list_tasks() if get_task(t).roles]:
+        try:
+            plan.append((name, team_checkpoints(path, get_task(name).roles)))
+        except RunFolderError:
+            if asked:
+                raise
+    single = [t for t in tasks or [] if not get_task(t).roles]
+    if plan and single:
+        roles = {role: checkpoint for _, found in plan for role, (checkpoint, _) in found.items()}
+        one = next(iter(roles))
+        raise RunFolderError(
+            f"{path} is a team run ({', '.join(roles)}), scored on its team task ({plan[0][0]}), not on "
+            f"{', '.join(single)}; score a role alone with --model {checkpoint_owner(roles[one])}"
+        )
+    return plan or None
+
+
+def checkpoint_owner(checkpoint: Path) -> Path:
+    """The role's folder that holds `checkpoint` (`.../ROLE/checkpoints/step_N` -> `.../ROLE`)."""
+    return checkpoint.parent.parent
+
+
+def evaluate_team(
+    models: dict[str, Path], task_name: str, n: int = 200, temperature: float = 1.0, seed: int = 12345
+) -> list[dict]:
+    """One row per role (task `duet (planner)`, ...): its mean reward when each role's model plays its part.
+
+    A model given to several roles is loaded once."""
+    task = get_task(task_name)
+    if set(models) != set(task.roles):
+        raise ValueError(f"{task_name}: roles {', '.join(task.roles)}, given {', '.join(models) or 'none'}")
+    loaded: dict[Path, tuple] = {}
+    for path in dict.fromkeys(models.values()):
+        model = load_causal_lm(path)  # a LoRA checkpoint: merged into its base
+        model.eval()
+        loaded[path] = (model, AutoTokenizer.from_pretrained(tokenizer_dir(path)))
+    named = {role: loaded[path] for role, path in models.items()}
+    first = next(iter(named.values()))
+    client = LocalOpenAI(*first, temperature=temperature, named=named)
+    team = {role: SimpleNamespace(openai=client, model=role) for role in task.roles}
+    torch.manual_seed(seed)
+    started = time.monotonic()
+    per_item = run_workflows(client, task.workflow, task.dataset(seed, n), episode=lambda: team)
+    seconds = round(time.monotonic() - started, 1)
+    rows = []
+    for role in task.roles:
+        rewards = [float(r[role]) for r in per_item]
+        rows.append(
+            {
+                "task": f"{task_name} ({role})",
+                "temperature": temperature,
+                "n": n,
+                "mean_reward": round(sum(rewards) / n, 4),
+                "solved": round(sum(r > 0 for r in rewards) / n, 4),
+                "calls_per_episode": round(client.calls / n, 2),
+                "seconds": seconds,
+                "role": role,
+                "model": str(models[role]),
+            }
+        )
+    return rows
+
+
+__all__ = ["TeamPlan", "checkpoint_owner", "evaluate_team", "is_team_run", "team_checkpoints", "team_plan"]
