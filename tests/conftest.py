@@ -28,7 +28,9 @@ as fast as its tests on that many cores.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -132,6 +134,11 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
             for scope in [scope for scope, unit in workload.items() if all(unit.values())]:
                 del workload[scope]
             crashitem = super().remove_node(node)
+            for scope, unit in workload.items():  # the test that was running when the worker died is not run again:
+                if crashitem in unit:  # xdist reports it failed, and a rerun that kills the next worker (memory)
+                    unit[crashitem] = True  # would only take more of the run down with it
+                    if all(unit.values()):
+                        self.workqueue.pop(scope, None)
             for scope in reversed(list(workload)):
                 if scope in self.workqueue:
                     self.workqueue.move_to_end(scope, last=False)
@@ -159,6 +166,58 @@ def pytest_testnodedown(node: Any, error: object | None) -> None:
         f"MemAvailable {meminfo.get('MemAvailable', '?').strip()} of {meminfo.get('MemTotal', '?').strip()}",
         flush=True,
     )
+    _sweep(f"worker {node.gateway.id}'s", {"PYTEST_XDIST_WORKER": node.gateway.id, **_run_of(node)})
+
+
+WORKERS: set[int] = set()  # the controller's workers' PIDs: never swept
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodeready(node: Any) -> None:
+    popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
+    if popen is not None:
+        WORKERS.add(popen.pid)
+    RUN.update(_run_of(node))
+
+
+RUN: dict[str, str] = {}  # PYTEST_XDIST_TESTRUNUID of this run, once a worker is up
+
+
+def _run_of(node: Any) -> dict[str, str]:
+    uid = getattr(node, "workerinput", {}).get("testrunuid")
+    return {"PYTEST_XDIST_TESTRUNUID": uid} if uid else {}
+
+
+def _sweep(whose: str, marks: dict[str, str]) -> None:
+    """SIGKILL what a worker's tests started and left running, found by the environment xdist gives each
+    worker (its id and the run's uid, which every process a test starts inherits), by PID. A worker killed
+    for memory runs no teardown: its servers (and a vLLM's engine core, gigabytes) outlived it and the
+    other workers ran short in turn. Named in the output, so a test that leaks is seen, not hidden."""
+    if "PYTEST_XDIST_TESTRUNUID" not in marks:
+        return
+    from procs import marked  # lazy: tests/kit is on sys.path from above
+
+    left = {pid: _command(pid) for pid in marked(marks, spare=WORKERS)}  # named before they go
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        named = ", ".join(f"{pid} ({cmd})" for pid, cmd in list(left.items())[:8])
+        print(f"\nkilled {len(left)} process(es) {whose} tests left running: {named}", flush=True)
+
+
+def _command(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "gone"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:80]
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own, which shuts the workers down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller
+        _sweep("the", dict(RUN))
 
 
 BUSY: dict[str, float] = defaultdict(float)  # worker -> seconds its tests took (setup, call, teardown)

@@ -64,3 +64,31 @@ def test_importing_swarm_testing_loads_nothing_heavy() -> None:
     r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_procs_marked_finds_what_an_environment_started_and_nothing_else() -> None:
+    """The suite's sweep of a lost worker's leftovers (tests/conftest.py) finds them by the environment
+    they inherited, whatever their parent or session became."""
+    import os
+    import time
+    import uuid
+
+    from procs import gone_within, marked
+
+    uid = uuid.uuid4().hex
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    mine = subprocess.Popen(sleeper, env={**os.environ, "ROOST_KIT_MARK": uid}, start_new_session=True)
+    other = subprocess.Popen(sleeper, env={**os.environ, "ROOST_KIT_MARK": "other"}, start_new_session=True)
+    try:
+        for _ in range(50):  # the environment is readable once the child has exec'd
+            found = marked({"ROOST_KIT_MARK": uid})
+            if found:
+                break
+            time.sleep(0.02)
+        assert found == [mine.pid]
+        assert marked({"ROOST_KIT_MARK": uid}, spare={mine.pid}) == []
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
+    assert gone_within([mine.pid, other.pid], 5)

@@ -8,6 +8,7 @@ never by name;
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -68,4 +69,25 @@ def tree(root: int) -> list[int]:
     return found
 
 
-__all__ = ["gone_within", "group", "running", "stat", "tree"]
+def environ(pid: int) -> dict[str, str]:
+    """/proc/PID/environ as a dict (empty once the process is gone or when it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def marked(marks: dict[str, str], spare: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+    """The running PIDs (not `spare`, not this process) whose environment holds every `marks` pair: what a
+    process with that environment started, and what those started in turn, wherever they were re-parented."""
+    me = os.getpid()
+    return [
+        pid
+        for pid in _every()
+        if pid != me and pid not in spare and all(environ(pid).get(k) == v for k, v in marks.items())
+    ]
+
+
+__all__ = ["environ", "gone_within", "group", "marked", "running", "stat", "tree"]

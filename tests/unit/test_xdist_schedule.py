@@ -1,5 +1,6 @@
 """The suite's xdist scheduler (tests/conftest.py) after a worker is lost: what it ran stays done,
-what it had left goes to the next worker, and every worker is handed tests or shut down."""
+what it had left goes to the next worker (not the test it died in), and every worker is handed tests or
+shut down."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def test_a_lost_worker_leaves_its_finished_units_done_and_its_unfinished_one_fir
     c = Node("gw2")
     _join(sched, c)
     sched.schedule()
-    assert c.sent[0] == [COLLECTION.index(f"{current}::test_{t}") for t in (1, 2)]
+    assert c.sent[0] == [COLLECTION.index(f"{current}::test_2")]  # not the test a died in: xdist reports it failed
     # from here every worker runs all it is sent: the queue empties and each is sent tests, then shut down
     for _ in range(len(COLLECTION)):
         for node in (b, c):
@@ -100,3 +101,31 @@ def test_a_lost_worker_leaves_its_finished_units_done_and_its_unfinished_one_fir
     assert b.shutting_down and c.shutting_down
     ran = {COLLECTION[i] for node in (a, b, c) for batch in node.sent for i in batch}
     assert ran == set(COLLECTION)
+
+
+def test_a_worker_lost_in_the_last_test_of_its_unit_leaves_nothing_of_it_to_run() -> None:
+    """The test a worker died in is not run again (a worker killed for memory would take the next one
+    down too): when it was its unit's last, the unit does not go back at all, and the run ends."""
+    sched = _scheduler()
+    a, b = Node("gw0"), Node("gw1")
+    _join(sched, a)
+    _join(sched, b)
+    sched.schedule()
+    for _ in range(2):  # a runs its first module's first two tests and dies in the third
+        i = _next_pending(sched, a)
+        assert i is not None
+        sched.mark_test_complete(a, i)
+    unit = sched._split_scope(COLLECTION[_next_pending(sched, a)])
+    assert sched.remove_node(a) == f"{unit}::test_2"
+    assert unit not in sched.workqueue
+    c = Node("gw2")
+    _join(sched, c)
+    sched.schedule()
+    for _ in range(len(COLLECTION)):
+        for node in (b, c):
+            i = _next_pending(sched, node)
+            if i is not None:
+                sched.mark_test_complete(node, i)
+    assert sched.tests_finished and not sched.workqueue and b.shutting_down and c.shutting_down
+    ran = [COLLECTION[i] for node in (b, c) for batch in node.sent for i in batch]
+    assert not [t for t in ran if t.startswith(unit)]  # nothing of a's unit ran again
