@@ -50,7 +50,7 @@ def eval_command(
     role's checkpoint playing its part, a row per role.
     """
     require_extra("server", "torch", "transformers")
-    from swarm.model.evaluate import RunFolderError, comparison_table, evaluate, run_models  # lazy: torch: seconds
+    from swarm.model.evaluate import Loaded, RunFolderError, comparison_table, evaluate, run_models  # lazy: torch
     from swarm.model.team_eval import team_plan
 
     given = model or default_model_dir()
@@ -83,11 +83,14 @@ def eval_command(
     models = [("initial", initial), ("trained", model)] if baseline else [("evaluated", model)]
     runs = [(role, path, name, t) for role, path in models for name in names for t in (temperature or [0.0, 1.0])]
     results = []
+    loaded = Loaded()
     with _progress() as progress:
         bar = progress.add_task("evaluating", total=len(runs))
         for role, path, name, t in runs:
             progress.update(bar, description=f"{role} model: {name} at temperature {t:g}")
-            results.append({**evaluate(path, name, n, t, seed=seed), "model_role": role, "model": str(path)})
+            model_, tokenizer = loaded[path]
+            scored = evaluate(path, name, n, t, seed=seed, model=model_, tokenizer=tokenizer)
+            results.append({**scored, "model_role": role, "model": str(path)})
             progress.advance(bar)
     if baseline:
         Console().print(f"initial model: {initial}\ntrained model: {model}")
@@ -112,8 +115,10 @@ def _progress() -> Progress:
 def _eval_team(plan: list, n: int, temperatures: list[float], seed: int, baseline: bool, json_out: Path | None) -> None:
     """Each team task of `plan` with the roles' trained checkpoints (and, with `baseline`, the models
     they started from, when the run recorded them): a row per role."""
-    from swarm.model.evaluate import comparison_table  # lazy: torch: seconds
+    from swarm.model.evaluate import Loaded, comparison_table  # lazy: torch: seconds
     from swarm.model.team_eval import evaluate_team
+
+    loaded = Loaded()
 
     runs = []
     for name, found in plan:
@@ -128,7 +133,8 @@ def _eval_team(plan: list, n: int, temperatures: list[float], seed: int, baselin
         bar = progress.add_task("evaluating", total=len(runs))
         for label, models, name, t in runs:
             progress.update(bar, description=f"{label} team: {name} at temperature {t:g}")
-            results += [{**row, "model_role": label} for row in evaluate_team(models, name, n, t, seed=seed)]
+            rows = evaluate_team(models, name, n, t, seed=seed, loaded=loaded)
+            results += [{**row, "model_role": label} for row in rows]
             progress.advance(bar)
     for name, found in plan:
         for role, (checkpoint, start) in found.items():

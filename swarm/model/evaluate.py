@@ -232,6 +232,17 @@ def evaluate(
     }
 
 
+class Loaded(dict):
+    """Models and tokenizers by path, each loaded once: `swarm eval` scores one model on every task and
+    temperature (and a team's base for several roles), and a 0.5B model takes seconds to load."""
+
+    def __missing__(self, path: Path) -> tuple:
+        model = load_causal_lm(path)  # a LoRA checkpoint: merged into its base
+        model.eval()
+        self[path] = (model, AutoTokenizer.from_pretrained(tokenizer_dir(path)))
+        return self[path]
+
+
 def latest_checkpoint(checkpoints: Path) -> Path | None:
     """`checkpoints/latest` resolved, else the highest complete `step_*` (the server's own rule)."""
     latest = checkpoints / "latest"

@@ -22,10 +22,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from transformers import AutoTokenizer
 
-from swarm.model.adapter import load_causal_lm, tokenizer_dir
-from swarm.model.evaluate import LocalOpenAI, RunFolderError, initial_model, latest_checkpoint, run_workflows
+from swarm.model.evaluate import Loaded, LocalOpenAI, RunFolderError, initial_model, latest_checkpoint, run_workflows
 from swarm.tasks import get_task, list_tasks
 
 #: What a team plan is: per team task, {role: (its last checkpoint, the model it started from)}.
@@ -111,19 +109,20 @@ def checkpoint_owner(checkpoint: Path) -> Path:
 
 
 def evaluate_team(
-    models: dict[str, Path], task_name: str, n: int = 200, temperature: float = 1.0, seed: int = 12345
+    models: dict[str, Path],
+    task_name: str,
+    n: int = 200,
+    temperature: float = 1.0,
+    seed: int = 12345,
+    loaded: Loaded | None = None,
 ) -> list[dict]:
     """One row per role (task `duet (planner)`, ...): its mean reward when each role's model plays its part.
 
-    A model given to several roles is loaded once."""
+    A model given to several roles is loaded once (`loaded` keeps them for the next call)."""
     task = get_task(task_name)
     if set(models) != set(task.roles):
         raise ValueError(f"{task_name}: roles {', '.join(task.roles)}, given {', '.join(models) or 'none'}")
-    loaded: dict[Path, tuple] = {}
-    for path in dict.fromkeys(models.values()):
-        model = load_causal_lm(path)  # a LoRA checkpoint: merged into its base
-        model.eval()
-        loaded[path] = (model, AutoTokenizer.from_pretrained(tokenizer_dir(path)))
+    loaded = Loaded() if loaded is None else loaded
     named = {role: loaded[path] for role, path in models.items()}
     first = next(iter(named.values()))
     client = LocalOpenAI(*first, temperature=temperature, named=named)
