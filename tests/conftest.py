@@ -48,6 +48,14 @@ import pytest
 # test module imports torch, and inherited by every process a test starts; an explicit value wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The suite runs on the embedded model's pinned CPU numerics (swarm/model/numerics.py: ATen's AVX2
+# kernels, MKL's AVX2 branch), set here before anything imports torch and inherited by every process a
+# test starts. So a build a test makes in process needs no pinned child (seconds of imports each), and
+# the suite computes the same floats on any x86-64 host: a learning test's threshold that holds on one
+# CI machine holds on the next (an AVX-512 host once built, and trained, another model).
+for _name, _value in {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}.items():
+    os.environ.setdefault(_name, _value)
+
 # The shared helper modules of tests/kit (procs, server_fixtures, hidden_modules, ...) import by name
 # (--import-mode=importlib puts no test folder on sys.path). The suites CI runs without this conftest
 # (--noconftest, or --confcutdir below it: the tinker SDK, the cookbook, the frameworks) add it themselves.

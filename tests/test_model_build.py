@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -230,6 +232,37 @@ def test_init_model_is_deterministic(tmp_path):
     a = init_model(tmp_path / "a", seed=5, config=TINY)
     b = init_model(tmp_path / "b", seed=5, config=TINY)
     wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_process_without_the_pins_builds_in_a_pinned_child_the_same_weights(tmp_path):
+    """The suite runs pinned (tests/conftest.py), so `init_model` here builds in process; a process that
+    is not (a user's `swarm model init`) builds in a pinned child (swarm/model/numerics.py), and both come
+    out bit-identical: the weights do not depend on the processor's kernels. Its progress reaches the caller."""
+    from swarm.model.numerics import PINNED, pinned_here
+
+    if not pinned_here():
+        pytest.skip("this machine cannot run torch's AVX2 kernels (not x86-64, or no AVX2): nothing is pinned")
+    here = init_model(tmp_path / "here", seed=5, config=TINY)
+    script = (
+        "import json, sys; from pathlib import Path; from swarm.model.build import init_model;"
+        "from swarm.model.recipe import WarmStartConfig; from swarm.model.numerics import pinned_here;"
+        "seen = []; config = WarmStartConfig(**json.loads(sys.argv[2]));"
+        "init_model(Path(sys.argv[1]), seed=5, config=config, progress=lambda m, f: seen.append(m));"
+        "print(json.dumps([pinned_here(), len(seen), seen[-1]]))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in PINNED}
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "child"), json.dumps(TINY.as_dict())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    pinned, reports, last = json.loads(r.stdout.splitlines()[-1])
+    assert not pinned and reports > 3 and last == "model ready"  # the unpinned caller saw the child's progress
+    wa, wb = load_file(here / "model.safetensors"), load_file(tmp_path / "child" / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 

@@ -31,6 +31,7 @@ from rich.progress import Progress as Bar
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from store.paths import default_model_dir
+from swarm.model.numerics import build_pinned
 from swarm.model.recipe import VOCAB_SIZE, is_complete, marker_for, matches
 from swarm.model.tokenizer import CONTEXT_LENGTH, ENDOFTEXT, IM_END, build_tokenizer, render_chat, save_tokenizer
 from swarm.model.version import BUILD_VERSION, MARKER
@@ -170,6 +171,18 @@ def _build_lock(out_dir: Path) -> Iterator[None]:
 
 
 def _build(out_dir: Path, seed: int, config: WarmStartConfig, report: Progress) -> None:
+    """The build, on pinned CPU numerics (swarm/model/numerics.py): here when this process is pinned, else
+    in a child that is."""
+    args = {"out_dir": str(out_dir), "seed": seed, "config": config.as_dict()}
+    build_pinned("swarm.model.build:pinned_build", args, report)
+
+
+def pinned_build(out_dir: str, seed: int, config: dict, report: Progress) -> None:
+    """`_build` from JSON arguments: what `build_pinned` runs, in this process or a pinned child."""
+    _build_here(Path(out_dir), seed, WarmStartConfig(**config), report)
+
+
+def _build_here(out_dir: Path, seed: int, config: WarmStartConfig, report: Progress) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
     started = time.monotonic()
     try:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from store.paths import data_dir
+from swarm.model.numerics import NUMERICS, build_pinned
 
 if TYPE_CHECKING:
     import torch
@@ -402,6 +403,8 @@ def build_preset(
     out_dir = Path(out_dir) if out_dir is not None else default_preset_dir(name)
     report = progress or (lambda message, fraction: None)
     marker = _marker(preset.name, seed, layers)
+    if preset.tokenizer == "embedded":  # built on pinned numerics (an earlier build, unpinned, is rebuilt)
+        marker["numerics"] = NUMERICS
     if preset.warm_start is not None:
         from swarm.model.warmstart import WarmStartConfig  # lazy: torch: seconds
 
@@ -420,8 +423,10 @@ def build_preset(
         _clean_stale_temps(out_dir.parent, out_dir.name)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
         try:
-            if preset.tokenizer == "embedded":
-                _build_embedded(preset, tmp, seed, layers, warm, report)
+            if preset.tokenizer == "embedded":  # the embedded recipe, on its pinned numerics
+                args = {"preset": preset.name, "out": str(tmp), "seed": seed, "layers": layers}
+                args["warm"] = warm.as_dict() if warm is not None else None
+                build_pinned("swarm.model.presets:pinned_build", args, report)
             else:
                 _build(preset, tmp, seed, layers, device, report)
             (tmp / PRESET_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")  # last: complete
@@ -464,6 +469,14 @@ def _build(preset: Preset, out: Path, seed: int, layers: int | None, device: str
         "build_seconds": round(time.monotonic() - started, 1),
     }
     (out / "roost_build_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+
+
+def pinned_build(preset: str, out: str, seed: int, layers: int | None, warm: dict | None, report: Progress) -> None:
+    """`_build_embedded` from JSON arguments: what `build_pinned` runs, in this process or a pinned child."""
+    from swarm.model.warmstart import WarmStartConfig  # lazy: torch: seconds
+
+    config = WarmStartConfig(**warm) if warm is not None else None
+    _build_embedded(get_preset(preset), Path(out), seed, layers, config, report)
 
 
 def _build_embedded(

@@ -17,7 +17,12 @@ VOCAB_SIZE = 512
 
 @dataclass(frozen=True)
 class WarmStartConfig:
-    """The warm-start recipe; recorded in the model's marker file."""
+    """The warm-start recipe; recorded in the model's marker file.
+
+    The figures in the comments below were measured on earlier builds, on whatever processor built
+    them. Build 7, on pinned numerics (swarm/model/numerics.py), measures (200 episodes each, greedy /
+    temperature 1): arith 0.85 / 0.285, calc 0.94 / 0.34, duet 0.77 / 0.27, guess 0.48 at T = 1.
+    """
 
     arith_examples: int = 20000
     guess_examples: int = 2000

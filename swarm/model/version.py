@@ -14,7 +14,9 @@ from pathlib import Path
 #: an existing model with another version is rebuilt by `init_model`.
 #: 6: a 4,096-token context (was 1,024), so agent frameworks with 2-3k-token system prompts
 #: (smolagents, DSPy ReAct) fit; the weights and warm start are those of build 5.
-BUILD_VERSION = 6
+#: 7: built on pinned CPU numerics (swarm/model/numerics.py): build 6 gave other weights on an
+#: AVX-512 machine than on AVX2 (calc sampled 0.51 against 0.33), so a rebuild must come out the same.
+BUILD_VERSION = 7
 MARKER = "roost_model.json"
 
 
