@@ -53,7 +53,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # test starts. So a build a test makes in process needs no pinned child (seconds of imports each), and
 # the suite computes the same floats on any x86-64 host: a learning test's threshold that holds on one
 # CI machine holds on the next (an AVX-512 host once built, and trained, another model).
-for _name, _value in {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}.items():
+from swarm.model.numerics import PINNED  # noqa: E402 - after OMP_NUM_THREADS; it imports no torch
+
+for _name, _value in PINNED.items():
     os.environ.setdefault(_name, _value)
 
 # The shared helper modules of tests/kit (procs, server_fixtures, hidden_modules, ...) import by name
