@@ -7,7 +7,7 @@
   tokenizer and chat template: architecture stand-ins (`swarm model init --preset`).
 * `swarm.model.warmstart`: the supervised pass and its calibration.
 * `swarm.model.evaluate`: score a model directory on the built-in tasks in process
-  (`python -m swarm.model.evaluate DIR`); `swarm.model.team_eval` a team run's roles together;
+  (`swarm eval --model DIR`); `swarm.model.team_eval` a team run's roles together;
   `swarm.model.eval_cli` the `swarm eval` command.
 * `swarm.model.numerics`: the build's pinned CPU numerics (the same weights on any x86-64 host).
 
