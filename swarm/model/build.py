@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from rich.progress import Progress as Bar
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from store.paths import default_model_dir
-from swarm.model.numerics import build_pinned
+from swarm.model.numerics import Progress, build_pinned
 from swarm.model.recipe import VOCAB_SIZE, is_complete, marker_for, matches
 from swarm.model.tokenizer import CONTEXT_LENGTH, ENDOFTEXT, IM_END, build_tokenizer, render_chat, save_tokenizer
 from swarm.model.version import BUILD_VERSION, MARKER
@@ -52,9 +52,6 @@ __all__ = [
     "rich_progress",
     "task_corpus",
 ]
-
-#: `progress(message, fraction)` with fraction in [0, 1].
-Progress = Callable[[str, float], None]
 
 
 def task_corpus(seed: int = 0, per_task: int = 2000) -> list[str]:

@@ -7,7 +7,9 @@ together); this module reads the flags, picks what to score and prints the table
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -82,34 +84,40 @@ def eval_command(
     names = task or list_tasks()
     models = [("initial", initial), ("trained", model)] if baseline else [("evaluated", model)]
     runs = [(role, path, name, t) for role, path in models for name in names for t in (temperature or [0.0, 1.0])]
-    results = []
     loaded = Loaded()
-    with _progress() as progress:
-        bar = progress.add_task("evaluating", total=len(runs))
-        for role, path, name, t in runs:
-            progress.update(bar, description=f"{role} model: {name} at temperature {t:g}")
-            model_, tokenizer = loaded[path]
-            scored = evaluate(path, name, n, t, seed=seed, model=model_, tokenizer=tokenizer)
-            results.append({**scored, "model_role": role, "model": str(path)})
-            progress.advance(bar)
+
+    def score(path: Path, name: str, t: float) -> list[dict]:
+        return [{**evaluate(path, name, n, t, seed=seed, loaded=loaded), "model": str(path)}]
+
+    results = _score(runs, "model", score)
     if baseline:
         Console().print(f"initial model: {initial}\ntrained model: {model}")
-        table = comparison_table(results)
-    else:
-        table = _plain_table(results, f"evaluation of {model}")
-    Console().print(table)
-    if json_out:
-        json_out.write_text(json.dumps(results, indent=2))
+    _show(comparison_table(results) if baseline else _plain_table(results, f"evaluation of {model}"), results, json_out)
 
 
-def _progress() -> Progress:
-    return Progress(
+def _score(runs: list[tuple], kind: str, score: Callable[[Any, str, float], list[dict]]) -> list[dict]:
+    """Each run (its label, what `score` scores, the task, the temperature) under one progress bar: the rows
+    `score` gives it, each labelled (`model_role`) with the run's label."""
+    results = []
+    with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
-    )
+    ) as progress:
+        bar = progress.add_task("evaluating", total=len(runs))
+        for label, scored, name, t in runs:
+            progress.update(bar, description=f"{label} {kind}: {name} at temperature {t:g}")
+            results += [{**row, "model_role": label} for row in score(scored, name, t)]
+            progress.advance(bar)
+    return results
+
+
+def _show(table: Table, results: list[dict], json_out: Path | None) -> None:
+    Console().print(table)
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2))
 
 
 def _eval_team(plan: list, n: int, temperatures: list[float], seed: int, baseline: bool, json_out: Path | None) -> None:
@@ -119,7 +127,6 @@ def _eval_team(plan: list, n: int, temperatures: list[float], seed: int, baselin
     from swarm.model.team_eval import evaluate_team
 
     loaded = Loaded()
-
     runs = []
     for name, found in plan:
         trained = {role: checkpoint for role, (checkpoint, _) in found.items()}
@@ -128,20 +135,11 @@ def _eval_team(plan: list, n: int, temperatures: list[float], seed: int, baselin
             runs += [("initial", initial, name, t) for t in temperatures]
         runs += [("trained", trained, name, t) for t in temperatures]
     compared = any(label == "initial" for label, *_ in runs)
-    results = []
-    with _progress() as progress:
-        bar = progress.add_task("evaluating", total=len(runs))
-        for label, models, name, t in runs:
-            progress.update(bar, description=f"{label} team: {name} at temperature {t:g}")
-            rows = evaluate_team(models, name, n, t, seed=seed, loaded=loaded)
-            results += [{**row, "model_role": label} for row in rows]
-            progress.advance(bar)
+    results = _score(runs, "team", lambda models, name, t: evaluate_team(models, name, n, t, seed=seed, loaded=loaded))
     for name, found in plan:
         for role, (checkpoint, start) in found.items():
             Console().print(f"{name} {role}: trained {checkpoint}" + (f", initial {start}" if compared else ""))
-    Console().print(comparison_table(results) if compared else _plain_table(results, "evaluation of the team"))
-    if json_out:
-        json_out.write_text(json.dumps(results, indent=2))
+    _show(comparison_table(results) if compared else _plain_table(results, "evaluation of the team"), results, json_out)
 
 
 def _plain_table(results: list[dict], title: str) -> Table:

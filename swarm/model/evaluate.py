@@ -204,31 +204,36 @@ def run_workflows(client: LocalOpenAI, workflow, items: list[dict], episode: Cal
 
 
 def evaluate(
-    model_dir: Path | None,
+    model_dir: Path,
     task_name: str,
     n: int = 200,
     temperature: float = 1.0,
     seed: int = 12345,
-    model=None,
-    tokenizer=None,
+    loaded: Loaded | None = None,
 ) -> dict:
-    """Mean reward of `task_name`'s workflow over `n` items of `dataset(seed, n)`."""
-    model = model if model is not None else load_causal_lm(model_dir)  # a LoRA checkpoint: merged into its base
-    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(tokenizer_dir(model_dir))
-    model.eval()
+    """Mean reward of `task_name`'s workflow over `n` items of `dataset(seed, n)` (`loaded` keeps the model
+    for the next call)."""
+    model, tokenizer = (Loaded() if loaded is None else loaded)[Path(model_dir)]
     task = get_task(task_name)
     client = LocalOpenAI(model, tokenizer, temperature=temperature)
     torch.manual_seed(seed)
     started = time.monotonic()
     rewards = run_workflows(client, task.workflow, task.dataset(seed, n))
+    return score_row(task_name, temperature, rewards, client.calls, time.monotonic() - started)
+
+
+def score_row(task: str, temperature: float, rewards: list[float], calls: int, seconds: float) -> dict:
+    """One row of `swarm eval`'s results: the mean reward of the episodes, the share with any reward, the
+    calls per episode."""
+    n = len(rewards)
     return {
-        "task": task_name,
+        "task": task,
         "temperature": temperature,
         "n": n,
         "mean_reward": round(sum(rewards) / n, 4),
         "solved": round(sum(r > 0 for r in rewards) / n, 4),
-        "calls_per_episode": round(client.calls / n, 2),
-        "seconds": round(time.monotonic() - started, 1),
+        "calls_per_episode": round(calls / n, 2),
+        "seconds": round(seconds, 1),
     }
 
 

@@ -34,6 +34,7 @@ PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 #: Recorded in a preset build's marker: a build made before the pins is rebuilt.
 NUMERICS = "aten-avx2+mkl-cbwr-avx2"
 
+#: `progress(message, fraction)` with fraction in [0, 1] (swarm.model.build's too).
 Progress = Callable[[str, float], None]
 
 

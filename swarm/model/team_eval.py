@@ -23,21 +23,30 @@ from types import SimpleNamespace
 
 import torch
 
-from swarm.model.evaluate import Loaded, LocalOpenAI, RunFolderError, initial_model, latest_checkpoint, run_workflows
+from swarm.model.evaluate import (
+    Loaded,
+    LocalOpenAI,
+    RunFolderError,
+    initial_model,
+    latest_checkpoint,
+    run_workflows,
+    score_row,
+)
 from swarm.tasks import get_task, list_tasks
 
 #: What a team plan is: per team task, {role: (its last checkpoint, the model it started from)}.
 TeamPlan = list[tuple[str, dict[str, tuple[Path, Path | None]]]]
 
 
+#: Where a team run keeps a role's folder, in the order they are looked at: one server of LoRA policies
+#: (`swarm train --shared-base`), a server's own `--out`, a team server of several roles on one base,
+#: a team server of one role.
+ROLE_FOLDERS = ("server/policies/{role}", "policies/{role}", "servers/*/policies/{role}", "servers/{role}")
+
+
 def _role_folders(path: Path, role: str) -> list[Path]:
-    """Where `role`'s folder may be, as each kind of team run lays it out."""
-    return [
-        path / "server" / "policies" / role,
-        path / "policies" / role,
-        *sorted(path.glob(f"servers/*/policies/{role}")),
-        path / "servers" / role,
-    ]
+    """The folders that hold `role` in the run folder `path`, as each kind of team run lays it out."""
+    return [folder for where in ROLE_FOLDERS for folder in sorted(path.glob(where.format(role=role)))]
 
 
 def _server_of(folder: Path) -> Path:
@@ -48,10 +57,7 @@ def _server_of(folder: Path) -> Path:
 def is_team_run(path: Path) -> bool:
     """Whether `path` is a run folder whose roles (a policy or server per role) live in `servers/` or
     `policies/` with checkpoints; a plain run, a checkpoint or a model directory is not."""
-    path = Path(path)
-    found = [*path.glob("server/policies/*/checkpoints"), *path.glob("policies/*/checkpoints")]
-    found += [*path.glob("servers/*/policies/*/checkpoints"), *path.glob("servers/*/checkpoints")]
-    return bool(found)
+    return any(next(Path(path).glob(f"{where.format(role='*')}/checkpoints"), None) for where in ROLE_FOLDERS)
 
 
 def team_checkpoints(path: Path, roles: tuple[str, ...]) -> dict[str, tuple[Path, Path | None]]:
@@ -130,23 +136,11 @@ def evaluate_team(
     torch.manual_seed(seed)
     started = time.monotonic()
     per_item = run_workflows(client, task.workflow, task.dataset(seed, n), episode=lambda: team)
-    seconds = round(time.monotonic() - started, 1)
+    seconds = time.monotonic() - started
     rows = []
     for role in task.roles:
-        rewards = [float(r[role]) for r in per_item]
-        rows.append(
-            {
-                "task": f"{task_name} ({role})",
-                "temperature": temperature,
-                "n": n,
-                "mean_reward": round(sum(rewards) / n, 4),
-                "solved": round(sum(r > 0 for r in rewards) / n, 4),
-                "calls_per_episode": round(client.calls / n, 2),
-                "seconds": seconds,
-                "role": role,
-                "model": str(models[role]),
-            }
-        )
+        row = score_row(f"{task_name} ({role})", temperature, [float(r[role]) for r in per_item], client.calls, seconds)
+        rows.append({**row, "role": role, "model": str(models[role])})
     return rows
 
 
