@@ -456,10 +456,10 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
     _require_research()
     from sqlmodel import Session, select  # lazy: with the runner
 
-    from researcher.runner import store_engine  # lazy: research extra (checked above)
     from store.models import Study, Trial  # lazy: with the runner
+    from store.schema import init_db  # lazy: the store alone; the runner's import (langgraph, ~2.5 s) is not needed
 
-    engine = store_engine()
+    engine = init_db()
     with Session(engine) as s:
         if study_id is None:
             t = Table("id", "status", "trials", "question", title="Studies")
@@ -489,10 +489,10 @@ def _known_study(study_id: int) -> None:
     """One line and exit 1 for a study the store does not have (not a KeyError traceback)."""
     from sqlmodel import Session  # lazy: with the runner
 
-    from researcher.runner import store_engine  # lazy: research extra (checked by the caller)
     from store.models import Study  # lazy: with the runner
+    from store.schema import init_db  # lazy: the store alone, not the runner
 
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         if s.get(Study, study_id) is None:
             raise fail(f"no study {study_id}", "list the studies with: researcher status")
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PG_BIN = Path(os.environ.get("ROOST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+#: The environment that starts an `mlflow server` without its job execution (see MlflowServer.launch).
+NO_MLFLOW_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def free_port() -> int:
@@ -214,7 +216,9 @@ class MlflowServer:
 
     def launch(self) -> MlflowServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+        # no job execution: MLflow 3 starts a job runner and seven huey consumers beside the server for its
+        # GenAI jobs (each importing mlflow, ~30 CPU-s in all, then polling), which nothing here submits
+        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", **NO_MLFLOW_JOBS}
         env.pop("MLFLOW_TRACKING_URI", None)
         with open(self._log, "wb") as log_file:
             self.proc = subprocess.Popen(

@@ -72,6 +72,7 @@ GROUPS = {
     "tests/integration/test_readme_commands.py": "model-build",
     "tests/integration/test_deterministic_train.py": "model-build",  # trains the embedded model: waits for its build
     "tests/frameworks/": "frameworks",  # one scripted server per session, not one per worker
+    "tests/store/": "store",  # one MLflow server per session (started early, see its conftest), not one per worker
 }
 
 

@@ -95,6 +95,9 @@ class Cluster:
         self.clients: dict[int, subprocess.Popen] = {}
         self.all: list[subprocess.Popen] = []
         self.events: Counter[str] = Counter()
+        # one client for the harness's polling (health, status several times a second for minutes): a new one
+        # per request builds a TLS context (~20 ms of CPU, for plain HTTP too), a third of the harness's CPU
+        self.http = httpx.Client()
 
     # -- processes ------------------------------------------------------------------------
     def _spawn(self, code: str, args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
@@ -114,7 +117,7 @@ class Cluster:
         while time.monotonic() - t0 < timeout_s:
             assert self.server.poll() is None, "server died at start:\n" + log.read_text()[-3000:]
             try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                if self.http.get(f"{self.url}/health", timeout=1).status_code == 200:
                     return time.monotonic() - t0
             except httpx.HTTPError:
                 pass
@@ -166,7 +169,7 @@ class Cluster:
 
     def status(self, policy: str | None = None) -> dict:
         try:
-            r = httpx.get(
+            r = self.http.get(
                 f"{self.url}/swarm/v1/status",
                 params={"policy": policy} if policy else None,
                 headers={"Authorization": f"Bearer {TOKEN}"},
@@ -179,7 +182,7 @@ class Cluster:
     def stop_server(self, timeout_s: float = 60) -> int:
         """Ask the server to stop (it writes a last checkpoint) and wait for it; returns its exit code."""
         assert self.server is not None
-        httpx.post(f"{self.url}/swarm/v1/admin/stop", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+        self.http.post(f"{self.url}/swarm/v1/admin/stop", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
         return self.server.wait(timeout_s)
 
     def stop_clients(self) -> None:
@@ -189,6 +192,7 @@ class Cluster:
                 self.kill(p)
 
     def teardown(self) -> None:
+        self.http.close()
         for p in self.all:
             if p.poll() is None:
                 try:

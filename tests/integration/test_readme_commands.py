@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -192,6 +193,7 @@ def test_readme_commands_run_as_written(tmp_path: Path) -> None:
     )
 
     commands = [c for c in readme_commands() if c.skip is None]
+    first_summary: dict = {}  # the main job's, which its repeat must leave as it was
     t_start = time.monotonic()
     for command in commands:
         text = command.text
@@ -200,15 +202,26 @@ def test_readme_commands_run_as_written(tmp_path: Path) -> None:
         if text.startswith("swarm model init"):
             assert (home / "models" / "tiny-qwen2" / "config.json").exists(), out
         elif text.startswith("swarm train --task"):
-            summary = _summary(cwd / "runs" / "train")
+            summary = first_summary = _summary(cwd / "runs" / "train")
             assert summary["status"] == "finished" and summary["steps_done"] == 3, summary
             assert (cwd / "runs" / "train" / "run.yaml").exists()
         elif text.startswith("swarm train --config runs/train/run.yaml"):
             # "The run folder": it repeats into the first free sibling, OUT-2, and says so
             assert re.search(r"repeating the run of (\S*/)?runs/train into (\S*/)?runs/train-2\b", out), out
-            repeat = _summary(cwd / "runs" / "train-2")
+            repeat, first = _summary(cwd / "runs" / "train-2"), _summary(cwd / "runs" / "train")
             assert repeat["status"] == "finished" and repeat["steps_done"] == 3, repeat
-            assert repeat["config"] == _summary(cwd / "runs" / "train")["config"]  # the same settings
+            assert repeat["config"] == first["config"]  # the same settings
+            assert first == first_summary  # the first run untouched
+            recorded, again = (
+                yaml.safe_load((cwd / "runs" / d / "run.yaml").read_text()) for d in ("train", "train-2")
+            )
+            orchestrated = {"port", "out_dir"}  # what the repeat picks afresh: a free port, its own folder
+            assert {k: v for k, v in again["server"].items() if k not in orchestrated} == {
+                k: v for k, v in recorded["server"].items() if k not in orchestrated
+            }
+            assert {k: v for k, v in again.items() if k not in ("out", "server", "ran")} == {
+                k: v for k, v in recorded.items() if k not in ("out", "server", "ran")
+            }
         elif text.startswith("swarm eval"):
             # a run folder: the last checkpoint beside the model the run started from
             assert "initial" in out and "trained" in out and "arith" in out, out

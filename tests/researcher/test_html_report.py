@@ -34,6 +34,7 @@ from researcher.planning import PlanDefaults
 from researcher.report import early_stop_savings
 from researcher.report_figures import holm_intervals
 from researcher.runner import create_study, drive, make_context
+from store.testing import NO_MLFLOW_JOBS
 
 TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
 BASE = {"lr=0": [0.20, 0.21, 0.19, 0.22]}
@@ -200,6 +201,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
             "--workers",
             "1",
         ],  # fmt: skip
+        env={**os.environ, **NO_MLFLOW_JOBS},  # the server alone, not MLflow's job runner and its consumers
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
