@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Client-only install check: a fresh virtualenv gets `pip install .` (the client:
 # httpx, openai, pydantic, typer, rich, pyyaml; no torch) and must take under 200 MB
-# and under a minute; then the client tests run there against a `swarm serve`
+# and under a minute of CPU; then the client tests run there against a `swarm serve`
 # started from the full install, and bench/client_start.py measures launch → first
 # claimed episode (under 2 s). Exit non-zero on any failure.
+#
+# The minute is the install's CPU time (pip and the build it runs), its wall time printed beside it:
+# under .ci/run this runs beside the embedded model's build and four virtualenvs' installs on two
+# cores, where the wall clock measures the neighbours (16 s alone, 47-63 s there), not the install.
 #
 #   bash .ci/client.sh            # full install: .venv-ci (made by .ci/run), else .venv
 set -euo pipefail
@@ -16,13 +20,16 @@ MAX_MB=200 MAX_S=60
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 base_mb=$(du -sm "$VENV" | cut -f1)   # python + pip + setuptools of an empty venv
-t0=$(date +%s.%N)
-"$VENV/bin/pip" install -q .
-install_s=$(python3 -c "import time; print(round(time.time() - $t0, 1))")
+read -r wall_s install_s < <(python3 -c "
+import resource, subprocess, sys, time
+t0 = time.monotonic()
+subprocess.run(['$VENV/bin/pip', 'install', '-q', '.'], check=True)
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(round(time.monotonic() - t0, 1), round(used.ru_utime + used.ru_stime, 1))")
 size_mb=$(( $(du -sm "$VENV" | cut -f1) - base_mb ))
-echo "client-only install: ${install_s}s, ${size_mb} MB over an empty venv ($(du -sm "$VENV" | cut -f1) MB in all)"
+echo "client-only install: ${install_s} s of CPU (${wall_s} s wall), ${size_mb} MB over an empty venv ($(du -sm "$VENV" | cut -f1) MB in all)"
 fail=0
-python3 -c "import sys; sys.exit(0 if $install_s < $MAX_S else 1)" || { echo "FAIL: install took ${install_s}s (limit ${MAX_S}s)"; fail=1; }
+python3 -c "import sys; sys.exit(0 if $install_s < $MAX_S else 1)" || { echo "FAIL: install took ${install_s} s of CPU (limit ${MAX_S} s)"; fail=1; }
 [ "$size_mb" -lt "$MAX_MB" ] || { echo "FAIL: install is ${size_mb} MB (limit ${MAX_MB} MB)"; fail=1; }
 if "$VENV/bin/python" -c "import torch" 2>/dev/null; then echo "FAIL: torch is installed by the client install"; fail=1; fi
 "$VENV/bin/pip" install -q pytest pytest-timeout   # test tools only, after the measurement
