@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from swarm.run_layout import role_folders
 from swarm.timeline import Call, Segment, merge, merge_stats
 
 ROLLOUTS = "rollouts.jsonl"
@@ -41,11 +42,7 @@ def rollout_log(run_dir: Path) -> Path:
     for folder in (run_dir, run_dir / "server"):
         if (folder / ROLLOUTS).is_file():
             return folder / ROLLOUTS
-    logs = sorted(
-        p.parent
-        for where in ("server/policies/*", "policies/*", "servers/*", "servers/*/policies/*")  # a team's shared server
-        for p in run_dir.glob(f"{where}/{ROLLOUTS}")
-    )
+    logs = sorted(folder for folder in role_folders(run_dir) if (folder / ROLLOUTS).is_file())
     if logs:
         raise FileNotFoundError(
             f"{run_dir} holds {len(logs)} rollout logs, one per policy or server: inspect one of "

@@ -163,8 +163,9 @@ def test_swarm_samples_is_the_ground_floor() -> None:
 SWARM_LAYERS: list[set[str]] = [
     {"swarm.samples"},  # the ground floor: calls and training samples
     {"swarm.algorithms", "swarm.timeline"},  # the pure cores
-    # built-in tasks; the wire protocol's bodies; one TLS context; the child processes a run starts
-    {"swarm.tasks", "swarm.protocol", "swarm.tls", "swarm.children"},
+    # built-in tasks; the wire protocol's bodies; one TLS context; the child processes a run starts; where a
+    # run folder keeps each policy or role (read by eval and inspect)
+    {"swarm.tasks", "swarm.protocol", "swarm.tls", "swarm.children", "swarm.run_layout"},
     {"swarm.config"},  # every settings model and the option derivation
     {"swarm.chat"},  # tool-call parsing, shared by the model package and the server
     {"swarm.engine"},  # models behind one interface

@@ -9,10 +9,8 @@ routes each call by the `model` it names, the role), against the same held-out p
 role's reward is reported beside what the team's initial models score: a run that trained both
 roles should raise both.
 
-Where a run keeps its roles (`team_checkpoints`): one server of LoRA policies (`swarm train --task
-duet --shared-base`: `server/policies/ROLE`), a team server per base (`swarm train --team`:
-`servers/NAME/policies/ROLE`, or `servers/ROLE` for a role alone on its model), or a server's own
-`--out` (`policies/ROLE`).
+Where a run keeps its roles (`team_checkpoints`): the layouts of `swarm/run_layout.py`, shared with
+`swarm inspect`.
 """
 
 from __future__ import annotations
@@ -32,32 +30,17 @@ from swarm.model.evaluate import (
     run_workflows,
     score_row,
 )
+from swarm.run_layout import role_folders, server_of
 from swarm.tasks import get_task, list_tasks
 
 #: What a team plan is: per team task, {role: (its last checkpoint, the model it started from)}.
 TeamPlan = list[tuple[str, dict[str, tuple[Path, Path | None]]]]
 
 
-#: Where a team run keeps a role's folder, in the order they are looked at: one server of LoRA policies
-#: (`swarm train --shared-base`), a server's own `--out`, a team server of several roles on one base,
-#: a team server of one role.
-ROLE_FOLDERS = ("server/policies/{role}", "policies/{role}", "servers/*/policies/{role}", "servers/{role}")
-
-
-def _role_folders(path: Path, role: str) -> list[Path]:
-    """The folders that hold `role` in the run folder `path`, as each kind of team run lays it out."""
-    return [folder for where in ROLE_FOLDERS for folder in sorted(path.glob(where.format(role=role)))]
-
-
-def _server_of(folder: Path) -> Path:
-    """The server folder that holds a role's folder (its `config.yaml` names the initial model)."""
-    return folder.parent.parent if folder.parent.name == "policies" else folder
-
-
 def is_team_run(path: Path) -> bool:
     """Whether `path` is a run folder whose roles (a policy or server per role) live in `servers/` or
     `policies/` with checkpoints; a plain run, a checkpoint or a model directory is not."""
-    return any(next(Path(path).glob(f"{where.format(role='*')}/checkpoints"), None) for where in ROLE_FOLDERS)
+    return any((folder / "checkpoints").is_dir() for folder in role_folders(path))
 
 
 def team_checkpoints(path: Path, roles: tuple[str, ...]) -> dict[str, tuple[Path, Path | None]]:
@@ -67,10 +50,10 @@ def team_checkpoints(path: Path, roles: tuple[str, ...]) -> dict[str, tuple[Path
     path = Path(path)
     got: dict[str, tuple[Path, Path | None]] = {}
     for role in roles:
-        for folder in _role_folders(path, role):
+        for folder in role_folders(path, role):
             checkpoint = latest_checkpoint(folder / "checkpoints") if (folder / "checkpoints").is_dir() else None
             if checkpoint is not None:
-                got[role] = (checkpoint, initial_model(_server_of(folder)))
+                got[role] = (checkpoint, initial_model(server_of(folder)))
                 break
     missing = [r for r in roles if r not in got]
     if missing:

@@ -1,0 +1,35 @@
+"""Where a run folder keeps each policy or role: the layouts the readers of runs walk.
+
+`swarm eval` (a team's checkpoints) and `swarm inspect` (a rollout log) both look for the folder of
+one policy or role in whatever a run left. The writers lay them out like this:
+
+    OUT/server/policies/ROLE           swarm train --shared-base (one server of LoRA policies)
+    OUT/policies/ROLE                  a server's own --out, with --policy
+    OUT/servers/A+B/policies/ROLE      swarm train --team: a server per base, several roles on it
+    OUT/servers/ROLE                   swarm train --team: a role alone on its model
+
+Pure paths (no torch): `swarm inspect` reads runs on machines without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: The layouts of a policy's (or team role's) folder under a run folder, in the order they are looked at.
+ROLE_FOLDERS = ("server/policies/{role}", "policies/{role}", "servers/*/policies/{role}", "servers/{role}")
+
+
+def role_folders(run_dir: Path, role: str = "*") -> list[Path]:
+    """The folders under `run_dir` that hold `role` (every policy or role: "*"), in ROLE_FOLDERS' order.
+
+    With "*" a team's shared server (`servers/A+B`) is listed too: the callers keep the folders that
+    hold what they look for (checkpoints, a rollout log)."""
+    return [folder for where in ROLE_FOLDERS for folder in sorted(Path(run_dir).glob(where.format(role=role)))]
+
+
+def server_of(folder: Path) -> Path:
+    """The server folder that holds a policy's folder (its `config.yaml` names the model it started from)."""
+    return folder.parent.parent if folder.parent.name == "policies" else folder
+
+
+__all__ = ["ROLE_FOLDERS", "role_folders", "server_of"]
