@@ -43,13 +43,19 @@ def eval_command(
         help="also score the model the run started from, side by side",
         show_default="on for a run folder (its last checkpoint is evaluated)",
     ),
+    each_role: bool = typer.Option(
+        False,
+        "--each-role",
+        help="a team run: also score each role trained alone, the other roles at the models they started "
+        "from (whose training moved the team)",
+    ),
 ) -> None:
     """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled.
 
     Given a `swarm train` run folder (or one of its checkpoints with --baseline), the trained
     model is scored beside the one it started from: training may sharpen sampling and dip greedy.
     A team run's folder (`--task duet --shared-base`, `--team`) is scored on its team task, each
-    role's checkpoint playing its part, a row per role.
+    role's checkpoint playing its part, a row per role; --each-role adds each role trained alone.
     """
     require_extra("server", "torch", "transformers")
     from swarm.model.evaluate import Loaded, RunFolderError, comparison_table, evaluate, run_models  # lazy: torch
@@ -64,11 +70,13 @@ def eval_command(
     try:
         team = team_plan(given, task)
         if team:  # a team run: its roles play the team task together
-            _eval_team(team, n, temperature or [0.0, 1.0], seed, baseline is not False, json_out)
+            _eval_team(team, n, temperature or [0.0, 1.0], seed, baseline is not False, each_role, json_out)
             return
         model, initial = run_models(given)
     except RunFolderError as exc:
         raise typer.BadParameter(str(exc), param_hint="--model") from None
+    if each_role:
+        raise typer.BadParameter(f"{given} is not a team run: it has no roles to score alone", param_hint="--each-role")
     if baseline is None:  # a run folder (resolved to its last checkpoint) compares by itself
         baseline = initial is not None and model != given
     if baseline and initial is None:
@@ -120,9 +128,13 @@ def _show(table: Table, results: list[dict], json_out: Path | None) -> None:
         json_out.write_text(json.dumps(results, indent=2))
 
 
-def _eval_team(plan: list, n: int, temperatures: list[float], seed: int, baseline: bool, json_out: Path | None) -> None:
+def _eval_team(
+    plan: list, n: int, temperatures: list[float], seed: int, baseline: bool, each_role: bool, json_out: Path | None
+) -> None:
     """Each team task of `plan` with the roles' trained checkpoints (and, with `baseline`, the models
-    they started from, when the run recorded them): a row per role."""
+    they started from, when the run recorded them): a row per role. With `each_role`, also each role's
+    checkpoint beside the others' initial models ("only ROLE trained"): a role's own share of the change,
+    which the whole team's rows cannot tell apart from what its partner learned."""
     from swarm.model.evaluate import Loaded, comparison_table  # lazy: torch: seconds
     from swarm.model.team_eval import evaluate_team
 
@@ -131,8 +143,17 @@ def _eval_team(plan: list, n: int, temperatures: list[float], seed: int, baselin
     for name, found in plan:
         trained = {role: checkpoint for role, (checkpoint, _) in found.items()}
         initial = {role: start for role, (_, start) in found.items()}
-        if baseline and all(initial.values()):
+        if each_role and not all(initial.values()):
+            unknown = ", ".join(role for role, start in initial.items() if start is None)
+            raise typer.BadParameter(
+                f"no initial model recorded for {unknown}: a role alone plays beside its partners' initial models",
+                param_hint="--each-role",
+            )
+        if (baseline or each_role) and all(initial.values()):
             runs += [("initial", initial, name, t) for t in temperatures]
+        if each_role:
+            alone = [(f"only {role} trained", {**initial, role: trained[role]}) for role in trained]
+            runs += [(label, models, name, t) for label, models in alone for t in temperatures]
         runs += [("trained", trained, name, t) for t in temperatures]
     compared = any(label == "initial" for label, *_ in runs)
     results = _score(runs, "team", lambda models, name, t: evaluate_team(models, name, n, t, seed=seed, loaded=loaded))

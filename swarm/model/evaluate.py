@@ -309,8 +309,9 @@ class RunFolderError(ValueError):
 def comparison_table(results: list[dict]) -> Table:
     """Mean reward per model (rows) and temperature (columns), a task per block, with the change.
 
-    `results` are `evaluate` rows carrying `model_role` ("initial" or "trained").
-    Greedy and sampled side by side, because training may raise one and lower the other.
+    `results` are `evaluate` rows carrying `model_role` ("initial" or "trained"; a team's other mixes, such
+    as "only planner trained", go between them). Greedy and sampled side by side, because training may
+    raise one and lower the other.
     """
     temps = sorted({r["temperature"] for r in results})
     episodes = sorted({r["n"] for r in results})
@@ -323,7 +324,9 @@ def comparison_table(results: list[dict]) -> Table:
         table.add_column("greedy" if t == 0 else f"sampled (T={t:g})", justify="right")
     for task in dict.fromkeys(r["task"] for r in results):
         reward = {(r["model_role"], r["temperature"]): r["mean_reward"] for r in results if r["task"] == task}
-        for role in ("initial", "trained"):
+        labels = dict.fromkeys(r["model_role"] for r in results if r["task"] == task)
+        middle = [label for label in labels if label not in ("initial", "trained")]
+        for role in ("initial", *middle, "trained"):
             table.add_row(role, task, *(f"{reward[role, t]:.3f}" if (role, t) in reward else "-" for t in temps))
         table.add_row(
             "change",

@@ -152,3 +152,35 @@ def test_swarm_eval_of_a_team_run_shows_each_role_beside_the_initial_team(models
     assert {row["model"] for row in rows if row["model_role"] == "initial"} == {str(models["initial"])}
     r = CliRunner().invoke(app, ["eval", "--model", str(run), "--task", "arith"], env={"COLUMNS": "1000"})
     assert r.exit_code == 2 and "score a role alone with --model" in r.output, r.output
+
+
+def test_each_role_scores_a_role_trained_beside_its_partners_initial_models(models, tmp_path: Path) -> None:
+    """`--each-role`: "only planner trained" is the planner's checkpoint with the executor's initial model (and
+    back), scored as evaluate_team scores that mix; between the initial and the trained team in the table."""
+    from swarm.cli import app
+
+    run = tmp_path / "run"
+    _config(run / "server", models["initial"])
+    checkpoints = {role: _checkpoint(run / "server" / "policies" / role, models["trained"]) for role in ROLES}
+    out = tmp_path / "eval.json"
+    args = ["eval", "--model", str(run), "--n", "3", "-t", "0", "--each-role", "--json", str(out)]
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())
+    labels = ["initial", "only planner trained", "only executor trained", "trained"]
+    assert [row["model_role"] for row in rows if row["role"] == "planner"] == labels
+    for row in rows:
+        trained_here = row["model_role"] in ("trained", f"only {row['role']} trained")
+        assert row["model"] == str(checkpoints[row["role"]] if trained_here else models["initial"]), row
+    mix = {"planner": checkpoints["planner"], "executor": models["initial"]}
+    direct = evaluate_team(mix, "duet", n=3, temperature=0.0)
+    got = [row for row in rows if row["model_role"] == "only planner trained"]
+    assert [row["mean_reward"] for row in got] == [row["mean_reward"] for row in direct]
+    cells = [line.split("│")[1].strip() for line in r.output.splitlines() if line.count("│") > 2]
+    assert cells[:5] == [*labels, "change"], r.output  # the planner's block
+
+    plain = tmp_path / "plain"  # a one-model run has no roles to score alone
+    _config(plain / "server", models["initial"])
+    _checkpoint(plain / "server", models["trained"])
+    r = CliRunner().invoke(app, ["eval", "--model", str(plain), "--each-role"], env={"COLUMNS": "1000"})
+    assert r.exit_code == 2 and "is not a team run" in r.output, r.output
