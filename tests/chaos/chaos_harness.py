@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -26,6 +27,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -263,6 +265,46 @@ def check_trained_once(rows: dict[str, tuple], steps: dict[int, dict]) -> int:
         f"steps count {sum(s['episodes'] for s in steps.values())} episodes, the buffer {len(trained)} trained rows"
     )
     return len(trained)
+
+
+MARKER = re.compile(r"\[pid=(\d+) epoch=(\d+) ep=([0-9a-f]+)\]")
+
+
+def check_fencing(out: Path, rows: dict[str, tuple], acks: dict[str, dict], tokenizer: Any) -> tuple[int, int, int]:
+    """Every marker in a trained episode's tokens is its finishing holder's (chaos_agent.py writes `[pid=P
+    epoch=E ep=ID]` into each call): no token of a fenced holder (a stale epoch, another episode) was
+    trained. Returns (markers checked, trained rows read from rollouts.jsonl, trained rows not verifiable).
+
+    A checkpoint compacts the buffer rows it holds (their token ids go), so those are read from the
+    rollout log; a kill -9 between the buffer's commit and the log's append leaves a trained row with
+    neither: the caller bounds how many (the finishes in flight at its server kills)."""
+    calls: dict[str, list[list[int]]] = {}
+    for line in (out / "rollouts.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        calls[rec["episode_id"]] = [c["prompt_ids"] + c["completion_ids"] for c in rec["calls"]]
+    markers = compacted = unverified = 0
+    for eid, (state, _, epoch, payload) in rows.items():
+        if state != "trained":
+            continue
+        stored = json.loads(payload)
+        if "samples" in stored:
+            token_lists = [sample["input_ids"] for sample in stored["samples"]]
+        elif eid in calls:
+            compacted += 1
+            token_lists = calls[eid]
+        else:
+            unverified += 1
+            continue
+        seen: set[tuple[str, str, str]] = set()
+        for ids in token_lists:
+            seen |= set(MARKER.findall(tokenizer.decode(ids)))
+        assert seen, f"trained episode {eid} carries no marker"
+        for pid, ep_epoch, ep_id in seen:
+            assert ep_id == eid and int(ep_epoch) == epoch, f"fenced call in {eid}: {seen}"
+            if eid in acks:
+                assert int(pid) == acks[eid]["pid"]
+        markers += len(seen)
+    return markers, compacted, unverified
 
 
 def rss_kb(pid: int) -> int | None:

@@ -49,6 +49,7 @@ from chaos_harness import (
     Cluster,
     buffer_rows,
     check_acknowledged,
+    check_fencing,
     check_trained_once,
     count_5xx,
     metric_rows,
@@ -231,6 +232,9 @@ def test_soak(tmp_path: Path, model_dir: Path, request: pytest.FixtureRequest) -
     acked = check_acknowledged(acks, rows)
     steps = surviving_steps(metric_rows(soak.out), int(state["step"]))
     trained_rows = check_trained_once(rows, steps)
+    from transformers import AutoTokenizer  # lazy: only once the run is over
+
+    markers, compacted, unverified = check_fencing(soak.out, rows, acks, AutoTokenizer.from_pretrained(model_dir))
     longest, after_restart = step_gaps([r["time"] for r in metric_rows(soak.out)], run)
     fivexx = count_5xx(soak.server_logs)
     t20, rss20 = rss_at(run, 0.2, seconds)
@@ -245,6 +249,9 @@ def test_soak(tmp_path: Path, model_dir: Path, request: pytest.FixtureRequest) -
         "acked_dropped_stale": acked["dropped_stale"],
         "acked_buffered_at_end": acked["buffered"],
         "trained_rows": trained_rows,
+        "markers_checked": markers,
+        "trained_rows_compacted": compacted,
+        "trained_rows_unverified": unverified,
         "steps": int(state["step"]),
         "buffer_rows": len(rows),
         "row_states": dict(Counter(r[0] for r in rows.values())),
@@ -286,6 +293,10 @@ def test_soak(tmp_path: Path, model_dir: Path, request: pytest.FixtureRequest) -
     assert len(acks) > 0 and acked["trained"] > 0
     if "replay_staleness" in config and config["replay_staleness"] is None:  # the server replays them all
         assert acked["dropped_stale"] == 0, f"acknowledged episodes dropped as stale: {report}"
+    # fencing: no token of a fenced holder trained; checkpoints compacted the buffer, across the kill too; only
+    # finishes in flight at the one server kill can lack their rollout-log line
+    assert markers > 0 and compacted > 0, report
+    assert unverified <= len(soak.seeds) * PER_PROCESS, f"{unverified} trained rows have no rollouts.jsonl line"
     assert fivexx == 0, "5xx answered: " + "".join(log.read_text()[-2000:] for log in soak.server_logs)
     assert longest <= STALL_BOUND_S + MARGIN_S, f"a step stalled {longest:.1f}s: {report}"
     assert after_restart is not None and after_restart <= STALL_BOUND_S + MARGIN_S, report

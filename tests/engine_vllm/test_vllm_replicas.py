@@ -248,18 +248,20 @@ def test_a_killed_replica_restarts_while_the_other_serves_and_training_goes_on(e
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_swarm_train_with_two_vllm_replicas(vllm_python, tmp_path):
-    """The flag end to end: the CLI, the server (episode ids as affinity), two vLLM processes, two steps.
+def test_swarm_train_vllm_full_weights_end_to_end(vllm_python, tmp_path):
+    """`swarm train --engine vllm`'s full-weight path end to end: the CLI, the server, its vLLM, two steps,
+    each step's weights served before the next step's generation, no vLLM left behind.
 
-    Also `swarm train --engine vllm`'s full-weight path end to end (each step's weights served
-    before the next step's generation; no vLLM left behind); the single-replica CLI path with adapters runs in
-    test_vllm_policies.py's `swarm train --shared-base --engine vllm`."""
+    One replica: `--vllm-replicas 2` end to end (both replicas take requests, both vLLMs gone after) is
+    test_vllm_policies.py's `swarm train --shared-base --engine vllm --vllm-replicas 2`, and full weights
+    reaching both replicas is this module's `engine` fixture's, in process. A second vLLM here (~17 CPU-s
+    to start, and a sync to it every step) checked nothing those do not."""
     from swarm.model.build import build_untrained
 
     model = build_untrained(tmp_path / "model", seed=0)
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "swarm", "train", "--engine", "vllm", "--vllm-python", str(vllm_python)]
-    cmd += ["--vllm-replicas", "2", "--vllm-max-model-len", "512", "--task", "arith", "--model", str(model)]
+    cmd += ["--vllm-max-model-len", "512", "--task", "arith", "--model", str(model)]
     cmd += ["--steps", "2", "--group-size", "2", "--batch-groups", "2", "--concurrency", "4"]
     cmd += ["--no-mlflow", "--out", str(out)]
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
@@ -269,11 +271,10 @@ def test_swarm_train_with_two_vllm_replicas(vllm_python, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / summary["metrics"]).read_text().splitlines()]
     assert [row["vllm_served_version"] for row in rows] == [1.0, 2.0]
-    assert all(row["vllm_sync_failed"] == 0 and row["vllm_replicas_up"] == 2 for row in rows)
-    assert rows[-1]["vllm_requests_r0"] > 0 and rows[-1]["vllm_requests_r1"] > 0
-    # the vLLM processes the swarm server started are gone with it
+    assert all(row["vllm_sync_failed"] == 0 for row in rows)
+    # the vLLM process the swarm server started is gone with it
     pids = [int(p) for p in re.findall(r"vLLM pid (\d+) healthy", log)]
-    assert len(set(pids)) >= 2, log[-3000:]
+    assert len(set(pids)) == 1, log[-3000:]
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
