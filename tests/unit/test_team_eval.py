@@ -179,6 +179,12 @@ def test_each_role_scores_a_role_trained_beside_its_partners_initial_models(mode
     cells = [line.split("│")[1].strip() for line in r.output.splitlines() if line.count("│") > 2]
     assert cells[:5] == [*labels, "change"], r.output  # the planner's block
 
+    unrecorded = tmp_path / "unrecorded"  # no config.yaml: the models the roles started from are unknown
+    for role in ROLES:
+        _checkpoint(unrecorded / "server" / "policies" / role, None)
+    r = CliRunner().invoke(app, ["eval", "--model", str(unrecorded), "--each-role"], env={"COLUMNS": "1000"})
+    assert r.exit_code == 2 and "no initial model recorded for planner, executor" in r.output, r.output
+
     plain = tmp_path / "plain"  # a one-model run has no roles to score alone
     _config(plain / "server", models["initial"])
     _checkpoint(plain / "server", models["trained"])
