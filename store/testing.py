@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PG_BIN = Path(os.environ.get("ROOST_PG_BIN", "/usr/lib/postgresql/15/bin"))
-#: The environment that starts an `mlflow server` without its job execution (see MlflowServer.launch).
-NO_MLFLOW_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def free_port() -> int:
@@ -203,12 +201,13 @@ def _healthy(url: str) -> bool:
 
 
 class MlflowServer:
-    """`python -m mlflow server` on a free loopback port: SQLite backend and proxied
-    artifacts under `workdir`. `launch()` returns at once (the server needs 15-20 s
-    to answer), so a test session can start it early and `wait()` when needed."""
+    """`python -m mlflow server` on a free loopback port: SQLite backend (or `backend_uri`, a store
+    others write to) and proxied artifacts under `workdir`. `launch()` returns at once (the server
+    needs 15-20 s to answer), so a test can start it early and `wait()` when needed."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, backend_uri: str | None = None) -> None:
         self.workdir = Path(workdir).absolute()
+        self.backend_uri = backend_uri or f"sqlite:///{self.workdir / 'server.db'}"
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -218,7 +217,12 @@ class MlflowServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # no job execution: MLflow 3 starts a job runner and seven huey consumers beside the server for its
         # GenAI jobs (each importing mlflow, ~30 CPU-s in all, then polling), which nothing here submits
-        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", **NO_MLFLOW_JOBS}
+        env = {
+            **os.environ,
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "DO_NOT_TRACK": "true",
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        }
         env.pop("MLFLOW_TRACKING_URI", None)
         with open(self._log, "wb") as log_file:
             self.proc = subprocess.Popen(
@@ -234,7 +238,7 @@ class MlflowServer:
                     "--workers",
                     "1",
                     "--backend-store-uri",
-                    f"sqlite:///{self.workdir / 'server.db'}",
+                    self.backend_uri,
                     "--artifacts-destination",
                     str(self.workdir / "artifacts"),
                 ],

@@ -10,12 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +29,7 @@ from researcher.planning import PlanDefaults
 from researcher.report import early_stop_savings
 from researcher.report_figures import holm_intervals
 from researcher.runner import create_study, drive, make_context
-from store.testing import NO_MLFLOW_JOBS
+from store.testing import MlflowServer
 
 TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
 BASE = {"lr=0": [0.20, 0.21, 0.19, 0.22]}
@@ -175,62 +170,15 @@ def _chromium() -> str:
     pytest.skip("chromium is not installed (apt-get install chromium); CI sets ROOST_REQUIRE_CHROMIUM=1")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    """`mlflow server` on the tests' tracking store, on loopback; its process group killed by id after."""
-    port = _free_port()
-    log = open(tmp_path / "mlflow-server.log", "w")  # noqa: SIM115 (closed below, after the process)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            os.environ["MLFLOW_TRACKING_URI"],
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],  # fmt: skip
-        env={**os.environ, **NO_MLFLOW_JOBS},  # the server alone, not MLflow's job runner and its consumers
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
+    """`mlflow server` on the tests' tracking store, on loopback, launched now (the test waits for it once
+    the study has run); its process group killed by id after."""
+    server = MlflowServer(tmp_path / "mlflow-server", backend_uri=os.environ["MLFLOW_TRACKING_URI"]).launch()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server
     finally:
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(wait)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        log.close()
-
-
-def _wait_up(url: str, timeout: float = 40) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"mlflow server at {url} did not answer in {timeout} s")
+        server.stop()
 
 
 def _dom(chromium: str, url: str, profile: Path) -> str:
@@ -285,8 +233,8 @@ def test_report_and_mlflow_run_page_in_headless_chromium(fake_program, mlflow_se
         assert re.search(rf'<svg id="{fig}" role="img" aria-label="[^"]+"', dom), fig
     assert "Holm-adjusted" in dom and 'id="plan"' in dom and "Why this round:" in dom
 
-    _wait_up(mlflow_server)
-    page = f"{mlflow_server}/{tracking.ui_route(study.mlflow_experiment_id, study.mlflow_run_id)}"
+    uri = mlflow_server.wait(timeout_s=40)
+    page = f"{uri}/{tracking.ui_route(study.mlflow_experiment_id, study.mlflow_run_id)}"
     dom = _dom(chromium, page, tmp_path / "profile-mlflow")
     assert study.name in dom or "Overview" in dom, dom[:2000]
     first = dom.find(">reward_mean/lr_0<")
