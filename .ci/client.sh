@@ -21,7 +21,7 @@ rm -rf "$VENV"
 python3 -m venv "$VENV"
 base_mb=$(du -sm "$VENV" | cut -f1)   # python + pip + setuptools of an empty venv
 read -r wall_s install_s < <(python3 -c "
-import resource, subprocess, sys, time
+import resource, subprocess, time
 t0 = time.monotonic()
 subprocess.run(['$VENV/bin/pip', 'install', '-q', '.'], check=True)
 used = resource.getrusage(resource.RUSAGE_CHILDREN)
