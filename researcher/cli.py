@@ -287,8 +287,9 @@ def study(
     from researcher.llm import llm_settings  # lazy: research extra (checked above)
     from researcher.llm_planner import LLMPlanner  # lazy: research extra (checked above)
     from researcher.report import planner_description  # lazy: research extra (checked above)
-    from researcher.runner import create_study, load_config, store_engine  # lazy: research extra (checked above)
+    from researcher.runner import create_study, load_config  # lazy: research extra (checked above)
     from scheduler.manager import default_backends  # lazy: the store's SQLAlchemy models, on use only
+    from store.schema import init_db
 
     chosen = planner or ("llm" if llm_settings() else "rules")
     if chosen not in ("llm", "rules"):
@@ -373,7 +374,7 @@ def study(
         console.print("[dim]checking the embedded model (built once, takes a few minutes)…[/]")
         cfg.model_dir = str(init_model(default_model_dir()))
     sid = create_study(cfg)
-    study_dir = load_config(store_engine(), sid).study_dir  # chosen by create_study (ROOST_HOME/studies/study-N)
+    study_dir = load_config(init_db(), sid).study_dir  # chosen by create_study (ROOST_HOME/studies/study-N)
     console.print(
         f"[bold]Study {sid}[/] (planner: {escape(planner_description(cfg))}; {cfg.backend} backend): {study_dir}"
     )

@@ -48,10 +48,6 @@ log = logging.getLogger(__name__)
 RECURSION_LIMIT = 500
 
 
-def store_engine(url: str | None = None) -> Engine:
-    return init_db(url)
-
-
 # ---------------------------------------------------------------- checkpointer
 
 
@@ -90,7 +86,7 @@ def _slug(text: str) -> str:
 
 def create_study(cfg: StudyConfig, engine: Any = None) -> int:
     """The Study row (config stored), its directory and its MLflow parent run."""
-    engine = engine or store_engine()
+    engine = engine or init_db()
     with Session(engine, expire_on_commit=False) as s:
         row = Study(
             name=f"{_slug(cfg.topic)}-{os.urandom(3).hex()}",
@@ -149,7 +145,7 @@ def make_planner(cfg: StudyConfig) -> Any:
 def make_context(
     study_id: int, engine: Engine | None = None, manager: JobManager | None = None, planner: Any = None
 ) -> StudyContext:
-    engine = engine or store_engine()
+    engine = engine or init_db()
     cfg = load_config(engine, study_id)
     manager = manager or JobManager(StoreSink(engine=engine))
     launcher = TrialLauncher(engine, manager, cfg, study_id)
@@ -290,7 +286,7 @@ def stop_study(study_id: int, engine: Any = None, reason: str = "stopped by the 
 
 
 def active_studies(engine: Any = None) -> list[int]:
-    engine = engine or store_engine()
+    engine = engine or init_db()
     with Session(engine) as s:
         rows = s.exec(select(Study).where(Study.status == StudyStatus.ACTIVE.value)).all()
         return [r.id for r in rows if r.id is not None]

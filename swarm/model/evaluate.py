@@ -35,6 +35,7 @@ from transformers import AutoTokenizer
 from store.paths import default_model_dir
 from swarm.chat.tool_parsers import get_parser, parse
 from swarm.model.adapter import load_causal_lm, tokenizer_dir
+from swarm.run_layout import server_of
 from swarm.tasks import get_task
 
 CHECKPOINT_STATE = "server_state.json"  # what marks a server checkpoint (swarm/server/checkpoint.py)
@@ -293,12 +294,9 @@ def run_models(path: Path) -> tuple[Path, Path | None]:
     if (path / "checkpoints").is_dir() and path.parent.name == "policies":  # OUT/server/policies/NAME
         checkpoint = latest_checkpoint(path / "checkpoints")
         if checkpoint is not None:
-            return checkpoint, initial_model(path.parent.parent)
+            return checkpoint, initial_model(server_of(path))
     if (path / CHECKPOINT_STATE).is_file():  # OUT/server/checkpoints/step_N (or latest), or a policy's
-        server_dir = path.parent.parent
-        if server_dir.parent.name == "policies":
-            server_dir = server_dir.parent.parent
-        return path, initial_model(server_dir)
+        return path, initial_model(server_of(path.parent.parent))
     return path, None
 
 

@@ -19,8 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+from http_wait import wait_answering  # tests/kit, on sys.path
 
 from swarm.client import SwarmClient
 
@@ -43,14 +43,12 @@ def _serve(args: list[str], log: Path, url: str) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
-    deadline = time.monotonic() + 90
-    while True:
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    try:
+        wait_answering(f"{url}/health", proc, log)
+    except RuntimeError:
+        _kill(proc)
+        raise
+    return proc
 
 
 def _kill(proc: subprocess.Popen) -> None:

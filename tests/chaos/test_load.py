@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from http_wait import wait_answering  # tests/kit, on sys.path
 
 from swarm.client import SwarmClient
 
@@ -66,14 +67,7 @@ def test_64_concurrent_clients(tmp_path: Path, model_dir: Path) -> None:
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_answering(f"{url}/health", server, log)
         # 64 slots per window (8 tasks x 8): every client holds an episode at the same time
         barrier = threading.Barrier(CLIENTS)
         errors: list[str] = []

@@ -11,8 +11,9 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from http_wait import wait_answering  # tests/kit, on sys.path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,16 +40,4 @@ def free_port() -> int:
 def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 180.0) -> None:
     """Return once the server `proc` answers `/api/v1/healthz`; RuntimeError with its log's tail if it
     exits or does not answer within `timeout` seconds."""
-    import httpx  # lazy: the SDK's own dependency, in these venvs
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"swarm serve exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"swarm serve did not start:\n{log.read_text()[-3000:]}")
+    wait_answering(f"{url}/api/v1/healthz", proc, log, timeout, every=0.2)

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 import researcher.llm as llm
 from researcher.cli import app
-from researcher.runner import store_engine
 from store.models import Job, Study, Trial
+from store.schema import init_db
 
 TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
 runner = CliRunner()
@@ -50,7 +50,7 @@ def test_study_status_report_and_stop(fake_program, monkeypatch):
     assert res.exit_code == 0 and "# Study 1" in res.output
     res = runner.invoke(app, ["stop", "1"])
     assert res.exit_code == 0, res.output
-    engine = store_engine()
+    engine = init_db()
     with Session(engine) as s:
         assert s.get(Study, 1).status == "CANCELLED"
         assert {t.status for t in s.exec(select(Trial)).all()} == {"CANCELLED"}
@@ -74,7 +74,7 @@ def test_shared_base_runs_a_rounds_trials_at_once_unless_parallel_says_otherwise
     program = ["--trial-program", " ".join(fake_program)]
     res = runner.invoke(app, ["study", TOPIC, "--shared-base", "--background", "--steps", "5", *program, *extra])
     assert res.exit_code == 0, res.output
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         (study,) = s.exec(select(Study)).all()
     assert study.config["shared_base"] is True and study.config["parallel"] == parallel
     runner.invoke(app, ["stop", str(study.id)])
@@ -142,7 +142,7 @@ def _llm_env(monkeypatch) -> None:
 
 
 def _studies() -> list[Study]:
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         return list(s.exec(select(Study)).all())
 
 

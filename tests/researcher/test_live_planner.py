@@ -24,8 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
-import httpx
 import pytest
+from http_wait import wait_answering  # tests/kit, on sys.path
 from sqlmodel import Session, select
 
 import researcher.llm as llm
@@ -35,9 +35,10 @@ from researcher.experiment import Frame
 from researcher.llm import CallPolicy, make_chat_model
 from researcher.llm_planner import LLMPlanner
 from researcher.planning import PlanDefaults
-from researcher.runner import create_study, drive, make_context, store_engine
+from researcher.runner import create_study, drive, make_context
 from researcher.trials import read_summary, trial_dir
 from store.models import Hypothesis, Study, Trial
+from store.schema import init_db
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRE = os.environ.get("ROOST_REQUIRE_VLLM") == "1"
@@ -103,18 +104,11 @@ class VLLMServer:
         ]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.kill()
-        raise TimeoutError(f"vLLM not healthy in {timeout:.0f} s:\n{self.log.read_text()[-3000:]}")
+        try:
+            wait_answering(f"http://127.0.0.1:{self.port}/health", self.proc, self.log, timeout, every=1.0)
+        except RuntimeError:
+            self.kill()
+            raise
 
     def kill(self) -> None:
         """SIGKILL the server's process group (its engine core too), as a crash would."""
@@ -184,7 +178,7 @@ def _planner(server: VLLMServer, max_tokens: int = 2048, **kw: object) -> LLMPla
 
 
 def _all_done(sid: int) -> bool:
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         trials = s.exec(select(Trial).where(Trial.study_id == sid)).all()
     return bool(trials) and all(t.status in ("COMPLETED", "FAILED", "CANCELLED") for t in trials)
 
@@ -240,7 +234,7 @@ def test_a_study_planned_by_vllm_survives_the_server_dying(live: VLLMServer, mon
     if live.proc is None:  # the study ended before it needed the server again: bring it back for others
         live.start()
     assert step.state == "done", step
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         study = s.get(Study, sid)
         trials = s.exec(select(Trial).where(Trial.study_id == sid)).all()
         hyps = s.exec(select(Hypothesis).where(Hypothesis.study_id == sid)).all()
@@ -274,7 +268,7 @@ def test_answers_failing_validation_end_the_study_with_a_clear_error(
     planner = _planner(live, max_tokens=128, retries=2)  # rambling answers are cut off: invalid too
     step = drive(sid, ctx=make_context(sid, planner=planner), poll_s=0.5)
     assert step.state == "done"
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         study = s.get(Study, sid)
         trials = s.exec(select(Trial).where(Trial.study_id == sid)).all()
         hyps = s.exec(select(Hypothesis).where(Hypothesis.study_id == sid)).all()

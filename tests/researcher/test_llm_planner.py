@@ -33,8 +33,9 @@ from researcher.llm_planner import (
     plannable_knobs,
 )
 from researcher.planning import BudgetTooSmall, PlanDefaults
-from researcher.runner import create_study, drive, make_context, store_engine
+from researcher.runner import create_study, drive, make_context
 from store.models import Hypothesis, Study, Trial
+from store.schema import init_db
 
 FRAME = {
     "question": "Does lr matter on arith?",
@@ -158,7 +159,7 @@ def test_llm_study_end_to_end(fake_program):
         sid = create_study(cfg)
         step = drive(sid, poll_s=0.2)
     assert step.state == "done"
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         study = s.get(Study, sid)
         trials = s.exec(select(Trial)).all()
         hyps = s.exec(select(Hypothesis).order_by(Hypothesis.id)).all()
@@ -183,7 +184,7 @@ def test_no_follow_up_or_design_is_asked_for_that_the_trials_left_cannot_run(fak
         sid = create_study(cfg)
         step = drive(sid, poll_s=0.2)
     assert step.state == "done"
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         study = s.get(Study, sid)
         trials = s.exec(select(Trial)).all()
     assert study.status == "COMPLETED" and len(trials) == 6

@@ -26,11 +26,11 @@ from researcher.runner import (
     create_study,
     drive,
     make_context,
-    store_engine,
 )
 from scheduler.manager import JobManager
 from scheduler.records import StoreSink
 from store.models import Job, Study, Trial
+from store.schema import init_db
 
 TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
 
@@ -92,7 +92,7 @@ def test_crash_between_submit_and_record_is_adopted_not_resubmitted(fake_program
     cfg = StudyConfig(topic=TOPIC, trial_program=fake_program, defaults=PlanDefaults(steps=5), approve=True, poll_s=0.2)
     sid = create_study(cfg)
     assert drive(sid, poll_s=0.2).state == "approval"  # trials exist, nothing launched
-    engine = store_engine()
+    engine = init_db()
     with Session(engine) as s:
         tid = s.exec(select(Trial).order_by(Trial.id)).first().id
     crashing = make_context(sid, manager=JobManager(CrashAfterSubmit(engine=engine)))
@@ -121,7 +121,7 @@ def test_intent_without_a_job_is_submitted_once(fake_program):
     cfg = StudyConfig(topic=TOPIC, trial_program=fake_program, defaults=PlanDefaults(steps=5), approve=True)
     sid = create_study(cfg)
     drive(sid, poll_s=0.2)
-    engine = store_engine()
+    engine = init_db()
 
     class CrashBeforeBackend(StoreSink):
         def create(self, **kw):
@@ -159,7 +159,7 @@ def _log() -> str:
 def test_kill_9_mid_study_then_resume(fake_program, tmp_path):
     env = {**os.environ, "FAKE_TRIAL_SLEEP": "3", "ROOST_TRIAL_PROGRAM": " ".join(fake_program)}
     proc = _researcher("study", TOPIC, "--steps", "5", "--poll", "0.3", env=env)
-    engine = store_engine()
+    engine = init_db()
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -226,7 +226,7 @@ def test_daemon_killed_mid_study_then_restarted(fake_program):
         env={"FAKE_TRIAL_SLEEP": "2"},
     )
     assert res.exit_code == 0, res.output
-    engine = store_engine()
+    engine = init_db()
 
     def trials(status: str) -> int:
         with Session(engine) as s:

@@ -14,8 +14,9 @@ from researcher.config import StudyConfig
 from researcher.experiment import Arm, Design
 from researcher.graph import check_program
 from researcher.planning import PlanDefaults
-from researcher.runner import create_study, drive, make_context, store_engine
+from researcher.runner import create_study, drive, make_context
 from store.models import Job, Trial
+from store.schema import init_db
 from swarm.model.build import build_untrained
 
 TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
@@ -57,7 +58,7 @@ def test_shared_base_study_runs_every_trial_as_a_policy_of_one_server(tmp_path: 
     step = drive(sid, poll_s=0.5)
     assert step.state == "done"
     cfg = make_context(sid).cfg
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         trials = list(s.exec(select(Trial).where(Trial.study_id == sid)).all())
         jobs = list(s.exec(select(Job)).all())
     assert len(trials) == 6

@@ -11,8 +11,9 @@ from sqlmodel import Session, select
 
 from researcher.config import Adaptive, Budget, StudyConfig
 from researcher.planning import PlanDefaults
-from researcher.runner import create_study, drive, make_context, store_engine
+from researcher.runner import create_study, drive, make_context
 from store.models import Hypothesis, Job, Study, Trial
+from store.schema import init_db
 
 TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
 
@@ -22,7 +23,7 @@ def config(program: list[str], **kw) -> StudyConfig:
 
 
 def rows(model, **where):
-    with Session(store_engine()) as s:
+    with Session(init_db()) as s:
         stmt = select(model)
         for k, v in where.items():
             stmt = stmt.where(getattr(model, k) == v)
