@@ -47,7 +47,8 @@ def eval_command(
         False,
         "--each-role",
         help="a team run: also score each role trained alone, the other roles at the models they started "
-        "from (whose training moved the team)",
+        "from, and with three roles or more each role left initial beside the others trained (whose training "
+        "moved the team)",
     ),
 ) -> None:
     """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled.
@@ -133,10 +134,11 @@ def _eval_team(
 ) -> None:
     """Each team task of `plan` with the roles' trained checkpoints (and, with `baseline`, the models
     they started from, when the run recorded them): a row per role. With `each_role`, also each role's
-    checkpoint beside the others' initial models ("only ROLE trained"): a role's own share of the change,
-    which the whole team's rows cannot tell apart from what its partner learned."""
+    checkpoint beside the others' initial models ("only ROLE trained"; in a team of three roles or more also
+    "all but ROLE trained"): a role's own share of the change, which the whole team's rows cannot tell apart
+    from what its partners learned (`team_mixes`)."""
     from swarm.model.evaluate import Loaded, comparison_table  # lazy: torch: seconds
-    from swarm.model.team_eval import evaluate_team
+    from swarm.model.team_eval import evaluate_team, team_mixes
 
     loaded = Loaded()
     runs = []
@@ -149,12 +151,9 @@ def _eval_team(
                 f"no initial model recorded for {unknown}: a role alone plays beside its partners' initial models",
                 param_hint="--each-role",
             )
-        if (baseline or each_role) and all(initial.values()):
-            runs += [("initial", initial, name, t) for t in temperatures]
-        if each_role:
-            alone = [(f"only {role} trained", {**initial, role: trained[role]}) for role in trained]
-            runs += [(label, models, name, t) for label, models in alone for t in temperatures]
-        runs += [("trained", trained, name, t) for t in temperatures]
+        compare = (baseline or each_role) and all(initial.values())
+        mixes = team_mixes(trained, initial if compare else {}, each_role)
+        runs += [(label, models, name, t) for label, models in mixes for t in temperatures]
     compared = any(label == "initial" for label, *_ in runs)
     results = _score(runs, "team", lambda models, name, t: evaluate_team(models, name, n, t, seed=seed, loaded=loaded))
     for name, found in plan:

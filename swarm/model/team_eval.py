@@ -92,6 +92,27 @@ def team_plan(path: Path, tasks: list[str] | None) -> TeamPlan | None:
     return plan or None
 
 
+def team_mixes(
+    trained: dict[str, Path], initial: dict[str, Path], each_role: bool
+) -> list[tuple[str, dict[str, Path]]]:
+    """The teams to score, labelled, in the table's order: the initial team, then with `each_role` every
+    role trained beside its partners' initial models ("only ROLE trained") and, in a team of three roles or
+    more, every role left initial beside its trained partners ("all but ROLE trained"), then the trained team.
+
+    Two views of one role's share: what its training alone gives the team, and what the team loses without
+    it. With two roles they are the same teams ("all but planner" is "only executor"), so only the first is
+    listed. `initial` is empty where the run recorded no initial models: the trained team alone."""
+    mixes: list[tuple[str, dict[str, Path]]] = []
+    if initial:
+        mixes.append(("initial", dict(initial)))
+        if each_role:
+            mixes += [(f"only {role} trained", {**initial, role: trained[role]}) for role in trained]
+            if len(trained) > 2:
+                mixes += [(f"all but {role} trained", {**trained, role: initial[role]}) for role in trained]
+    mixes.append(("trained", dict(trained)))
+    return mixes
+
+
 def checkpoint_owner(checkpoint: Path) -> Path:
     """The role's folder that holds `checkpoint` (`.../ROLE/checkpoints/step_N` -> `.../ROLE`)."""
     return checkpoint.parent.parent
@@ -127,4 +148,12 @@ def evaluate_team(
     return rows
 
 
-__all__ = ["TeamPlan", "checkpoint_owner", "evaluate_team", "is_team_run", "team_checkpoints", "team_plan"]
+__all__ = [
+    "TeamPlan",
+    "checkpoint_owner",
+    "evaluate_team",
+    "is_team_run",
+    "team_checkpoints",
+    "team_mixes",
+    "team_plan",
+]

@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -54,7 +55,9 @@ def test_a_nonsense_answer_is_asked_again_then_refused_with_what_it_said() -> No
 
 
 def test_a_failed_call_is_retried_and_a_fallback_is_explicit() -> None:
-    client = Scripted(openai.APITimeoutError(request=None), '{"scores": [0.25, 0.75, 0.5]}')  # type: ignore[arg-type]
+    # the request a timed-out call carries (openai 3.x reads its headers when the error is made: None fails)
+    timed_out = openai.APITimeoutError(request=httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions"))
+    client = Scripted(timed_out, '{"scores": [0.25, 0.75, 0.5]}')
     assert Judge(rubric="r", model="j", client=client, retries=1).group(GROUP) == [0.25, 0.75, 0.5]
     down = Scripted(*[ConnectionError("refused")] * 3)
     assert Judge(rubric="r", model="j", client=down, retries=2, fallback=0.5).group(GROUP) == [0.5] * 3

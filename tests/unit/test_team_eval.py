@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from swarm.model.build import build_untrained
 from swarm.model.evaluate import LocalOpenAI, RunFolderError, evaluate
-from swarm.model.team_eval import evaluate_team, team_checkpoints, team_plan
+from swarm.model.team_eval import evaluate_team, team_checkpoints, team_mixes, team_plan
 
 ROLES = ("planner", "executor")
 
@@ -190,3 +190,25 @@ def test_each_role_scores_a_role_trained_beside_its_partners_initial_models(mode
     _checkpoint(plain / "server", models["trained"])
     r = CliRunner().invoke(app, ["eval", "--model", str(plain), "--each-role"], env={"COLUMNS": "1000"})
     assert r.exit_code == 2 and "is not a team run" in r.output, r.output
+
+
+def test_team_mixes_give_each_roles_share_both_ways_once() -> None:
+    """Two roles: the initial team, each role trained alone, the trained team ("all but planner" would be
+    "only executor" again). Three roles: also each role left initial beside its trained partners. No
+    recorded initial models: the trained team alone, whatever was asked."""
+    trained = {role: Path(f"/t/{role}") for role in ("a", "b", "c")}
+    initial = {role: Path(f"/i/{role}") for role in ("a", "b", "c")}
+    two = team_mixes({r: trained[r] for r in "ab"}, {r: initial[r] for r in "ab"}, each_role=True)
+    assert [label for label, _ in two] == ["initial", "only a trained", "only b trained", "trained"]
+    assert dict(two)["only a trained"] == {"a": trained["a"], "b": initial["b"]}
+    three = dict(team_mixes(trained, initial, each_role=True))
+    assert list(three) == [
+        "initial",
+        *(f"only {r} trained" for r in "abc"),
+        *(f"all but {r} trained" for r in "abc"),
+        "trained",
+    ]
+    assert three["all but b trained"] == {"a": trained["a"], "b": initial["b"], "c": trained["c"]}
+    assert three["only c trained"] == {"a": initial["a"], "b": initial["b"], "c": trained["c"]}
+    assert [label for label, _ in team_mixes(trained, initial, each_role=False)] == ["initial", "trained"]
+    assert team_mixes(trained, {}, each_role=True) == [("trained", trained)]
