@@ -286,10 +286,10 @@ def inspect_command(
     except (FileNotFoundError, KeyError) as exc:
         raise typer.BadParameter(str(exc).strip('"'), param_hint="RUN_DIR / --episode") from None
     require_extra("server", "transformers")
-    from transformers import AutoTokenizer  # lazy: transformers takes seconds to import
+    from swarm.chat.tokenizers import load_tokenizer  # lazy: transformers takes seconds to import
 
     tok_dir = model or (Path(ep["model_dir"]) if ep.get("model_dir") else default_model_dir())
-    tok = AutoTokenizer.from_pretrained(tok_dir)
+    tok = load_tokenizer(tok_dir)
     decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
     render_terminal(ep, decode)
     if html_out:

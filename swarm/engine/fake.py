@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from swarm.chat.tokenizers import load_tokenizer
 from swarm.engine.base import Completion, GenerateRequest, SamplingParams, TokenChunk, TrainBatch
 
 STATE_FILE = "fake_engine.json"
@@ -70,11 +71,9 @@ class FakeEngine:
         chunk_tokens: int = 3,
         history: int | None = None,
     ) -> None:
-        from transformers import AutoTokenizer  # lazy: transformers takes seconds; test fixtures import this module
-
         self.model_dir = Path(model_dir)
         self.seed = seed
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)  # no torch: a fake-engine server starts without it
         self.script = script
         self.stop_probability = stop_probability
         self.token_delay_s = token_delay_s

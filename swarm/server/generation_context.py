@@ -10,7 +10,7 @@ built and tested with an engine and a tokenizer alone, and so the server's other
     core = GenerationCore(ctx)
 
 Limits are read through a callable on every turn because the server's settings change live
-(`temperature` and `default_temperature` from the next window, `control.py`). `load_tokenizer`
+(`temperature` and `default_temperature` from the next window, `control.py`). `engine_tokenizer`
 and `context_length` read what a context needs from the engine and the model dir.
 """
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swarm.chat.tokenizers import load_tokenizer
 from swarm.config.server import ServerConfig
 from swarm.engine.base import Engine
 from swarm.samples import Call
@@ -59,14 +60,12 @@ class GenerationLimits:
         )
 
 
-def load_tokenizer(engine: Engine, model_dir: Path) -> Any:
+def engine_tokenizer(engine: Engine, model_dir: Path) -> Any:
     """The engine's own tokenizer (the ids it generates are in it), else the model dir's."""
     tok = getattr(engine, "tokenizer", None)
     if tok is not None:
         return tok
-    from transformers import AutoTokenizer  # lazy: transformers takes seconds; engines usually bring one
-
-    return AutoTokenizer.from_pretrained(model_dir)
+    return load_tokenizer(model_dir)
 
 
 def context_length(engine: Engine, model_dir: Path) -> int | None:
@@ -108,4 +107,4 @@ class GenerationContext:
     call_seed: Callable[[Episode], int] | None = None
 
 
-__all__ = ["GenerationContext", "GenerationLimits", "context_length", "load_tokenizer"]
+__all__ = ["GenerationContext", "GenerationLimits", "context_length", "engine_tokenizer"]

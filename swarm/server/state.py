@@ -46,7 +46,7 @@ from swarm.server.control import LiveControl
 from swarm.server.counters import Counters
 from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner
 from swarm.server.exceptions import InvalidRequest, Refused, SwarmError, Unavailable
-from swarm.server.generation_context import GenerationContext, GenerationLimits, context_length, load_tokenizer
+from swarm.server.generation_context import GenerationContext, GenerationLimits, context_length, engine_tokenizer
 from swarm.server.leases import LeaseKeeper
 from swarm.server.lockstep import Lockstep
 from swarm.server.recovery import Durability
@@ -68,7 +68,7 @@ class Swarm:
             config = config.with_secrets()
         self.engine = engine
         self.model_name = config.served_model_name
-        tokenizer = load_tokenizer(engine, config.model_dir)
+        tokenizer = engine_tokenizer(engine, config.model_dir)
         self.renderer = ChatRenderer(tokenizer)
         # on-policy distillation: checked against the student's tokenizer (TeacherError: one line why)
         self.teacher = (
