@@ -369,10 +369,15 @@ def study(
             except ValueError as e:
                 raise typer.BadParameter(str(e), param_hint="--shared-base") from None
     if cfg.uses_swarm_train and cfg.model_dir is None:
-        from swarm.model.build import init_model  # lazy: imports torch and transformers
+        from swarm.model.recipe import matches  # lazy: the research extra's command; no torch
 
-        console.print("[dim]checking the embedded model (built once, takes a few minutes)…[/]")
-        cfg.model_dir = str(init_model(default_model_dir()))
+        embedded = default_model_dir()
+        if not matches(embedded, seed=0):  # built already: its marker says so, without importing torch (~3 s)
+            from swarm.model.build import init_model  # lazy: imports torch and transformers
+
+            console.print("[dim]building the embedded model (once, takes a few minutes)…[/]")
+            embedded = init_model(embedded)
+        cfg.model_dir = str(embedded)
     sid = create_study(cfg)
     study_dir = load_config(init_db(), sid).study_dir  # chosen by create_study (ROOST_HOME/studies/study-N)
     console.print(

@@ -84,6 +84,28 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "study"
 
 
+def _fresh_dir(study_dir: Path) -> Path:
+    """`study_dir`, emptied of an earlier study's files by moving them aside (never deleted).
+
+    A study's number is its row id: a store made again (roost.db deleted, a new database URL) or a
+    deleted last row hands a number out again, and the new study must not write its trials over, or
+    read its report from, the folder of the study that had it."""
+    if study_dir.is_dir() and any(study_dir.iterdir()):
+        aside = study_dir.with_name(f"{study_dir.name}.earlier-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        study_dir.rename(aside)
+        log.warning("%s held an earlier study with the same number: moved to %s", study_dir, aside)
+    return study_dir
+
+
+def _forget_checkpoints(engine: Any, study_id: int) -> None:
+    """Drop graph checkpoints left under a new study's number (its thread) by an earlier store's study.
+
+    Without this the new study resumed the old one's graph: a finished one ended the new study at once,
+    with nothing run ("Study 1 active")."""
+    with checkpointer(engine) as saver:
+        saver.delete_thread(str(study_id))
+
+
 def create_study(cfg: StudyConfig, engine: Any = None) -> int:
     """The Study row (config stored), its directory and its MLflow parent run."""
     engine = engine or init_db()
@@ -98,12 +120,13 @@ def create_study(cfg: StudyConfig, engine: Any = None) -> int:
         s.commit()
         sid = row.id
         assert sid is not None
-        study_dir = Path(cfg.study_dir) if cfg.study_dir else data_dir() / "studies" / f"study-{sid}"
+        study_dir = Path(cfg.study_dir) if cfg.study_dir else _fresh_dir(data_dir() / "studies" / f"study-{sid}")
         study_dir.mkdir(parents=True, exist_ok=True)
         cfg = cfg.model_copy(update={"study_dir": str(study_dir)})
         row.config = cfg.model_dump(mode="json")
         s.add(row)
         s.commit()
+    _forget_checkpoints(engine, sid)
     run_id = tracking.start_study_run(
         sid,
         row.name,

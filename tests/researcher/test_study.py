@@ -98,6 +98,27 @@ def test_rejected_plan_launches_nothing(fake_program):
     assert "not approved" in rows(Study, id=sid)[0].report
 
 
+def test_a_study_number_handed_out_again_starts_clean_and_keeps_the_earlier_studys_files(fake_program, _isolated):
+    """A store made again (roost.db deleted) numbers its first study 1 again. That study must not resume
+    the earlier study 1's graph (finished: it ended at once, nothing run) nor write into its folder."""
+    from store.db import dispose_engines
+
+    first = create_study(config(fake_program, approve=True))
+    assert drive(first, poll_s=0.2, resume=None).state == "approval"
+    assert drive(first, poll_s=0.2, resume={"approved": False}).state == "done"
+    old_dir = Path(make_context(first).cfg.study_dir)
+    (old_dir / "notes.txt").write_text("the earlier study's")
+    dispose_engines()
+    (_isolated / "roost.db").unlink()
+
+    again = create_study(config(fake_program, approve=True))
+    assert again == first
+    assert drive(again, poll_s=0.2).state == "approval"  # planned afresh, not the earlier graph's end
+    assert Path(make_context(again).cfg.study_dir) == old_dir and not (old_dir / "notes.txt").exists()
+    (aside,) = old_dir.parent.glob(f"{old_dir.name}.earlier-*")
+    assert (aside / "notes.txt").read_text() == "the earlier study's"
+
+
 def test_a_trial_budget_too_small_for_the_design_is_refused_before_anything_launches(fake_program):
     sid = create_study(config(fake_program, budget=Budget(max_trials=4)))  # the design needs 2 × 3
     assert drive(sid, poll_s=0.2).state == "done"
