@@ -31,6 +31,7 @@ _LAZY = {
     "RulesPlanner": "researcher.rules",
     "ScriptedChatModel": "researcher.llm",
     "StudyConfig": "researcher.config",
+    "StudyEnded": "researcher.runner",
     "advance": "researcher.runner",
     "analyze": "researcher.analysis",
     "create_study": "researcher.runner",
@@ -48,7 +49,7 @@ if _typing.TYPE_CHECKING:
     from researcher.llm_planner import LLMPlanner
     from researcher.planning import PlanDefaults
     from researcher.rules import RulesPlanner
-    from researcher.runner import advance, create_study, drive, stop_study
+    from researcher.runner import StudyEnded, advance, create_study, drive, stop_study
 
 
 __getattr__ = _lazy_attributes(__name__, _LAZY)

@@ -425,6 +425,12 @@ def approve(
     _require_research()
     from researcher.runner import advance  # lazy: research extra (checked above)
 
+    status = _known_study(study_id)
+    if status != "PAUSED":  # only a plan waiting at --approve takes an answer
+        raise fail(
+            f"study {study_id} is not waiting for approval: it is {status}",
+            f"a study started with --approve waits for one; see it with: researcher status {study_id}",
+        )
     answer = {"approved": not reject}
     if foreground:
         _drive_here(study_id, options_of(ctx), resume=answer)
@@ -447,6 +453,7 @@ def resume(
     from researcher.runner import advance, make_context  # lazy: research extra (checked above)
     from store.models import StudyStatus  # lazy: with the runner
 
+    _known_study(study_id)
     study_ctx = make_context(study_id)
     if study_ctx.study().status == StudyStatus.FAILED.value:
         study_ctx.set_study_status(StudyStatus.ACTIVE)
@@ -491,16 +498,18 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
         console.print(t)
 
 
-def _known_study(study_id: int) -> None:
-    """One line and exit 1 for a study the store does not have (not a KeyError traceback)."""
+def _known_study(study_id: int) -> str:
+    """The study's status; one line and exit 1 for a study the store does not have (not a KeyError traceback)."""
     from sqlmodel import Session  # lazy: with the runner
 
     from store.models import Study  # lazy: with the runner
     from store.schema import init_db  # lazy: the store alone, not the runner
 
     with Session(init_db()) as s:
-        if s.get(Study, study_id) is None:
+        row = s.get(Study, study_id)
+        if row is None:
             raise fail(f"no study {study_id}", "list the studies with: researcher status")
+        return row.status
 
 
 @app.command()
@@ -546,9 +555,13 @@ def report(
 def stop(study_id: int = typer.Argument(...)) -> None:
     """Cancel a study's running trials and write a report of what completed."""
     _require_research()
-    from researcher.runner import stop_study  # lazy: research extra (checked above)
+    from researcher.runner import StudyEnded, stop_study  # lazy: research extra (checked above)
 
-    path = stop_study(study_id)
+    _known_study(study_id)
+    try:
+        path = stop_study(study_id)
+    except StudyEnded as exc:
+        raise fail(str(exc), f"its report: researcher report {study_id}") from None
     console.print(f"study {study_id} stopped; report: {path}")
 
 

@@ -290,10 +290,20 @@ def drive(
         time.sleep(poll)
 
 
+class StudyEnded(ValueError):
+    """A stop asked of a study that has ended: its status and report stay as they are."""
+
+
 def stop_study(study_id: int, engine: Any = None, reason: str = "stopped by the user") -> Path | None:
-    """Cancel the study's unfinished trials, mark it CANCELLED and write what it has."""
+    """Cancel the study's unfinished trials, mark it CANCELLED and write what it has.
+
+    A COMPLETED or CANCELLED study is refused (StudyEnded): stopping it rewrote a finished study as
+    cancelled, its report as "stopped early". A FAILED one (crashed) can be stopped: its trials may run."""
     ctx = make_context(study_id, engine=engine)
     with study_lock(study_id, blocking=True):
+        status = ctx.study().status
+        if status in (StudyStatus.COMPLETED.value, StudyStatus.CANCELLED.value):
+            raise StudyEnded(f"study {study_id} has ended ({status}): nothing to stop")
         ids = [t.id for t in ctx.trials() if t.id is not None]
         ctx.launcher.cancel(ids, reason)
         if ctx.cfg.shared_base:

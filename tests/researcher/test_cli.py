@@ -67,6 +67,32 @@ def test_study_status_report_and_stop(fake_program, monkeypatch):
         time.sleep(0.2)
     assert states == {"CANCELLED"}
     assert tick() == {}
+    report = runner.invoke(app, ["report", "1"]).output
+    for args, message in (
+        (["stop", "1"], "study 1 has ended (CANCELLED): nothing to stop"),
+        (["approve", "1"], "study 1 is not waiting for approval: it is CANCELLED"),
+        (["stop", "7"], "no study 7"),
+        (["resume", "7"], "no study 7"),
+    ):
+        res = runner.invoke(app, args, env={"COLUMNS": "200"})
+        assert res.exit_code == 1 and message in res.output, (args, res.output)
+    assert runner.invoke(app, ["report", "1"]).output == report  # refused: nothing rewritten
+
+
+def test_a_completed_study_is_not_stopped_or_approved_and_its_report_stays(fake_program):
+    """`researcher stop` on a finished study rewrote it as CANCELLED and its report as "stopped early"."""
+    res = runner.invoke(
+        app, ["study", TOPIC, "--steps", "5", "--poll", "0.2", "--trial-program", " ".join(fake_program)]
+    )
+    assert res.exit_code == 0 and "Study 1 completed" in res.output, res.output
+    with Session(init_db()) as s:
+        before = s.get(Study, 1).report
+    for args in (["stop", "1"], ["approve", "1"], ["approve", "1", "--reject"]):
+        res = runner.invoke(app, args, env={"COLUMNS": "200"})
+        assert res.exit_code == 1 and "COMPLETED" in res.output, (args, res.output)
+    with Session(init_db()) as s:
+        study = s.get(Study, 1)
+        assert study.status == "COMPLETED" and study.report == before and "Stopped early" not in before
 
 
 @pytest.mark.parametrize(("extra", "parallel"), [([], 12), (["--parallel", "3"], 3)])
