@@ -289,7 +289,7 @@ def study(
     from researcher.report import planner_description  # lazy: research extra (checked above)
     from researcher.runner import create_study, load_config  # lazy: research extra (checked above)
     from scheduler.manager import default_backends  # lazy: the store's SQLAlchemy models, on use only
-    from store.schema import init_db
+    from store.schema import init_db  # lazy: as above
 
     chosen = planner or ("llm" if llm_settings() else "rules")
     if chosen not in ("llm", "rules"):
@@ -424,9 +424,10 @@ def approve(
     """Approve (or reject) the plan of a study waiting at --approve, and continue it."""
     _require_research()
     from researcher.runner import advance  # lazy: research extra (checked above)
+    from store.models import StudyStatus  # lazy: with the runner
 
     status = _known_study(study_id)
-    if status != "PAUSED":  # only a plan waiting at --approve takes an answer
+    if status != StudyStatus.PAUSED.value:  # only a plan waiting at --approve takes an answer
         raise fail(
             f"study {study_id} is not waiting for approval: it is {status}",
             f"a study started with --approve waits for one; see it with: researcher status {study_id}",
