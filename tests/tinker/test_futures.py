@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from http_wait import wait_answering  # tests/kit, on sys.path
 from tinker_kit import TOKEN, TinkerHTTP, datum, fwdbwd, proto_fwdbwd
 
 pytestmark = pytest.mark.timeout(400)
@@ -69,18 +70,16 @@ def _serve(model_dir: Path, out: Path, port: int) -> subprocess.Popen[bytes]:
     cmd += ["--port", str(port), "--token", TOKEN, "--admin-token", "adm", "--lora-rank", "4", "--policy", "main"]
     cmd += ["--out", str(out), "--no-mlflow"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    import httpx  # lazy: with the server
-
-    end = time.monotonic() + 120
-    while time.monotonic() < end:
-        assert proc.poll() is None, "swarm serve exited"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError("swarm serve did not start")
+    log = out.parent / f"{out.name}.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_answering(f"http://127.0.0.1:{port}/api/v1/healthz", proc, log, timeout=120, every=0.2)
+    except RuntimeError:
+        proc.kill()
+        proc.wait(10)
+        raise
+    return proc
 
 
 def test_kill9_a_saved_state_loads_again_and_the_future_in_flight_fails(model_dir: Path, tmp_path: Path) -> None:
