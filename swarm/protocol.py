@@ -92,6 +92,22 @@ class ClaimRequest(_Request):
         description="which policy of a server of several plays this episode (default: the first); "
         "an unknown one is 404 model_not_found",
     )
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="the OpenAI name for the same thing: `policy`, as the claim's answer and the episode's "
+        "calls spell it",
+    )
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> ClaimRequest:
+        # A claim answers `model`, so clients send it back: silently ignoring it played the default policy.
+        if self.model is not None:
+            if self.policy is not None and self.policy != self.model:
+                raise ValueError(f"policy {self.policy!r} and model {self.model!r} name different policies")
+            self.policy = self.model
+        return self
 
 
 class ClaimResponse(_Response):

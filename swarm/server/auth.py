@@ -20,7 +20,7 @@ from __future__ import annotations
 from fastapi import Header, Query, Request
 
 from swarm.server.episodes import Episode, same_secret
-from swarm.server.exceptions import Forbidden, Unauthorized, Unavailable
+from swarm.server.exceptions import Forbidden, InvalidRequest, Unauthorized, Unavailable
 from swarm.server.policies import PolicyRouter
 from swarm.server.state import Swarm
 
@@ -104,9 +104,18 @@ def caller_of(request: Request, token: str) -> Episode | None:
 def generation_swarm(request: Request, ep: Episode | None, model: str | None) -> Swarm:
     """Whose policy generates a call: the episode's; for an evaluation call, the one `model` names
     (a one-policy server checks `model` against its names where the route does, as before)."""
-    if ep is not None:
-        return episode_swarm(request, ep)
     router = policies(request)
+    if ep is not None:
+        swarm = episode_swarm(request, ep)
+        if model is not None and router.several and model not in swarm.config.model_aliases:
+            other = router.by_model(model)  # an unknown one: 404 listing every policy
+            raise InvalidRequest(
+                "episode_policy_mismatch",
+                f"episode {ep.id} plays policy {swarm.model_name!r}; its calls cannot use {other.model_name!r} "
+                f"(claim an episode with policy {other.model_name!r} for that one, or call with model "
+                f"{swarm.model_name!r})",
+            )
+        return swarm
     if not router.several:
         return router.default
     swarm = router.by_model(model)

@@ -95,15 +95,25 @@ def test_models_and_unknown_names(policy_server: RunningServer) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     r = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "model": "executor"}, headers=auth)
     assert r.status_code == 200 and r.json()["model"] == "executor"  # an evaluation call of that policy
-    with SwarmClient(srv.url, srv.token) as client:  # an episode's call names another policy: 404
+    with SwarmClient(srv.url, srv.token) as client:  # an episode's call names another policy: 400
         ep = client.claim("t", model="planner")
-        r = httpx.post(
-            f"{srv.url}/v1/chat/completions",
-            json={**body, "model": "executor"},
-            headers={"Authorization": f"Bearer {ep.api_key}"},
-        )
-        assert r.status_code == 404
+        key = {"Authorization": f"Bearer {ep.api_key}"}
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "model": "executor"}, headers=key)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "episode_policy_mismatch"
+        assert "plays policy 'planner'" in r.json()["error"]["message"]
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=key)  # unknown: every policy listed
+        assert r.status_code == 404 and r.json()["error"]["models"] == ["planner", "executor"]
         ep.finish(0.0)
+    # A claim may spell the policy `model`, as its answer does; it used to be ignored (the first policy played).
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": "t", "model": "executor"}, headers=auth)
+    assert r.status_code == 200 and r.json()["model"] == "executor"
+    abort = {"Authorization": f"Bearer {r.json()['api_key']}"}
+    assert httpx.post(f"{srv.url}/swarm/v1/episodes/{r.json()['episode_id']}/abort", json={}, headers=abort).is_success
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json={"task_id": "t", "model": "nobody"}, headers=auth)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    both = {"task_id": "t", "model": "executor", "policy": "planner"}
+    r = httpx.post(f"{srv.url}/swarm/v1/episodes", json=both, headers=auth)
+    assert r.status_code == 400 and "name different policies" in r.json()["error"]["message"]
 
 
 def test_policies_added_and_removed_while_serving(policy_server: RunningServer) -> None:
