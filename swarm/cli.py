@@ -159,7 +159,7 @@ def train_command(
         raise typer.BadParameter("give --resume or --fresh, not both")
     require_extra("server", "fastapi", "uvicorn", "torch", "transformers")
     try:
-        spec, notes = prepare(overrides, config_file, resume, fresh)
+        spec, notes, held = prepare(overrides, config_file, resume, fresh)  # the folder, held till we exit
     except Problems as exc:
         for line in exc.lines:
             typer.echo(f"swarm train: {line}", err=True)
@@ -168,6 +168,15 @@ def train_command(
         raise typer.BadParameter(str(exc), param_hint="--config") from None
     for note in notes:
         typer.echo(f"swarm train: {note}", err=True)
+    try:
+        _train(spec, resume)
+    except typer.Exit as exc:
+        if exc.exit_code == 2:  # refused before anything started (--team, --attach): no folder made for it
+            held.release()
+        raise
+
+
+def _train(spec: RunConfig, resume: bool) -> None:
     if spec.attach is not None:
         _train_attached(spec)
         return

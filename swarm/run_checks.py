@@ -17,7 +17,9 @@ header say the same):
   first sibling folder holding no run, OUT-2, OUT-3, ... (said on stderr);
 * a folder whose run ended before its first step (summary.json `status: failed` or
   `interrupted`, `steps_done: 0`) is replaced by the next run into it, its `logs/` kept (the
-  new run's logs are appended).
+  new run's logs are appended);
+* a folder whose run is still going (its driver holds `run.lock`) is refused whatever the flags:
+  a `--fresh` would delete its files under it, a `--resume` start a second server on them.
 
 The folder's files are named here (`RUN_FILE`, `METRICS`, `RUN_ENTRIES`), and its metrics read
 (`MetricsTail`: `swarm train` follows them, these checks count the steps done).
@@ -31,17 +33,21 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from store.paths import default_model_dir
 from swarm.config.options import build_config, load_config_file
 from swarm.config.run import RunConfig, sibling
+from swarm.folder_lock import FolderInUse, hold_folder
 
 RUN_FILE = "run.yaml"
 #: the server's per-step metrics, relative to the run folder (summary.json points here)
 METRICS = "server/metrics.jsonl"
 #: what a run writes into its folder (and `--fresh` removes; nothing else there is touched)
+#: held by the `swarm train` driver running in the folder (swarm/folder_lock.py); not a run entry
+RUN_LOCK = "run.lock"
 RUN_ENTRIES = ("server", "logs", "summary.json", RUN_FILE, "server.yaml", "servers")  # servers/: a --team run's
 
 
@@ -248,14 +254,47 @@ def _status(out: Path) -> str | None:
     return status if isinstance(status, str) else None
 
 
+@dataclass
+class HeldRun:
+    """A run folder this `swarm train` holds (`run.lock`, for the driver's life): a run still going there
+    is refused in one line, not a `--fresh` that deletes its files under it or a `--resume` that starts a
+    second server on them."""
+
+    out: Path
+    file: IO[str]
+    made: bool  # the folder was made for this run
+
+    @classmethod
+    def take(cls, out: Path) -> HeldRun:
+        made = not out.exists()
+        try:
+            return cls(out, hold_folder(out, RUN_LOCK, "swarm train"), made)
+        except FolderInUse as exc:
+            raise Problems(
+                [
+                    f"--out: {exc}, a run still going: wait for it, stop it (Ctrl-C, or kill -TERM its pid), "
+                    "or choose another --out"
+                ]
+            ) from None
+
+    def release(self) -> None:
+        """Let go; a folder made for a run refused after all (a `--team` or `--attach` check) goes too."""
+        self.file.close()
+        if self.made and [p.name for p in self.out.iterdir()] == [RUN_LOCK]:
+            (self.out / RUN_LOCK).unlink()
+            self.out.rmdir()
+
+
 def prepare(
     overrides: dict[str, Any], config_file: Path | None, resume: bool, fresh: bool
-) -> tuple[RunConfig, list[str]]:
-    """The run's settings and the notes to print, once every check has passed (`Problems` otherwise);
-    only then is an earlier run cleared (`--fresh`, or one that ended before its first step)."""
+) -> tuple[RunConfig, list[str], HeldRun]:
+    """The run's settings, the notes to print and its folder, held (keep it while the run goes), once
+    every check has passed (`Problems` otherwise); only then is an earlier run cleared
+    (`--fresh`, or one that ended before its first step)."""
     file_out = load_config_file(config_file).get("out") if config_file is not None else None
     requested = Path(overrides.get("out") or file_out or RunConfig().out)
     out, note, found = choose_out(requested, config_file, "out" in overrides, resume, fresh)
+    held = HeldRun.take(out) if out.is_dir() else None  # a run going there: that one line, before the others
     found += out_problems(out, resume)
     if resume and config_file is None and (out / RUN_FILE).exists():
         config_file = out / RUN_FILE  # the run's own settings; flags given now go on top
@@ -264,20 +303,25 @@ def prepare(
     if resume and not found and steps_done(out) >= spec.steps:
         found.append(f"--steps: the run in {out} already has {steps_done(out)} steps; ask for more with --steps")
     if found:
+        if held is not None:
+            held.release()
         raise Problems(found)
+    held = held or HeldRun.take(out)
     if fresh:
         clear_run(out)
     elif not resume and previous_run(out) and ended_before_training(out):
         clear_run(out, keep=("logs",))
-    return spec, [note] if note else []
+    return spec, [note] if note else [], held
 
 
 __all__ = [
     "METRICS",
+    "HeldRun",
     "MetricsTail",
     "Problems",
     "RUN_ENTRIES",
     "RUN_FILE",
+    "RUN_LOCK",
     "choose_out",
     "clear_run",
     "ended_before_training",

@@ -440,7 +440,7 @@ def follow(
             for role, tail in tails.items():
                 rows = tail.poll()
                 for r in rows[printed[role] :]:
-                    progress.console.print(step_line(role, r))
+                    progress.console.print(step_line(role, r), soft_wrap=True)  # one line a step, in a log too
                 printed[role] = len(rows)
                 if rows:
                     latest[role] = rows[-1]

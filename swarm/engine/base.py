@@ -19,6 +19,11 @@ from swarm.config.train import TrainConfig
 from swarm.samples import TrainSample
 
 
+class EngineError(RuntimeError):
+    """The engine cannot do what it was asked with what it was given (a checkpoint that does not fit its
+    settings, a policy removed): a one-line reason, which `swarm serve` prints at start instead of a trace."""
+
+
 class UnsupportedRequest(Exception):
     """The engine cannot honour what a request asks (a constraint, a knob): the server answers
     400 with `code` and `message`, before anything is generated or recorded."""

@@ -19,7 +19,6 @@ and `is_peft` asks `sys.modules`, so checking costs nothing either.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import warnings
 from collections.abc import Iterator
@@ -30,19 +29,15 @@ from typing import Any
 import torch
 
 from swarm.config.lora import LoraSettings
+from swarm.engine.adapter_files import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    LoraError,
+    check_saved,
+    is_adapter_dir,
+    read_adapter_config,
+)
 from swarm.engine.adapter_routing import is_routed, route
-
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-
-
-class LoraError(ValueError):
-    """An adapter that cannot be built or loaded as asked; the message says why and what to change."""
-
-
-def is_adapter_dir(path: Path) -> bool:
-    """A directory holding a peft adapter (a LoRA checkpoint), not a whole model."""
-    return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
 def is_peft(model: Any) -> bool:
@@ -208,28 +203,13 @@ def save_adapter(model: torch.nn.Module, path: Path, adapter_name: str = "defaul
     model.peft_config[adapter_name].save_pretrained(str(path))
 
 
-def read_adapter_config(path: Path) -> dict[str, Any]:
-    return json.loads((Path(path) / ADAPTER_CONFIG).read_text())
-
-
 def load_adapter(model: torch.nn.Module, path: Path, settings: LoraSettings, adapter_name: str = "default") -> None:
     """Load a saved adapter into `model`'s (same shape) adapter; `LoraError` when it does not fit."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict  # lazy: peft already loaded (a LoRA engine)
     from safetensors.torch import load_file  # lazy: beside peft's, only for a LoRA checkpoint
 
     path = Path(path)
-    if not is_adapter_dir(path):
-        raise LoraError(
-            f"checkpoint {path} holds no LoRA adapter ({ADAPTER_CONFIG} missing): a full-parameter "
-            "checkpoint resumes without --lora-rank"
-        )
-    saved = read_adapter_config(path)
-    if int(saved.get("r", -1)) != settings.rank or float(saved.get("lora_alpha", -1)) != settings.alpha:
-        raise LoraError(
-            f"checkpoint {path} holds a rank-{saved.get('r')} adapter with alpha "
-            f"{saved.get('lora_alpha')}; this engine was started with --lora-rank {settings.rank} "
-            f"--lora-alpha {settings.alpha:g}"
-        )
+    check_saved(path, settings)
     device = next(model.parameters()).device
     state = load_file(str(path / ADAPTER_WEIGHTS), device=str(device))
     expected = get_peft_model_state_dict(model, adapter_name=adapter_name)
@@ -251,6 +231,7 @@ __all__ = [
     "adapters_off",
     "attach",
     "check_rank",
+    "check_saved",
     "is_adapter_dir",
     "is_peft",
     "load_adapter",

@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from swarm.config.lora import LoraSettings
-from swarm.engine.base import Completion, GenerateRequest, TokenChunk, TrainBatch, completion_of
+from swarm.engine.base import Completion, EngineError, GenerateRequest, TokenChunk, TrainBatch, completion_of
 from swarm.engine.constrained import Grammars
 from swarm.engine.continuous import ContinuousBatcher
 from swarm.engine.lora import ADAPTER_CONFIG, LoraError, attach, is_adapter_dir, load_adapter, save_adapter, unwrap
@@ -42,10 +42,6 @@ from swarm.engine.precision import MasterWeightAdamW, build_optimizer, detect_pl
 
 STATE_FILE = "engine_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
-
-
-class EngineError(RuntimeError):
-    pass
 
 
 GenMark = tuple[float, int, int, int]

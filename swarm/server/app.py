@@ -18,19 +18,20 @@ import os
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import IO, Any
 
 from fastapi import FastAPI
 
 from swarm.config.server import ServerConfig
-from swarm.engine.base import Engine
+from swarm.engine.base import Engine, EngineError
 from swarm.engine.fake import FakeEngine, FakePolicyHost
+from swarm.folder_lock import FolderInUse, describe, hold_folder
 from swarm.model.teacher import TeacherError, check_teacher_of
 from swarm.server.access import ServerErrorCounter
 from swarm.server.access_log import ACCESS_LOG_FILE, AccessLogMiddleware
 from swarm.server.admin_routes import router as admin_router
 from swarm.server.anthropic_routes import router as anthropic_router
-from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets
+from swarm.server.bootstrap import IN_USE_HINT, SECRETS_FILE, SERVER_LOCK, ensure_secrets
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
 from swarm.server.openai_routes import router as openai_router
 from swarm.server.policies import PolicyRouter
@@ -189,16 +190,26 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
-def serve(config: ServerConfig, engine: Engine | None = None, announce: Callable[[str], None] = _print) -> int:
+def serve(
+    config: ServerConfig,
+    engine: Engine | None = None,
+    announce: Callable[[str], None] = _print,
+    held: IO[str] | None = None,
+) -> int:
     """Run a server until stopped (Ctrl-C, admin stop, or `max_steps`); returns an exit code.
 
     Binds the socket itself so `port=0` works: the chosen URL is announced and
-    written to `out_dir/server.json` (URL and pid, never the tokens).
+    written to `out_dir/server.json` (URL and pid, never the tokens). Holds `out_dir/server.lock`
+    while it runs: one server per folder (swarm/folder_lock.py).
     """
     import uvicorn  # lazy: only a serving process needs the ASGI server
 
     from swarm.server.http_protocol import json_error_protocol  # lazy: subclasses uvicorn's protocols
 
+    try:  # before anything reads or writes the folder (`held`: the CLI took it before writing config.yaml)
+        held = held or hold_folder(config.out_dir, SERVER_LOCK, "swarm serve")
+    except FolderInUse as exc:
+        raise SystemExit(f"swarm serve: {exc}: {IN_USE_HINT}") from None
     config, source = ensure_secrets(config)  # env, out_dir/secrets.json, or generated (and saved)
     if config.teacher:  # a teacher that cannot score the student's ids: refused before anything starts
         try:
@@ -208,9 +219,15 @@ def serve(config: ServerConfig, engine: Engine | None = None, announce: Callable
     sock = _bind(config.host, config.port)
     port = sock.getsockname()[1]
     url = f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
+    describe(held, url=url)  # what a second server on this folder is told
     own_engine = engine is None
     engine = engine if engine is not None else make_engine(config)
-    app = create_app(config, engine)
+    try:
+        app = create_app(config, engine)
+    except EngineError as exc:  # a checkpoint it resumes does not fit the settings given: one line, no trace
+        if own_engine:
+            asyncio.run(engine.close())
+        raise SystemExit(f"swarm serve: {exc}") from None
     swarm: Swarm = app.state.swarm
     server = uvicorn.Server(
         uvicorn.Config(
@@ -250,4 +267,5 @@ def serve(config: ServerConfig, engine: Engine | None = None, announce: Callable
         sock.close()
         if own_engine:
             asyncio.run(engine.close())
+        held.close()  # the folder is free for the next server (the process's end would free it too)
     return 0

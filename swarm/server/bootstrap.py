@@ -34,6 +34,9 @@ from swarm.config.server import ServerConfig
 log = logging.getLogger("swarm.server")
 
 SECRETS_FILE = "secrets.json"
+#: held by the server using an out folder (swarm/folder_lock.py): one server per folder
+SERVER_LOCK = "server.lock"
+IN_USE_HINT = "stop it first (swarm ctl stop), or give this one another --out"
 ENV = {"token": "ROOST_TOKEN", "admin_token": "ROOST_ADMIN_TOKEN", "secret": "ROOST_SECRET"}
 _GENERATE = {
     "token": lambda: "swt-" + secrets.token_urlsafe(24),

@@ -27,7 +27,8 @@ import typer
 
 from swarm.config.options import build_config, config_options, require_extra, write_config
 from swarm.config.server import ServerConfig
-from swarm.server.bootstrap import parse_quotas, port_problem
+from swarm.folder_lock import FolderInUse, hold_folder
+from swarm.server.bootstrap import IN_USE_HINT, SERVER_LOCK, parse_quotas, port_problem
 
 CONFIG_FILE = "config.yaml"
 
@@ -77,7 +78,7 @@ def serve_command(
     if policy:
         overrides = {**overrides, "policies": [{"name": name} for name in policy]}
     config: ServerConfig = build_config(ServerConfig, overrides, config_file)
-    if not (Path(config.model_dir) / "config.json").exists() and config.engine == "torch":
+    if not (Path(config.model_dir) / "config.json").exists() and config.engine in ("torch", "fake"):
         typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)
         raise typer.Exit(2)
     require_extra("server", "fastapi", "uvicorn", *(("torch", "transformers") if config.engine == "torch" else ()))
@@ -91,6 +92,11 @@ def serve_command(
         if problem := device_problem(config.device):
             typer.echo(f"swarm serve: {problem}", err=True)
             raise typer.Exit(2)
+    try:  # before its config is written over: a second server on one folder would train its episodes twice
+        held = hold_folder(Path(config.out_dir), SERVER_LOCK, "swarm serve")
+    except FolderInUse as exc:
+        typer.echo(f"swarm serve: {exc}: {IN_USE_HINT}", err=True)
+        raise typer.Exit(1) from None
     write_config(Path(config.out_dir) / CONFIG_FILE, config)
     if not sys.stderr.isatty():
         # under `swarm train` (or nohup, systemd) the output is a log file, where transformers' progress
@@ -99,4 +105,4 @@ def serve_command(
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from swarm.server.app import serve  # lazy: FastAPI and the engines; `swarm client` must start light
 
-    raise typer.Exit(serve(config))
+    raise typer.Exit(serve(config, held=held))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -23,9 +24,12 @@ from pydantic import BaseModel, ValidationError
 
 from swarm.config.policies import PolicySpec
 from swarm.config.server import ServerConfig
+from swarm.engine.adapter_files import LoraError, check_saved, is_adapter_dir, read_adapter_config
+from swarm.engine.base import EngineError
 from swarm.protocol import API_PREFIX, AdminResponse, ErrorResponse
 from swarm.server.auth import admin, policies
 from swarm.server.auth_first import AuthFirstRoute
+from swarm.server.checkpoint import Checkpointer
 from swarm.server.errors import describe_validation
 from swarm.server.exceptions import Conflict, InvalidRequest
 from swarm.server.state import Swarm
@@ -82,6 +86,24 @@ def wire_stop(swarms: list[Swarm], all_swarms: Callable[[], list[Swarm]], stop_s
         swarm.stop_callback = one_stopped
 
 
+def _check_resumable(name: str, config: ServerConfig) -> None:
+    """A name whose folder holds checkpoints resumes the latest: its adapter must fit the settings given,
+    checked from its config before anything is built (a rank-8 checkpoint does not load into rank 4)."""
+    latest = Checkpointer(Path(config.out_dir) / "checkpoints").latest()
+    if latest is None or not is_adapter_dir(latest):
+        return  # nothing to resume, or no adapter files to read (the engine's load says what is wrong)
+    try:
+        check_saved(latest, config.lora)
+    except LoraError:
+        saved = read_adapter_config(latest)
+        raise InvalidRequest(
+            "invalid_policy",
+            f"policy {name!r} would resume its checkpoint {latest}, an adapter of lora_rank={saved.get('r')} "
+            f"lora_alpha={saved.get('lora_alpha')}, not lora_rank={config.lora.rank} "
+            f"lora_alpha={config.lora.alpha:g}: add it with those settings to resume it, or under a new name",
+        ) from None
+
+
 @router.get("/policies")
 async def list_policies(request: Request, _: Swarm = Depends(admin)) -> dict[str, Any]:
     return {"policies": [info(s).model_dump() for s in policies(request)]}
@@ -105,17 +127,27 @@ async def add_policy(body: dict[str, Any], request: Request, _: Swarm = Depends(
     if spec.name in router_.swarms:
         raise Conflict("policy_exists", f"a policy named {spec.name!r} is already served")
     base: ServerConfig = app.state.config
-    try:  # the server's own checks (a full-parameter policy, train knobs) on the list with it
-        base.model_validate({**base.model_dump(), "policies": [*(base.policies or []), spec.model_dump()]})
+    # The server's own checks (a full-parameter policy, train knobs) on the start list with it; a policy
+    # of that list removed since may come back under its name (it was refused as "named more than once").
+    others = [p.model_dump() for p in base.policies or [] if p.name != spec.name]
+    try:
+        base.model_validate({**base.model_dump(), "policies": [*others, spec.model_dump()]})
     except ValidationError as exc:  # the server's own checks name the policy themselves
         wrong = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise InvalidRequest("invalid_policy", wrong) from None
     config = base.for_policy(spec).model_copy(update={"resume": True})
+    _check_resumable(spec.name, config)
     try:
         engine = await asyncio.to_thread(host.add, spec.name, config.lora)
     except ValueError as exc:  # LoraError included: a rank the model cannot take
         raise InvalidRequest("invalid_policy", str(exc)) from None
-    swarm = Swarm(config, engine)
+    try:
+        swarm = Swarm(config, engine)
+    except BaseException as exc:  # its adapter freed, or the name could never be added again ("already exists")
+        await asyncio.to_thread(host.remove, spec.name)
+        if isinstance(exc, EngineError):  # its checkpoint would not load
+            raise InvalidRequest("invalid_policy", f"policy {spec.name!r}: {exc}") from None
+        raise
     router_.add(spec.name, swarm)
     stop = getattr(app.state, "stop_server", None)
     if stop is not None:

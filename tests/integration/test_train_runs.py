@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,31 @@ def test_train_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:
         [*SWARM, "train", "--out", str(tmp_path / "empty"), "--resume"], capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 2 and "nothing to resume" in r.stderr
+
+
+def test_a_run_still_going_is_refused_even_with_fresh_or_resume(tmp_path: Path) -> None:
+    """`--fresh` into the folder of a run still going deleted its files under it; `--resume` started a
+    second server on them. The first run's driver holds the folder: both are one line, nothing touched."""
+    out, model_dir = tmp_path / "run", build_untrained(tmp_path / "model", seed=0)
+    args = ["train", "--engine", "fake", "--model", str(model_dir), "--steps", "100000", "--out", str(out)]
+    first = subprocess.Popen(
+        [*SWARM, *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not (out / "run.yaml").exists() or '"pid"' not in (out / "run.lock").read_text():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        written = (out / "run.yaml").read_text()
+        for flag in ("--fresh", "--resume"):
+            r = subprocess.run([*SWARM, *args, flag], capture_output=True, text=True, timeout=120)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1, r.stdout + r.stderr
+            assert f"in use by another swarm train (pid {first.pid}), a run still going" in lines[0], lines
+        assert (out / "run.yaml").read_text() == written and first.poll() is None
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)  # the driver stops its server and clients
+        first.wait(timeout=60)
 
 
 def test_fresh_removes_only_what_a_run_wrote(tmp_path: Path) -> None:

@@ -180,7 +180,7 @@ def _serve_config(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict | 
     from swarm.cli import app
 
     seen: list[ServerConfig] = []
-    monkeypatch.setattr(app_module, "serve", lambda config: seen.append(config) or 0)
+    monkeypatch.setattr(app_module, "serve", lambda config, held=None: seen.append(config) or 0)
     r = CliRunner().invoke(app, ["serve", *args], env=env)
     assert r.exit_code == 0, r.output
     return seen[0]

@@ -227,3 +227,12 @@ def test_two_lora_policies_train_apart_on_one_base(model_dir: Path, tmp_path: Pa
         router = srv.app.state.policies
         assert router.swarms["a"].trainer.step == 1 and router.swarms["b"].trainer.step == 1
         assert router.swarms["a"].engine.policy_version == 1 and router.swarms["b"].engine.policy_version == 1
+        # A policy named at start, removed, comes back under its name and resumes its checkpoint; with
+        # another rank it is refused before anything is built, and the refusal frees nothing it holds.
+        url = f"{srv.url}/swarm/v1/admin/policies"
+        assert httpx.delete(f"{url}/b", headers=_admin(srv), timeout=60).status_code == 200
+        r = httpx.post(url, json={"name": "b", "lora": {"rank": 4}}, headers=_admin(srv), timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_policy"
+        assert "lora_rank=8" in r.json()["error"]["message"] and "under a new name" in r.json()["error"]["message"]
+        r = httpx.post(url, json={"name": "b", "lora": {"rank": 8}}, headers=_admin(srv), timeout=60)
+        assert r.status_code == 200 and r.json()["step"] == 1, r.text

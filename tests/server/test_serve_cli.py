@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -30,12 +31,12 @@ def _refused(tmp_path: Path, *args: str) -> tuple[int, str]:
     return r.returncode, lines[0]
 
 
-def test_serve_on_a_port_in_use_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+def test_serve_on_a_port_in_use_says_so_in_one_line_and_writes_nothing(tmp_path: Path, model_dir: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        _, line = _refused(tmp_path, "--engine", "fake", "--port", str(port))
+        _, line = _refused(tmp_path, "--engine", "fake", "--model", str(model_dir), "--port", str(port))
     assert str(port) in line and "in use" in line and "--port" in line, line
 
 
@@ -44,3 +45,27 @@ def test_serve_on_cuda_without_a_gpu_says_so_in_one_line(tmp_path: Path, model_d
     """Not an 83-line traceback from inside the engine's placement: the flag, the reason, the fix."""
     code, line = _refused(tmp_path, "--model", str(model_dir), "--device", "cuda", "--no-mlflow", "--port", "0")
     assert code == 2 and "--device cuda" in line and "no CUDA GPU" in line and "--device cpu" in line, line
+
+
+def test_serve_without_a_model_says_so_in_one_line(tmp_path: Path) -> None:
+    """The fake engine too (it reads the model's tokenizer): it was a traceback from huggingface_hub."""
+    code, line = _refused(tmp_path, "--engine", "fake", "--model", str(tmp_path / "nothing"), "--port", "0")
+    assert code == 2 and line.startswith(f"no model at {tmp_path / 'nothing'}"), line
+
+
+def test_a_checkpoint_that_does_not_fit_the_lora_settings_is_one_line_at_start(tmp_path: Path, model_dir: Path) -> None:
+    """A policy's folder holds a rank-4 adapter and the server is started with rank 8: resuming it cannot
+    work, and the reason is the line printed (it was a trace through create_app and the engine's load)."""
+    ckpt = tmp_path / "serve" / "policies" / "a" / "checkpoints" / "step_000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8.0, "peft_type": "LORA"}))
+    (ckpt / "server_state.json").write_text(json.dumps({"step": 1, "policy_version": 1}))
+    args = ["--model", str(model_dir), "--policy", "a", "--lora-rank", "8", "--port", "0", "--no-mlflow"]
+    r = subprocess.run(
+        [sys.executable, "-m", "swarm", "serve", *args, "--out", str(tmp_path / "serve")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"swarm serve: checkpoint {ckpt} holds a rank-4 adapter")

@@ -62,10 +62,9 @@ import httpx
 
 from swarm.config.lora import LoraSettings
 from swarm.config.vllm import VllmSettings, max_lora_rank
-from swarm.engine.base import Completion, GenerateRequest, completion_of
+from swarm.engine.base import Completion, EngineError, GenerateRequest, completion_of
 from swarm.engine.lora import LoraError, save_adapter
 from swarm.engine.policies import PolicyEngine, PolicyHost
-from swarm.engine.torch_engine import EngineError
 from swarm.engine.vllm.adapters import AdapterPublisher, adapter_layout, copy_adapter
 from swarm.engine.vllm.engine import VllmEngine, end_of_turn_id, eos_ids
 from swarm.engine.vllm.errors import VllmEngineError
