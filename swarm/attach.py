@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from swarm.children import stop
+from swarm.children import signals_interrupt, stop
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
@@ -220,19 +220,20 @@ def run_attached(spec: RunConfig) -> dict:
     metrics = shared.metrics(name)
     removed: str | None = None
     try:
-        try:
-            clients |= start_fleets(fleets, out, logs, env, (1, spec.steps), resume=False)
-            alive = _Alive(shared.url)
+        with signals_interrupt():  # a cancelled trial (SIGTERM), SIGHUP: its fleet stopped, its policy removed
             try:
-                follow(spec, shared.url, shared.token, alive, {"": metrics}, t0, clients)  # type: ignore[arg-type]
+                clients |= start_fleets(fleets, out, logs, env, (1, spec.steps), resume=False)
+                alive = _Alive(shared.url)
+                try:
+                    follow(spec, shared.url, shared.token, alive, {"": metrics}, t0, clients)  # type: ignore[arg-type]
+                finally:
+                    alive.close()
             finally:
-                alive.close()
-        finally:
-            for p in clients.values():
-                stop(p)
-            removed = _remove(shared, name)
-            if metrics.exists():
-                shutil.copyfile(metrics, out / ATTACHED_METRICS)
+                for p in clients.values():
+                    stop(p)
+                removed = _remove(shared, name)
+                if metrics.exists():
+                    shutil.copyfile(metrics, out / ATTACHED_METRICS)
     except BaseException as exc:
         _write_summary(spec, shared, name, removed, t0, exc)
         raise

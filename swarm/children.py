@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -79,9 +80,28 @@ def sweep_group(leader: int) -> None:
         os.killpg(leader, signal.SIGKILL)
 
 
-def raise_interrupt(signum: int, frame: object) -> None:
-    """A SIGTERM handler: the run's `finally` stops its children, as on Ctrl-C."""
+def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's cancel) and SIGHUP (the terminal closed, an ssh session dropped) act as
+    Ctrl-C while inside: the run's `finally` stops its children by PID, gives back what it holds and writes
+    its summary. By default both killed the driver outright, leaving its server and fleets (each in a
+    session of its own) running orphaned. SIGHUP stays ignored under `nohup`; outside the main thread
+    (embedded) signals are left alone."""
+    wanted = [signal.SIGTERM] + ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])
+    try:
+        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in wanted}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
@@ -129,7 +149,7 @@ __all__ = [
     "free_port",
     "log_tail",
     "open_log",
-    "raise_interrupt",
+    "signals_interrupt",
     "stop",
     "sweep_group",
     "swarm_command",

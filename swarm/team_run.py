@@ -39,7 +39,6 @@ import importlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -49,7 +48,7 @@ from pathlib import Path
 import httpx
 
 from store.paths import default_model_dir
-from swarm.children import free_port, log_tail, open_log, raise_interrupt, stop, swarm_command, wait_healthy
+from swarm.children import free_port, log_tail, open_log, signals_interrupt, stop, swarm_command, wait_healthy
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec, check_name
@@ -308,26 +307,25 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
         console.print(f"--resume: {', '.join(at)}")
     t0 = time.monotonic()
     clients: dict[Path, subprocess.Popen] = {}
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        try:
-            first_step = {s.member.name: min(done.get(r, 0) for r in s.member.roles) + 1 for s in servers}
-            for s in servers:
-                s.start(resume, first_step[s.member.name])
-            for s in servers:
-                s.wait_healthy(token)  # a resumed server has cut its metrics back to its checkpoint by now
-            clients |= start_fleets(fleets, out, logs, env, (min(first_step.values()), spec.steps), resume)
-            _supervise(spec, servers, metrics, clients, token, t0, done)
-            for s in servers:
-                s.admin_stop(admin)
-            _await_exits(servers)
-        finally:
-            for p in clients.values():
-                stop(p)
-            for s in servers:
-                if s.proc is not None:
-                    stop(s.proc, grace=45.0)
-            signal.signal(signal.SIGTERM, previous)
+        with signals_interrupt():  # SIGTERM (a scheduler's cancel), SIGHUP: the cleanup below still runs
+            try:
+                first_step = {s.member.name: min(done.get(r, 0) for r in s.member.roles) + 1 for s in servers}
+                for s in servers:
+                    s.start(resume, first_step[s.member.name])
+                for s in servers:
+                    s.wait_healthy(token)  # a resumed server has cut its metrics back to its checkpoint by now
+                clients |= start_fleets(fleets, out, logs, env, (min(first_step.values()), spec.steps), resume)
+                _supervise(spec, servers, metrics, clients, token, t0, done)
+                for s in servers:
+                    s.admin_stop(admin)
+                _await_exits(servers)
+            finally:
+                for p in clients.values():
+                    stop(p)
+                for s in servers:
+                    if s.proc is not None:
+                        stop(s.proc, grace=45.0)
     except BaseException as exc:
         summary = team_summary(spec, servers, metrics, time.monotonic() - t0, team)
         summary["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from swarm.children import free_port, log_tail, open_log, raise_interrupt, stop, swarm_command, wait_healthy
+from swarm.children import free_port, log_tail, open_log, signals_interrupt, stop, swarm_command, wait_healthy
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
@@ -240,28 +239,26 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": token, "ROOST_ADMIN_TOKEN": admin}
     t0 = time.monotonic()
     procs: dict[Path, subprocess.Popen] = {}  # its log -> a process we started
-    # SIGTERM (a scheduler's cancel) must still run the cleanup below: stop children by PID
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        try:
-            server_log = logs / "server.log"
-            server = procs[server_log] = subprocess.Popen(
-                swarm_command("serve", "--config", str(server_file)),
-                stdout=open_log(server_log, resume, done + 1, spec.steps),
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-            # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
-            wait_healthy(url, token, server, server_log, timeout=900.0 if spec.server.engine == "vllm" else 180.0)
-            procs |= start_fleets(fleets, out, logs, env, (done + 1, spec.steps), resume)
-            clients = {log: p for log, p in procs.items() if p is not server}
-            follow(spec, url, token, server, metrics, t0, clients, done)
-            _await_exit(server, [m.parent for m in metrics.values()])  # each policy logs its own model
-        finally:
-            for p in reversed(procs.values()):  # the server last, given the time to open and close its
-                stop(p, grace=45.0 if p is procs[server_log] else 10.0)  # MLflow run (it waits <= 30 s)
-            signal.signal(signal.SIGTERM, previous)
+        with signals_interrupt():  # SIGTERM (a scheduler's cancel), SIGHUP: the cleanup below still runs
+            try:
+                server_log = logs / "server.log"
+                server = procs[server_log] = subprocess.Popen(
+                    swarm_command("serve", "--config", str(server_file)),
+                    stdout=open_log(server_log, resume, done + 1, spec.steps),
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+                # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
+                wait_healthy(url, token, server, server_log, timeout=900.0 if spec.server.engine == "vllm" else 180.0)
+                procs |= start_fleets(fleets, out, logs, env, (done + 1, spec.steps), resume)
+                clients = {log: p for log, p in procs.items() if p is not server}
+                follow(spec, url, token, server, metrics, t0, clients, done)
+                _await_exit(server, [m.parent for m in metrics.values()])  # each policy logs its own model
+            finally:
+                for p in reversed(procs.values()):  # the server last, given the time to open and close its
+                    stop(p, grace=45.0 if p is procs[server_log] else 10.0)  # MLflow run (it waits <= 30 s)
     except BaseException as exc:
         _record_failure(out, spec, time.monotonic() - t0, exc)
         raise

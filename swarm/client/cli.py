@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from swarm.children import signals_interrupt
 from swarm.client import FleetStats, SwarmClient, SwarmError, TeamClient, run_fleet
 from swarm.client._cursor import JobCursor, default_state_path
 from swarm.config.fleet import FleetConfig
@@ -122,7 +122,7 @@ def client_command(
             f"resuming at job {cursor.next} ({len(cursor.replay)} unfinished job(s) re-played first); cursor {state}"
         )
     with (
-        _terminate_as_interrupt(),
+        signals_interrupt(),  # SIGTERM and SIGHUP as Ctrl-C: the fleet stops and gives its open episodes back
         _client(cfg, url, token) as client,
     ):
         try:
@@ -161,24 +161,6 @@ def client_command(
         console.print(f"  [red]error[/red] {err}")
     if stats.stopped_by in ("unreachable", "unauthorized"):
         raise typer.Exit(1)
-
-
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C: the fleet stops and gives its open episodes back."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (embedded): leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 @contextmanager

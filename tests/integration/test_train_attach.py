@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from procs import kill_marked, marked  # tests/kit, on sys.path
 
 from swarm.model.build import build_untrained
 
@@ -39,6 +40,14 @@ def _serve(tmp_path: Path, model: Path, env: dict[str, str]) -> tuple[subprocess
             pass
         time.sleep(0.2)
     raise AssertionError("server did not start: " + (tmp_path / "server.log").read_text())
+
+
+def _policies(base: Path) -> list[str]:
+    """The policies the server whose out folder is `base` serves now (its admin route)."""
+    secrets = json.loads((base / "secrets.json").read_text())
+    url = json.loads((base / "server.json").read_text())["url"]
+    admin = {"Authorization": f"Bearer {secrets['admin_token']}"}
+    return [p["name"] for p in httpx.get(f"{url}/swarm/v1/admin/policies", headers=admin).json()["policies"]]
 
 
 def _train(out: Path, server: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
@@ -76,12 +85,7 @@ def test_two_runs_train_as_policies_of_one_server(tmp_path: Path) -> None:
             assert len(ran) == 2  # the policy trained on the server, in its own folder
         assert json.loads((tmp_path / "lr-a" / "summary.json").read_text())["config"]["lr"] == 1e-3
         # both policies are gone again: the server holds only its keeper, and is still up
-        secrets = json.loads((base / "secrets.json").read_text())
-        url = json.loads((base / "server.json").read_text())["url"]
-        listed = httpx.get(
-            f"{url}/swarm/v1/admin/policies", headers={"Authorization": f"Bearer {secrets['admin_token']}"}
-        ).json()["policies"]
-        assert [p["name"] for p in listed] == ["base"] and server.poll() is None
+        assert _policies(base) == ["base"] and server.poll() is None
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
@@ -101,5 +105,34 @@ def test_attach_refuses_another_base_and_a_missing_server(tmp_path: Path) -> Non
         assert wrong.returncode == 2 and "a policy shares its base" in text, text
         assert not (base / "policies" / "y").exists()  # nothing was added to the server
     finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def test_a_cancelled_attached_run_stops_its_fleet_and_takes_its_policy_off(tmp_path: Path) -> None:
+    """A study's trial cancelled (SIGTERM to `swarm train --attach`): its fleet is stopped, its policy
+    removed (its steps checkpointed), its summary says interrupted. The driver used to die at once, its
+    fleet (a session of its own) training on and its policy left on the shared server."""
+    model = build_untrained(tmp_path / "model", seed=0)
+    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    server, base = _serve(tmp_path, model, env)
+    run, mark = tmp_path / "trial", {"ROOST_TEST_RUN": str(tmp_path / "trial")}  # its processes, not the server
+    driver = _train(run, base, {**env, **mark}, "--model", str(model), "--policy", "trial", "--steps", "100000")
+    try:
+        deadline = time.monotonic() + 180
+        while not (base / "policies" / "trial" / "metrics.jsonl").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, driver.stdout.read() if driver.stdout else ""
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGTERM)
+        driver.communicate(timeout=120)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["attached"]["checkpoint"], summary
+        assert marked(mark) == []  # its fleet stopped with it
+        assert _policies(base) == ["base"] and server.poll() is None
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=30)
+        kill_marked(mark)
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)

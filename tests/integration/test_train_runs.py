@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from procs import kill_marked, marked  # tests/kit, on sys.path
 
 from swarm.model.build import build_untrained
 from swarm.run_checks import clear_run, previous_run
@@ -41,19 +43,40 @@ def test_train_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:
     assert r.returncode == 2 and "nothing to resume" in r.stderr
 
 
+def _endless_run(tmp_path: Path) -> tuple[Path, list[str], subprocess.Popen]:
+    """A `swarm train` (fake engine) that goes on until stopped, in a session of its own: (out, args, driver)."""
+    out, model_dir = tmp_path / "run", build_untrained(tmp_path / "model", seed=0)
+    args = ["train", "--engine", "fake", "--model", str(model_dir), "--steps", "100000", "--out", str(out)]
+    driver = subprocess.Popen(
+        [*SWARM, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **_mark(tmp_path)},  # inherited by the server and the clients it starts
+        # as from a terminal: SIGHUP not ignored, as it is when the tests themselves run under nohup
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+    )
+    return out, args, driver
+
+
+def _mark(tmp_path: Path) -> dict[str, str]:
+    """The environment mark of this test's run: its processes found by it (tests/kit/procs.py), by PID."""
+    return {"ROOST_TEST_RUN": str(tmp_path)}
+
+
+def _until(ready: Callable[[], bool], driver: subprocess.Popen, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+
+
 def test_a_run_still_going_is_refused_even_with_fresh_or_resume(tmp_path: Path) -> None:
     """`--fresh` into the folder of a run still going deleted its files under it; `--resume` started a
     second server on them. The first run's driver holds the folder: both are one line, nothing touched."""
-    out, model_dir = tmp_path / "run", build_untrained(tmp_path / "model", seed=0)
-    args = ["train", "--engine", "fake", "--model", str(model_dir), "--steps", "100000", "--out", str(out)]
-    first = subprocess.Popen(
-        [*SWARM, *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    out, args, first = _endless_run(tmp_path)
     try:
-        deadline = time.monotonic() + 90
-        while not (out / "run.yaml").exists() or '"pid"' not in (out / "run.lock").read_text():
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        _until(lambda: (out / "run.yaml").exists() and '"pid"' in (out / "run.lock").read_text(), first)
         written = (out / "run.yaml").read_text()
         for flag in ("--fresh", "--resume"):
             r = subprocess.run([*SWARM, *args, flag], capture_output=True, text=True, timeout=120)
@@ -239,3 +262,23 @@ def test_train_logs_the_final_model_to_mlflow(tmp_path: Path) -> None:
     assert logged.source_run_id == run.info.run_id
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "run.yaml" in artifacts
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_a_hangup_or_terminate_stops_the_whole_run_and_says_interrupted(tmp_path: Path, sig: signal.Signals) -> None:
+    """The terminal closed (SIGHUP) or a scheduler cancelled (SIGTERM): the driver stops its server and
+    fleet (each in a session of its own) and writes its summary. SIGHUP used to kill the driver alone,
+    leaving both training on, orphaned, with no summary."""
+    out, _, driver = _endless_run(tmp_path)
+    try:
+        _until((out / "server" / "metrics.jsonl").exists, driver)
+        driver.send_signal(sig)
+        assert driver.wait(timeout=90) != 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["steps_done"] >= 1, summary
+        assert marked(_mark(tmp_path)) == []  # its server and client stopped with it
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+        kill_marked(_mark(tmp_path))
