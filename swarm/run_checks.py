@@ -41,6 +41,7 @@ from store.paths import default_model_dir
 from swarm.config.options import build_config, load_config_file
 from swarm.config.run import RunConfig, sibling
 from swarm.folder_lock import FolderInUse, hold_folder
+from swarm.server.bootstrap import SERVER_LOCK
 
 RUN_FILE = "run.yaml"
 #: the server's per-step metrics, relative to the run folder (summary.json points here)
@@ -285,6 +286,25 @@ class HeldRun:
             self.out.rmdir()
 
 
+def left_running(out: Path) -> list[str]:
+    """Servers of the run in `out` still up with no driver (we hold its folder): its earlier `swarm train`
+    was killed outright (SIGKILL, the OOM killer), and the servers, each in a session of its own, went on.
+    A `--resume` would start a second server on the same folder (it is refused, deep in a log), a
+    `--fresh` delete its files under it: named here first, one line each."""
+    found = []
+    for lock in (out / "server" / SERVER_LOCK, *sorted(out.glob(f"servers/*/{SERVER_LOCK}"))):
+        if not lock.is_file():
+            continue
+        try:
+            hold_folder(lock.parent, SERVER_LOCK, "swarm train's check").close()
+        except FolderInUse as exc:
+            found.append(
+                f"--out: {exc}, left running when this run's `swarm train` was killed: stop it (kill -TERM "
+                "its pid: it checkpoints first), then run this again"
+            )
+    return found
+
+
 def prepare(
     overrides: dict[str, Any], config_file: Path | None, resume: bool, fresh: bool
 ) -> tuple[RunConfig, list[str], HeldRun]:
@@ -295,6 +315,7 @@ def prepare(
     requested = Path(overrides.get("out") or file_out or RunConfig().out)
     out, note, found = choose_out(requested, config_file, "out" in overrides, resume, fresh)
     held = HeldRun.take(out) if out.is_dir() else None  # a run going there: that one line, before the others
+    found += left_running(out)
     found += out_problems(out, resume)
     if resume and config_file is None and (out / RUN_FILE).exists():
         config_file = out / RUN_FILE  # the run's own settings; flags given now go on top
@@ -326,6 +347,7 @@ __all__ = [
     "clear_run",
     "ended_before_training",
     "input_problems",
+    "left_running",
     "out_problems",
     "prepare",
     "previous_run",

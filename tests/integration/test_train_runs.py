@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from procs import kill_marked, marked  # tests/kit, on sys.path
+from procs import kill_marked, marked, running  # tests/kit, on sys.path
 
 from swarm.model.build import build_untrained
 from swarm.run_checks import clear_run, previous_run
@@ -281,4 +281,23 @@ def test_a_hangup_or_terminate_stops_the_whole_run_and_says_interrupted(tmp_path
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(timeout=30)
+        kill_marked(_mark(tmp_path))
+
+
+def test_a_server_left_running_by_a_killed_driver_is_named_before_a_resume_or_fresh(tmp_path: Path) -> None:
+    """`kill -9` of the driver (or the OOM killer's) leaves its server training on, in a session of its
+    own. `--resume` then started a second server on its folder, `--fresh` deleted its files under it."""
+    out, args, driver = _endless_run(tmp_path)
+    try:
+        _until((out / "server" / "metrics.jsonl").exists, driver)
+        server_pid = json.loads((out / "server" / "server.lock").read_text())["pid"]
+        driver.kill()
+        driver.wait(timeout=30)
+        for flag in ("--resume", "--fresh"):
+            r = subprocess.run([*SWARM, *args, flag], capture_output=True, text=True, timeout=120)
+            assert r.returncode == 2, r.stdout + r.stderr
+            assert f"in use by another swarm serve (pid {server_pid}, http" in r.stderr, r.stderr
+            assert "left running when this run's `swarm train` was killed" in r.stderr, r.stderr
+        assert (out / "server" / "metrics.jsonl").exists() and running(server_pid)  # nothing touched
+    finally:
         kill_marked(_mark(tmp_path))
