@@ -22,7 +22,9 @@ from typing import IO, Any
 
 
 class FolderInUse(RuntimeError):
-    pass
+    def __init__(self, folder: Path, holder: str) -> None:
+        super().__init__(f"{folder} is in use by {holder}")
+        self.holder = holder  # "another swarm serve (pid N, URL)"
 
 
 def hold_folder(folder: Path, name: str, holder: str) -> IO[str]:
@@ -37,7 +39,7 @@ def hold_folder(folder: Path, name: str, holder: str) -> IO[str]:
         held.seek(0)
         who = _who(held.read())
         held.close()
-        raise FolderInUse(f"{folder} is in use by {who}") from None
+        raise FolderInUse(folder, who) from None
     describe(held, holder=holder, pid=os.getpid())
     return held
 

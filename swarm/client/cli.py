@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import typer
 from rich.console import Console
@@ -30,6 +30,7 @@ from swarm.client import FleetStats, SwarmClient, SwarmError, TeamClient, run_fl
 from swarm.client._cursor import JobCursor, default_state_path
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import build_config, config_options
+from swarm.folder_lock import FolderInUse, hold_folder
 from swarm.tasks import get_task
 
 
@@ -114,53 +115,69 @@ def client_command(
     flow, items, family = _resolve(task, workflow, dataset, seed, cfg.dataset_size)
     console = Console(stderr=True)
     state = state or default_state_path(url, workflow or f"task:{task}", seed, dataset or task)
-    if fresh:
-        state.unlink(missing_ok=True)
-    cursor = JobCursor(len(items), n, epochs, state, meta={"url": url, "workflow": workflow or task, "seed": seed})
-    if cursor.next or cursor.replay:
-        console.print(
-            f"resuming at job {cursor.next} ({len(cursor.replay)} unfinished job(s) re-played first); cursor {state}"
-        )
-    with (
-        signals_interrupt(),  # SIGTERM and SIGHUP as Ctrl-C: the fleet stops and gives its open episodes back
-        _client(cfg, url, token) as client,
-    ):
-        try:
-            status = client.status()  # fail fast on a wrong URL or token
-        except SwarmError as exc:
-            console.print(f"[red]cannot use {url}[/red]: {exc}")
-            raise typer.Exit(1) from None
-        if status.group_size != n:
+    with _hold_cursor(state):  # one fleet per cursor; released at the end, or at an exception's exit
+        if fresh:
+            state.unlink(missing_ok=True)
+        cursor = JobCursor(len(items), n, epochs, state, meta={"url": url, "workflow": workflow or task, "seed": seed})
+        if cursor.next or cursor.replay:
             console.print(
-                f"[yellow]note[/yellow]: the server's group size is {status.group_size}; "
-                f"this fleet sends each task {n} times"
+                f"resuming at job {cursor.next} ({len(cursor.replay)} unfinished job(s) re-played first); "
+                f"cursor {state}"
             )
-        total = max_episodes or (len(items) * n * epochs if epochs else None)
-        with _progress(console, total, quiet) as progress:
-            stats = run_fleet(
-                client,
-                flow,
-                items,
-                n=n,
-                concurrency=cfg.concurrency,
-                epochs=epochs,
-                progress=progress,
-                max_episodes=max_episodes,
-                max_attempts=cfg.max_attempts,
-                task_family=family,
-                cursor=cursor,
-                choices=cfg.choices,
-                ordered=cfg.deterministic,
-            )
-    console.print(
-        f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "
-        f"{stats.lost} lost and re-played, "
-        f"reward mean {stats.reward_mean:.3f}, {stats.elapsed:.1f}s, stopped by {stats.stopped_by}"
-    )
-    for err in stats.errors[-3:]:
-        console.print(f"  [red]error[/red] {err}")
-    if stats.stopped_by in ("unreachable", "unauthorized"):
-        raise typer.Exit(1)
+        with (
+            signals_interrupt(),  # SIGTERM and SIGHUP as Ctrl-C: the fleet stops and gives its open episodes back
+            _client(cfg, url, token) as client,
+        ):
+            try:
+                status = client.status()  # fail fast on a wrong URL or token
+            except SwarmError as exc:
+                console.print(f"[red]cannot use {url}[/red]: {exc}")
+                raise typer.Exit(1) from None
+            if status.group_size != n:
+                console.print(
+                    f"[yellow]note[/yellow]: the server's group size is {status.group_size}; "
+                    f"this fleet sends each task {n} times"
+                )
+            total = max_episodes or (len(items) * n * epochs if epochs else None)
+            with _progress(console, total, quiet) as progress:
+                stats = run_fleet(
+                    client,
+                    flow,
+                    items,
+                    n=n,
+                    concurrency=cfg.concurrency,
+                    epochs=epochs,
+                    progress=progress,
+                    max_episodes=max_episodes,
+                    max_attempts=cfg.max_attempts,
+                    task_family=family,
+                    cursor=cursor,
+                    choices=cfg.choices,
+                    ordered=cfg.deterministic,
+                )
+        console.print(
+            f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "
+            f"{stats.lost} lost and re-played, "
+            f"reward mean {stats.reward_mean:.3f}, {stats.elapsed:.1f}s, stopped by {stats.stopped_by}"
+        )
+        for err in stats.errors[-3:]:
+            console.print(f"  [red]error[/red] {err}")
+        if stats.stopped_by in ("unreachable", "unauthorized"):
+            raise typer.Exit(1)
+
+
+def _hold_cursor(state: Path) -> IO[str]:
+    """The cursor file for this fleet alone: two fleets on one would hand out the same jobs (the same
+    tasks, twice) and write over each other's pending set. Exit 2, naming the other one, when in use."""
+    try:
+        return hold_folder(state.parent, state.name + ".lock", "swarm client")
+    except FolderInUse as exc:
+        typer.echo(
+            f"swarm client: the cursor {state} is in use by {exc.holder}, which plays the same tasks from "
+            "it: give this fleet another --seed (other tasks) or --state PATH",
+            err=True,
+        )
+        raise typer.Exit(2) from None
 
 
 @contextmanager

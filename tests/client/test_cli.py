@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from swarm.client.cli import client_command
+from swarm.folder_lock import hold_folder
 from swarm.testing import RunningServer
 
 app = typer.Typer()
@@ -87,3 +89,19 @@ def test_unreachable_server_exits_1() -> None:
 def test_wrong_token_exits_1(server: RunningServer) -> None:
     r = CliRunner().invoke(app, ["--url", server.url, "--token", "wrong", "--task", "arith", "--quiet"])
     assert r.exit_code == 1 and "401" in r.output
+
+
+def test_a_cursor_in_use_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """Two fleets on one cursor handed out the same jobs (the same tasks twice) and wrote over each other's
+    pending set; a second one's `--fresh` deleted the first one's cursor under it."""
+    state = tmp_path / "cursor.json"
+    state.write_text('{"next": 40, "pending": [38]}')
+    args = ["--url", "http://127.0.0.1:9", "--token", "t", "--task", "arith", "--quiet", "--state", str(state)]
+    with hold_folder(tmp_path, "cursor.json.lock", "swarm client"):  # the first fleet, as it holds it
+        r = CliRunner().invoke(app, [*args, "--fresh"])
+        assert r.exit_code == 2, r.output
+        assert f"the cursor {state} is in use by another swarm client (pid {os.getpid()})" in r.output, r.output
+        assert "--seed" in r.output and "--state" in r.output
+    assert state.read_text() == '{"next": 40, "pending": [38]}'
+    r = CliRunner().invoke(app, [*args, "--retries", "1", "--max-episodes", "1"])  # free again: it runs
+    assert r.exit_code == 1 and "cannot use http://127.0.0.1:9" in r.output, r.output
