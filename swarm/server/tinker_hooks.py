@@ -97,7 +97,14 @@ def tinker_service(config: ServerConfig, host: Any, router: PolicyRouter) -> Any
     torch_host = host.trainer if hooks.vllm else host
     max_context = host.max_positions if hooks.vllm else host.base.max_positions
     return TinkerService(
-        torch_host, config.out_dir / "tinker", names, max_context, config.lease_seconds, hooks, config.lora
+        torch_host,
+        config.out_dir / "tinker",
+        names,
+        max_context,
+        config.lease_seconds,
+        hooks,
+        config.lora,
+        tokenizer_id=str(config.model_dir.resolve()),
     )
 
 

@@ -180,7 +180,7 @@ async def get_info(request: Request, svc: TinkerService = Depends(caller)) -> di
     return {
         "type": "get_info",
         "model_id": m.id,
-        "model_data": {"arch": "causal_lm", "model_name": base, "tokenizer_id": base},
+        "model_data": {"arch": "causal_lm", "model_name": base, "tokenizer_id": svc.tokenizer_id},
         "is_lora": True,
         "lora_rank": m.rank,
         "model_name": base,

@@ -93,10 +93,14 @@ class TinkerService:
         lease_s: float,
         hooks: PolicyHooks,
         lora: LoraSettings,
+        tokenizer_id: str | None = None,
     ) -> None:
         self.host = host
         self.root = Path(root)
         self.base_names = base_names  # what `base_model` may say: the first is reported
+        # what the SDK's `get_tokenizer` loads (`AutoTokenizer.from_pretrained`): the model directory's
+        # absolute path, so a client on the server's machine loads it with no hub (default: the name)
+        self.tokenizer_id = tokenizer_id or base_names[0]
         self.max_context = max_context
         self.lease_s = max(lease_s, 3 * SDK_HEARTBEAT_S)  # the episode lease, but three heartbeats at least
         self.hooks = hooks

@@ -112,6 +112,8 @@ def test_training_client_forward_backward_and_optim_step(server: Server) -> None
     caps = service.get_server_capabilities()
     assert caps.supported_models[0].model_name == "tiny-model" and caps.supported_models[0].trainable
     tc = _training(service)
+    tokenizer = tc.get_tokenizer()  # the server's model directory, loaded from its path: no hub (it tried one)
+    assert tokenizer.decode(tokenizer.encode("What is 2+3?")) == "What is 2+3?"
     data = [_datum(weights=[1.0] * 6)]
     first = tc.forward_backward(data, "cross_entropy").result()
     lp = first.loss_fn_outputs[0]["logprobs"].tolist()
