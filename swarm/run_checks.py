@@ -49,7 +49,17 @@ METRICS = "server/metrics.jsonl"
 #: what a run writes into its folder (and `--fresh` removes; nothing else there is touched)
 #: held by the `swarm train` driver running in the folder (swarm/folder_lock.py); not a run entry
 RUN_LOCK = "run.lock"
-RUN_ENTRIES = ("server", "logs", "summary.json", RUN_FILE, "server.yaml", "servers")  # servers/: a --team run's
+#: the fleets' dataset cursors (one file per fleet; `swarm client --state`)
+CURSORS = "client-state"
+RUN_ENTRIES = (
+    "server",
+    "logs",
+    "summary.json",
+    RUN_FILE,
+    "server.yaml",
+    "servers",
+    CURSORS,
+)  # servers/: a --team run's
 
 
 class Problems(Exception):
@@ -337,6 +347,7 @@ def prepare(
 
 __all__ = [
     "METRICS",
+    "CURSORS",
     "HeldRun",
     "MetricsTail",
     "Problems",

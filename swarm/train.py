@@ -41,7 +41,7 @@ from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text, tracking_params
 from swarm.config.server import ServerConfig
-from swarm.run_checks import METRICS, RUN_FILE, MetricsTail, previous_run, read_metrics
+from swarm.run_checks import CURSORS, METRICS, RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.tracking import EXTRA_FILE, MODEL_FILE
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.tasks import get_task
@@ -196,6 +196,9 @@ def start_fleets(
     procs = {}
     for log_name, fleet in fleets.items():
         log = logs / f"{log_name}.log"
+        if fleet.state is None:  # the run's own cursor: --resume continues it, --fresh clears it, and two runs
+            # (a study's trials on one shared server, same task and seed) never share one by its default key
+            fleet = fleet.model_copy(update={"state": out / CURSORS / f"{log_name}.json"})
         procs[log] = subprocess.Popen(
             swarm_command("client", "--config", str(write_config(out / f"fleet-{log_name}.yaml", fleet))),
             stdout=open_log(log, resume, *steps),

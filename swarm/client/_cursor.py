@@ -32,10 +32,12 @@ from store.paths import data_dir
 log = logging.getLogger("swarm.client")
 
 
-def default_state_path(url: str, workflow: str, seed: int, dataset: str | None = None) -> Path:
-    """`ROOST_HOME/client-state/<hash of url, workflow, dataset, seed>.json`."""
-
-    key = json.dumps([url.rstrip("/"), workflow, dataset, seed])
+def default_state_path(
+    url: str, workflow: str, seed: int, dataset: str | None = None, policy: str | None = None
+) -> Path:
+    """`ROOST_HOME/client-state/<hash of url, workflow, dataset, seed and policy>.json` (the policy: fleets
+    of two policies of one server are two runs; `swarm train` gives its fleets cursors in the run folder)."""
+    key = json.dumps([url.rstrip("/"), workflow, dataset, seed] + ([policy] if policy else []))
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     return data_dir() / "client-state" / f"{digest}.json"
 

@@ -114,7 +114,7 @@ def client_command(
         raise typer.BadParameter("a worker token is required (--token or ROOST_TOKEN)", param_hint="--token")
     flow, items, family = _resolve(task, workflow, dataset, seed, cfg.dataset_size)
     console = Console(stderr=True)
-    state = state or default_state_path(url, workflow or f"task:{task}", seed, dataset or task)
+    state = state or default_state_path(url, workflow or f"task:{task}", seed, dataset or task, cfg.policy)
     with _hold_cursor(state):  # one fleet per cursor; released at the end, or at an exception's exit
         if fresh:
             state.unlink(missing_ok=True)

@@ -9,6 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from swarm.client._cursor import default_state_path
 from swarm.client.cli import client_command
 from swarm.folder_lock import hold_folder
 from swarm.testing import RunningServer
@@ -105,3 +106,10 @@ def test_a_cursor_in_use_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
     assert state.read_text() == '{"next": 40, "pending": [38]}'
     r = CliRunner().invoke(app, [*args, "--retries", "1", "--max-episodes", "1"])  # free again: it runs
     assert r.exit_code == 1 and "cannot use http://127.0.0.1:9" in r.output, r.output
+
+
+def test_default_cursors_differ_by_policy() -> None:
+    """Fleets of two policies of one server (a shared-base study's trials, same task and seed) are two
+    runs: they shared one default cursor, and now the second would be refused."""
+    paths = {default_state_path("http://h:1", "task:arith", 0, "arith", p) for p in (None, "a", "b")}
+    assert len(paths) == 3

@@ -277,6 +277,7 @@ def test_a_hangup_or_terminate_stops_the_whole_run_and_says_interrupted(tmp_path
         summary = json.loads((out / "summary.json").read_text())
         assert summary["status"] == "interrupted" and summary["steps_done"] >= 1, summary
         assert marked(_mark(tmp_path)) == []  # its server and client stopped with it
+        assert json.loads((out / "client-state" / "client0.json").read_text())["next"] > 0  # its own cursor
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
