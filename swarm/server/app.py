@@ -25,13 +25,13 @@ from fastapi import FastAPI
 from swarm.config.server import ServerConfig
 from swarm.engine.base import Engine, EngineError
 from swarm.engine.fake import FakeEngine, FakePolicyHost
-from swarm.folder_lock import FolderInUse, describe, hold_folder
+from swarm.folder_lock import describe
 from swarm.model.teacher import TeacherError, check_teacher_of
 from swarm.server.access import ServerErrorCounter
 from swarm.server.access_log import ACCESS_LOG_FILE, AccessLogMiddleware
 from swarm.server.admin_routes import router as admin_router
 from swarm.server.anthropic_routes import router as anthropic_router
-from swarm.server.bootstrap import IN_USE_HINT, SECRETS_FILE, SERVER_LOCK, ensure_secrets
+from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets, hold_out_dir
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
 from swarm.server.openai_routes import router as openai_router
 from swarm.server.policies import PolicyRouter
@@ -206,10 +206,8 @@ def serve(
 
     from swarm.server.http_protocol import json_error_protocol  # lazy: subclasses uvicorn's protocols
 
-    try:  # before anything reads or writes the folder (`held`: the CLI took it before writing config.yaml)
-        held = held or hold_folder(config.out_dir, SERVER_LOCK, "swarm serve")
-    except FolderInUse as exc:
-        raise SystemExit(f"swarm serve: {exc}: {IN_USE_HINT}") from None
+    # before anything reads or writes the folder (`held`: the CLI took it before writing config.yaml)
+    held = held or hold_out_dir(config.out_dir)
     config, source = ensure_secrets(config)  # env, out_dir/secrets.json, or generated (and saved)
     if config.teacher:  # a teacher that cannot score the student's ids: refused before anything starts
         try:

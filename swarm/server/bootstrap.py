@@ -28,15 +28,16 @@ import secrets
 import socket
 import stat
 from pathlib import Path
+from typing import IO
 
 from swarm.config.server import ServerConfig
+from swarm.folder_lock import FolderInUse, hold_folder
 
 log = logging.getLogger("swarm.server")
 
 SECRETS_FILE = "secrets.json"
 #: held by the server using an out folder (swarm/folder_lock.py): one server per folder
 SERVER_LOCK = "server.lock"
-IN_USE_HINT = "stop it first (swarm ctl stop), or give this one another --out"
 ENV = {"token": "ROOST_TOKEN", "admin_token": "ROOST_ADMIN_TOKEN", "secret": "ROOST_SECRET"}
 _GENERATE = {
     "token": lambda: "swt-" + secrets.token_urlsafe(24),
@@ -76,6 +77,17 @@ def _write_secrets(path: Path, values: dict[str, str]) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def hold_out_dir(out_dir: Path) -> IO[str]:
+    """The server's folder, for this process alone (swarm/folder_lock.py); keep it open while serving.
+    Another server on it: SystemExit with one line naming it (exit 1), before anything there is touched."""
+    try:
+        return hold_folder(Path(out_dir), SERVER_LOCK, "swarm serve")
+    except FolderInUse as exc:
+        raise SystemExit(
+            f"swarm serve: {exc}: stop it first (swarm ctl stop), or give this one another --out"
+        ) from None
 
 
 def ensure_secrets(config: ServerConfig, env: dict[str, str] | None = None) -> tuple[ServerConfig, dict[str, str]]:

@@ -27,8 +27,7 @@ import typer
 
 from swarm.config.options import build_config, config_options, require_extra, write_config
 from swarm.config.server import ServerConfig
-from swarm.folder_lock import FolderInUse, hold_folder
-from swarm.server.bootstrap import IN_USE_HINT, SERVER_LOCK, parse_quotas, port_problem
+from swarm.server.bootstrap import hold_out_dir, parse_quotas, port_problem
 
 CONFIG_FILE = "config.yaml"
 
@@ -92,11 +91,7 @@ def serve_command(
         if problem := device_problem(config.device):
             typer.echo(f"swarm serve: {problem}", err=True)
             raise typer.Exit(2)
-    try:  # before its config is written over: a second server on one folder would train its episodes twice
-        held = hold_folder(Path(config.out_dir), SERVER_LOCK, "swarm serve")
-    except FolderInUse as exc:
-        typer.echo(f"swarm serve: {exc}: {IN_USE_HINT}", err=True)
-        raise typer.Exit(1) from None
+    held = hold_out_dir(config.out_dir)  # before its config is written over: one server per folder
     write_config(Path(config.out_dir) / CONFIG_FILE, config)
     if not sys.stderr.isatty():
         # under `swarm train` (or nohup, systemd) the output is a log file, where transformers' progress
