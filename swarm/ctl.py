@@ -6,6 +6,7 @@
     swarm ctl set 'quota_schedule=[{"from_step": 0, "quotas": {"math": 1}}]'
     swarm ctl pause | resume | checkpoint | stop | status
     swarm ctl --policy planner set lr=1e-4             # one policy of a server of several
+    swarm ctl status --policy planner                  # --policy before or after the command
     swarm ctl policy add critic lora_rank=16 lr=5e-5   # a new LoRA policy on the running server's base
     swarm ctl policy remove critic | policy list
 
@@ -72,6 +73,22 @@ class _Ctx:
         return data
 
 
+#: `--policy` after the command too (`swarm ctl status --policy b`), as well as before it
+_POLICY = typer.Option(None, "--policy", help="the policy to operate, on a server of several (default: its first)")
+
+
+def _on(ctx: typer.Context, policy: str | None) -> _Ctx:
+    """The context, aimed at the policy named after the command where one is; two different names are an error."""
+    obj: _Ctx = ctx.obj
+    if policy is not None:
+        if obj.policy is not None and obj.policy != policy:
+            raise typer.BadParameter(
+                f"two policies named: {obj.policy!r} before the command and {policy!r} after it", param_hint="--policy"
+            )
+        obj.policy = policy
+    return obj
+
+
 def _echo(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
@@ -115,9 +132,9 @@ def main(
 
 
 @app.command("get")
-def get(ctx: typer.Context) -> None:
+def get(ctx: typer.Context, policy: str = _POLICY) -> None:
     """Live settings, pending ones (next window), quotas and slots."""
-    _echo(ctx.obj.call("GET", "/admin/config"))
+    _echo(_on(ctx, policy).call("GET", "/admin/config"))
 
 
 def _settings_help() -> str:
@@ -131,39 +148,41 @@ def _settings_help() -> str:
 
 
 @app.command("set", help=escape(_settings_help()))
-def set_(ctx: typer.Context, settings: list[str] = typer.Argument(..., help="KEY=VALUE ...")) -> None:
-    data = ctx.obj.call("POST", "/admin/config", parse_settings(settings))
+def set_(
+    ctx: typer.Context, settings: list[str] = typer.Argument(..., help="KEY=VALUE ..."), policy: str = _POLICY
+) -> None:
+    data = _on(ctx, policy).call("POST", "/admin/config", parse_settings(settings))
     _echo({"changed": data.get("changed"), "live": data.get("live"), "pending": data.get("pending")})
 
 
 @app.command("pause")
-def pause(ctx: typer.Context) -> None:
+def pause(ctx: typer.Context, policy: str = _POLICY) -> None:
     """Refuse new claims (429) until resume; running episodes finish and train."""
-    _echo(ctx.obj.call("POST", "/admin/pause"))
+    _echo(_on(ctx, policy).call("POST", "/admin/pause"))
 
 
 @app.command("resume")
-def resume(ctx: typer.Context) -> None:
+def resume(ctx: typer.Context, policy: str = _POLICY) -> None:
     """Let claims in again."""
-    _echo(ctx.obj.call("POST", "/admin/resume"))
+    _echo(_on(ctx, policy).call("POST", "/admin/resume"))
 
 
 @app.command("checkpoint")
-def checkpoint(ctx: typer.Context) -> None:
+def checkpoint(ctx: typer.Context, policy: str = _POLICY) -> None:
     """Write a checkpoint now (after a running step)."""
-    _echo(ctx.obj.call("POST", "/admin/checkpoint"))
+    _echo(_on(ctx, policy).call("POST", "/admin/checkpoint"))
 
 
 @app.command("stop")
-def stop(ctx: typer.Context) -> None:
+def stop(ctx: typer.Context, policy: str = _POLICY) -> None:
     """Stop the server: refuse new work, finish a running step, checkpoint, exit."""
-    _echo(ctx.obj.call("POST", "/admin/stop"))
+    _echo(_on(ctx, policy).call("POST", "/admin/stop"))
 
 
 @app.command("status")
-def status(ctx: typer.Context) -> None:
+def status(ctx: typer.Context, policy: str = _POLICY) -> None:
     """Step, policy version, groups, counters, paused, quotas."""
-    _echo(ctx.obj.call("GET", "/status"))
+    _echo(_on(ctx, policy).call("GET", "/status"))
 
 
 policy_app = typer.Typer(

@@ -297,20 +297,27 @@ class HeldRun:
 
 
 def left_running(out: Path) -> list[str]:
-    """Servers of the run in `out` still up with no driver (we hold its folder): its earlier `swarm train`
-    was killed outright (SIGKILL, the OOM killer), and the servers, each in a session of its own, went on.
-    A `--resume` would start a second server on the same folder (it is refused, deep in a log), a
-    `--fresh` delete its files under it: named here first, one line each."""
+    """Servers and client fleets of the run in `out` still up with no driver (we hold its folder): its
+    earlier `swarm train` was killed outright (SIGKILL, the OOM killer), and they, each in a session of
+    its own, went on. A `--resume` would start a second server on the same folder (it is refused, deep
+    in a log) and a second fleet on each cursor, a `--fresh` delete their files under them: named here
+    first, one line each."""
+    servers = [out / "server" / SERVER_LOCK, *sorted(out.glob(f"servers/*/{SERVER_LOCK}"))]
+    fleets = sorted((out / CURSORS).glob("*.lock"))  # `swarm client`'s cursor locks (its --state + .lock)
     found = []
-    for lock in (out / "server" / SERVER_LOCK, *sorted(out.glob(f"servers/*/{SERVER_LOCK}"))):
+    for lock in [*servers, *fleets]:
         if not lock.is_file():
             continue
         try:
-            hold_folder(lock.parent, SERVER_LOCK, "swarm train's check").close()
+            hold_folder(lock.parent, lock.name, "swarm train's check").close()
         except FolderInUse as exc:
+            if lock in fleets:
+                what, stop = f"the client fleet on {lock.with_suffix('')} ({exc.holder})", "gives its episodes back"
+            else:
+                what, stop = str(exc), "checkpoints first"
             found.append(
-                f"--out: {exc}, left running when this run's `swarm train` was killed: stop it (kill -TERM "
-                "its pid: it checkpoints first), then run this again"
+                f"--out: {what}, left running when this run's `swarm train` was killed: stop it (kill -TERM "
+                f"its pid: it {stop}), then run this again"
             )
     return found
 

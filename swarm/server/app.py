@@ -204,6 +204,7 @@ def serve(
     """
     import uvicorn  # lazy: only a serving process needs the ASGI server
 
+    from swarm.server.hangup import HangupServer  # lazy: uvicorn's server, SIGHUP a graceful stop too
     from swarm.server.http_protocol import json_error_protocol  # lazy: subclasses uvicorn's protocols
 
     # before anything reads or writes the folder (`held`: the CLI took it before writing config.yaml)
@@ -227,7 +228,7 @@ def serve(
             asyncio.run(engine.close())
         raise SystemExit(f"swarm serve: {exc}") from None
     swarm: Swarm = app.state.swarm
-    server = uvicorn.Server(
+    server = HangupServer(
         uvicorn.Config(
             app, log_level="warning", access_log=False, timeout_graceful_shutdown=10, http=json_error_protocol()
         )

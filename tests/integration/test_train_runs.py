@@ -286,12 +286,16 @@ def test_a_hangup_or_terminate_stops_the_whole_run_and_says_interrupted(tmp_path
 
 
 def test_a_server_left_running_by_a_killed_driver_is_named_before_a_resume_or_fresh(tmp_path: Path) -> None:
-    """`kill -9` of the driver (or the OOM killer's) leaves its server training on, in a session of its
-    own. `--resume` then started a second server on its folder, `--fresh` deleted its files under it."""
+    """`kill -9` of the driver (or the OOM killer's) leaves its server training on and its fleet playing,
+    each in a session of its own. `--resume` then started a second server on its folder (and a second
+    fleet on the cursor), `--fresh` deleted their files under them."""
     out, args, driver = _endless_run(tmp_path)
     try:
         _until((out / "server" / "metrics.jsonl").exists, driver)
         server_pid = json.loads((out / "server" / "server.lock").read_text())["pid"]
+        fleet_lock = out / "client-state" / "client0.json.lock"
+        _until(fleet_lock.exists, driver)
+        fleet_pid = json.loads(fleet_lock.read_text())["pid"]
         driver.kill()
         driver.wait(timeout=30)
         for flag in ("--resume", "--fresh"):
@@ -299,6 +303,8 @@ def test_a_server_left_running_by_a_killed_driver_is_named_before_a_resume_or_fr
             assert r.returncode == 2, r.stdout + r.stderr
             assert f"in use by another swarm serve (pid {server_pid}, http" in r.stderr, r.stderr
             assert "left running when this run's `swarm train` was killed" in r.stderr, r.stderr
-        assert (out / "server" / "metrics.jsonl").exists() and running(server_pid)  # nothing touched
+            cursor = out / "client-state" / "client0.json"
+            assert f"the client fleet on {cursor} (another swarm client (pid {fleet_pid}))" in r.stderr, r.stderr
+        assert (out / "server" / "metrics.jsonl").exists() and running(server_pid) and running(fleet_pid)
     finally:
         kill_marked(_mark(tmp_path))

@@ -33,8 +33,9 @@ def test_a_held_folder_is_refused_naming_its_holder_and_free_once_released(tmp_p
         hold_folder(out, "y.lock", "b")
 
 
-def _serve(out: Path, model_dir: Path, log: Path) -> subprocess.Popen:
+def _serve(out: Path, model_dir: Path, log: Path, *more: str) -> subprocess.Popen:
     args = ["serve", "--engine", "fake", "--model", str(model_dir), "--port", "0", "--out", str(out), "--token", "t"]
+    args += more
     return subprocess.Popen(
         [sys.executable, "-m", "swarm", *args],
         stdout=log.open("w"),
@@ -74,3 +75,39 @@ def test_a_second_server_on_a_folder_in_use_exits_in_one_line_and_a_killed_ones_
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait(timeout=30)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_a_hangup_stops_the_server_as_sigterm_does_with_its_last_steps_checkpointed(
+    tmp_path: Path, model_dir: Path, sig: signal.Signals
+) -> None:
+    """The terminal a `swarm serve` runs in closes (SIGHUP): it died at once, and the steps trained since
+    its last checkpoint were lost; now it stops as at SIGTERM: its step ends, its last steps are saved."""
+    from swarm.client import SwarmClient
+
+    out, log = tmp_path / "out", tmp_path / "serve.log"
+    server = _serve(out, model_dir, log, "--group-size", "1", "--batch-groups", "1", "--checkpoint-every", "100")
+    try:
+        deadline = time.monotonic() + 90
+        while not (out / "server.json").exists():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        url = json.loads((out / "server.json").read_text())["url"]
+        wait_answering(f"{url}/health", server, log)
+        with SwarmClient(url, "t") as client:
+            for _ in range(2):
+                ep = client.claim("t")
+                ep.openai.chat.completions.create(model=ep.model, messages=[{"role": "user", "content": "hi"}])
+                ep.finish(1.0)
+            deadline = time.monotonic() + 30
+            while client.status().step < 2:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+        assert not (out / "checkpoints").exists() or not list((out / "checkpoints").iterdir())  # every 100 steps
+        os.kill(server.pid, sig)
+        server.wait(timeout=60)
+        assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1:] == ["step_000002"], log.read_text()
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)

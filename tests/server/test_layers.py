@@ -89,7 +89,8 @@ HEAVY = {
         "swarm.engine.vllm",
         "swarm.engine.verl",  # vllm, verl+ray
         "swarm.server.http_protocol",
-    ),  # uvicorn's protocol classes, only in a serving process
+        "swarm.server.hangup",
+    ),  # uvicorn's protocol classes and server, only in a serving process
     "tracking": ("store.tracking",),  # MLflow
     # torch and peft: a fake-engine server never loads them (the batcher's BASE_ADAPTER: the base sampler's)
     "tinker_hooks": ("swarm.tinker.service", "swarm.engine.continuous"),

@@ -155,6 +155,31 @@ def test_policies_added_and_removed_while_serving(policy_server: RunningServer) 
     assert r.status_code == 409 and r.json()["error"]["code"] == "last_policy"
 
 
+def test_ctl_names_the_policy_before_or_after_its_command(policy_server: RunningServer) -> None:
+    from typer.testing import CliRunner
+
+    from swarm.cli import app as cli_app
+
+    srv = policy_server
+
+    def ctl(*args: str):
+        return CliRunner().invoke(cli_app, ["ctl", "--url", srv.url, "--admin-token", srv.admin_token, *args])
+
+    r = ctl("status", "--policy", "executor")  # was "No such option" (the option belonged to the group only)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["model"] == "executor"
+    assert json.loads(ctl("--policy", "executor", "status").output)["model"] == "executor"
+    assert json.loads(ctl("status").output)["model"] == "planner"
+    r = ctl("set", "lr=2e-5", "--policy", "executor")
+    assert r.exit_code == 0, r.output
+    assert srv.app.state.policies.swarms["executor"].control.describe().live["lr"] == 2e-5
+    assert srv.app.state.policies.swarms["planner"].control.describe().live["lr"] != 2e-5
+    r = ctl("--policy", "planner", "status", "--policy", "executor")
+    assert r.exit_code == 2 and "two policies named" in r.output
+    r = ctl("status", "--policy", "nobody")
+    assert r.exit_code == 1 and "model_not_found" in r.output
+
+
 def test_a_full_parameter_policy_is_refused_at_start(model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="share a base train LoRA"):
         ServerConfig(engine="torch", model_dir=model_dir, policies=[{"name": "a"}, {"name": "b"}])
