@@ -92,7 +92,9 @@ def tinker_service(config: ServerConfig, host: Any, router: PolicyRouter) -> Any
         return None
     from swarm.tinker.service import TinkerService  # lazy: torch and peft, which a fake-engine server never loads
 
-    names = [config.served_model_name, config.model_dir.name, str(config.model_dir)]
+    # the resolved path too: the SDK's samplers are told it as their base model (their get_tokenizer loads it)
+    names = list(dict.fromkeys([config.served_model_name, config.model_dir.name, str(config.model_dir)]))
+    names += [] if str(config.model_dir.resolve()) in names else [str(config.model_dir.resolve())]
     hooks = TinkerHooks(config, host, router)
     torch_host = host.trainer if hooks.vllm else host
     max_context = host.max_positions if hooks.vllm else host.base.max_positions

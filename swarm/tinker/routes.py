@@ -180,7 +180,9 @@ async def get_info(request: Request, svc: TinkerService = Depends(caller)) -> di
     return {
         "type": "get_info",
         "model_id": m.id,
-        "model_data": {"arch": "causal_lm", "model_name": base, "tokenizer_id": svc.tokenizer_id},
+        # model_data.model_name is what the SDK gives the samplers this client makes as their base model, and
+        # a sampler's get_tokenizer() loads that name (no tokenizer_id there): the directory, not the hub
+        "model_data": {"arch": "causal_lm", "model_name": svc.tokenizer_id, "tokenizer_id": svc.tokenizer_id},
         "is_lora": True,
         "lora_rank": m.rank,
         "model_name": base,
@@ -333,7 +335,9 @@ async def create_sampling_session(request: Request, svc: TinkerService = Depends
 @router.get("/samplers/{sampler_id}")
 async def get_sampler(sampler_id: str, svc: TinkerService = Depends(caller)) -> dict[str, Any]:
     path = svc.sampler_path(sampler_id, None)
-    return {"sampler_id": sampler_id, "base_model": svc.base_names[0], "model_path": path.uri if path else None}
+    # the model directory's path, a base model name the server accepts: the SDK's sampler loads its tokenizer
+    # from it (SamplingClient.get_tokenizer() takes this name to AutoTokenizer; the served name meant the hub)
+    return {"sampler_id": sampler_id, "base_model": svc.tokenizer_id, "model_path": path.uri if path else None}
 
 
 @router.post("/asample")

@@ -135,6 +135,8 @@ def test_sample_and_compute_logprobs_from_a_saved_sampler(server: Server) -> Non
     service = tinker.ServiceClient()
     tc = _training(service)
     sampler = tc.save_weights_and_get_sampling_client().result()
+    # its tokenizer from the base model it was told, the model directory's path: no hub (the served name was)
+    assert sampler.get_tokenizer().encode("What is 2+3?") == tc.get_tokenizer().encode("What is 2+3?")
     params = types.SamplingParams(max_tokens=5, seed=3, temperature=1.0)
     res = sampler.sample(types.ModelInput.from_ints(TOKENS), num_samples=3, sampling_params=params).result()
     assert len(res.sequences) == 3
@@ -148,6 +150,7 @@ def test_sample_and_compute_logprobs_from_a_saved_sampler(server: Server) -> Non
     path = tc.save_weights_for_sampler("named").result().path
     assert path.endswith("/sampler_weights/named")
     by_path = service.create_sampling_client(model_path=path)
+    assert by_path.get_tokenizer().decode(by_path.get_tokenizer().encode("2+3")) == "2+3"  # the base it was told
     res = by_path.sample(
         types.ModelInput.from_ints(TOKENS),
         num_samples=1,
