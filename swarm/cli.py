@@ -187,12 +187,15 @@ def _train(spec: RunConfig, resume: bool) -> None:
     if model == default_model_dir() and built_version(model) != BUILD_VERSION:
         from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
 
-        if (found := built_version(model)) is not None:
-            typer.echo(
-                f"swarm train: the embedded model in {model} is build {found}; this Roost's is build "
-                f"{BUILD_VERSION}: rebuilding it (a few minutes; `swarm model init` does the same)",
-                err=True,
-            )
+        found = built_version(model)
+        typer.echo(  # a line first: off a terminal (a log, nohup, CI) the bar shows only when it is done
+            f"swarm train: the embedded model in {model} is build {found}; this Roost's is build "
+            f"{BUILD_VERSION}: rebuilding it (a few minutes; `swarm model init` does the same)"
+            if found is not None
+            else f"swarm train: building the embedded model in {model} first (once, a few minutes; "
+            "`swarm model init` does the same)",
+            err=True,
+        )
         with rich_progress("building the embedded model") as progress:
             init_model(model, progress=progress)
     try:
