@@ -59,7 +59,7 @@ from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.tasks import get_task, list_tasks
 from swarm.team_resume import SERVERS, Member, recorded_team, resume_problems, role_dir, role_steps
-from swarm.train import SHARED_BASE_RANK, console, start_fleets, step_line, summarize
+from swarm.train import SHARED_BASE_RANK, combine_roles, console, start_fleets, step_line, summarize
 
 EMBEDDED = "embedded"
 #: checkpoint every k steps when the run asks for none (`--checkpoint-every 0`): a restarted server
@@ -407,10 +407,7 @@ def team_summary(
     """summary.json of a team: the run's numbers as `swarm train` gives them (rewards: the mean of the
     roles'), a section per role (its model, server, rewards, steps, MLflow run) and per server."""
     per = {role: summarize(read_metrics(path), wall_s, spec) for role, path in metrics.items()}
-    base = dict(next(iter(per.values())))
-    for key in ("reward_first_mean", "reward_last_mean"):
-        values = [p[key] for p in per.values() if p[key] is not None]
-        base[key] = sum(values) / len(values) if values else None
+    base = combine_roles(per)
     server_of = {role: s for s in servers for role in s.member.roles}
     roles = {}
     for role, p in per.items():
@@ -430,7 +427,6 @@ def team_summary(
         **base,
         "team": dict(team),
         "model": None,
-        "steps_done": min(p["steps_done"] for p in per.values()),
         "metrics": {role: r["metrics"] for role, r in roles.items()},
         "roles": roles,
         "servers": {

@@ -30,6 +30,7 @@ import os
 import secrets
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
@@ -110,17 +111,38 @@ def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5)
     }
 
 
-def summarize_policies(spec: RunConfig, metrics: dict[str, Path], wall_s: float) -> dict:
-    """A --shared-base run: each role's summary under `policies`, the run's reward the mean of the roles'."""
-    per = {role: summarize(read_metrics(path), wall_s, spec) for role, path in metrics.items()}
-    summary = dict(next(iter(per.values())))
+def _mean(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def combine_roles(per: dict[str, dict]) -> dict:
+    """The run's own numbers from its roles' summaries: rewards (the run's and each task family's) the mean
+    of the roles', `steps_done` the slowest role's. Step timings stay per role: one role's steps say nothing
+    of another's (the first role's used to stand for the run, as did its families)."""
+    summary = {k: v for k, v in next(iter(per.values())).items() if k != "timing"}
     for key in ("reward_first_mean", "reward_last_mean"):
-        values = [p[key] for p in per.values() if p[key] is not None]
-        summary[key] = sum(values) / len(values) if values else None
+        summary[key] = _mean(p[key] for p in per.values())
+    families = {}
+    for name in sorted({f for p in per.values() for f in p["families"]}):
+        rows = [p["families"][name] for p in per.values() if name in p["families"]]
+        families[name] = {
+            "reward_first_mean": _mean(r["reward_first_mean"] for r in rows),
+            "reward_last_mean": _mean(r["reward_last_mean"] for r in rows),
+            "steps_seen": max(r["steps_seen"] for r in rows),
+        }
+    summary["families"] = families
     summary["steps_done"] = min(p["steps_done"] for p in per.values())
+    return summary
+
+
+def summarize_policies(spec: RunConfig, metrics: dict[str, Path], wall_s: float) -> dict:
+    """A --shared-base run: each role's summary under `policies`, the run's numbers combined (`combine_roles`)."""
+    per = {role: summarize(read_metrics(path), wall_s, spec) for role, path in metrics.items()}
+    summary = combine_roles(per)
     summary["metrics"] = {role: str(path.relative_to(spec.out)) for role, path in metrics.items()}
     summary["policies"] = {
-        role: {k: p[k] for k in ("reward_first_mean", "reward_last_mean", "steps_done", "timing")}
+        role: {k: p[k] for k in ("reward_first_mean", "reward_last_mean", "steps_done", "families", "timing")}
         for role, p in per.items()
     }
     return summary

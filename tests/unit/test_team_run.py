@@ -207,3 +207,31 @@ def test_tiny_wide_is_a_preset_of_the_embedded_recipe() -> None:
     preset = PRESETS["tiny-wide"]
     assert preset.tokenizer == "embedded" and preset.warm_start is not None
     assert preset.shape["hidden_size"] > 128 and preset.shape["num_hidden_layers"] > 4  # wider and deeper
+
+
+def test_a_run_of_several_roles_reports_the_roles_mean_for_the_run_and_each_family() -> None:
+    """The run's numbers of a team or a --shared-base run come from every role, not the first one's (its
+    families and step timings stood for the run's)."""
+    from swarm.train import combine_roles
+
+    def role(first: float | None, last: float, families: dict, steps: int) -> dict:
+        return {
+            "status": "finished",
+            "reward_first_mean": first,
+            "reward_last_mean": last,
+            "families": families,
+            "steps_done": steps,
+            "timing": {"collection_s": 0.1, "engine_busy_s": 0.05, "train_s": 0.2},
+        }
+
+    fam = {"reward_first_mean": 0.2, "reward_last_mean": 0.4, "steps_seen": 6}
+    planner = role(0.2, 0.4, {"duet": fam}, 6)
+    executor = role(None, 0.8, {"duet": {**fam, "reward_last_mean": 0.8, "steps_seen": 5}, "calc": fam}, 5)
+    run = combine_roles({"planner": planner, "executor": executor})
+    assert run["reward_first_mean"] == 0.2 and run["reward_last_mean"] == pytest.approx(0.6)  # None left out
+    assert run["families"] == {
+        "calc": fam,
+        "duet": {"reward_first_mean": 0.2, "reward_last_mean": pytest.approx(0.6), "steps_seen": 6},
+    }
+    assert run["steps_done"] == 5 and "timing" not in run and run["status"] == "finished"
+    assert planner["families"] == {"duet": fam} and "timing" in planner  # the roles' own are left as they were
