@@ -70,6 +70,7 @@ except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming
     raise SystemExit(f"researcher needs {exc.name}: pip install 'roost[research]'") from None
 from researcher.cli_output import Progress, console, export_html, finish, open_in_browser, print_plan, shown
 from store.paths import default_model_dir
+from swarm.children import signals_interrupt
 from swarm.client.cli import load_object
 from swarm.config.options import require_extra
 
@@ -396,7 +397,8 @@ def _drive_here(study_id: int, opts: CliOptions, resume: object = None, out: Pat
     from store.models import StudyStatus  # lazy: with the runner
 
     try:
-        finish(study_id, drive(study_id, resume=resume, on_step=Progress()), out)
+        with signals_interrupt():  # SIGTERM, SIGHUP: the interrupted line and exit 130, as Ctrl-C (they killed it mute)
+            finish(study_id, drive(study_id, resume=resume, on_step=Progress()), out)
     except KeyboardInterrupt:
         console.print(
             f"\n[yellow]interrupted[/]: running trials go on; continue with "

@@ -5,7 +5,8 @@ exists: every problem found is one line naming the flag (`Problems`), all of the
 Checked: the model directory, the workflow (importable, callable), the dataset (given,
 the task's, or a `dataset` function beside the workflow; importable, callable), the output
 folder (a folder, creatable, its earlier run), `--resume` (something to resume, steps left),
-`--vllm-python` when given, `--device cuda` on a machine without CUDA, and `--teacher`
+`--vllm-python` when given, `--device cuda` on a machine without CUDA, a `--lora-rank` wider than
+a layer of the model (swarm/model/widths.py), and `--teacher`
 (swarm/model/teacher.py).
 
 The run folder follows one set of rules (the README's "The run folder" and each run.yaml's
@@ -40,7 +41,9 @@ from typing import IO, Any
 from store.paths import default_model_dir
 from swarm.config.options import build_config, load_config_file
 from swarm.config.run import RunConfig, sibling
+from swarm.config.server import ServerConfig
 from swarm.folder_lock import FolderInUse, hold_folder
+from swarm.model.widths import rank_problem
 from swarm.server.bootstrap import SERVER_LOCK
 
 RUN_FILE = "run.yaml"
@@ -160,6 +163,20 @@ def _load(spec: str, flag: str) -> tuple[Any, str | None]:
     return obj, None
 
 
+def lora_problems(model_dir: Path, server: ServerConfig) -> list[str]:
+    """A LoRA rank wider than a target layer, from the model's config.json (the engine would refuse it
+    only once a server had started); one line per policy that has one."""
+    if server.policies:
+        ranked = [(f"policy {p.name}: ", server.for_policy(p).lora) for p in server.policies]
+    else:
+        ranked = [("", server.lora)]
+    found = []
+    for prefix, lora in ranked:
+        if problem := rank_problem(Path(model_dir), lora):
+            found.append(f"--lora-rank: {prefix}{problem}")
+    return found
+
+
 def input_problems(spec: RunConfig) -> list[str]:
     """What would fail in the server or in every client: the model, the workflow, the dataset."""
     found: list[str] = []
@@ -171,6 +188,7 @@ def input_problems(spec: RunConfig) -> list[str]:
 
         if problem := device_problem(spec.server.device):
             found.append(problem)
+    found += lora_problems(spec.server.model_dir, spec.server)
     python = spec.server.vllm.python
     if spec.server.engine == "vllm" and python is not None and not Path(python).exists():
         found.append(f"--vllm-python: {python} does not exist")

@@ -101,7 +101,7 @@ def attach(
         with quiet_peft():
             wrapped = get_peft_model(model, lora_config(settings), adapter_name=adapter_name)
     except ValueError as exc:  # peft: target modules not found
-        raise LoraError(f"--lora-targets {settings.targets}: {exc}") from None
+        raise LoraError(f"LoRA targets {settings.targets}: {exc}") from None
     check_rank(wrapped, settings.rank)
     wrapped.peft_config[adapter_name].base_model_name_or_path = str(Path(base_dir).resolve())
     return wrapped
@@ -118,7 +118,7 @@ def add_adapter(model: Any, name: str, settings: LoraSettings, base_dir: Path) -
         with quiet_peft():
             model.add_adapter(name, lora_config(settings))
     except ValueError as exc:
-        raise LoraError(f"policy {name!r}: --lora-targets {settings.targets}: {exc}") from None
+        raise LoraError(f"policy {name!r}: LoRA targets {settings.targets}: {exc}") from None
     try:
         check_rank(model, settings.rank, adapter_name=name)
     except LoraError:
@@ -171,15 +171,14 @@ def check_rank(
     layers an adapter wraps)."""
     layers = adapted_layers(model, adapter_name) if layers is None else layers
     if not layers:
-        raise LoraError("--lora-targets matched no linear layer of the model")
+        raise LoraError("the LoRA targets matched no linear layer of the model")
     name, (fan_in, fan_out) = min(layers.items(), key=lambda kv: min(kv[1]))
     if rank > min(fan_in, fan_out):
         short = name.removeprefix("base_model.model.")
         raise LoraError(
-            f"--lora-rank {rank} is larger than the width of target layer {short} "
+            f"LoRA rank {rank} is larger than the width of target layer {short} "
             f"({fan_in} in, {fan_out} out): a rank-r adapter of that layer can have rank at most "
-            f"{min(fan_in, fan_out)}; choose --lora-rank <= {min(fan_in, fan_out)} or fewer "
-            "--lora-targets"
+            f"{min(fan_in, fan_out)}; choose a rank <= {min(fan_in, fan_out)} or fewer target layers"
         )
 
 

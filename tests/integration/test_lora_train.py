@@ -90,4 +90,10 @@ def test_lora_rank_wider_than_the_model_is_refused_with_the_reason(tmp_path):
     model = build_untrained(tmp_path / "model", seed=0)
     r = _train(tmp_path, model, tmp_path / "run", "--steps", "1", "--lora-rank", "4096")
     assert r.returncode != 0
-    assert "--lora-rank 4096 is larger than the width of target layer" in r.stdout + r.stderr
+    assert "--lora-rank: LoRA rank 4096 is larger than the width of target layer" in r.stdout + r.stderr
+    assert not (tmp_path / "run" / "server").exists()  # refused before a server started (it once failed a run)
+    # a target the config's table does not know is left to the engine, which refuses it as before
+    wide = ("--lora-rank", "4096", "--lora-targets", "q_proj,lm_head")
+    r = _train(tmp_path, model, tmp_path / "run", "--steps", "1", *wide)
+    assert r.returncode != 0
+    assert "LoRA rank 4096 is larger than the width of target layer" in r.stdout + r.stderr

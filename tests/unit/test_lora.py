@@ -291,9 +291,9 @@ def test_eval_scores_an_adapter_checkpoint(model_dir, tmp_path):
 
 
 def test_rank_larger_than_a_layer_is_refused_with_the_reason(model_dir):
-    with pytest.raises(LoraError, match=r"--lora-rank 129 is larger than the width of target layer .*128 in"):
+    with pytest.raises(LoraError, match=r"LoRA rank 129 is larger than the width of target layer .*128 in"):
         _engine(model_dir, rank=129)
-    with pytest.raises(LoraError, match="--lora-targets"):
+    with pytest.raises(LoraError, match="LoRA targets"):
         _engine(model_dir, targets="no_such_proj")
     _engine(model_dir, rank=128, targets="q_proj").batcher.close()  # exactly the width: allowed
 
@@ -310,7 +310,7 @@ def test_a_rank_past_the_width_is_refused_before_peft_wraps_anything(model_dir):
     assert names == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert len(layers) == 7 * model.config.num_hidden_layers  # every layer's, the output head not among them
     before = {name: type(m) for name, m in model.named_modules()}
-    with pytest.raises(LoraError, match="--lora-rank 100000 is larger than the width"):
+    with pytest.raises(LoraError, match="LoRA rank 100000 is larger than the width"):
         attach(model, LoraSettings(rank=100_000), model_dir)
     assert {name: type(m) for name, m in model.named_modules()} == before  # untouched
     wrapped = attach(model, LoraSettings(rank=8), model_dir)
