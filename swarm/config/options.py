@@ -44,6 +44,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from rich.markup import escape
 
+from swarm.config.unknown import unknown_setting
+
 SECRET_FIELDS = frozenset({"token", "admin_token", "secret"})
 
 
@@ -353,7 +355,11 @@ def errors_line(
 def describe_error(exc: ValidationError, model: type[BaseModel], defaults: BaseModel | None = None) -> str:
     """A pydantic error as the user typed it: `--lease-seconds: Input should be greater than 0`."""
     names = flag_names(model, defaults)
-    return errors_line(exc.errors(), lambda loc: names.get(loc) or ".".join(loc) or model.__name__, most=None)
+    errors = [
+        {**err, "msg": unknown_setting(model, tuple(err["loc"]))} if err.get("type") == "extra_forbidden" else err
+        for err in exc.errors()
+    ]
+    return errors_line(errors, lambda loc: names.get(loc) or ".".join(loc) or model.__name__, most=None)
 
 
 def build_config(
