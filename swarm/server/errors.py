@@ -18,9 +18,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swarm.config.options import errors_line
+from swarm.config.unknown import unknown_setting
 from swarm.server.exceptions import (
     Conflict,
     EpisodeNotFound,
@@ -132,6 +134,27 @@ def describe_validation(errors: list[dict[str, Any]]) -> str:
     return errors_line(errors, lambda loc: ".".join(x for x in loc if x != "body") or "body") or "invalid request"
 
 
+def body_model(request: Request) -> type[BaseModel] | None:
+    """The pydantic model of the matched route's body, when it has exactly one."""
+    route = request.scope.get("route")
+    params = getattr(getattr(route, "dependant", None), "body_params", None) or []
+    annotation = getattr(getattr(params[0], "field_info", None), "annotation", None) if len(params) == 1 else None
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def named_unknown_keys(errors: list[dict[str, Any]], model: type[BaseModel] | None) -> list[dict[str, Any]]:
+    """An unknown key of a body answered with the name meant (`lrr: not a setting; did you mean 'lr'?`),
+    as a config file's is, instead of pydantic's bare "Extra inputs are not permitted"."""
+    if model is None:
+        return errors
+    return [
+        {**e, "msg": unknown_setting(model, tuple(e["loc"][1:]))}
+        if e.get("type") == "extra_forbidden" and tuple(e.get("loc", ()))[:1] == ("body",)
+        else e
+        for e in errors
+    ]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SwarmError)
     async def _domain(request: Request, exc: SwarmError) -> JSONResponse:
@@ -140,7 +163,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
+        errors = named_unknown_keys(list(exc.errors()), body_model(request))
         code = "invalid_json" if any(e.get("type") == "json_invalid" for e in errors) else "invalid_request"
         return error_response(400, describe_validation(errors), code)
 

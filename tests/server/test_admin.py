@@ -111,6 +111,15 @@ def test_invalid_updates_are_400_and_change_nothing(server: RunningServer, body)
     assert before["live"] == after["live"] and after["pending"] == {}
 
 
+def test_an_unknown_key_is_answered_with_the_name_meant(server: RunningServer) -> None:
+    r = _set(server, {"learning_rate": 1e-4, "temprature": 0.5, "zzz": 1})
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "temprature: not a setting; did you mean 'temperature'?" in message
+    assert "zzz: not a setting here (these are: " in message and "lr" in message
+    assert "Extra inputs" not in message
+
+
 # -- effects ----------------------------------------------------------------------------
 
 
