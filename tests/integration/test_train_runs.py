@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from procs import kill_marked, marked, running  # tests/kit, on sys.path
+from procs import hangup_default, kill_marked, marked, running  # tests/kit, on sys.path
 
 from swarm.model.build import build_untrained
 from swarm.run_checks import clear_run, previous_run
@@ -53,8 +53,7 @@ def _endless_run(tmp_path: Path) -> tuple[Path, list[str], subprocess.Popen]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
         env={**os.environ, **_mark(tmp_path)},  # inherited by the server and the clients it starts
-        # as from a terminal: SIGHUP not ignored, as it is when the tests themselves run under nohup
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+        preexec_fn=hangup_default,  # as from a terminal, also when the tests themselves run under nohup
     )
     return out, args, driver
 

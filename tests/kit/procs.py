@@ -100,3 +100,12 @@ def kill_marked(marks: dict[str, str]) -> None:
 
 
 __all__ = ["environ", "gone_within", "group", "kill_marked", "marked", "running", "stat", "tree"]
+
+
+def hangup_default() -> None:
+    """`preexec_fn` of a child a test sends SIGHUP: the signal's default action, as from a terminal.
+
+    A child inherits an ignored SIGHUP, so under `nohup` (a suite started in the background) the
+    product rightly treats the hangup as ignored, and a test of what a closed terminal does cannot
+    see it."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)

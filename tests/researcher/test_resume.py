@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
+from procs import hangup_default  # tests/kit, on sys.path
 from sqlmodel import Session, select
 
 from researcher.config import StudyConfig
@@ -147,6 +148,7 @@ def _researcher(*args: str, env: dict) -> subprocess.Popen:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=hangup_default,  # as from a terminal, also when the tests themselves run under nohup
             text=True,
         )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from http_wait import wait_answering  # tests/kit, on sys.path
+from procs import hangup_default  # tests/kit, on sys.path
 
 from swarm.folder_lock import FolderInUse, describe, hold_folder
 
@@ -41,6 +42,7 @@ def _serve(out: Path, model_dir: Path, log: Path, *more: str) -> subprocess.Pope
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=hangup_default,  # as from a terminal, also when the tests themselves run under nohup
     )
 
 
