@@ -19,12 +19,14 @@ Imports no torch: runs anywhere the client SDK runs.
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
 import typer
 from rich.markup import escape
 
+from swarm.config.train import TrainConfig
 from swarm.server.admin_schema import LiveConfigUpdate
 
 app = typer.Typer(
@@ -196,9 +198,17 @@ _LORA_KEYS = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_targets": "targe
 
 
 def policy_spec(name: str, items: list[str]) -> dict[str, Any]:
-    """`("critic", ["lora_rank=16", "lr=5e-5", "B=2"])` -> the PolicySpec body the server validates."""
+    """`("critic", ["lora_rank=16", "lr=5e-5", "B=2"])` -> the PolicySpec body the server validates.
+
+    A key none of the three kinds knows is refused here, with the one meant: these names are this
+    command's own (`lora_rank`), so the server, which sees the body's, could only say `train.lora_rnak`."""
     spec: dict[str, Any] = {"name": name}
+    known = [*_LORA_KEYS, *sorted(_SPEC_KEYS), *TrainConfig.model_fields, "quotas"]
     for key, value in parse_settings(items).items():
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]}?" if near else f"known: {', '.join(known)}"
+            raise typer.BadParameter(f"{key}: not a policy setting; {hint}", param_hint="SETTINGS")
         if key in _LORA_KEYS:
             spec.setdefault("lora", {})[_LORA_KEYS[key]] = value
         elif key in _SPEC_KEYS:

@@ -178,6 +178,11 @@ def test_ctl_names_the_policy_before_or_after_its_command(policy_server: Running
     assert r.exit_code == 2 and "two policies named" in r.output
     r = ctl("status", "--policy", "nobody")
     assert r.exit_code == 1 and "model_not_found" in r.output
+    # `policy add`'s keys are ctl's own (lora_rank): a misspelt one is named here, nothing is added
+    r = ctl("policy", "add", "critic", "lora_rnak=8")
+    said = " ".join(r.output.replace("│", " ").split())  # rich's error box, unwrapped
+    assert r.exit_code == 2 and "lora_rnak: not a policy setting; did you mean lora_rank?" in said
+    assert "critic" not in srv.app.state.policies.swarms
 
 
 def test_a_full_parameter_policy_is_refused_at_start(model_dir: Path, tmp_path: Path) -> None:
