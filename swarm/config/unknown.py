@@ -65,20 +65,21 @@ def places_of(model: type[BaseModel], name: str, depth: int = 3) -> list[str]:
     return found
 
 
-def unknown_setting(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
-    """The message for `loc`, a key `model` forbids: `not a setting; did you mean 'rank'?`."""
+def unknown_setting(model: type[BaseModel], loc: tuple[Any, ...], noun: str = "setting") -> str:
+    """The message for `loc`, a key `model` forbids: `not a setting; did you mean 'rank'?` (`noun`: what
+    the keys are called where it is read: a config file's settings, a request body's fields)."""
     known = fields_at(model, loc[:-1])
     if not known:
-        return "not a setting"
+        return f"not a {noun}"
     below = _model_at(model, loc[:-1])
     if below is not None and (places := places_of(below, str(loc[-1]))):  # the right name one level off
         prefix = "".join(f"{p}." for p in loc[:-1] if isinstance(p, str))
-        return f"not a setting here; it is {' or '.join(prefix + p for p in places[:3])}"
+        return f"not a {noun} here; it is {' or '.join(prefix + p for p in places[:3])}"
     near = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
     if near:
-        return f"not a setting; did you mean {near[0]!r}?"
+        return f"not a {noun}; did you mean {near[0]!r}?"
     listed = ", ".join(known[:MOST_LISTED]) + (", ..." if len(known) > MOST_LISTED else "")
-    return f"not a setting here (these are: {listed})"
+    return f"not a {noun} here (these are: {listed})"
 
 
 __all__ = ["fields_at", "places_of", "unknown_setting"]

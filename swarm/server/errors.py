@@ -143,12 +143,12 @@ def body_model(request: Request) -> type[BaseModel] | None:
 
 
 def named_unknown_keys(errors: list[dict[str, Any]], model: type[BaseModel] | None) -> list[dict[str, Any]]:
-    """An unknown key of a body answered with the name meant (`lrr: not a setting; did you mean 'lr'?`),
+    """An unknown key of a body answered with the name meant (`lrr: not a field; did you mean 'lr'?`),
     as a config file's is, instead of pydantic's bare "Extra inputs are not permitted"."""
     if model is None:
         return errors
     return [
-        {**e, "msg": unknown_setting(model, tuple(e["loc"][1:]))}
+        {**e, "msg": unknown_setting(model, tuple(e["loc"][1:]), noun="field")}
         if e.get("type") == "extra_forbidden" and tuple(e.get("loc", ()))[:1] == ("body",)
         else e
         for e in errors

@@ -115,8 +115,8 @@ def test_an_unknown_key_is_answered_with_the_name_meant(server: RunningServer) -
     r = _set(server, {"learning_rate": 1e-4, "temprature": 0.5, "zzz": 1})
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
-    assert "temprature: not a setting; did you mean 'temperature'?" in message
-    assert "zzz: not a setting here (these are: " in message and "lr" in message
+    assert "temprature: not a field; did you mean 'temperature'?" in message
+    assert "zzz: not a field here (these are: " in message and "lr" in message
     assert "Extra inputs" not in message
 
 
