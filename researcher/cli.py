@@ -470,7 +470,7 @@ def resume(
 def status(study_id: int = typer.Argument(None, show_default="every study")) -> None:
     """List studies, or show one study's trials."""
     _require_research()
-    from sqlmodel import Session, select  # lazy: with the runner
+    from sqlmodel import Session, func, select  # lazy: with the runner
 
     from store.models import Study, Trial  # lazy: with the runner
     from store.schema import init_db  # lazy: the store alone; the runner's import (langgraph, ~2.5 s) is not needed
@@ -478,10 +478,14 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
     engine = init_db()
     with Session(engine) as s:
         if study_id is None:
+            studies = s.exec(select(Study).order_by(Study.id)).all()  # type: ignore[arg-type]
+            if not studies:
+                console.print(f"No studies yet in {escape(str(engine.url))}; start one with: researcher study TOPIC")
+                return
+            counts = dict(s.exec(select(Trial.study_id, func.count()).group_by(Trial.study_id)).all())  # type: ignore[arg-type]
             t = Table("id", "status", "trials", "question", title="Studies")
-            for st in s.exec(select(Study).order_by(Study.id)).all():  # type: ignore[arg-type]
-                n = len(s.exec(select(Trial).where(Trial.study_id == st.id)).all())
-                t.add_row(str(st.id), st.status, str(n), escape(st.question[:80]))
+            for st in studies:
+                t.add_row(str(st.id), st.status, str(counts.get(st.id, 0)), escape(st.question[:80]))
             console.print(t)
             return
         st = s.get(Study, study_id)

@@ -24,6 +24,11 @@ def test_dry_run_prints_the_plan_and_launches_nothing():
     assert "dry run" in res.output
 
 
+def test_status_without_studies_says_how_to_start_one():
+    res = runner.invoke(app, ["status"])
+    assert res.exit_code == 0 and "No studies yet" in res.output and "researcher study TOPIC" in res.output
+
+
 def test_fewer_than_three_seeds_is_refused():
     res = runner.invoke(app, ["study", TOPIC, "--seeds", "2", "--dry-run"])
     assert res.exit_code != 0
@@ -45,7 +50,11 @@ def test_study_status_report_and_stop(fake_program, monkeypatch):
     assert tick() == {1: "waiting"}  # the daemon's tick launches the first trials and returns
     res = runner.invoke(app, ["status", "1"])
     assert res.exit_code == 0 and "RUNNING" in res.output
-    assert "ACTIVE" in runner.invoke(app, ["status"]).output
+    listed = runner.invoke(app, ["status"]).output
+    assert "ACTIVE" in listed
+    with Session(init_db()) as s:
+        n = len(s.exec(select(Trial)).all())
+    assert f"│ 1  │ ACTIVE │ {n:<6} │" in listed  # the study's row counts its trials
     res = runner.invoke(app, ["report", "1"])
     assert res.exit_code == 0 and "# Study 1" in res.output
     res = runner.invoke(app, ["stop", "1"])
