@@ -368,7 +368,7 @@ def study(
             try:
                 check_program(cfg, first.design)
             except ValueError as e:
-                raise typer.BadParameter(str(e), param_hint="--shared-base") from None
+                raise typer.BadParameter(str(e).removeprefix("--shared-base: "), param_hint="--shared-base") from None
     if cfg.uses_swarm_train and cfg.model_dir is None:
         from swarm.model.recipe import matches  # lazy: the research extra's command; no torch
 

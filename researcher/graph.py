@@ -137,6 +137,7 @@ def check_program(cfg: StudyConfig, d: Design) -> None:
         d.check_program(swarm_train_flags())
     if cfg.shared_base:
         shared_base.check_design({*d.common, *(k for arm in d.arms for k in arm.knobs)})
+        shared_base.check_full_parameter([d.common, *(arm.knobs for arm in d.arms)])
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from swarm.algorithms.choices import Advantage, LossAgg
 KNOB_PATTERNS: list[tuple[str, str]] = [
     ("timeline_merge", r"timeline[- ]merg\w*|\bmerg(e|ing)\b"),
     ("kl_coef", r"\bkl\b|kl[- ]?(coef\w*|penalty|divergence)|kullback"),
+    ("lora_rank", r"\blora\b|adapter[- ]rank|rank of the adapter|full[- ]fine[- ]?tun\w*|full[- ]parameter"),
     ("lr", r"learning[- ]rates?|\blr\b|step[- ]size"),
     ("group_size", r"group[- ]size|group of|\bgroups? \d"),
     ("batch_groups", r"batch[- ](size|groups?)"),
@@ -54,7 +55,7 @@ OUT_OF_SCOPE: list[tuple[str, str]] = [
     ("the optimizer", r"\boptimi[sz]er\w*|\badam\w*|\bsgd\b|\bmomentum\b|\brmsprop\b|\blion\b"),
     ("a learning-rate schedule", r"\bschedul\w*|warm[- ]?up|cosine|(?<!weight.)\bdecay\b"),
     ("the architecture", r"architecture|\blayers?\b|\bheads?\b|hidden size|\bwidth\b|\bdepth\b|dropout"),
-    ("precision or adapters", r"\bbf16\b|\bfp16\b|precision|\blora\b|quantiz\w*"),
+    ("numeric precision", r"\bbf16\b|\bfp16\b|precision|quantiz\w*"),
     ("the dataset", r"\bdataset\w*|training data"),
 ]
 
@@ -65,6 +66,7 @@ DEFAULT_ARMS: dict[str, list[Any]] = {
     "group_size": [4, 8, 16],
     "batch_groups": [2, 4],
     "kl_coef": [0.0, 0.1],
+    "lora_rank": [0, 8],  # full fine-tuning against a rank-8 adapter
     "temperature": [1.0, 0.7],
     "timeline_merge": [True, False],
     "advantage": [Advantage.grpo.value, Advantage.rloo.value],
@@ -148,10 +150,12 @@ def check_scope(topic: str) -> list[str]:
 
 
 def natural_baseline(knob: str, values: list[Any]) -> Any:
-    """The control arm: lr/KL 0, merging on, the embedded model; else the first value named."""
+    """The control arm: lr/KL 0, merging on, full fine-tuning (LoRA rank 0), the embedded model; else the
+    first value named."""
     for control in {
         "lr": [0.0],
         "kl_coef": [0.0],
+        "lora_rank": [0],  # full fine-tuning
         "timeline_merge": [True],
         "model": ["embedded"],
         "advantage": [Advantage.grpo.value],
@@ -228,7 +232,7 @@ class RulesPlanner:
 
 # ---------------------------------------------------------------- adaptive rounds
 
-LOG_KNOBS = frozenset({"lr", "kl_coef"})  # searched on a log scale: their useful values span decades
+LOG_KNOBS = frozenset({"lr", "kl_coef", "lora_rank"})  # searched on a log scale: their useful values span decades
 
 
 def log_scaled(knob: str) -> bool:

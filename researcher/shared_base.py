@@ -63,6 +63,17 @@ def check_design(knobs: Iterable[str]) -> None:
         )
 
 
+def check_full_parameter(settings: Iterable[dict]) -> None:
+    """ValueError when an arm (or every arm) sets `lora_rank` 0: full fine-tuning changes the base the
+    other trials share, so the server would refuse that trial's policy after the study had started."""
+    if any(knobs.get("lora_rank") == 0 for knobs in settings):
+        raise ValueError(
+            "--shared-base: lora_rank=0 is full fine-tuning, which cannot share a base with other trials (its "
+            "step would change the base under them); compare ranks of 1 and more (e.g. 'Compare LoRA rank 4 "
+            "and 16'), or study full fine-tuning without --shared-base"
+        )
+
+
 def server_dir(cfg: StudyConfig) -> Path:
     """The shared server's out folder (server.json, secrets.json, each trial's policies/t<id>)."""
     return Path(cfg.study_dir) / "base" / "server"
@@ -133,4 +144,14 @@ def trial_args(cfg: StudyConfig, trial_id: int) -> list[str]:
     return ["--attach", str(server_dir(cfg)), "--policy", f"t{trial_id:04d}"]
 
 
-__all__ = ["KEEPER", "RANK", "check_design", "ensure", "problems", "server_dir", "stop", "trial_args"]
+__all__ = [
+    "KEEPER",
+    "RANK",
+    "check_design",
+    "check_full_parameter",
+    "ensure",
+    "problems",
+    "server_dir",
+    "stop",
+    "trial_args",
+]

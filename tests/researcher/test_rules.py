@@ -62,6 +62,21 @@ def test_every_knob_the_refusal_lists_is_recognised_by_that_name():
     assert detect_knobs("Does lr matter on the arith task?") == ["lr"]
 
 
+@pytest.mark.parametrize(
+    "topic, base, treatments",
+    [
+        ("Does the LoRA rank matter? Compare 8 and 32", 8, [32]),
+        ("Does LoRA rank 8 learn as well as full fine-tuning?", 0, [8]),  # full fine-tuning is the control
+        ("Does LoRA help on arithmetic?", 0, [8]),  # the default arms
+    ],
+)
+def test_lora_rank_is_a_knob_with_full_fine_tuning_as_its_control(topic, base, treatments):
+    _, h, d = plan(topic)
+    assert (h.knob, h.baseline_value, h.treatment_values) == ("lora_rank", base, treatments)
+    assert {a.knobs["lora_rank"] for a in d.arms} == {base, *treatments}
+    assert bracket_values("lora_rank", 16, [8, 16, 32]) == [11, 23]  # log-midpoints, as ranks go by factors
+
+
 def test_more_seeds_and_one_round_only():
     p = RulesPlanner()
     f, h, d = plan("learning rate 1e-4 vs 3e-4", seeds=5)
@@ -75,6 +90,7 @@ def test_more_seeds_and_one_round_only():
         ("Does Adam beat SGD?", "cannot study the optimizer"),
         ("Does a cosine schedule help arithmetic?", "cannot study a learning-rate schedule"),
         ("Do more layers help?", "cannot study the architecture"),
+        ("Does bf16 matter?", "cannot study numeric precision"),
         ("Does weight decay help?", "found no knob"),
         ("Does training help on arithmetic?", "found no knob"),
         ("Does a bigger model help?", "name at least two values of model"),

@@ -30,6 +30,18 @@ def test_knobs_one_server_cannot_vary_are_named() -> None:
     assert "may vary" in str(info.value) and "lr" in str(info.value).rpartition("may vary")[2]
 
 
+def test_a_full_parameter_arm_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """lora_rank 0 is full fine-tuning: its trial's policy would be refused by the shared server mid-study."""
+    arms = [Arm(name="lora_rank=0", knobs={"lora_rank": 0}), Arm(name="lora_rank=8", knobs={"lora_rank": 8})]
+    design = Design(task="arith", steps=2, seeds=[0, 1, 2], baseline="lora_rank=0", arms=arms)
+    shared = StudyConfig(topic=TOPIC, shared_base=True, study_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="lora_rank=0 is full fine-tuning, which cannot share a base"):
+        check_program(shared, design)
+    check_program(StudyConfig(topic=TOPIC, study_dir=str(tmp_path)), design)  # on servers of their own: fine
+    ranks = [Arm(name="lora_rank=4", knobs={"lora_rank": 4}), Arm(name="lora_rank=16", knobs={"lora_rank": 16})]
+    check_program(shared, Design(task="arith", steps=2, seeds=[0, 1, 2], baseline="lora_rank=4", arms=ranks))
+
+
 def test_a_design_varying_the_base_is_refused_before_anything_starts(tmp_path: Path) -> None:
     design = Design(
         task="arith",
