@@ -1,15 +1,18 @@
-"""`swarm.children.stop`: a child and everything it started end, by process group, never by name."""
+"""`swarm.children.stop`: a child and everything it started end, by process group, never by name; and
+`signals_interrupt`, by which a driver stops them on SIGTERM and SIGHUP."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from procs import gone_within, running
 
-from swarm.children import stop, sweep_group
+from swarm.children import signals_interrupt, stop, sweep_group
 
 
 def _spawn(tmp_path: Path, script: str) -> tuple[subprocess.Popen, int]:
@@ -80,3 +83,30 @@ def test_a_number_taken_again_is_not_swept(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_signals_interrupt_turns_sigterm_and_sighup_into_ctrl_c_and_restores_them(sig: signal.Signals) -> None:
+    """What `swarm train`, `swarm client` and a foreground `researcher study` stop by: a KeyboardInterrupt
+    inside (their `finally` stops children and says how to go on), the previous handlers after."""
+    outer = signal.signal(sig, signal.SIG_DFL)  # as from a terminal, also under nohup (SIGHUP ignored)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals_interrupt():
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # the handler raises as soon as the signal is taken
+        assert signal.getsignal(sig) is signal.SIG_DFL
+    finally:
+        signal.signal(sig, outer)
+
+
+def test_an_ignored_sighup_stays_ignored() -> None:
+    """Under `nohup` the user asked for hangups to be ignored: the context leaves SIGHUP alone."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with signals_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
