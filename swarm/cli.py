@@ -125,13 +125,14 @@ def model_export(
 ) -> None:
     """Export a run's policy as a whole Hugging Face model: a LoRA adapter merged into the base it records."""
     require_extra("server", "torch", "transformers", "peft")
+    from swarm.model.evaluate import RunFolderError  # lazy: with export's imports
     from swarm.model.export import export_merged  # lazy: torch, transformers and peft take seconds
 
     try:
         typer.echo(str(export_merged(source, merge)))
     except FileExistsError as exc:
         raise typer.BadParameter(str(exc), param_hint="--merge") from None
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, RunFolderError) as exc:  # no model there; several policies or no checkpoint yet
         raise typer.BadParameter(str(exc), param_hint="SOURCE") from None
 
 

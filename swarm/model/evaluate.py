@@ -19,6 +19,7 @@ beside the model it started from (`run_models`, `comparison_table`).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -297,7 +298,25 @@ def run_models(path: Path) -> tuple[Path, Path | None]:
             return checkpoint, initial_model(server_of(path))
     if (path / CHECKPOINT_STATE).is_file():  # OUT/server/checkpoints/step_N (or latest), or a policy's
         return path, initial_model(server_of(path.parent.parent))
+    if not (path / "config.json").is_file() and any((d / "config.yaml").is_file() for d in (path / "server", path)):
+        status = _summary_status(path)
+        raise RunFolderError(
+            f"{path} is a run folder with no checkpoint yet{f' (its run {status})' if status else ''}: "
+            "a run saves one every --checkpoint-every steps and when it ends after a step"
+        )
     return path, None
+
+
+def _summary_status(path: Path) -> str | None:
+    """`ended failed before its first step` from a run folder's summary.json, if it says so."""
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or "status" not in summary:
+        return None
+    steps = summary.get("steps_done")
+    return f"ended {summary['status']}" + (" before its first step" if steps == 0 else "")
 
 
 class RunFolderError(ValueError):

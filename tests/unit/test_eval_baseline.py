@@ -108,3 +108,22 @@ def test_run_models_of_a_run_with_several_policies(tmp_path, fake_run):
     policy = server / "policies" / "planner"
     assert run_models(policy) == ((policy / "checkpoints" / "step_000002").resolve(), initial)
     assert run_models(policy / "checkpoints" / "step_000002") == (policy / "checkpoints" / "step_000002", initial)
+
+
+def test_a_run_folder_with_no_checkpoint_says_so(tmp_path, fake_run):
+    """A run that ended before its first step: `swarm eval` and `swarm model export` called it "not a model
+    directory" / "neither a model directory, a checkpoint nor a run folder"; it is a run folder, with none yet."""
+    from swarm.cli import app
+    from swarm.model.evaluate import RunFolderError, run_models
+
+    _, initial = fake_run
+    run = tmp_path / "run"
+    (run / "server").mkdir(parents=True)
+    (run / "server" / "config.yaml").write_text(yaml.safe_dump({"model_dir": str(initial), "out_dir": "x"}))
+    (run / "summary.json").write_text(json.dumps({"status": "failed", "steps_done": 0}))
+    with pytest.raises(RunFolderError, match=r"no checkpoint yet \(its run ended failed before its first step\)"):
+        run_models(run)
+    r = CliRunner().invoke(app, ["model", "export", str(run), "--merge", str(tmp_path / "merged")])
+    said = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 2 and "is a run folder with no checkpoint yet" in said
+    assert not (tmp_path / "merged").exists()
