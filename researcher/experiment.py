@@ -55,6 +55,12 @@ class Knob:
     false_flag: str | None = None  # for bools: the flag that turns it off
     default: Any = None  # what a trial that does not set it runs with
 
+    def range_text(self) -> str:
+        """`[0, 64]`: the values a study may give this knob."""
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        high = "inf" if self.high is None else f"{self.high:g}"
+        return f"[{low}, {high}]"
+
     def validate(self, value: Any) -> Any:
         """The value coerced to the knob's type; ValueError when wrong or out of range."""
         if self.kind == "bool":
@@ -77,9 +83,7 @@ class Knob:
                     raise ValueError(f"{self.name} must be an integer, got {value!r}")
                 num = int(num)
             if self.low is not None and num < self.low or self.high is not None and num > self.high:
-                low = "-inf" if self.low is None else f"{self.low:g}"
-                high = "inf" if self.high is None else f"{self.high:g}"
-                raise ValueError(f"{self.name}={value!r} is outside the allowed range [{low}, {high}]")
+                raise ValueError(f"{self.name}={value!r} is outside the allowed range {self.range_text()}")
             return num
         if self.kind == "choice":
             if str(value) not in self.choices:

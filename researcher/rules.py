@@ -130,6 +130,20 @@ def detect_values(topic: str, knob: str) -> list[Any]:
     return values
 
 
+def out_of_range(topic: str, knob: str) -> list[str]:
+    """The numbers in the topic that are `knob`'s type but outside its study range (`detect_values` drops them)."""
+    if KNOBS[knob].kind not in ("float", "int"):
+        return []
+    found = []
+    for m in NUMBER.finditer(topic):
+        try:
+            KNOBS[knob].validate(m.group(0))
+        except ValueError as exc:
+            if "outside the allowed range" in str(exc) and m.group(0) not in found:
+                found.append(m.group(0))
+    return found
+
+
 def studied_knobs() -> list[str]:
     """The knobs this planner recognises in words (an LLM planner can use every knob)."""
     return [name for name, _ in KNOB_PATTERNS if name in KNOBS]
@@ -198,6 +212,12 @@ class RulesPlanner:
             return None
         knob = frame.knobs[0]
         values = detect_values(topic, knob)
+        if len(values) == 1 and (outside := out_of_range(topic, knob)):
+            # one value kept and another dropped: the study would compare it with a default instead
+            raise UnsupportedTopic(
+                f"the topic names {', '.join(outside)} for {knob}, outside the range a study may use "
+                f"({KNOBS[knob].range_text()}); name values within it"
+            )
         if knob == "model":
             values = ["embedded", *[v for v in values if v != "embedded"]]
         if len(values) < 2:

@@ -77,6 +77,12 @@ def test_lora_rank_is_a_knob_with_full_fine_tuning_as_its_control(topic, base, t
     assert bracket_values("lora_rank", 16, [8, 16, 32]) == [11, 23]  # log-midpoints, as ranks go by factors
 
 
+def test_a_number_that_is_no_value_of_the_knob_leaves_the_default_arms():
+    """A step count in the topic is no learning rate: with no value named, the default arms stand."""
+    _, h, _ = plan("Does the learning rate matter over 40 steps?")
+    assert (h.baseline_value, h.treatment_values) == (0.0, [3e-4])
+
+
 def test_more_seeds_and_one_round_only():
     p = RulesPlanner()
     f, h, d = plan("learning rate 1e-4 vs 3e-4", seeds=5)
@@ -94,6 +100,8 @@ def test_more_seeds_and_one_round_only():
         ("Does weight decay help?", "found no knob"),
         ("Does training help on arithmetic?", "found no knob"),
         ("Does a bigger model help?", "name at least two values of model"),
+        # one value kept, one past the range dropped: it compared 8 with the default 0 instead
+        ("Does the LoRA rank matter? Compare 8 and 256", r"names 256 for lora_rank, outside .* \(\[0, 64\]\)"),
     ],
 )
 def test_topics_outside_its_knobs_are_refused_with_what_it_can_study(topic, says):
