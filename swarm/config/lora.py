@@ -85,4 +85,19 @@ class LoraSettings(BaseModel):
         return ALL_LINEAR if self.targets == ALL_LINEAR else self.targets.split(",")
 
 
-__all__ = ["ALL_LINEAR", "LoraSettings"]
+def rank_too_wide(rank: int, layer: str, fan_in: int, fan_out: int) -> str | None:
+    """Why a rank-`rank` adapter cannot wrap the `fan_in` x `fan_out` layer `layer`, or None when it can.
+
+    One sentence for both places that check: `swarm train` before it starts a server, from the
+    model's config.json (swarm/model/widths.py), and the engine on the loaded model (swarm/engine/lora.py)."""
+    width = min(fan_in, fan_out)
+    if rank <= width:
+        return None
+    return (
+        f"LoRA rank {rank} is larger than the width of target layer {layer} ({fan_in} in, {fan_out} out): "
+        f"a rank-r adapter of that layer can have rank at most {width}; choose a rank <= {width} or fewer "
+        "target layers"
+    )
+
+
+__all__ = ["ALL_LINEAR", "LoraSettings", "rank_too_wide"]

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from swarm.config.lora import LoraSettings
+from swarm.config.lora import LoraSettings, rank_too_wide
 from swarm.engine.adapter_files import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -173,13 +173,8 @@ def check_rank(
     if not layers:
         raise LoraError("the LoRA targets matched no linear layer of the model")
     name, (fan_in, fan_out) = min(layers.items(), key=lambda kv: min(kv[1]))
-    if rank > min(fan_in, fan_out):
-        short = name.removeprefix("base_model.model.")
-        raise LoraError(
-            f"LoRA rank {rank} is larger than the width of target layer {short} "
-            f"({fan_in} in, {fan_out} out): a rank-r adapter of that layer can have rank at most "
-            f"{min(fan_in, fan_out)}; choose a rank <= {min(fan_in, fan_out)} or fewer target layers"
-        )
+    if problem := rank_too_wide(rank, name.removeprefix("base_model.model."), fan_in, fan_out):
+        raise LoraError(problem)
 
 
 def save_adapter(model: torch.nn.Module, path: Path, adapter_name: str = "default") -> None:

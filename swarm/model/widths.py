@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from swarm.config.lora import ALL_LINEAR, LoraSettings
+from swarm.config.lora import ALL_LINEAR, LoraSettings, rank_too_wide
 
 #: model types whose attention and MLP projections are q/k/v/o and gate/up/down, shaped as below
 DECODERS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -58,15 +58,7 @@ def rank_problem(model_dir: Path, settings: LoraSettings) -> str | None:
     if not names or any(n not in widths for n in names):
         return None  # a target not in the table (a regex, another layer): the engine matches it
     name = min(names, key=lambda n: min(widths[n]))
-    fan_in, fan_out = widths[name]
-    width = min(fan_in, fan_out)
-    if settings.rank <= width:
-        return None
-    return (
-        f"LoRA rank {settings.rank} is larger than the width of target layer {name} ({fan_in} in, {fan_out} out): "
-        f"a rank-r adapter of that layer can have rank at most {width}; choose a rank <= {width} or fewer "
-        "target layers"
-    )
+    return rank_too_wide(settings.rank, name, *widths[name])
 
 
 __all__ = ["DECODERS", "projection_widths", "rank_problem"]
