@@ -44,7 +44,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from rich.markup import escape
 
-from swarm.config.unknown import unknown_setting
+from swarm.config.unknown import name_unknown_keys
 
 SECRET_FIELDS = frozenset({"token", "admin_token", "secret"})
 
@@ -355,10 +355,7 @@ def errors_line(
 def describe_error(exc: ValidationError, model: type[BaseModel], defaults: BaseModel | None = None) -> str:
     """A pydantic error as the user typed it: `--lease-seconds: Input should be greater than 0`."""
     names = flag_names(model, defaults)
-    errors = [
-        {**err, "msg": unknown_setting(model, tuple(err["loc"]))} if err.get("type") == "extra_forbidden" else err
-        for err in exc.errors()
-    ]
+    errors = name_unknown_keys(list(exc.errors()), model)
     return errors_line(errors, lambda loc: names.get(loc) or ".".join(loc) or model.__name__, most=None)
 
 

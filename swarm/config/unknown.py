@@ -82,4 +82,17 @@ def unknown_setting(model: type[BaseModel], loc: tuple[Any, ...], noun: str = "s
     return f"not a {noun} here (these are: {listed})"
 
 
-__all__ = ["fields_at", "places_of", "unknown_setting"]
+def name_unknown_keys(
+    errors: list[dict[str, Any]], model: type[BaseModel], noun: str = "setting", under: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """Pydantic's errors with each unknown key's message (`extra_forbidden`) saying the name meant; `under`:
+    the prefix of `loc` that is not the model's (a request's `body`), only errors under it are renamed."""
+    return [
+        {**e, "msg": unknown_setting(model, tuple(e["loc"])[len(under) :], noun)}
+        if e.get("type") == "extra_forbidden" and tuple(e.get("loc", ()))[: len(under)] == under
+        else e
+        for e in errors
+    ]
+
+
+__all__ = ["fields_at", "name_unknown_keys", "places_of", "unknown_setting"]

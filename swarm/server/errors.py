@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swarm.config.options import errors_line
-from swarm.config.unknown import unknown_setting
+from swarm.config.unknown import name_unknown_keys
 from swarm.server.exceptions import (
     Conflict,
     EpisodeNotFound,
@@ -142,19 +142,6 @@ def body_model(request: Request) -> type[BaseModel] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
-def named_unknown_keys(errors: list[dict[str, Any]], model: type[BaseModel] | None) -> list[dict[str, Any]]:
-    """An unknown key of a body answered with the name meant (`lrr: not a field; did you mean 'lr'?`),
-    as a config file's is, instead of pydantic's bare "Extra inputs are not permitted"."""
-    if model is None:
-        return errors
-    return [
-        {**e, "msg": unknown_setting(model, tuple(e["loc"][1:]), noun="field")}
-        if e.get("type") == "extra_forbidden" and tuple(e.get("loc", ()))[:1] == ("body",)
-        else e
-        for e in errors
-    ]
-
-
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(SwarmError)
     async def _domain(request: Request, exc: SwarmError) -> JSONResponse:
@@ -163,7 +150,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = named_unknown_keys(list(exc.errors()), body_model(request))
+        errors = list(exc.errors())
+        if (model := body_model(request)) is not None:  # an unknown key answered with the name meant
+            errors = name_unknown_keys(errors, model, noun="field", under=("body",))
         code = "invalid_json" if any(e.get("type") == "json_invalid" for e in errors) else "invalid_request"
         return error_response(400, describe_validation(errors), code)
 
