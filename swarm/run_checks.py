@@ -44,6 +44,7 @@ from swarm.config.run import RunConfig, sibling
 from swarm.config.server import ServerConfig
 from swarm.folder_lock import FolderInUse, hold_folder
 from swarm.model.widths import rank_problem
+from swarm.run_layout import run_summary
 from swarm.server.bootstrap import SERVER_LOCK
 
 RUN_FILE = "run.yaml"
@@ -163,7 +164,7 @@ def _load(spec: str, flag: str) -> tuple[Any, str | None]:
     return obj, None
 
 
-def lora_problems(model_dir: Path, server: ServerConfig) -> list[str]:
+def lora_problems(server: ServerConfig) -> list[str]:
     """A LoRA rank wider than a target layer, from the model's config.json (the engine would refuse it
     only once a server had started); one line per policy that has one."""
     if server.policies:
@@ -172,7 +173,7 @@ def lora_problems(model_dir: Path, server: ServerConfig) -> list[str]:
         ranked = [("", server.lora)]
     found = []
     for prefix, lora in ranked:
-        if problem := rank_problem(Path(model_dir), lora):
+        if problem := rank_problem(Path(server.model_dir), lora):
             found.append(f"--lora-rank: {prefix}{problem}")
     return found
 
@@ -188,7 +189,7 @@ def input_problems(spec: RunConfig) -> list[str]:
 
         if problem := device_problem(spec.server.device):
             found.append(problem)
-    found += lora_problems(spec.server.model_dir, spec.server)
+    found += lora_problems(spec.server)
     python = spec.server.vllm.python
     if spec.server.engine == "vllm" and python is not None and not Path(python).exists():
         found.append(f"--vllm-python: {python} does not exist")
@@ -276,10 +277,7 @@ def choose_out(
 
 def _status(out: Path) -> str | None:
     """summary.json's `status` of the run in `out` (None without a readable one)."""
-    try:
-        status = json.loads((out / "summary.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
+    status = (run_summary(out) or {}).get("status")
     return status if isinstance(status, str) else None
 
 

@@ -8,12 +8,16 @@ one policy or role in whatever a run left. The writers lay them out like this:
     OUT/servers/A+B/policies/ROLE      swarm train --team: a server per base, several roles on it
     OUT/servers/ROLE                   swarm train --team: a role alone on its model
 
+`run_summary` reads the summary a run's driver writes at its end (`swarm train`'s checks, `swarm eval`).
+
 Pure paths (no torch): `swarm inspect` reads runs on machines without it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 #: The layouts of a policy's (or team role's) folder under a run folder, in the order they are looked at.
 ROLE_FOLDERS = ("server/policies/{role}", "policies/{role}", "servers/*/policies/{role}", "servers/{role}")
@@ -32,4 +36,13 @@ def server_of(folder: Path) -> Path:
     return folder.parent.parent if folder.parent.name == "policies" else folder
 
 
-__all__ = ["ROLE_FOLDERS", "role_folders", "server_of"]
+def run_summary(out: Path) -> dict[str, Any] | None:
+    """The `summary.json` a run's driver wrote into `out` at its end (None without a readable one)."""
+    try:
+        summary = json.loads((Path(out) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+__all__ = ["ROLE_FOLDERS", "role_folders", "run_summary", "server_of"]

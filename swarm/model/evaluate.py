@@ -19,7 +19,6 @@ beside the model it started from (`run_models`, `comparison_table`).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from transformers import AutoTokenizer
 from store.paths import default_model_dir
 from swarm.chat.tool_parsers import get_parser, parse
 from swarm.model.adapter import load_causal_lm, tokenizer_dir
-from swarm.run_layout import server_of
+from swarm.run_layout import run_summary, server_of
 from swarm.tasks import get_task
 
 CHECKPOINT_STATE = "server_state.json"  # what marks a server checkpoint (swarm/server/checkpoint.py)
@@ -309,11 +308,8 @@ def run_models(path: Path) -> tuple[Path, Path | None]:
 
 def _summary_status(path: Path) -> str | None:
     """`ended failed before its first step` from a run folder's summary.json, if it says so."""
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(summary, dict) or "status" not in summary:
+    summary = run_summary(path)
+    if summary is None or "status" not in summary:
         return None
     steps = summary.get("steps_done")
     return f"ended {summary['status']}" + (" before its first step" if steps == 0 else "")
