@@ -41,6 +41,10 @@ METRIC_HELP = {
 }
 
 
+class OutOfRange(ValueError):
+    """A knob's value of the right type outside the range a study may use."""
+
+
 @dataclass(frozen=True)
 class Knob:
     """One configuration knob a study can vary."""
@@ -83,7 +87,7 @@ class Knob:
                     raise ValueError(f"{self.name} must be an integer, got {value!r}")
                 num = int(num)
             if self.low is not None and num < self.low or self.high is not None and num > self.high:
-                raise ValueError(f"{self.name}={value!r} is outside the allowed range {self.range_text()}")
+                raise OutOfRange(f"{self.name}={value!r} is outside the allowed range {self.range_text()}")
             return num
         if self.kind == "choice":
             if str(value) not in self.choices:

@@ -31,7 +31,7 @@ import re
 from typing import Any
 
 from researcher.config import Adaptive
-from researcher.experiment import KNOBS, MIN_SEEDS, Design, Frame, HypothesisSpec, arm_name, known_tasks
+from researcher.experiment import KNOBS, MIN_SEEDS, Design, Frame, HypothesisSpec, OutOfRange, arm_name, known_tasks
 from researcher.planning import Decision, PlanDefaults, UnsupportedTopic, choose_direction, default_design, knob_list
 from swarm.algorithms.choices import Advantage, LossAgg
 
@@ -138,9 +138,11 @@ def out_of_range(topic: str, knob: str) -> list[str]:
     for m in NUMBER.finditer(topic):
         try:
             KNOBS[knob].validate(m.group(0))
-        except ValueError as exc:
-            if "outside the allowed range" in str(exc) and m.group(0) not in found:
+        except OutOfRange:
+            if m.group(0) not in found:
                 found.append(m.group(0))
+        except ValueError:
+            pass  # not the knob's type (an integer knob's 1.5): not a value it could take at all
     return found
 
 
