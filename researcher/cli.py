@@ -308,6 +308,9 @@ def study(
         if dataset:
             load_object(dataset)
     time_limit = parse_duration(trial_time_limit)
+    named = _topic_counts(topic)
+    steps = _topic_or_flag(ctx, "steps", steps, named)
+    seeds = _topic_or_flag(ctx, "seeds", seeds, named)
     try:
         cfg = StudyConfig(
             topic=topic,
@@ -389,6 +392,33 @@ def study(
         console.print(f"Left to the daemon (`researcher daemon`); follow with: researcher status {sid}")
         return
     _drive_here(sid, options_of(ctx), out=out)
+
+
+def _topic_counts(topic: str) -> dict[str, int]:
+    """The steps and seeds the question names ("over 100 steps"), or a usage error naming the clash."""
+    from researcher.planning import UnsupportedTopic  # lazy: research extra (checked by the caller)
+    from researcher.rules import topic_counts  # lazy: as above
+
+    try:
+        return topic_counts(topic)
+    except UnsupportedTopic as e:
+        raise typer.BadParameter(str(e), param_hint="TOPIC") from None
+
+
+def _topic_or_flag(ctx: typer.Context, name: str, value: int, named: dict[str, int]) -> int:
+    """The count the question names unless the command line names another, which is refused: a study of
+    "over 100 steps" that ran 40 would answer another question than the one asked."""
+    if name not in named:
+        return value
+    if name == "seeds" and named[name] < MIN_SEEDS:
+        raise typer.BadParameter(
+            f"the topic names {named[name]} seeds; a study runs at least {MIN_SEEDS} per arm", param_hint="TOPIC"
+        )
+    if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE and value != named[name]:
+        raise typer.BadParameter(
+            f"the topic says {named[name]} {name} and --{name} says {value}; drop one", param_hint=f"--{name}"
+        )
+    return named[name]
 
 
 def _drive_here(study_id: int, opts: CliOptions, resume: object = None, out: Path | None = None) -> None:

@@ -76,7 +76,38 @@ DEFAULT_ARMS: dict[str, list[Any]] = {
 }
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])")
+# a number that counts something of the study ("over 100 steps", "3 seeds", "12 trials", "20%"): never a knob's value
+COUNT = re.compile(
+    r"(?<![\w.])(\d+)\s*(?:(?:training|optimi[sz]ation|rl|random|more|different)\s+)?"
+    r"(steps?|seeds?|trials?|runs?|rounds?|minutes?|mins?|hours?|days?|%|percent)(?![a-z])",
+    re.IGNORECASE,
+)
 PATH = re.compile(r"(?:^|\s)((?:/|\./|~/)[^\s,;]+)")
+
+
+def knob_numbers(topic: str) -> list[str]:
+    """The numbers of a topic that may be a knob's values: every one but the counts (`COUNT`)."""
+    counted = [m.span() for m in COUNT.finditer(topic)]
+    return [m.group(0) for m in NUMBER.finditer(topic) if not any(a <= m.start() < b for a, b in counted)]
+
+
+def topic_counts(topic: str) -> dict[str, int]:
+    """The trial length and seeds per arm the topic names ("over 100 steps", "with 5 seeds").
+
+    A study runs what its question says unless the command line says otherwise; two different
+    counts of one thing ("40 steps ... 100 steps") are an UnsupportedTopic, not a guess.
+    """
+    out: dict[str, int] = {}
+    for m in COUNT.finditer(topic):
+        unit = m.group(2).lower()
+        key = {"step": "steps", "steps": "steps", "seed": "seeds", "seeds": "seeds"}.get(unit)
+        if key is None:
+            continue
+        n = int(m.group(1))
+        if out.get(key, n) != n:
+            raise UnsupportedTopic(f"the topic names {out[key]} and {n} {key}; name one number of {key}")
+        out[key] = n
+    return out
 
 
 def detect_knobs(topic: str) -> list[str]:
@@ -120,9 +151,9 @@ def detect_values(topic: str, knob: str) -> list[Any]:
     if knob in ("task", "loss_agg"):
         return []  # the arms are DEFAULT_ARMS
     values: list[Any] = []
-    for m in NUMBER.finditer(topic):
+    for number in knob_numbers(topic):
         try:
-            v = KNOBS[knob].validate(m.group(0))
+            v = KNOBS[knob].validate(number)
         except ValueError:
             continue
         if v not in values:
@@ -135,12 +166,12 @@ def out_of_range(topic: str, knob: str) -> list[str]:
     if KNOBS[knob].kind not in ("float", "int"):
         return []
     found = []
-    for m in NUMBER.finditer(topic):
+    for number in knob_numbers(topic):
         try:
-            KNOBS[knob].validate(m.group(0))
+            KNOBS[knob].validate(number)
         except OutOfRange:
-            if m.group(0) not in found:
-                found.append(m.group(0))
+            if number not in found:
+                found.append(number)
         except ValueError:
             pass  # not the knob's type (an integer knob's 1.5): not a value it could take at all
     return found

@@ -34,6 +34,20 @@ def test_fewer_than_three_seeds_is_refused():
     assert res.exit_code != 0
 
 
+def test_the_steps_and_seeds_a_topic_names_are_run_unless_the_command_line_says_otherwise():
+    res = runner.invoke(app, ["study", "Does lr 3e-4 beat 0 over 60 steps with 4 seeds?", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "8 trials" in res.output and "[0, 1, 2, 3]" in res.output and "│ 60 " in res.output
+    res = runner.invoke(app, ["study", "Does lr 3e-4 beat 0 over 60 steps?", "--dry-run", "--steps", "60"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["study", "Does lr 3e-4 beat 0 over 60 steps?", "--dry-run", "--steps", "40"])
+    out = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 2 and "the topic says 60 steps and --steps says 40; drop one" in out
+    res = runner.invoke(app, ["study", "Does lr 3e-4 beat 0 with 2 seeds?", "--dry-run"])
+    out = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 2 and "the topic names 2 seeds; a study runs at least 3 per arm" in out
+
+
 def test_llm_planner_needs_a_configured_model():
     res = runner.invoke(app, ["study", TOPIC, "--planner", "llm", "--dry-run"])
     assert res.exit_code != 0 and "no LLM configured" in res.output

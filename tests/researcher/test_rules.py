@@ -1,7 +1,7 @@
 import pytest
 
 from researcher.planning import BudgetTooSmall, PlanDefaults, UnsupportedTopic, fit_to_budget
-from researcher.rules import RulesPlanner, detect_knobs, studied_knobs
+from researcher.rules import RulesPlanner, detect_knobs, detect_values, out_of_range, studied_knobs, topic_counts
 
 
 def plan(topic, **kw):
@@ -110,6 +110,28 @@ def test_topics_outside_its_knobs_are_refused_with_what_it_can_study(topic, says
         p.hypothesize(topic, p.frame(topic, PlanDefaults()), [])
     if "no knob" in says or "cannot study" in says:
         assert "lr: learning rate" in str(e.value) and "group_size" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "topic, knob, values",
+    [
+        # the counts were arms: group sizes 16, 4, 40 and 3
+        ("Does a group size of 16 beat 4 over 40 steps with 3 seeds?", "group_size", [16, 4]),
+        ("Compare learning rates 1e-4 and 3e-4 over 100 training steps", "lr", [1e-4, 3e-4]),
+        ("Does lr 3e-4 beat 0 in 12 trials on 20% harder sums?", "lr", [3e-4, 0.0]),
+        ("Does a group of 8 episodes beat 4?", "group_size", [8, 4]),  # episodes are what a group holds
+    ],
+)
+def test_counts_of_the_study_are_not_values_of_its_knob(topic, knob, values):
+    assert detect_values(topic, knob) == values
+    assert out_of_range(topic, knob) == []
+
+
+def test_the_steps_and_seeds_a_topic_names():
+    assert topic_counts("Does lr 3e-4 beat 0 over 100 steps with 5 random seeds?") == {"steps": 100, "seeds": 5}
+    assert topic_counts("Compare lr 0 and 3e-4 in 12 trials of 30 minutes") == {}
+    with pytest.raises(UnsupportedTopic, match="names 100 and 40 steps"):
+        topic_counts("lr 0 vs 3e-4 over 100 steps, not 40 steps")
 
 
 def test_a_design_is_shrunk_to_the_trial_budget_arms_before_seeds():
