@@ -9,8 +9,12 @@ it the default without an LLM and the reference the LLM planner is tested agains
     ('arith', ['lr'], 'final_reward')
 
 Values named in the topic become arms; the first value named (or the knob's
-natural control: lr 0, merging on, KL 0) is the baseline. Without values, a
-knob gets default arms (`DEFAULT_ARMS`).
+natural control: lr 0, merging on, KL 0) is the baseline. One value named is
+compared with the knob's default (what a trial runs without it); without values,
+a knob gets default arms (`DEFAULT_ARMS`). Counts ("over 100 steps", "5 seeds")
+are never values. A topic naming several knobs compares the one named with two
+values (or not introduced as a setting: "with a group size of 8") and holds the
+others at the one value it names, in every arm (`Frame.baseline`).
 
 After a round (`next_round`, up to `Adaptive.rounds` rounds): a supported effect of a
 numeric knob → a round that brackets the best value (log-midpoints for lr-like knobs,
@@ -85,10 +89,27 @@ COUNT = re.compile(
 PATH = re.compile(r"(?:^|\s)((?:/|\./|~/)[^\s,;]+)")
 
 
-def knob_numbers(topic: str) -> list[str]:
-    """The numbers of a topic that may be a knob's values: every one but the counts (`COUNT`)."""
+def knob_mentions(topic: str) -> list[tuple[int, str]]:
+    """Where the topic names each knob: (position, knob), in the topic's order."""
+    t = topic.lower()
+    found = []
+    for name, pattern in KNOB_PATTERNS:
+        patterns = [pattern, rf"(?<![a-z0-9_]){name}(?![a-z0-9_])"] if "_" in name else [pattern]
+        found += [(m.start(), name) for p in patterns for m in re.finditer(p, t)]
+    return sorted(found)
+
+
+def knob_numbers(topic: str, knob: str) -> list[str]:
+    """The numbers of a topic that may be `knob`'s values: not the counts (`COUNT`), and where the topic
+    names several knobs, those nearest after a mention of this one (or, before any mention, of the
+    first named): in "a group size of 16 against 4 at lr 1e-4", 16 and 4 are group sizes, 1e-4 a rate."""
     counted = [m.span() for m in COUNT.finditer(topic)]
-    return [m.group(0) for m in NUMBER.finditer(topic) if not any(a <= m.start() < b for a, b in counted)]
+    numbers = [m for m in NUMBER.finditer(topic) if not any(a <= m.start() < b for a, b in counted)]
+    mentions = [(at, name) for at, name in knob_mentions(topic) if name in KNOBS]
+    if len({name for _, name in mentions}) < 2:
+        return [m.group(0) for m in numbers]
+    owners = [next((name for at, name in reversed(mentions) if at < m.start()), mentions[0][1]) for m in numbers]
+    return [m.group(0) for m, owner in zip(numbers, owners, strict=True) if owner == knob]
 
 
 def topic_counts(topic: str) -> dict[str, int]:
@@ -151,7 +172,7 @@ def detect_values(topic: str, knob: str) -> list[Any]:
     if knob in ("task", "loss_agg"):
         return []  # the arms are DEFAULT_ARMS
     values: list[Any] = []
-    for number in knob_numbers(topic):
+    for number in knob_numbers(topic, knob):
         try:
             v = KNOBS[knob].validate(number)
         except ValueError:
@@ -166,7 +187,7 @@ def out_of_range(topic: str, knob: str) -> list[str]:
     if KNOBS[knob].kind not in ("float", "int"):
         return []
     found = []
-    for number in knob_numbers(topic):
+    for number in knob_numbers(topic, knob):
         try:
             KNOBS[knob].validate(number)
         except OutOfRange:
@@ -194,6 +215,33 @@ def check_scope(topic: str) -> list[str]:
     if not knobs:
         raise UnsupportedTopic(f"the rules planner found no knob it can vary in the topic. {can}")
     return knobs
+
+
+# "with a group size of 8", "at lr 1e-4", "using GRPO": the words that make a knob a setting, not the question
+SETTING_WORDS = re.compile(r"\b(?:with|at|using|under|given)\s+(?:(?:a|an|the)\s+)?$")
+
+
+def studied_and_fixed(topic: str, knobs: list[str]) -> tuple[str, dict[str, Any]]:
+    """The knob the topic compares, and the knobs it holds at one value in every arm.
+
+    The compared knob is the first named with two values or more; without one, the first named that
+    is not introduced as a setting ("with a group size of 8", "at lr 1e-4"), else the first named. Another
+    knob named with one value is a setting every arm shares, where that value is unambiguous (a number
+    near its mention, an advantage estimator's name, a model path): "Does RLOO beat GRPO with a group
+    size of 8?" compares advantage estimators, each with groups of 8.
+    """
+    mentions = [(at, name) for at, name in knob_mentions(topic) if name in knobs]
+    order = sorted(knobs, key=lambda k: next((at for at, name in mentions if name == k), len(topic)))
+    values = {k: detect_values(topic, k) for k in order}
+    t = topic.lower()
+    setting = {name for at, name in mentions if SETTING_WORDS.search(t[:at])}
+    studied = next((k for k in order if len(values[k]) >= 2), next((k for k in order if k not in setting), order[0]))
+    fixed = {
+        k: v[0]
+        for k, v in values.items()
+        if k != studied and len(v) == 1 and (KNOBS[k].kind in ("float", "int") or k in ("advantage", "model"))
+    }
+    return studied, fixed
 
 
 def natural_baseline(knob: str, values: list[Any]) -> Any:
@@ -232,12 +280,14 @@ class RulesPlanner:
             metric = "reward_gain"
         elif re.search(r"\b(average|mean) reward\b", t):
             metric = "mean_reward"
+        studied, fixed = studied_and_fixed(topic, knobs)
         return Frame(
             question=topic.strip(),
             task=detect_task(topic),
             metric=metric,
             metric_window=defaults.window(),
-            knobs=knobs[:1],
+            knobs=[studied],
+            baseline=fixed,
         )
 
     def hypothesize(self, topic: str, frame: Frame, history: list[dict]) -> HypothesisSpec | None:
@@ -253,6 +303,9 @@ class RulesPlanner:
             )
         if knob == "model":
             values = ["embedded", *[v for v in values if v != "embedded"]]
+        default = KNOBS[knob].default
+        if len(values) == 1 and default is not None and default != values[0]:
+            values = [default, *values]  # "Does a group size of 32 help?": against what a trial runs otherwise
         if len(values) < 2:
             values = [*values, *[v for v in DEFAULT_ARMS[knob] if v not in values]]
         if len(values) < 2:
@@ -265,6 +318,9 @@ class RulesPlanner:
         tv = ", ".join(arm_name(knob, v) for v in treatments)
         statement = f"{tv} gives {verb} {frame.metric.replace('_', ' ')} than {arm_name(knob, base)} on {frame.task}"
         rationale = f"Ablation of {knob} named in the question; {arm_name(knob, base)} is the control."
+        if frame.baseline:
+            held = ", ".join(arm_name(k, v) for k, v in frame.baseline.items())
+            rationale += f" Every arm runs with {held}, as the question says."
         return HypothesisSpec(
             statement=statement,
             rationale=rationale,

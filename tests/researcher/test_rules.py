@@ -134,6 +134,49 @@ def test_the_steps_and_seeds_a_topic_names():
         topic_counts("lr 0 vs 3e-4 over 100 steps, not 40 steps")
 
 
+@pytest.mark.parametrize(
+    "topic, arms",
+    [
+        # it studied group sizes 4, 8 and 16: group_size comes before advantage in the patterns
+        (
+            "Does RLOO beat GRPO on arithmetic with a group size of 8?",
+            [{"group_size": 8, "advantage": "grpo"}, {"group_size": 8, "advantage": "rloo"}],
+        ),
+        # numbers go to the knob named just before them: 16 and 4 are group sizes, 1e-4 a rate
+        ("Does a group size of 16 beat 4 at lr 1e-4?", [{"lr": 1e-4, "group_size": 16}, {"lr": 1e-4, "group_size": 4}]),
+        # before any mention, to the first knob named after them
+        (
+            "Compare 0 and 3e-4 for the learning rate with a group size of 8",
+            [{"group_size": 8, "lr": 0.0}, {"group_size": 8, "lr": 3e-4}],
+        ),
+        # one value each: the knob introduced as a setting ("at", "with") is held, the other compared
+        ("Does a group size of 32 help at lr 1e-4?", [{"lr": 1e-4, "group_size": 8}, {"lr": 1e-4, "group_size": 32}]),
+        (
+            "With a group size of 8, is lr 1e-3 too high?",
+            [{"group_size": 8, "lr": 3e-4}, {"group_size": 8, "lr": 1e-3}],
+        ),
+    ],
+)
+def test_a_topic_naming_several_knobs_compares_one_and_holds_the_others(topic, arms):
+    f, h, d = plan(topic)
+    assert [{**d.common, **a.knobs} for a in d.arms] == arms
+    assert d.baseline == d.arms[0].name and "as the question says" in h.rationale
+
+
+@pytest.mark.parametrize(
+    "topic, base, treatments",
+    [
+        ("Does a group size of 32 help?", 8, [32]),  # against the default; it was 32 against 4, 8 and 16
+        ("Is a KL penalty of 0.05 better than none?", 0.0, [0.05]),
+        ("Is lr=1e-3 too high?", 3e-4, [1e-3]),
+        ("Does a group size of 8 help?", 8, [4, 16]),  # the default itself: the default arms around it
+    ],
+)
+def test_one_value_named_is_compared_with_the_knobs_default(topic, base, treatments):
+    _, h, _ = plan(topic)
+    assert (h.baseline_value, h.treatment_values) == (base, treatments)
+
+
 def test_a_design_is_shrunk_to_the_trial_budget_arms_before_seeds():
     _, _, d = plan("Does group size matter? Compare 4, 8, 16 and 32", seeds=4)
     assert (len(d.arms), len(d.seeds)) == (4, 4)
