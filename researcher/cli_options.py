@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from researcher.config import StudyConfig, parse_duration
+from swarm.config.options import errors_line
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def setting(path: str, *names: str, text: Callable[[Any], str] | None = None, **
 
 def usage_error(e: ValidationError) -> typer.BadParameter:
     """A bound typer could not check (poll > 0, hours > 0) as a usage error, not a traceback."""
-    return typer.BadParameter("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()))
+    return typer.BadParameter(errors_line(e.errors(), most=None))
 
 
 def duration(value: str | None) -> str | None:

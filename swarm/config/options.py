@@ -347,7 +347,7 @@ def errors_line(
     parts = []
     for err in list(errors)[:most]:
         where = place(tuple(str(p) for p in err.get("loc", ())))
-        msg = err.get("msg", "invalid")
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")  # a validator's ValueError: its text
         parts.append(f"{where}: {msg}" if where else str(msg))
     return "; ".join(parts)
 

@@ -47,3 +47,9 @@ def test_nothing_near_lists_the_settings_there():
     assert fields_at(RunConfig, ("server", "lora")) == ["rank", "alpha", "targets", "dropout", "lr_scale"]
     assert fields_at(RunConfig, ("task",)) is None  # a plain value: nothing below it
     assert unknown_setting(RunConfig, ("task", "x")) == "not a setting"
+
+
+def test_a_validators_refusal_reads_as_its_own_text(tmp_path):
+    """pydantic prefixes a validator's ValueError with "Value error, ": the user sees the text alone."""
+    line = _refusal(tmp_path, "task: nope\n")
+    assert "unknown task 'nope'" in line and "Value error" not in line
