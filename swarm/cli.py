@@ -4,7 +4,7 @@
     swarm train --task arith         # server + client fleet on loopback; writes summary.json
     swarm serve --port 8000          # a swarm server for one trainable model
     swarm client --url URL --task arith   # a client fleet against a server
-    swarm ctl set --lr 1e-4          # operate a running server
+    swarm ctl set lr=1e-4            # operate a running server
 
 `serve`, `client` and `train` take their options from the config models
 (`ServerConfig`, `FleetConfig`, `RunConfig`; see swarm/config/options.py). Other packages
@@ -53,7 +53,8 @@ app.command("eval")(eval_command)
 app.add_typer(
     _ctl.app,
     name="ctl",
-    help="Operate a running server: live config (lr, temperature, quotas...), pause, resume, checkpoint, stop.",
+    help="Operate a running server: live config (lr, temperature, quotas...), pause, resume, checkpoint, stop. "
+    "--url, --admin-token, --timeout and --policy go before or after the command.",
 )
 
 

@@ -247,6 +247,13 @@ def test_ctl_commands(server: RunningServer) -> None:
     assert ctl("resume").exit_code == 0 and not server.swarm.control.paused
     r = ctl("status")
     assert r.exit_code == 0 and json.loads(r.output)["step"] == 0
+    # where the server is, said after the command: "No such option: --url" before
+    r = runner.invoke(cli_app, ["ctl", "status", f"--url={server.url}", "--admin-token", server.admin_token])
+    assert r.exit_code == 0 and json.loads(r.output)["step"] == 0, r.output
+    r = runner.invoke(cli_app, ["ctl", "--url", "http://127.0.0.1:9", "get", "--url", server.url, "--timeout", "5"])
+    assert r.exit_code == 2 and "admin token is required" in r.output  # the last --url won; the token still asked
+    r = runner.invoke(cli_app, ["ctl", "status", "--url"])
+    assert r.exit_code == 2 and "'--url' requires an argument" in r.output
     r = ctl("checkpoint")
     assert r.exit_code == 0 and "checkpoint" in json.loads(r.output)["message"]
     assert ctl("stop").exit_code == 0
