@@ -73,11 +73,17 @@ from store.paths import default_model_dir
 from swarm.children import signals_interrupt
 from swarm.client.cli import load_object
 from swarm.config.options import require_extra
+from swarm.options_anywhere import options_anywhere
 
 if TYPE_CHECKING:
     from researcher.graph import FirstRound
 
-app = typer.Typer(help="Plan, run and report RL studies autonomously.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    cls=options_anywhere(flags=("--verbose", "-v", "--debug")),  # `researcher status 3 --debug` too
+    help="Plan, run and report RL studies autonomously. --verbose and --debug go before or after the command.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 err = Console(stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -26,50 +26,13 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from typer.core import TyperGroup
-
-try:  # a typer that carries its own click (typer._click): its exceptions, which typer's handler formats
-    from typer._click.exceptions import UsageError
-except ImportError:  # an older typer runs on `click` itself
-    from click.exceptions import UsageError
 
 from swarm.config.train import TrainConfig
+from swarm.options_anywhere import options_anywhere
 from swarm.server.admin_schema import LiveConfigUpdate
 
-#: where the server is, said before or after the command (`swarm ctl status --url U`), as kubectl takes it
-ANYWHERE = ("--url", "--admin-token", "--timeout")
-
-
-def hoist_server_options(args: list[str]) -> list[str]:
-    """`ANYWHERE` options (and their values) moved to the front, where the group's parser reads them;
-    the order among them kept, so the last of two still wins. Nothing after `--` is touched."""
-    front: list[str] = []
-    rest: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            rest += args[i:]
-            break
-        if arg.split("=", 1)[0] in ANYWHERE:
-            take = 1 if "=" in arg else 2
-            if i + take > len(args):
-                raise UsageError(f"Option '{arg}' requires an argument.")
-            front += args[i : i + take]
-            i += take
-            continue
-        rest.append(arg)
-        i += 1
-    return front + rest
-
-
-class _ServerOptionsAnywhere(TyperGroup):
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, hoist_server_options(args))
-
-
 app = typer.Typer(
-    cls=_ServerOptionsAnywhere,
+    cls=options_anywhere(with_value=("--url", "--admin-token", "--timeout")),
     help="Operate a running swarm server: live config, pause/resume, checkpoint, stop.",
     no_args_is_help=True,
     add_completion=False,
