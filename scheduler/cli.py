@@ -19,6 +19,7 @@ import time
 
 import click
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from typer.core import TyperCommand
@@ -56,6 +57,26 @@ def _row(r) -> dict:  # noqa: ANN001
         "stdout": r.stdout_path,
         "stderr": r.stderr_path,
     }
+
+
+def _spec_error(e: ValidationError) -> str:
+    """A JobSpec's refusal as the command line names it (the name's regex is no message for a person)."""
+    parts = []
+    for err in e.errors():
+        where = str(err["loc"][0]) if err["loc"] else "job"
+        if where == "name":
+            parts.append(f"NAME {err['input']!r}: 1 to 100 letters, digits, _ . or -, beginning with a letter or digit")
+        else:
+            parts.append(f"{'--' + where.replace('_', '-')}: {str(err['msg']).removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def _known(mgr, job_id: int):  # noqa: ANN001, ANN202 - typer-facing helper
+    """The job's record, or a usage error naming the id (a KeyError's traceback before)."""
+    rec = mgr.get(job_id)
+    if rec is None:
+        raise typer.BadParameter(f"no job {job_id} (`swarm sched status` lists the recent ones)", param_hint="JOB_ID")
+    return rec
 
 
 @app.command()
@@ -118,19 +139,28 @@ def submit(
         if not sep:
             raise typer.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--env")
         pairs[key] = value
-    spec = JobSpec(
-        name=name,
-        command=command,
-        env=pairs,
-        cwd=cwd,
-        time_limit_s=time_limit,
-        cpus=cpus,
-        mem_mb=mem_mb,
-        gpus=gpus,
-        nodes=nodes,
-        partition=partition,
-        log_dir=log_dir,
-    )
+    from scheduler.manager import default_backends  # lazy: as _manager
+
+    if backend not in default_backends():
+        raise typer.BadParameter(
+            f"{backend!r}: not a backend; {' or '.join(default_backends())}", param_hint="--backend"
+        )
+    try:
+        spec = JobSpec(
+            name=name,
+            command=command,
+            env=pairs,
+            cwd=cwd,
+            time_limit_s=time_limit,
+            cpus=cpus,
+            mem_mb=mem_mb,
+            gpus=gpus,
+            nodes=nodes,
+            partition=partition,
+            log_dir=log_dir,
+        )
+    except ValidationError as e:
+        raise typer.BadParameter(_spec_error(e)) from None
     mgr = _manager(db)
     rec = mgr.submit(spec, backend=backend, group_key=group)
     typer.echo(rec.id)
@@ -150,6 +180,8 @@ def status(
 ) -> None:
     """Show jobs and their states."""
     mgr = _manager(db)
+    for i in job_ids or []:
+        _known(mgr, i)
     if refresh:
         mgr.reconcile(job_ids or None)
     recs = [mgr.get(i) for i in job_ids] if job_ids else mgr.sink.recent(limit)
@@ -193,6 +225,8 @@ def cancel(
     if not job_ids and not group:
         raise typer.BadParameter("give job ids or --group")
     mgr = _manager(db)
+    for i in job_ids or []:
+        _known(mgr, i)  # every id checked before any job is cancelled
     recs = [mgr.cancel(i, force=force) for i in job_ids or []]
     if group:
         recs += mgr.cancel_group(group, force=force)
@@ -210,6 +244,7 @@ def logs(
 ) -> None:
     """Print a job's output."""
     mgr = _manager(db)
+    _known(mgr, job_id)
     stream = "stderr" if stderr else "stdout"
     text = mgr.logs(job_id, stream, tail)
     sys.stdout.write(text)

@@ -60,6 +60,29 @@ def test_bad_input(db_url: str) -> None:
     assert runner.invoke(app, ["submit", "--db", db_url, "-e", "NOEQUALS", "x", "true"]).exit_code != 0
 
 
+def _refused(*args: str) -> str:
+    res = runner.invoke(app, list(args))
+    assert res.exit_code == 2, res.output
+    return " ".join(res.output.replace("│", " ").split())  # rich's error box, unwrapped
+
+
+def test_an_unknown_job_backend_or_name_is_a_usage_error_not_a_traceback(db_url: str, tmp_path: Path) -> None:
+    """Each of these was a KeyError or pydantic traceback."""
+    for args in (["logs", "99"], ["status", "99"], ["cancel", "99"]):
+        assert "no job 99 (`swarm sched status` lists" in _refused(*args, "--db", db_url)
+    a = int(_run("submit", "--db", db_url, "--log-dir", str(tmp_path), "a", "sleep", "30").strip())
+    assert "no job 99" in _refused("cancel", str(a), "99", "--db", db_url)
+    rows = [json.loads(line) for line in _run("status", str(a), "--db", db_url, "--json").splitlines()]
+    assert rows[0]["state"] != "CANCELLED"  # no id is acted on before every id is known
+    _run("cancel", str(a), "--db", db_url, "--force")
+    said = _refused("submit", "--db", db_url, "--backend", "nope", "x", "--", "true")
+    assert "'nope': not a backend; local or slurm" in said
+    said = _refused("submit", "--db", db_url, ".x", "true")
+    assert "NAME '.x': 1 to 100 letters, digits, _ . or -, beginning with a letter or digit" in said
+    said = _refused("submit", "--db", db_url, "-e", "1X=2", "x", "--", "true")
+    assert "--env: not a valid environment variable name: '1X'" in said
+
+
 def test_ticks_listing(db_url: str) -> None:
     from scheduler.daemon import register_tick
 
