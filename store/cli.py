@@ -6,12 +6,17 @@
     swarm db current            # where the database is, and where the code is
     swarm db check              # exit 1 if the models and the schema differ
 
-The database is `--url`, else env `ROOST_DATABASE_URL`, else the default SQLite file.
+The database is `--url` (or `--db`, as `swarm sched` calls it; before or after the command), else
+env `ROOST_DATABASE_URL`, else the default SQLite file. A URL that names no database, an unreachable
+server or an unknown revision is one line, not a traceback (exit 2 for what was typed, 1 for the server).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import typer
 
@@ -22,12 +27,14 @@ app = typer.Typer(help="The project database: migrations (upgrade, downgrade, cu
 _state: dict[str, str | None] = {"url": None}
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+URL_HELP = "SQLAlchemy URL (default: SQLite in the data dir)."
+#: the same option after the command: `swarm db current --url U` (and `--db`, `swarm sched`'s name for it)
+UrlAfter = typer.Option(None, "--url", "--db", help=URL_HELP)
+
+
 @app.callback()
-def _root(
-    url: str | None = typer.Option(
-        None, "--url", envvar=db.ENV_URL, help="SQLAlchemy URL (default: SQLite in the data dir)."
-    ),
-) -> None:
+def _root(url: str | None = typer.Option(None, "--url", "--db", envvar=db.ENV_URL, help=URL_HELP)) -> None:
     """Migrate and inspect the Roost database."""
     _state["url"] = url
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -41,30 +48,59 @@ def _quiet(record: logging.LogRecord) -> bool:
     return not (msg.startswith("Context impl") or msg.startswith("Will assume"))
 
 
-def _target() -> str:
-    return db.database_url(_state["url"])
+def _target(after: str | None = None) -> str:
+    return db.database_url(after or _state["url"])
+
+
+def _db_errors(fn: F) -> F:
+    """A bad URL, an unreachable server or an unknown revision as one line instead of a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from alembic.util import CommandError  # lazy: alembic only when a command runs
+        from sqlalchemy.exc import ArgumentError, OperationalError  # lazy: as above
+
+        try:
+            return fn(*args, **kwargs)
+        except ArgumentError as err:  # NoSuchModuleError too: `nope://x`
+            raise typer.BadParameter(f"not a database URL the store can open: {err}", param_hint="--url") from None
+        except CommandError as err:  # "Can't locate revision identified by 'zzz'"
+            raise typer.BadParameter(str(err), param_hint="REVISION") from None
+        except OperationalError as err:
+            reason = str(err.orig or err).strip().splitlines()[0]
+            typer.echo(f"error: cannot open {db.redact(_target(kwargs.get('url')))}: {reason}", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 @app.command()
-def upgrade(revision: str = typer.Argument("head", help="Target revision (default: head).")) -> None:
+@_db_errors
+def upgrade(
+    revision: str = typer.Argument("head", help="Target revision (default: head)."), url: str = UrlAfter
+) -> None:
     """Apply migrations up to REVISION."""
-    url = _target()
+    url = _target(url)
     rev = migrate.upgrade(url, revision)
     typer.echo(f"{db.redact(url)}: at {rev or 'base'}")
 
 
 @app.command()
-def downgrade(revision: str = typer.Argument(..., help="Target revision; `base` drops all tables.")) -> None:
+@_db_errors
+def downgrade(
+    revision: str = typer.Argument(..., help="Target revision; `base` drops all tables."), url: str = UrlAfter
+) -> None:
     """Revert migrations down to REVISION."""
-    url = _target()
+    url = _target(url)
     rev = migrate.downgrade(url, revision)
     typer.echo(f"{db.redact(url)}: at {rev or 'base'}")
 
 
 @app.command()
-def current() -> None:
+@_db_errors
+def current(url: str = UrlAfter) -> None:
     """Show the database's revision and the code's head."""
-    url = _target()
+    url = _target(url)
     rev = migrate.current(url)
     head = migrate.head()
     if rev == head:
@@ -79,9 +115,10 @@ def current() -> None:
 
 
 @app.command()
-def check() -> None:
+@_db_errors
+def check(url: str = UrlAfter) -> None:
     """Exit 1 unless the database is at head and matches the models (no drift)."""
-    url = _target()
+    url = _target(url)
     try:
         schema.require_current(db.get_engine(url))
     except schema.StoreError as err:

@@ -159,9 +159,23 @@ def test_cli_commands(db_url: str) -> None:
     assert r.exit_code == 0 and migrate.head() in r.output and "up to date" in r.output
     r = runner.invoke(app, ["--url", db_url, "check"])
     assert r.exit_code == 0 and "no drift" in r.output
+    r = runner.invoke(app, ["current", "--db", db_url])  # after the command, by swarm sched's name: No such option
+    assert r.exit_code == 0 and "up to date" in r.output, r.output
+    r = runner.invoke(app, ["--url", db_url, "downgrade", "zzz"])  # an alembic traceback before
+    assert r.exit_code == 2 and "Can't locate revision identified by 'zzz'" in r.output
+    assert migrate.current(db_url) == migrate.head()
     r = runner.invoke(app, ["--url", db_url, "downgrade", "base"])
     assert r.exit_code == 0 and "at base" in r.output
     assert migrate.current(db_url) is None
+
+
+def test_cli_names_a_bad_url_or_an_unreachable_server_in_a_line() -> None:
+    runner = CliRunner()
+    r = runner.invoke(app, ["current", "--url", "nope://x"])
+    assert r.exit_code == 2 and "not a database URL the store can open" in r.output
+    r = runner.invoke(app, ["current", "--url", "postgresql://u:secret@127.0.0.1:1/x"])
+    assert r.exit_code == 1 and "cannot open postgresql://u:***@127.0.0.1:1/x" in r.output, r.output
+    assert "Connection refused" in r.output and "secret" not in r.output
 
 
 def test_python_dash_m_store(tmp_path: Path) -> None:
