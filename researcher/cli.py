@@ -70,6 +70,7 @@ except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming
     raise SystemExit(f"researcher needs {exc.name}: pip install 'roost[research]'") from None
 from researcher.cli_output import Progress, console, export_html, finish, open_in_browser, print_plan, shown
 from store.paths import default_model_dir
+from store.unreachable import run_app
 from swarm.children import signals_interrupt
 from swarm.client.cli import load_object
 from swarm.config.options import require_extra
@@ -621,4 +622,4 @@ def daemon(interval: float = typer.Option(30.0, "--interval", help="seconds betw
 
 
 def main() -> None:
-    app()
+    run_app(app, debug="--debug" in sys.argv[1:])

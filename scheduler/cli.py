@@ -25,6 +25,7 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from scheduler.spec import JobSpec
+from store.unreachable import run_app
 
 app = typer.Typer(
     help="Jobs on local processes or Slurm: submit, status, cancel, logs, daemon.",
@@ -273,7 +274,7 @@ def ticks(db: str = DbOption) -> None:
 
 
 def main() -> None:
-    app()
+    run_app(app)
 
 
 if __name__ == "__main__":

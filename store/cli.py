@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import typer
 
 from store import db, migrate, schema
+from store.unreachable import run_app
 
 app = typer.Typer(help="The project database: migrations (upgrade, downgrade, current, check).", no_args_is_help=True)
 
@@ -58,18 +59,17 @@ def _db_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from alembic.util import CommandError  # lazy: alembic only when a command runs
-        from sqlalchemy.exc import ArgumentError, OperationalError  # lazy: as above
 
         try:
             return fn(*args, **kwargs)
-        except ArgumentError as err:  # NoSuchModuleError too: `nope://x`
-            raise typer.BadParameter(f"not a database URL the store can open: {err}", param_hint="--url") from None
         except CommandError as err:  # "Can't locate revision identified by 'zzz'"
             raise typer.BadParameter(str(err), param_hint="REVISION") from None
-        except OperationalError as err:
-            reason = str(err.orig or err).strip().splitlines()[0]
-            typer.echo(f"error: cannot open {db.redact(_target(kwargs.get('url')))}: {reason}", err=True)
-            raise typer.Exit(1) from None
+        except Exception as err:
+            failed = db.open_failure(err, kwargs.get("url") or _state["url"])
+            if failed is None:
+                raise
+            typer.echo(f"error: {failed[1]}", err=True)
+            raise typer.Exit(failed[0]) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -135,4 +135,4 @@ def check(url: str = UrlAfter) -> None:
 
 
 def main() -> None:
-    app(prog_name="python -m store")
+    run_app(lambda: app(prog_name="python -m store"))

@@ -147,3 +147,20 @@ def session_scope(engine: Engine | None = None) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def open_failure(exc: BaseException, url: str | URL | None = None) -> tuple[int, str] | None:
+    """(exit code, one line) for a database that could not be opened, None for any other error.
+
+    A URL naming no dialect (`nope://x`) is what was typed (2); a server that refuses or is away
+    (1). `url`: the one that failed, where the caller knows it (SQLAlchemy's errors do not carry it).
+    """
+    from sqlalchemy.exc import ArgumentError, OperationalError  # lazy: only when something failed
+
+    where = redact(url) if url else "the database"
+    if isinstance(exc, ArgumentError):  # NoSuchModuleError too
+        return 2, f"{redact(url) if url else 'the database URL'} is not one the store can open: {exc}"
+    if isinstance(exc, OperationalError):
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        return 1, f"cannot open {where}: {reason}"
+    return None

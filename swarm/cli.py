@@ -25,6 +25,7 @@ import typer
 
 import swarm.ctl as _ctl
 from store.paths import default_model_dir
+from store.unreachable import run_app
 from swarm.attach import Refused, run_attached
 from swarm.client.cli import client_command
 from swarm.config.options import config_options, require_extra
@@ -323,4 +324,4 @@ def full_app() -> typer.Typer:
 
 
 def main() -> None:
-    (full_app() if needs_plugins(app, sys.argv[1:]) else app)()
+    run_app(full_app() if needs_plugins(app, sys.argv[1:]) else app)

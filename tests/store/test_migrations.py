@@ -172,7 +172,7 @@ def test_cli_commands(db_url: str) -> None:
 def test_cli_names_a_bad_url_or_an_unreachable_server_in_a_line() -> None:
     runner = CliRunner()
     r = runner.invoke(app, ["current", "--url", "nope://x"])
-    assert r.exit_code == 2 and "not a database URL the store can open" in r.output
+    assert r.exit_code == 2 and "nope://x is not one the store can open" in r.output
     r = runner.invoke(app, ["current", "--url", "postgresql://u:secret@127.0.0.1:1/x"])
     assert r.exit_code == 1 and "cannot open postgresql://u:***@127.0.0.1:1/x" in r.output, r.output
     assert "Connection refused" in r.output and "secret" not in r.output
