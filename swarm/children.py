@@ -155,3 +155,11 @@ __all__ = [
     "swarm_command",
     "wait_healthy",
 ]
+
+
+def quiet_progress_bars_off_terminal() -> None:
+    """Off a terminal (a `swarm train` child's log, nohup, systemd, a CI log) transformers' progress bars
+    ("Loading weights", "Writing model shards") are only noise: turned off unless the user set it. Read
+    by huggingface_hub when transformers first imports it, so called before that."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -27,6 +27,7 @@ import swarm.ctl as _ctl
 from store.paths import default_model_dir
 from store.unreachable import run_app
 from swarm.attach import Refused, run_attached
+from swarm.children import quiet_progress_bars_off_terminal
 from swarm.client.cli import client_command
 from swarm.config.options import config_options, require_extra
 from swarm.config.run import ORCHESTRATED, RunConfig
@@ -127,6 +128,7 @@ def model_export(
 ) -> None:
     """Export a run's policy as a whole Hugging Face model: a LoRA adapter merged into the base it records."""
     require_extra("server", "torch", "transformers", "peft")
+    quiet_progress_bars_off_terminal()  # before transformers loads, below
     from swarm.model.evaluate import RunFolderError  # lazy: with export's imports
     from swarm.model.export import export_merged  # lazy: torch, transformers and peft take seconds
 

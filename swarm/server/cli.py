@@ -18,13 +18,12 @@ is written, with one line saying what to do.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from swarm.children import quiet_progress_bars_off_terminal
 from swarm.config.options import build_config, config_options, require_extra, write_config
 from swarm.config.server import ServerConfig
 from swarm.server.bootstrap import hold_out_dir, parse_quotas, port_problem
@@ -93,11 +92,7 @@ def serve_command(
             raise typer.Exit(2)
     held = hold_out_dir(config.out_dir)  # before its config is written over: one server per folder
     write_config(Path(config.out_dir) / CONFIG_FILE, config)
-    if not sys.stderr.isatty():
-        # under `swarm train` (or nohup, systemd) the output is a log file, where transformers' progress
-        # bars ("Loading weights", "Writing model shards" at every checkpoint) are only noise. Read by
-        # huggingface_hub when transformers first imports it, below; a user's own setting wins.
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    quiet_progress_bars_off_terminal()  # under `swarm train` the output is a log: "Writing model shards" per checkpoint
     from swarm.server.app import serve  # lazy: FastAPI and the engines; `swarm client` must start light
 
     raise typer.Exit(serve(config, held=held))

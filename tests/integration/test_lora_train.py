@@ -66,6 +66,7 @@ def test_lora_run_checkpoints_resumes_exports_and_evaluates(tmp_path):
     merged = tmp_path / "merged"
     r = _swarm(tmp_path, "model", "export", str(out), "--merge", str(merged))
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "Loading weights" not in r.stderr  # transformers' progress bars: noise off a terminal
     assert (merged / "config.json").is_file() and (merged / "model.safetensors").is_file()
     r = _swarm(
         tmp_path,
