@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI-compatible routes, and the knobs they map to.
 
-Unknown fields are accepted and ignored (OpenAI clients send many); the knobs we
-honour are validated (strict types: "8" is not 8; ranges; NaN) so a bad value is a 400, never an engine
-crash. Roost extensions: `return_token_ids` (vLLM's name) asks for
+Unknown fields are accepted and ignored (OpenAI clients send many), except sampling knobs this
+server does not apply (`NOT_APPLIED`: penalties, logit_bias, top_k, min_p), which are refused unless
+neutral; the knobs we honour are validated (strict types: "8" is not 8; ranges; NaN) so a bad value
+is a 400, never an engine crash. Roost extensions: `return_token_ids` (vLLM's name) asks for
 `prompt_token_ids` and `token_ids` in the response. `to_sampling()` turns a body
 into the protocol-neutral `generation.Sampling`.
 """
@@ -19,6 +20,17 @@ from swarm.server.generation import Sampling
 
 MAX_STOP = 16
 SEED_MOD = 1 << 63
+#: sampling knobs OpenAI and vLLM clients may send that this server does not apply, each with the values that
+#: change nothing: a penalty or a truncation would sample tokens away from the policy's own distribution,
+#: which its recorded logprobs and the trainer's importance ratios assume, so any other value is refused
+NOT_APPLIED: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "logit_bias": ({},),
+    "top_k": (0, -1),
+    "min_p": (0, 0.0),
+}
 
 
 def check_model(model: str | None, served: frozenset[str]) -> None:
@@ -63,9 +75,26 @@ class _Sampling(_Body):
     def check_model(self, served: frozenset[str]) -> None:
         check_model(self.model, served)
 
+    def check_not_applied(self) -> None:
+        """400 `unsupported_sampling` for a knob of `NOT_APPLIED` set to anything but its neutral value (served
+        without it before: the caller believed its penalty applied, and nothing said it did not)."""
+        extra = self.model_extra or {}
+        wrong = [
+            f"{k}={extra[k]!r}"
+            for k, neutral in NOT_APPLIED.items()
+            if extra.get(k) is not None and not any(extra[k] == v and type(extra[k]) is type(v) for v in neutral)
+        ]
+        if wrong:
+            raise InvalidRequest(
+                "unsupported_sampling",
+                f"{', '.join(wrong)}: not applied by this server, which samples from the policy's own distribution "
+                "(the one it trains on); leave it out or at its neutral value",
+            )
+
     def sampling(
         self, max_tokens: int | None, top_logprobs: int = 0, response_format: dict[str, Any] | None = None
     ) -> Sampling:
+        self.check_not_applied()
         return Sampling(
             max_tokens=max_tokens,
             temperature=self.temperature,

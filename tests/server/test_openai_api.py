@@ -179,6 +179,10 @@ def test_multi_turn_prompt_continues_exact_ids(make_server) -> None:
         ({"messages": MESSAGES, "max_tokens": 0}, "invalid_request"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "unsupported_content"),
         ({"messages": [{"role": "user"}], "stop": ["a"] * 17}, "invalid_stop"),
+        # sampled away from the policy's distribution: served as if absent before, nothing said
+        ({"messages": MESSAGES, "presence_penalty": 0.5}, "unsupported_sampling"),
+        ({"messages": MESSAGES, "logit_bias": {"5": 10}}, "unsupported_sampling"),
+        ({"messages": MESSAGES, "frequency_penalty": -0.2}, "unsupported_sampling"),
     ],
 )
 def test_bad_chat_requests_are_400(server: RunningServer, body: dict, code: str) -> None:
@@ -191,6 +195,17 @@ def test_bad_chat_requests_are_400(server: RunningServer, body: dict, code: str)
     assert r.status_code == 400 and r.json()["error"]["code"] == code
     with pytest.raises(openai.BadRequestError):
         ep.openai.chat.completions.create(model=ep.model, **body)
+
+
+def test_sampling_knobs_at_their_neutral_values_are_served(server: RunningServer) -> None:
+    ep = _episode(server)
+    neutral = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "top_k": -1, "min_p": 0}
+    r = ep.openai.chat.completions.create(model=ep.model, messages=MESSAGES, max_tokens=4, extra_body=neutral)
+    assert r.choices[0].message is not None
+    with pytest.raises(openai.BadRequestError, match="repetition_penalty=1.1, top_k=20: not applied by this server"):
+        ep.openai.completions.create(
+            model=ep.model, prompt="hi", max_tokens=4, extra_body={"repetition_penalty": 1.1, "top_k": 20}
+        )
 
 
 def test_openai_routes_need_an_open_episode_key(server: RunningServer) -> None:
