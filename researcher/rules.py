@@ -316,7 +316,8 @@ class RulesPlanner:
         direction = choose_direction(knob, base, treatments)
         verb = {"greater": "a higher", "less": "a lower", "two-sided": "a different"}[direction]
         tv = ", ".join(arm_name(knob, v) for v in treatments)
-        statement = f"{tv} gives {verb} {frame.metric.replace('_', ' ')} than {arm_name(knob, base)} on {frame.task}"
+        gives = "gives" if len(treatments) == 1 else "each give"
+        statement = f"{tv} {gives} {verb} {frame.metric.replace('_', ' ')} than {arm_name(knob, base)} on {frame.task}"
         rationale = f"Ablation of {knob} named in the question; {arm_name(knob, base)} is the control."
         if frame.baseline:
             held = ", ".join(arm_name(k, v) for k, v in frame.baseline.items())
@@ -478,7 +479,8 @@ def next_round(
             "does better."
         )
         follow = HypothesisSpec(
-            statement=f"{new_names} gives a different {frame.metric.replace('_', ' ')} than {best} on {frame.task}",
+            statement=f"{new_names} {'gives' if len(new) == 1 else 'each give'} a different "
+            f"{frame.metric.replace('_', ' ')} than {best} on {frame.task}",
             rationale=rationale,
             knob=spec.knob,
             baseline_value=best_value,
