@@ -69,9 +69,10 @@ RUN_ENTRIES = (
 class Problems(Exception):
     """Inputs that would make the run fail: one line each, naming the flag."""
 
-    def __init__(self, lines: list[str]) -> None:
+    def __init__(self, lines: list[str], spec: RunConfig | None = None) -> None:
         super().__init__("\n".join(lines))
         self.lines = lines
+        self.spec = spec  # the settings, where they were read: the checks of a layer above can add theirs
 
 
 def previous_run(out: Path) -> list[str]:
@@ -355,11 +356,12 @@ def prepare(
     spec: RunConfig = build_config(RunConfig, {**overrides, "out": out}, config_file, defaults=RunConfig())
     found += input_problems(spec)
     if resume and not found and steps_done(out) >= spec.steps:
-        found.append(f"--steps: the run in {out} already has {steps_done(out)} steps; ask for more with --steps")
+        done = steps_done(out)
+        found.append(f"--steps: the run in {out} already has {done} step{'s' * (done != 1)}; ask for more with --steps")
     if found:
         if held is not None:
             held.release()
-        raise Problems(found)
+        raise Problems(found, spec)
     held = held or HeldRun.take(out)
     if fresh:
         clear_run(out)

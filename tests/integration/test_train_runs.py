@@ -37,6 +37,13 @@ def test_train_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stdout + r.stderr
     assert "earlier run" in r.stderr and "--resume" in r.stderr and "--fresh" in r.stderr
     assert (out / "summary.json").read_text() == "{}"  # nothing touched
+    r = subprocess.run(  # a bad --team is said with the folder's problem, not after a second try with --fresh
+        [*SWARM, "train", "--out", str(out), "--team", "nope", "--task", "duet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "earlier run" in r.stderr and "--team: expected ROLE=MODEL, got 'nope'" in r.stderr
     r = subprocess.run(
         [*SWARM, "train", "--out", str(tmp_path / "empty"), "--resume"], capture_output=True, text=True, timeout=120
     )
