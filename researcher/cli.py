@@ -404,7 +404,7 @@ def study(
 def _topic_counts(topic: str) -> dict[str, int]:
     """The steps and seeds the question names ("over 100 steps"), or a usage error naming the clash."""
     from researcher.planning import UnsupportedTopic  # lazy: research extra (checked by the caller)
-    from researcher.rules import topic_counts  # lazy: as above
+    from researcher.topic import topic_counts  # lazy: as above
 
     try:
         return topic_counts(topic)

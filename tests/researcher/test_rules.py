@@ -1,7 +1,8 @@
 import pytest
 
 from researcher.planning import BudgetTooSmall, PlanDefaults, UnsupportedTopic, fit_to_budget
-from researcher.rules import RulesPlanner, detect_knobs, detect_values, out_of_range, studied_knobs, topic_counts
+from researcher.rules import RulesPlanner
+from researcher.topic import detect_knobs, detect_values, out_of_range, studied_knobs, topic_counts
 
 
 def plan(topic, **kw):
