@@ -258,3 +258,14 @@ def test_the_round_limit_and_the_budget_end_the_study_with_a_reason():
     r = looked({"lr=0": [0.20, 0.21, 0.19], "lr=0.0003": [0.61, 0.60, 0.62]}, "lr=0", [0.5])
     assert "limit is 1 round" in next_round(f, h, r, [], True, Adaptive()).notes
     assert "budget is spent" in next_round(f, h, r, [], False, Adaptive(rounds=3)).notes
+
+
+def test_the_examples_in_the_modules_docstrings_hold():
+    import doctest
+
+    import researcher.rules
+    import researcher.topic
+
+    for module in (researcher.topic, researcher.rules):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
