@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -339,11 +340,15 @@ def test_dead_columns_are_dropped(model_dir):
             long = asyncio.create_task(
                 engine.generate(
                     GenerateRequest(
-                        _prompt(engine), SamplingParams(max_tokens=40, temperature=1.0, seed=1, ignore_eos=True)
+                        _prompt(engine), SamplingParams(max_tokens=200, temperature=1.0, seed=1, ignore_eos=True)
                     )
                 )
             )
-            await asyncio.sleep(0.05)
+            # the short one must arrive while the long one decodes: a fixed 50 ms sleep missed it on a loaded host
+            deadline = time.monotonic() + 60
+            while not any(r.generated for r in list(b._rows)):
+                assert time.monotonic() < deadline, "the long request never started decoding"
+                await asyncio.sleep(0.002)
             short = await engine.generate(
                 GenerateRequest(
                     _prompt(engine, "What is 12+30? " * 6), SamplingParams(max_tokens=2, seed=2, ignore_eos=True)
@@ -352,11 +357,14 @@ def test_dead_columns_are_dropped(model_dir):
             return await long, short
 
         long, short = asyncio.run(go())
-        assert b.fused_steps >= 1 and len(long.token_ids) == 40
+        assert b.fused_steps >= 1 and len(long.token_ids) == 200
         # once alone again, the long row's cache is exactly its own tokens: the prompt and all generated
-        # tokens but the two last (the 40th ends the row; the 39th was pending when it was sampled)
-        assert widths[-1] == len(long.prompt_ids) + 38
-        assert max(widths) > widths[-1] + 20  # while the short one ran, the batch was wider
+        # tokens but the two last (the 200th ends the row; the 199th was pending when it was sampled)
+        assert widths[-1] == len(long.prompt_ids) + 198
+        # while the short one ran, the batch was wider than the long row alone (one column a step from its
+        # first), and the columns went when it left: the width shrank
+        assert max(w - (widths[0] + i) for i, w in enumerate(widths)) > 20
+        assert any(later < earlier for earlier, later in zip(widths, widths[1:], strict=False))
         recomputed = engine.logprobs(long.prompt_ids + long.token_ids)[len(long.prompt_ids) - 1 :]
         assert max(abs(x - y) for x, y in zip(recomputed, long.logprobs)) < LOGPROB_TOL
     finally:
