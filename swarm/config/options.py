@@ -356,7 +356,8 @@ def describe_error(exc: ValidationError, model: type[BaseModel], defaults: BaseM
     """A pydantic error as the user typed it: `--lease-seconds: Input should be greater than 0`."""
     names = flag_names(model, defaults)
     errors = name_unknown_keys(list(exc.errors()), model)
-    return errors_line(errors, lambda loc: names.get(loc) or ".".join(loc) or model.__name__, most=None)
+    # a whole-model check (empty loc) names its flags in its own words: no "RunConfig: " before them
+    return errors_line(errors, lambda loc: names.get(loc) or ".".join(loc), most=None)
 
 
 def build_config(

@@ -182,7 +182,7 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         if self.server.group_size < 2:
-            raise ValueError("server.group_size must be at least 2: a group baseline needs two episodes")
+            raise ValueError("--group-size must be at least 2: a group baseline needs two episodes")
         if self.workflow is not None and self.task is not None and len(parse_mix(self.task)) > 1:
             raise ValueError("--workflow plays one dataset: give a single --task with it, not a mix")
         if self.workflow is None and self.dataset is not None:
