@@ -53,3 +53,8 @@ def test_a_validators_refusal_reads_as_its_own_text(tmp_path):
     """pydantic prefixes a validator's ValueError with "Value error, ": the user sees the text alone."""
     line = _refusal(tmp_path, "task: nope\n")
     assert "unknown task 'nope'" in line and "Value error" not in line
+
+
+def test_a_whole_config_check_is_its_own_words_without_the_models_name(tmp_path):
+    line = _refusal(tmp_path, "server:\n  group_size: 1\n")
+    assert line == "--group-size must be at least 2: a group baseline needs two episodes"  # "RunConfig: " before
