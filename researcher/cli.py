@@ -307,6 +307,9 @@ def study(
     if chosen == "llm" and llm_settings() is None:
         raise typer.BadParameter("no LLM configured (ROOST_LLM_BASE_URL, ROOST_LLM_MODEL)", param_hint="--planner")
     llm = llm_settings() or {}
+    if chosen == "llm" and not llm.get("base_url", "https://").startswith(("http://", "https://")):
+        # said now, not after three retries of a connection that cannot be made
+        raise typer.BadParameter(f"{llm['base_url']!r} is not an http(s) URL", param_hint="ROOST_LLM_BASE_URL")
     if workflow:  # fail now, not in every trial's log; a `dataset` beside the workflow is its dataset
         load_object(workflow)
         module = workflow.partition(":")[0]

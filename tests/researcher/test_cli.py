@@ -48,6 +48,14 @@ def test_the_steps_and_seeds_a_topic_names_are_run_unless_the_command_line_says_
     assert res.exit_code == 2 and "the topic names 2 seeds; a study runs at least 3 per arm" in out
 
 
+def test_an_llm_endpoint_that_is_no_url_is_refused_at_once(monkeypatch):
+    monkeypatch.setenv("ROOST_LLM_BASE_URL", "localhost:8000/v1")  # no scheme: it retried for 8 s before
+    monkeypatch.setenv("ROOST_LLM_MODEL", "m")
+    res = runner.invoke(app, ["study", TOPIC, "--dry-run"])
+    out = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 2 and "ROOST_LLM_BASE_URL: 'localhost:8000/v1' is not an http(s) URL" in out
+
+
 def test_llm_planner_needs_a_configured_model():
     res = runner.invoke(app, ["study", TOPIC, "--planner", "llm", "--dry-run"])
     assert res.exit_code != 0 and "no LLM configured" in res.output
