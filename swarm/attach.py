@@ -10,7 +10,8 @@ starts no server, loads no torch and logs no model: on a small machine most of a
 wall time was exactly that. `researcher study --shared-base` runs its trials this way.
 
 The server is found through its out folder: `server.json` (the URL it bound) and `secrets.json`
-(its tokens, mode 0600), both written by `swarm serve`. The run adds its policy through the admin
+(its tokens, mode 0600), both written by `swarm serve`; tokens the server was given rather than
+generated are not there, and come from ROOST_TOKEN and ROOST_ADMIN_TOKEN. The run adds its policy through the admin
 API (`PolicySpec`: its lr and the other step knobs, group and batch shape, LoRA, temperature, seed,
 and `max_steps` = --steps, at which the policy stops itself), runs its client fleet here, follows
 the policy's metrics, then removes the policy (its last steps checkpointed in the server's
@@ -45,6 +46,10 @@ from swarm.train import console, fleet_configs, follow, start_fleets, summarize
 ATTACHED_METRICS = "metrics.jsonl"
 
 
+class NoTokens(ValueError):
+    """The server's tokens are neither in its secrets.json nor in the environment: waiting cannot help."""
+
+
 @dataclass(frozen=True)
 class SharedServer:
     """A running `swarm serve` of policies, as its out folder describes it."""
@@ -67,7 +72,16 @@ class SharedServer:
                 f"--attach: {out} is not the out folder of a running `swarm serve` (server.json, secrets.json "
                 f"and config.yaml): {exc}"
             ) from None
-        return cls(out, url, secrets["token"], secrets["admin_token"], config)
+        # a token the server was given (--token, ROOST_TOKEN) is not in its secrets.json: the caller's environment
+        token = secrets.get("token") or os.environ.get("ROOST_TOKEN")
+        admin_token = secrets.get("admin_token") or os.environ.get("ROOST_ADMIN_TOKEN")
+        if not token or not admin_token:
+            missing = " and ".join(n for n, v in (("ROOST_TOKEN", token), ("ROOST_ADMIN_TOKEN", admin_token)) if not v)
+            raise NoTokens(
+                f"--attach: the server of {out} was given its own tokens (they are not in its {SECRETS_FILE}): "
+                f"set {missing} to them"
+            )
+        return cls(out, url, token, admin_token, config)
 
     @classmethod
     def wait(cls, out: Path, timeout_s: float = 300.0) -> SharedServer:
@@ -76,6 +90,8 @@ class SharedServer:
         if not out.is_dir():
             raise ValueError(f"--attach: {out} is not the out folder of a running `swarm serve` (no such folder)")
         end = time.monotonic() + timeout_s
+        if not console.is_terminal:  # a log: the spinner below shows nothing there, and the wait may be minutes
+            console.print(f"waiting for the server of {out} to answer (up to {timeout_s:.0f} s)")
         # one client for every try: building one costs ~20 ms of CPU (its TLS context), more than the request
         with console.status(f"waiting for the server of {out}…"), httpx.Client(timeout=5.0) as http:
             while True:
@@ -84,6 +100,8 @@ class SharedServer:
                     if http.get(f"{found.url}/health").status_code == 200:
                         return found
                     problem = f"{found.url} does not answer /health"
+                except NoTokens:
+                    raise
                 except ValueError as exc:
                     problem = str(exc)
                 except httpx.HTTPError as exc:
