@@ -38,10 +38,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-try:  # a typer that carries its own click (typer._click): its Context's ParameterSource, not `click`'s
-    from typer._click.core import ParameterSource
-except ImportError:  # an older typer runs on `click` itself
-    from click.core import ParameterSource
 try:  # the options' models need numpy (researcher.analysis), which a client-only install lacks
     from researcher.cli_options import (
         CliOptions,
@@ -74,7 +70,7 @@ from store.unreachable import run_app
 from swarm.children import signals_interrupt
 from swarm.client.cli import load_object
 from swarm.config.options import require_extra
-from swarm.options_anywhere import options_anywhere
+from swarm.options_anywhere import ParameterSource, options_anywhere
 
 if TYPE_CHECKING:
     from researcher.graph import FirstRound

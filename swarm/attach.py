@@ -39,7 +39,7 @@ from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
 from swarm.run_checks import RUN_FILE, read_metrics
-from swarm.server.bootstrap import SECRETS_FILE
+from swarm.run_layout import SECRETS_FILE, server_address
 from swarm.train import console, fleet_configs, follow, start_fleets, summarize
 
 #: what an attached run writes into its --out (the policy's own rows, copied from the server's folder)
@@ -62,26 +62,24 @@ class SharedServer:
 
     @classmethod
     def find(cls, out: Path) -> SharedServer:
-        """The server whose out folder is `out`; ValueError saying what is missing."""
+        """The server whose out folder is `out`; ValueError saying what is missing (NoTokens: its tokens)."""
         try:
-            url = json.loads((out / "server.json").read_text())["url"]
-            secrets = json.loads((out / SECRETS_FILE).read_text())
-            config = ServerConfig.model_validate(_yaml(out / "config.yaml"))
+            address = server_address(out)
+            config = ServerConfig.model_validate(_yaml(address.folder / "config.yaml"))
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(
                 f"--attach: {out} is not the out folder of a running `swarm serve` (server.json, secrets.json "
                 f"and config.yaml): {exc}"
             ) from None
-        # a token the server was given (--token, ROOST_TOKEN) is not in its secrets.json: the caller's environment
-        token = secrets.get("token") or os.environ.get("ROOST_TOKEN")
-        admin_token = secrets.get("admin_token") or os.environ.get("ROOST_ADMIN_TOKEN")
-        if not token or not admin_token:
-            missing = " and ".join(n for n, v in (("ROOST_TOKEN", token), ("ROOST_ADMIN_TOKEN", admin_token)) if not v)
+        if not address.token or not address.admin_token:
+            missing = [
+                n for n, v in (("ROOST_TOKEN", address.token), ("ROOST_ADMIN_TOKEN", address.admin_token)) if not v
+            ]
             raise NoTokens(
                 f"--attach: the server of {out} was given its own tokens (they are not in its {SECRETS_FILE}): "
-                f"set {missing} to them"
+                f"set {' and '.join(missing)} to them"
             )
-        return cls(out, url, token, admin_token, config)
+        return cls(address.folder, address.url, address.token, address.admin_token, config)
 
     @classmethod
     def wait(cls, out: Path, timeout_s: float = 300.0) -> SharedServer:

@@ -38,6 +38,7 @@ from swarm.model.recipe import matches
 from swarm.model.version import BUILD_VERSION, built_version
 from swarm.plugins import mount_plugins, needs_plugins
 from swarm.run_checks import Problems, prepare
+from swarm.run_layout import run_summary
 from swarm.server.cli import serve_command
 from swarm.team_run import EMBEDDED, ensure_models, run_team, team_problems
 from swarm.train import run
@@ -210,8 +211,8 @@ def _train(spec: RunConfig, resume: bool) -> None:
         summary = run(spec, resume=resume)
     except (RuntimeError, TimeoutError) as exc:
         typer.echo(f"swarm train: {exc}", err=True)
-        if (spec.out / "summary.json").exists():
-            typer.echo(f"summary: {spec.out / 'summary.json'} (status: failed)", err=True)
+        if ended := run_summary(spec.out):
+            typer.echo(f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'failed')})", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps({k: summary[k] for k in ("reward_first_mean", "reward_last_mean", "wall_s")}))
     typer.echo(f"summary: {spec.out / 'summary.json'}")

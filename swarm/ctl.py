@@ -8,10 +8,13 @@
     swarm ctl --policy planner set lr=1e-4             # one policy of a server of several
     swarm ctl status --policy planner                  # --policy before or after the command
     swarm ctl status --url http://10.0.0.5:8000        # so are --url, --admin-token and --timeout
+    swarm ctl --server runs/train set lr=1e-4          # a `swarm train` run's server: URL and token from its folder
     swarm ctl policy add critic lora_rank=16 lr=5e-5   # a new LoRA policy on the running server's base
     swarm ctl policy remove critic | policy list
 
-`--url` and `--admin-token` default to ROOST_URL and ROOST_ADMIN_TOKEN. Values
+`--url` and `--admin-token` default to ROOST_URL and ROOST_ADMIN_TOKEN; `--server DIR` reads both
+from a server's out folder (`server.json`, `secrets.json`), which is how a `swarm train` run's server,
+on a port and with tokens of its choosing, is reached. Values
 are parsed as JSON when they parse (numbers, null, lists, objects), else taken
 as strings; the server validates them (400 with the reason otherwise). What
 each setting does and when it takes effect: `swarm/server/control.py`.
@@ -22,17 +25,19 @@ from __future__ import annotations
 
 import difflib
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
 
 from swarm.config.train import TrainConfig
-from swarm.options_anywhere import options_anywhere
+from swarm.options_anywhere import ParameterSource, options_anywhere
+from swarm.run_layout import server_address
 from swarm.server.admin_schema import LiveConfigUpdate
 
 app = typer.Typer(
-    cls=options_anywhere(with_value=("--url", "--admin-token", "--timeout")),
+    cls=options_anywhere(with_value=("--url", "--admin-token", "--server", "--timeout")),
     help="Operate a running swarm server: live config, pause/resume, checkpoint, stop.",
     no_args_is_help=True,
     add_completion=False,
@@ -128,11 +133,27 @@ def main(
     ctx: typer.Context,
     url: str = typer.Option("http://127.0.0.1:8000", "--url", envvar="ROOST_URL", help="swarm server URL"),
     admin_token: str = typer.Option(None, "--admin-token", envvar="ROOST_ADMIN_TOKEN", help="the server's admin token"),
+    server: Path = typer.Option(
+        None,
+        "--server",
+        file_okay=False,
+        help="the server's out folder, or a `swarm train` run folder: its URL and generated admin token from there",
+    ),
     timeout: float = typer.Option(30.0, "--timeout", help="seconds per request"),
     policy: str = typer.Option(
         None, "--policy", help="the policy to operate, on a server of several (default: its first)"
     ),
 ) -> None:
+    if server is not None:  # `swarm train` picks a free port and generates the tokens: they are in its folder
+        if ctx.get_parameter_source("url") == ParameterSource.COMMANDLINE:
+            raise typer.BadParameter("give --url or --server, not both", param_hint="--server")
+        try:
+            address = server_address(server)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--server") from None
+        url = address.url
+        if ctx.get_parameter_source("admin_token") != ParameterSource.COMMANDLINE:
+            admin_token = address.admin_token or admin_token
     ctx.obj = _Ctx(url, admin_token, timeout, policy)
 
 

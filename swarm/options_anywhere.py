@@ -13,10 +13,15 @@ from typing import Any
 
 from typer.core import TyperGroup
 
-try:  # a typer that carries its own click (typer._click): its exceptions, which typer's handler formats
+try:  # a typer that carries its own click (typer._click): its exceptions and Context, not `click`'s
+    from typer._click.core import ParameterSource
     from typer._click.exceptions import UsageError
 except ImportError:  # an older typer runs on `click` itself
+    from click.core import ParameterSource
     from click.exceptions import UsageError
+
+
+__all__ = ["ParameterSource", "UsageError", "hoist", "options_anywhere"]
 
 
 def hoist(args: list[str], with_value: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> list[str]:

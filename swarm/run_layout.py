@@ -8,7 +8,9 @@ one policy or role in whatever a run left. The writers lay them out like this:
     OUT/servers/A+B/policies/ROLE      swarm train --team: a server per base, several roles on it
     OUT/servers/ROLE                   swarm train --team: a role alone on its model
 
-`run_summary` reads the summary a run's driver writes at its end (`swarm train`'s checks, `swarm eval`).
+`run_summary` reads the summary a run's driver writes at its end (`swarm train`'s checks, `swarm eval`);
+`server_address` a running server's URL and tokens from its out folder (`swarm train --attach`, `swarm ctl
+--server`).
 
 Pure paths (no torch): `swarm inspect` reads runs on machines without it.
 """
@@ -16,6 +18,8 @@ Pure paths (no torch): `swarm inspect` reads runs on machines without it.
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,4 +49,52 @@ def run_summary(out: Path) -> dict[str, Any] | None:
     return summary if isinstance(summary, dict) else None
 
 
-__all__ = ["ROLE_FOLDERS", "role_folders", "run_summary", "server_of"]
+#: what a server writes into its out folder once bound (its URL, pid, model, policies) ...
+SERVER_FILE = "server.json"
+#: ... and the tokens it generated (mode 0600); tokens it was given are not there
+SECRETS_FILE = "secrets.json"
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    folder: Path
+    url: str
+    token: str | None
+    admin_token: str | None
+
+
+def server_address(folder: Path) -> ServerAddress:
+    """A running server's URL and tokens from its out folder, or from a `swarm train` run folder (its
+    `server/`). Tokens the server was given rather than generated come from ROOST_TOKEN and
+    ROOST_ADMIN_TOKEN (None where neither has them). ValueError naming what is missing."""
+    folder = Path(folder)
+    if not (folder / SERVER_FILE).exists() and (folder / "server" / SERVER_FILE).exists():
+        folder = folder / "server"
+    try:
+        url = json.loads((folder / SERVER_FILE).read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"{folder} is not the out folder of a started `swarm serve` (its {SERVER_FILE}: {exc})"
+        ) from None
+    try:
+        secrets = json.loads((folder / SECRETS_FILE).read_text())
+    except (OSError, ValueError):
+        secrets = {}
+    return ServerAddress(
+        folder,
+        url,
+        secrets.get("token") or os.environ.get("ROOST_TOKEN"),
+        secrets.get("admin_token") or os.environ.get("ROOST_ADMIN_TOKEN"),
+    )
+
+
+__all__ = [
+    "ROLE_FOLDERS",
+    "SECRETS_FILE",
+    "SERVER_FILE",
+    "ServerAddress",
+    "role_folders",
+    "run_summary",
+    "server_address",
+    "server_of",
+]

@@ -56,6 +56,7 @@ from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
 from swarm.model.presets import PRESETS, default_preset_dir
 from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
+from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.tasks import get_task, list_tasks
 from swarm.team_resume import SERVERS, Member, recorded_team, resume_problems, role_dir, role_steps
@@ -252,6 +253,7 @@ class _Server:
     def start(self, resume: bool, first_step: int = 1) -> None:
         config = member_config(self.spec, self.member, self.out, self.port, resume)
         path = write_config(self.out / f"server-{self.member.name}.yaml", config)
+        keep_tokens(config.out_dir, self.env["ROOST_TOKEN"], self.env["ROOST_ADMIN_TOKEN"])  # for `swarm ctl --server`
         self.proc = subprocess.Popen(
             swarm_command("serve", "--config", str(path)),
             stdout=open_log(self.log, resume, first_step, self.spec.steps),

@@ -43,6 +43,7 @@ from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text, tracking_params
 from swarm.config.server import ServerConfig
 from swarm.run_checks import CURSORS, METRICS, RUN_FILE, MetricsTail, previous_run, read_metrics
+from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import EXTRA_FILE, MODEL_FILE
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.tasks import get_task
@@ -231,12 +232,23 @@ def start_fleets(
     return procs
 
 
+class ServerStopped(RuntimeError):
+    """The run's server stopped cleanly before the run's steps (`swarm ctl stop`, a signal to it): no failure,
+    and `--resume` goes on from its last checkpoint."""
+
+    def __init__(self, done: int, steps: int) -> None:
+        super().__init__(
+            f"the server was stopped (`swarm ctl stop`, or a signal to it) after {done} of {steps} steps; "
+            "`swarm train --resume` goes on from its last checkpoint"
+        )
+
+
 def run(spec: RunConfig, resume: bool = False) -> dict:
     """Train until the server has done `spec.steps` steps (counting an earlier run's when resuming).
 
     On a failure (a dead server or fleet, a timeout, Ctrl-C) every process is stopped, summary.json
-    says `status: failed` (or `interrupted`) with the error, the MLflow run is marked FAILED (KILLED),
-    and the error is raised again."""
+    says `status: failed` (or `interrupted`, or `stopped` for a server stopped cleanly) with the error,
+    the MLflow run is marked FAILED (KILLED), and the error is raised again."""
     out = spec.out.resolve()
     spec = spec.model_copy(update={"out": out})  # run.yaml records the folder the run really used
     out.mkdir(parents=True, exist_ok=True)
@@ -257,6 +269,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     (out / f".{RUN_FILE}.tmp").write_text(run_file_text(spec, served, fleets))
     (out / f".{RUN_FILE}.tmp").replace(out / RUN_FILE)
     server_file = write_config(out / "server.yaml", served)
+    keep_tokens(served.out_dir, token, admin)  # `swarm ctl --server OUT` finds them there
     if served.mlflow:
         _hand_over_mlflow(spec, served, out)
     logs = out / "logs"
@@ -277,6 +290,9 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                 )
                 # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
                 wait_healthy(url, token, server, server_log, timeout=900.0 if spec.server.engine == "vllm" else 180.0)
+                console.print(
+                    f"[dim]live control: swarm ctl --server {out} status (set lr=..., checkpoint)[/]", soft_wrap=True
+                )
                 procs |= start_fleets(fleets, out, logs, env, (done + 1, spec.steps), resume)
                 clients = {log: p for log, p in procs.items() if p is not server}
                 follow(spec, url, token, server, metrics, t0, clients, done)
@@ -376,10 +392,11 @@ def _logged_model(path: Path) -> str | None:
 
 def _record_failure(out: Path, spec: RunConfig, wall_s: float, exc: BaseException) -> None:
     """summary.json of a run that did not reach its steps, and its MLflow run marked as ended badly."""
-    interrupted = isinstance(exc, KeyboardInterrupt)
+    interrupted = isinstance(exc, (KeyboardInterrupt, ServerStopped))
+    status = "stopped" if isinstance(exc, ServerStopped) else "interrupted" if interrupted else "failed"
     summary = {
         **summarize(read_metrics(out / METRICS), wall_s, spec),
-        "status": "interrupted" if interrupted else "failed",
+        "status": status,
         "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
     }
     run_file = out / "server" / MLFLOW_RUN_FILE
@@ -434,6 +451,17 @@ def step_line(role: str | None, row: dict, entropy: bool = True) -> str:
     return text + f"{row.get('tokens_per_s', 0):.0f} tok/s"
 
 
+def _stops_cleanly(server: object, wait_s: float = 60.0) -> bool:
+    """Whether a server process we started exits with 0 within `wait_s` (a stop finishes its step and writes
+    its checkpoint first); False for anything else (an attached run's shared server goes on)."""
+    if not isinstance(server, subprocess.Popen):
+        return False
+    try:
+        return server.wait(timeout=wait_s) == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def follow(
     spec: RunConfig,
     url: str,
@@ -471,6 +499,8 @@ def follow(
             info = info or "collecting…"
             progress.update(bar, completed=min(shown, spec.steps), info=info)
             if server.poll() is not None:
+                if shown < spec.steps and server.returncode == 0:
+                    raise ServerStopped(shown, spec.steps)
                 if shown < spec.steps:
                     log = spec.out / "logs" / "server.log"
                     raise RuntimeError(
@@ -482,6 +512,8 @@ def follow(
                 return  # it exits by itself after --max-steps: `_await_exit`
             if all(c.poll() is not None for c in clients.values()):
                 codes = sorted({c.returncode for c in clients.values()})
+                if codes == [0] and _stops_cleanly(server):  # the fleet ended because its server is stopping
+                    raise ServerStopped(shown, spec.steps)
                 first = next(iter(clients))
                 raise RuntimeError(
                     f"every client process exited (exit code {', '.join(map(str, codes))}) after "

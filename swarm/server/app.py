@@ -27,11 +27,12 @@ from swarm.engine.base import Engine, EngineError
 from swarm.engine.fake import FakeEngine, FakePolicyHost
 from swarm.folder_lock import describe
 from swarm.model.teacher import TeacherError, check_teacher_of
+from swarm.run_layout import SECRETS_FILE, SERVER_FILE
 from swarm.server.access import ServerErrorCounter
 from swarm.server.access_log import ACCESS_LOG_FILE, AccessLogMiddleware
 from swarm.server.admin_routes import router as admin_router
 from swarm.server.anthropic_routes import router as anthropic_router
-from swarm.server.bootstrap import SECRETS_FILE, ensure_secrets, hold_out_dir
+from swarm.server.bootstrap import ensure_secrets, hold_out_dir
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
 from swarm.server.openai_routes import router as openai_router
 from swarm.server.policies import PolicyRouter
@@ -241,7 +242,7 @@ def serve(
     wire_stop(list(router), lambda: list(router), stop)
     app.state.stop_server = stop
     config.out_dir.mkdir(parents=True, exist_ok=True)
-    (config.out_dir / "server.json").write_text(
+    (config.out_dir / SERVER_FILE).write_text(
         json.dumps(
             {"url": url, "pid": os.getpid(), "model": swarm.model_name, "policies": [n for n in router.names() if n]},
             indent=2,

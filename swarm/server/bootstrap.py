@@ -32,10 +32,10 @@ from typing import IO
 
 from swarm.config.server import ServerConfig
 from swarm.folder_lock import FolderInUse, hold_folder
+from swarm.run_layout import SECRETS_FILE
 
 log = logging.getLogger("swarm.server")
 
-SECRETS_FILE = "secrets.json"
 #: held by the server using an out folder (swarm/folder_lock.py): one server per folder
 SERVER_LOCK = "server.lock"
 ENV = {"token": "ROOST_TOKEN", "admin_token": "ROOST_ADMIN_TOKEN", "secret": "ROOST_SECRET"}
@@ -77,6 +77,14 @@ def _write_secrets(path: Path, values: dict[str, str]) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def keep_tokens(out_dir: Path, token: str, admin_token: str) -> None:
+    """Tokens a driver chose for a server it starts (`swarm train`, a team's servers), kept in the server's
+    secrets.json (mode 0600) beside any it generated: `swarm ctl --server RUN` and `--attach` read them
+    there, as they read a server's own. The server itself gets them through its environment."""
+    path = Path(out_dir) / SECRETS_FILE
+    _write_secrets(path, {**_read_secrets(path), "token": token, "admin_token": admin_token})
 
 
 def hold_out_dir(out_dir: Path) -> IO[str]:

@@ -291,6 +291,38 @@ def test_a_hangup_or_terminate_stops_the_whole_run_and_says_interrupted(tmp_path
         kill_marked(_mark(tmp_path))
 
 
+def test_a_run_whose_server_is_stopped_by_swarm_ctl_says_stopped_and_resumes(tmp_path: Path) -> None:
+    """`swarm ctl --server RUN stop` (the run's port and tokens are its own: read from its folder) ends the
+    run as `stopped` with how to go on; it read "failed: every client process exited" before."""
+    out, args, driver = _endless_run(tmp_path)
+    try:
+        _until(lambda: len(_rows(out)) >= 2, driver)
+        env = {k: v for k, v in os.environ.items() if k not in ("ROOST_URL", "ROOST_ADMIN_TOKEN")}
+        r = subprocess.run([*SWARM, "ctl", "stop", "--server", str(out)], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        assert driver.wait(timeout=120) == 1
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "stopped" and "swarm train --resume" in summary["error"], summary
+        assert marked(_mark(tmp_path)) == []
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(timeout=30)
+        kill_marked(_mark(tmp_path))
+    steps = summary["steps_done"] + 2
+    more = [*args[: args.index("--steps")], "--steps", str(steps), "--out", str(out), "--resume"]
+    r = subprocess.run([*SWARM, *more], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished"
+
+
+def _rows(out: Path) -> list[str]:
+    try:
+        return (out / "server" / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+
+
 def test_a_server_left_running_by_a_killed_driver_is_named_before_a_resume_or_fresh(tmp_path: Path) -> None:
     """`kill -9` of the driver (or the OOM killer's) leaves its server training on and its fleet playing,
     each in a session of its own. `--resume` then started a second server on its folder (and a second

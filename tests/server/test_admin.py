@@ -260,6 +260,26 @@ def test_ctl_commands(server: RunningServer) -> None:
     wait_until(lambda: server.swarm.stopping)
 
 
+def test_ctl_finds_a_server_by_its_folder(server: RunningServer, tmp_path, monkeypatch) -> None:
+    """`swarm train` picks the port and generates the tokens: --server reads them from the run's folder."""
+    monkeypatch.delenv("ROOST_ADMIN_TOKEN", raising=False)
+    runner = CliRunner()
+    run = tmp_path / "run"
+    (run / "server").mkdir(parents=True)
+    (run / "server" / "server.json").write_text(json.dumps({"url": server.url}))
+    (run / "server" / "secrets.json").write_text(json.dumps({"admin_token": server.admin_token}))
+    for where in (run, run / "server"):  # a run folder or the server's own
+        r = runner.invoke(cli_app, ["ctl", "status", "--server", str(where)])
+        assert r.exit_code == 0 and json.loads(r.output)["step"] == 0, r.output
+    r = runner.invoke(cli_app, ["ctl", "--server", str(run), "status", "--admin-token", "wrong"])
+    assert r.exit_code == 2  # a token on the command line wins over the folder's
+    r = runner.invoke(cli_app, ["ctl", "--server", str(run), "--url", server.url, "status"])
+    assert r.exit_code == 2 and "give --url or --server, not both" in r.output
+    r = runner.invoke(cli_app, ["ctl", "--server", str(tmp_path), "status"])
+    out = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 2 and "is not the out folder of a started `swarm serve`" in out
+
+
 # -- restarts ---------------------------------------------------------------------------
 
 
