@@ -73,6 +73,11 @@ def server_address(folder: Path) -> ServerAddress:
     try:
         url = json.loads((folder / SERVER_FILE).read_text())["url"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
+        team = sorted(p.name for p in (folder / "servers").glob("*") if (p / SERVER_FILE).exists())
+        if team:  # a --team run: a server per model
+            raise ValueError(
+                f"{folder} is a run of several servers: give one, {' or '.join(team)} under servers/"
+            ) from None
         raise ValueError(
             f"{folder} is not the out folder of a started `swarm serve` (its {SERVER_FILE}: {exc})"
         ) from None

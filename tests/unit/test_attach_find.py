@@ -44,3 +44,14 @@ def test_generated_tokens_are_read_from_the_servers_secrets(tmp_path, monkeypatc
     monkeypatch.setenv("ROOST_TOKEN", "not this one")
     found = SharedServer.find(_server_folder(tmp_path, {"token": "t", "admin_token": "a", "secret": "s"}))
     assert (found.token, found.admin_token) == ("t", "a")
+
+
+def test_a_team_runs_folder_names_its_servers(tmp_path):
+    from swarm.run_layout import server_address
+
+    for role in ("planner", "executor"):
+        (tmp_path / "servers" / role).mkdir(parents=True)
+        (tmp_path / "servers" / role / "server.json").write_text(json.dumps({"url": "http://127.0.0.1:9"}))
+    with pytest.raises(ValueError, match="a run of several servers: give one, executor or planner under servers/"):
+        server_address(tmp_path)
+    assert server_address(tmp_path / "servers" / "planner").url == "http://127.0.0.1:9"
