@@ -499,6 +499,7 @@ def follow(
             info = info or "collecting…"
             progress.update(bar, completed=min(shown, spec.steps), info=info)
             if server.poll() is not None:
+                shown = min(len(t.poll()) for t in tails.values())  # its last row may be newer than those above
                 if shown < spec.steps and server.returncode == 0:
                     raise ServerStopped(shown, spec.steps)
                 if shown < spec.steps:
@@ -513,6 +514,8 @@ def follow(
             if all(c.poll() is not None for c in clients.values()):
                 codes = sorted({c.returncode for c in clients.values()})
                 if codes == [0] and _stops_cleanly(server):  # the fleet ended because its server is stopping
+                    if min(len(t.poll()) for t in tails.values()) >= spec.steps:
+                        return  # it was the run's end: the last row came after this round's read
                     raise ServerStopped(shown, spec.steps)
                 first = next(iter(clients))
                 raise RuntimeError(
