@@ -64,12 +64,14 @@ class SharedServer:
     def find(cls, out: Path) -> SharedServer:
         """The server whose out folder is `out`; ValueError saying what is missing (NoTokens: its tokens)."""
         try:
-            address = server_address(out)
+            address = server_address(out)  # its ValueError names the folder and the file already
+        except ValueError as exc:
+            raise ValueError(f"--attach: {exc}") from None
+        try:
             config = ServerConfig.model_validate(_yaml(address.folder / "config.yaml"))
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError) as exc:
             raise ValueError(
-                f"--attach: {out} is not the out folder of a running `swarm serve` (server.json, secrets.json "
-                f"and config.yaml): {exc}"
+                f"--attach: {address.folder} is not the out folder of a running `swarm serve` (its config.yaml: {exc})"
             ) from None
         if not address.token or not address.admin_token:
             missing = [

@@ -167,7 +167,7 @@ def train_command(
     try:
         spec, notes, held = prepare(overrides, config_file, resume, fresh)  # the folder, held till we exit
     except Problems as exc:
-        lines = exc.lines
+        lines = list(exc.lines)
         if exc.spec is not None and exc.spec.team is not None:  # a bad --team too, not after a second try
             lines += [line for line in team_problems(exc.spec, resume) if line not in lines]
         for line in lines:

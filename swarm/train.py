@@ -392,8 +392,13 @@ def _logged_model(path: Path) -> str | None:
 
 def _record_failure(out: Path, spec: RunConfig, wall_s: float, exc: BaseException) -> None:
     """summary.json of a run that did not reach its steps, and its MLflow run marked as ended badly."""
-    interrupted = isinstance(exc, (KeyboardInterrupt, ServerStopped))
-    status = "stopped" if isinstance(exc, ServerStopped) else "interrupted" if interrupted else "failed"
+    status = (
+        "stopped"
+        if isinstance(exc, ServerStopped)
+        else "interrupted"
+        if isinstance(exc, KeyboardInterrupt)
+        else "failed"
+    )
     summary = {
         **summarize(read_metrics(out / METRICS), wall_s, spec),
         "status": status,
@@ -402,7 +407,7 @@ def _record_failure(out: Path, spec: RunConfig, wall_s: float, exc: BaseExceptio
     run_file = out / "server" / MLFLOW_RUN_FILE
     if run_file.exists():
         summary["mlflow"] = json.loads(run_file.read_text())
-        finish_mlflow_run(summary["mlflow"], tracking_params(spec), "KILLED" if interrupted else "FAILED")
+        finish_mlflow_run(summary["mlflow"], tracking_params(spec), "FAILED" if status == "failed" else "KILLED")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
@@ -485,6 +490,10 @@ def follow(
         bar = progress.add_task(f"training {spec.name}", total=spec.steps, info="")
         tails = {role: MetricsTail(path) for role, path in metrics.items()}
         printed = dict.fromkeys(metrics, shown)
+
+        def rows_now() -> int:  # once the server or the fleet has exited: its last row may be newer than `shown`
+            return min(len(t.poll()) for t in tails.values())
+
         while True:
             latest = {}
             for role, tail in tails.items():
@@ -499,7 +508,7 @@ def follow(
             info = info or "collecting…"
             progress.update(bar, completed=min(shown, spec.steps), info=info)
             if server.poll() is not None:
-                shown = min(len(t.poll()) for t in tails.values())  # its last row may be newer than those above
+                shown = rows_now()
                 if shown < spec.steps and server.returncode == 0:
                     raise ServerStopped(shown, spec.steps)
                 if shown < spec.steps:
@@ -514,7 +523,7 @@ def follow(
             if all(c.poll() is not None for c in clients.values()):
                 codes = sorted({c.returncode for c in clients.values()})
                 if codes == [0] and _stops_cleanly(server):  # the fleet ended because its server is stopping
-                    if min(len(t.poll()) for t in tails.values()) >= spec.steps:
+                    if rows_now() >= spec.steps:
                         return  # it was the run's end: the last row came after this round's read
                     raise ServerStopped(shown, spec.steps)
                 first = next(iter(clients))
