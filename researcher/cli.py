@@ -65,12 +65,12 @@ except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming
         raise  # one of ours missing is a bug, not an install without the extra
     raise SystemExit(f"researcher needs {exc.name}: pip install 'roost[research]'") from None
 from researcher.cli_output import Progress, console, export_html, finish, open_in_browser, print_plan, shown
+from store.options_anywhere import ParameterSource, options_anywhere
 from store.paths import default_model_dir
 from store.unreachable import run_app
 from swarm.children import signals_interrupt
 from swarm.client.cli import load_object
 from swarm.config.options import require_extra
-from swarm.options_anywhere import ParameterSource, options_anywhere
 
 if TYPE_CHECKING:
     from researcher.graph import FirstRound

@@ -21,21 +21,27 @@ from typing import Any, TypeVar
 import typer
 
 from store import db, migrate, schema
+from store.options_anywhere import options_anywhere
 from store.unreachable import run_app
 
-app = typer.Typer(help="The project database: migrations (upgrade, downgrade, current, check).", no_args_is_help=True)
+app = typer.Typer(
+    cls=options_anywhere(with_value=("--url", "--db")),  # `swarm db current --db U` too (`--db`: sched's name)
+    help="The project database: migrations (upgrade, downgrade, current, check).",
+    no_args_is_help=True,
+)
 
 _state: dict[str, str | None] = {"url": None}
 
 
 F = TypeVar("F", bound=Callable[..., Any])
-URL_HELP = "SQLAlchemy URL (default: SQLite in the data dir)."
-#: the same option after the command: `swarm db current --url U` (and `--db`, `swarm sched`'s name for it)
-UrlAfter = typer.Option(None, "--url", "--db", help=URL_HELP)
 
 
 @app.callback()
-def _root(url: str | None = typer.Option(None, "--url", "--db", envvar=db.ENV_URL, help=URL_HELP)) -> None:
+def _root(
+    url: str | None = typer.Option(
+        None, "--url", "--db", envvar=db.ENV_URL, help="SQLAlchemy URL (default: SQLite in the data dir)."
+    ),
+) -> None:
     """Migrate and inspect the Roost database."""
     _state["url"] = url
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -49,8 +55,8 @@ def _quiet(record: logging.LogRecord) -> bool:
     return not (msg.startswith("Context impl") or msg.startswith("Will assume"))
 
 
-def _target(after: str | None = None) -> str:
-    return db.database_url(after or _state["url"])
+def _target() -> str:
+    return db.database_url(_state["url"])
 
 
 def _db_errors(fn: F) -> F:
@@ -65,7 +71,7 @@ def _db_errors(fn: F) -> F:
         except CommandError as err:  # "Can't locate revision identified by 'zzz'"
             raise typer.BadParameter(str(err), param_hint="REVISION") from None
         except Exception as err:
-            failed = db.open_failure(err, kwargs.get("url") or _state["url"])
+            failed = db.open_failure(err, _state["url"])
             if failed is None:
                 raise
             typer.echo(f"error: {failed[1]}", err=True)
@@ -76,31 +82,27 @@ def _db_errors(fn: F) -> F:
 
 @app.command()
 @_db_errors
-def upgrade(
-    revision: str = typer.Argument("head", help="Target revision (default: head)."), url: str = UrlAfter
-) -> None:
+def upgrade(revision: str = typer.Argument("head", help="Target revision (default: head).")) -> None:
     """Apply migrations up to REVISION."""
-    url = _target(url)
+    url = _target()
     rev = migrate.upgrade(url, revision)
     typer.echo(f"{db.redact(url)}: at {rev or 'base'}")
 
 
 @app.command()
 @_db_errors
-def downgrade(
-    revision: str = typer.Argument(..., help="Target revision; `base` drops all tables."), url: str = UrlAfter
-) -> None:
+def downgrade(revision: str = typer.Argument(..., help="Target revision; `base` drops all tables.")) -> None:
     """Revert migrations down to REVISION."""
-    url = _target(url)
+    url = _target()
     rev = migrate.downgrade(url, revision)
     typer.echo(f"{db.redact(url)}: at {rev or 'base'}")
 
 
 @app.command()
 @_db_errors
-def current(url: str = UrlAfter) -> None:
+def current() -> None:
     """Show the database's revision and the code's head."""
-    url = _target(url)
+    url = _target()
     rev = migrate.current(url)
     head = migrate.head()
     if rev == head:
@@ -116,9 +118,9 @@ def current(url: str = UrlAfter) -> None:
 
 @app.command()
 @_db_errors
-def check(url: str = UrlAfter) -> None:
+def check() -> None:
     """Exit 1 unless the database is at head and matches the models (no drift)."""
-    url = _target(url)
+    url = _target()
     try:
         schema.require_current(db.get_engine(url))
     except schema.StoreError as err:

@@ -31,8 +31,8 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from store.options_anywhere import ParameterSource, options_anywhere
 from swarm.config.train import TrainConfig
-from swarm.options_anywhere import ParameterSource, options_anywhere
 from swarm.run_layout import server_address
 from swarm.server.admin_schema import LiveConfigUpdate
 

@@ -164,17 +164,8 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.samples"},  # the ground floor: calls and training samples
     {"swarm.algorithms", "swarm.timeline"},  # the pure cores
     # built-in tasks; the wire protocol's bodies; one TLS context; the child processes a run starts; where a
-    # run folder keeps each policy or role (read by eval and inspect); one process per folder (its lock); a
-    # command group whose options may follow its command
-    {
-        "swarm.tasks",
-        "swarm.protocol",
-        "swarm.tls",
-        "swarm.children",
-        "swarm.run_layout",
-        "swarm.folder_lock",
-        "swarm.options_anywhere",
-    },
+    # run folder keeps each policy or role (read by eval and inspect); one process per folder (its lock)
+    {"swarm.tasks", "swarm.protocol", "swarm.tls", "swarm.children", "swarm.run_layout", "swarm.folder_lock"},
     {"swarm.config"},  # every settings model and the option derivation
     {"swarm.chat"},  # tool-call parsing, shared by the model package and the server
     {"swarm.engine"},  # models behind one interface

@@ -1,4 +1,4 @@
-"""A group's own options after its command too (swarm/options_anywhere.py): `swarm ctl status --url U`,
+"""A group's own options after its command too (store/options_anywhere.py): `swarm ctl status --url U`,
 `researcher status 3 --debug`."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from swarm.options_anywhere import UsageError, hoist
+from store.options_anywhere import UsageError, hoist
 
 CTL = ("--url", "--admin-token", "--timeout")
 

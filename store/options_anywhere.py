@@ -1,5 +1,7 @@
 """A command group whose own options may also follow its command: `swarm ctl status --url U`,
-`researcher status 3 --debug`, as kubectl and git take their global flags.
+`researcher status 3 --debug`, `swarm db current --db U`, as kubectl and git take their global flags.
+In `store`, beside `store.lazy`, because every package's command line uses it and `store` is the one
+package all of them may import.
 
 click reads a group's options only before the command's name and answers "No such option" for
 one after it, although the user said exactly what they meant. `options_anywhere(...)` gives a
