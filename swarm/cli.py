@@ -40,7 +40,8 @@ from swarm.plugins import mount_plugins, needs_plugins
 from swarm.run_checks import Problems, prepare
 from swarm.run_layout import run_summary
 from swarm.server.cli import serve_command
-from swarm.team_run import EMBEDDED, ensure_models, run_team, team_problems
+from swarm.team_checks import EMBEDDED, ensure_models, team_problems
+from swarm.team_run import run_team
 from swarm.train import run
 
 app = typer.Typer(
@@ -241,8 +242,8 @@ def _train_team(spec: RunConfig, resume: bool) -> None:
         summary = run_team(spec, resume)
     except (RuntimeError, TimeoutError) as exc:
         typer.echo(f"swarm train: {exc}", err=True)
-        if (spec.out / "summary.json").exists():
-            typer.echo(f"summary: {spec.out / 'summary.json'} (status: failed)", err=True)
+        if ended := run_summary(spec.out):
+            typer.echo(f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'failed')})", err=True)
         raise typer.Exit(1) from None
     typer.echo(
         json.dumps(

@@ -22,7 +22,9 @@ reward (the task's per-role rewards). The layout follows `swarm train`'s, one fo
 Supervision: a server that dies before its roles reach `--steps` is restarted from its last
 checkpoint (the same port and folder; `resume`), and replays every episode it acknowledged from its
 durable buffer; the other servers keep going, and the fleet's clients wait for the restarted one
-(they reconnect for `reconnect_s`). A team run checkpoints every `TEAM_CHECKPOINT_EVERY` steps when
+(they reconnect for `reconnect_s`). A server that exits cleanly was stopped, not crashed (`swarm ctl
+--server OUT/servers/NAME stop`, a signal to it): the others stop too, each with a last checkpoint, and
+the run ends `stopped` (`--resume` goes on). A team run checkpoints every `TEAM_CHECKPOINT_EVERY` steps when
 the run asks for none, so a restart loses little. The servers do not stop themselves at `--steps`:
 a role that is ahead (a team whose other member died unfinished) would stop the whole team while
 another role still needs episodes; this command stops every server (admin stop: a last checkpoint)
@@ -30,164 +32,38 @@ once every role has its steps. `summary.json` has a section per role (`roles`) a
 (`servers`); the run's reward is the mean of the roles'. `--resume` (same --out) starts every server
 from its own latest checkpoint and counts each role on from it (swarm/team_resume.py reads the folder).
 
-Every input is checked before anything starts (`team_problems`): one line per problem, exit 2.
+Every input is checked before anything starts (swarm/team_checks.py): one line per problem, exit 2.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import secrets
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from store.paths import default_model_dir
 from swarm.children import free_port, log_tail, open_log, signals_interrupt, stop, swarm_command, wait_healthy
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
-from swarm.config.policies import PolicySpec, check_name
+from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
-from swarm.model.presets import PRESETS, default_preset_dir
 from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
-from swarm.tasks import get_task, list_tasks
-from swarm.team_resume import SERVERS, Member, recorded_team, resume_problems, role_dir, role_steps
-from swarm.train import SHARED_BASE_RANK, combine_roles, console, start_fleets, step_line, summarize
+from swarm.team_checks import members, parse_team
+from swarm.team_resume import SERVERS, Member, role_dir, role_steps
+from swarm.train import SHARED_BASE_RANK, ServerStopped, combine_roles, console, start_fleets, step_line, summarize
 
-EMBEDDED = "embedded"
 #: checkpoint every k steps when the run asks for none (`--checkpoint-every 0`): a restarted server
 #: resumes from its last checkpoint and retrains only the steps after it
 TEAM_CHECKPOINT_EVERY = 5
 #: restarts of one server before the run fails (a server that cannot stay up is not a transient fault)
 MAX_RESTARTS = 3
-
-
-def parse_team(text: str) -> tuple[dict[str, str], list[str]]:
-    """'planner=A,executor=B' -> ({role: model}, problems): each problem one line naming --team."""
-    team: dict[str, str] = {}
-    problems: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
-        role, sep, model = (x.strip() for x in part.partition("="))
-        if not sep or not role or not model:
-            problems.append(f"--team: expected ROLE=MODEL, got {part!r}")
-            continue
-        try:
-            check_name(role)
-        except ValueError as exc:
-            problems.append(f"--team: role {role!r}: {exc}")
-            continue
-        if role in team:
-            problems.append(f"--team: role {role!r} is named twice (one model per role)")
-            continue
-        team[role] = model
-    return team, problems
-
-
-def resolve_model(text: str) -> Path:
-    """A --team model: `embedded` (the embedded model), a preset name (its default folder), or a path."""
-    if text == EMBEDDED:
-        return default_model_dir()
-    if text in PRESETS and not Path(text).exists():
-        return default_preset_dir(text)
-    return Path(text).expanduser().resolve()
-
-
-def known_roles(spec: RunConfig) -> tuple[tuple[str, ...] | None, str]:
-    """(the roles the task or workflow plays, what names them); None when nothing declares them.
-
-    A built-in team task names its roles (`Task.roles`); a team workflow declares them as `ROLES`
-    beside it in its module (or a `roles` attribute on the function), as swarm/tasks/duet.py does."""
-    if spec.workflow is not None:
-        module_name, _, attr = spec.workflow.partition(":")
-        if "" not in sys.path and os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(module_name)
-            flow = getattr(module, attr.split(".")[0], None)
-        except Exception:  # noqa: BLE001 - run_checks reports an unimportable workflow on its own line
-            return None, spec.workflow
-        roles = getattr(flow, "roles", None) or getattr(module, "ROLES", None)
-        if roles:
-            return tuple(roles), f"the workflow {spec.workflow}"
-    if spec.task is not None and spec.task in list_tasks():
-        roles = get_task(spec.task).roles
-        return (tuple(roles) if roles else ()), f"task {spec.task}"
-    return None, spec.workflow or "the task"
-
-
-def team_problems(spec: RunConfig, resume: bool = False) -> list[str]:
-    """Everything wrong with a --team run, before anything starts: one line each."""
-    assert spec.team is not None
-    team, found = parse_team(spec.team)
-    if spec.workflow is None and (spec.task is None or "+" in spec.task):
-        found.append("--team plays one team task: give --task duet or a team --workflow (a task mix is not a team)")
-    roles, source = known_roles(spec)
-    if roles == ():
-        teams = ", ".join(t for t in list_tasks() if get_task(t).roles)
-        found.append(f"--team: {source} has no roles (team tasks: {teams})")
-    elif roles is None:
-        found.append(f"--team: {source} names no roles: declare ROLES = (...) beside the workflow")
-    else:
-        found += [
-            f"--team: {source} has no role {role!r} (its roles: {', '.join(roles)})"
-            for role in team
-            if role not in roles
-        ]
-        found += [
-            f"--team: role {role!r} of {source} has no model (give {role}=MODEL)" for role in roles if role not in team
-        ]
-    for role, model in team.items():
-        path = resolve_model(model)
-        if model == EMBEDDED or model in PRESETS:
-            continue  # built before the run starts when missing
-        if not (path / "config.json").is_file():
-            found.append(
-                f"--team: {role}={model}: {path} is not a model directory (no config.json), a preset or {EMBEDDED}"
-            )
-    if spec.server.engine == "verl" and len({resolve_model(m) for m in team.values()}) < len(team):
-        found.append(
-            "--team: roles on one model are LoRA policies of one server, which runs in the torch and vllm engines"
-        )
-    if resume and not found:
-        found += _resume_problems(spec, team)
-    return found
-
-
-def _resume_problems(spec: RunConfig, team: dict[str, str]) -> list[str]:
-    """`--resume`: the folder must hold this very team (run.yaml's: the same roles, in the same order, on
-    the same models: a shared server's folder is named by its roles in order), with steps left."""
-    text = recorded_team(spec.out)
-    recorded, bad = parse_team(text or "")
-    resolved = [(r, resolve_model(m)) for r, m in recorded.items()]
-    matches = text is not None and not bad and resolved == [(r, resolve_model(m)) for r, m in team.items()]
-    done = role_steps(spec.out.resolve(), members(spec)) if matches else {}
-    return resume_problems(spec.out, text, matches, done, spec.steps)
-
-
-def members(spec: RunConfig) -> list[Member]:
-    """The team's servers: one per distinct model, its roles in --team order."""
-    team, _ = parse_team(spec.team or "")
-    by_model: dict[Path, list[str]] = {}
-    for role, model in team.items():
-        by_model.setdefault(resolve_model(model), []).append(role)
-    return [Member("+".join(roles), model, tuple(roles)) for model, roles in by_model.items()]
-
-
-def ensure_models(spec: RunConfig, build: Callable[[str, Path], None]) -> None:
-    """Build the embedded model or a preset that a role names and this machine lacks (`build(name, dir)`)."""
-    team, _ = parse_team(spec.team or "")
-    for model in dict.fromkeys(team.values()):
-        path = resolve_model(model)
-        if (model == EMBEDDED or model in PRESETS) and not (path / "config.json").is_file():
-            build(model, path)
 
 
 def member_config(spec: RunConfig, member: Member, out: Path, port: int, resume: bool = False) -> ServerConfig:
@@ -318,10 +194,16 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
                 for s in servers:
                     s.wait_healthy(token)  # a resumed server has cut its metrics back to its checkpoint by now
                 clients |= start_fleets(fleets, out, logs, env, (min(first_step.values()), spec.steps), resume)
-                _supervise(spec, servers, metrics, clients, token, t0, done)
+                stopped = None
+                try:
+                    _supervise(spec, servers, metrics, clients, token, t0, done)
+                except ServerStopped as exc:  # one server was stopped: the others stop with it, a checkpoint each
+                    stopped = exc
                 for s in servers:
                     s.admin_stop(admin)
                 _await_exits(servers)
+                if stopped is not None:
+                    raise stopped
             finally:
                 for p in clients.values():
                     stop(p)
@@ -330,7 +212,13 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
                         stop(s.proc, grace=45.0)
     except BaseException as exc:
         summary = team_summary(spec, servers, metrics, time.monotonic() - t0, team)
-        summary["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        summary["status"] = (
+            "stopped"
+            if isinstance(exc, ServerStopped)
+            else "interrupted"
+            if isinstance(exc, KeyboardInterrupt)
+            else "failed"
+        )
         summary["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         raise
@@ -365,6 +253,8 @@ def _supervise(
             if s.proc.poll() is None:
                 continue
             s.exits.append(s.proc.returncode)
+            if s.proc.returncode == 0:  # it stopped cleanly (`swarm ctl stop`, a signal): asked, not died
+                raise _stopped(s, printed, spec.steps)
             done = {role: printed[role] for role in s.member.roles}
             if s.restarts >= MAX_RESTARTS:
                 raise RuntimeError(
@@ -381,6 +271,8 @@ def _supervise(
             s.wait_healthy(token)
         if all(c.poll() is not None for c in clients.values()):
             codes = sorted({c.returncode for c in clients.values()})
+            if codes == [0] and (s := _stopping(servers)) is not None:  # the fleet ended as a server stops
+                raise _stopped(s, printed, spec.steps)
             first = next(iter(clients))
             raise RuntimeError(
                 f"every client process exited (exit code {', '.join(map(str, codes))}) with steps {printed} of "
@@ -389,6 +281,24 @@ def _supervise(
         if time.monotonic() - t0 > spec.timeout_s:
             raise TimeoutError(f"the team did not reach {spec.steps} steps per role in {spec.timeout_s:.0f}s")
         time.sleep(0.5)
+
+
+def _stopping(servers: list[_Server], wait_s: float = 60.0) -> _Server | None:
+    """The server that is exiting cleanly (a stop finishes its step and writes its checkpoint first), if one
+    does within `wait_s`; the fleet's clients leave as soon as a server says it is stopping."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        for s in servers:
+            assert s.proc is not None
+            if s.proc.poll() is not None:
+                return s if s.proc.returncode == 0 else None
+        time.sleep(0.2)
+    return None
+
+
+def _stopped(server: _Server, printed: dict[str, int], steps: int) -> ServerStopped:
+    done = ", ".join(f"{role} {n}" for role, n in printed.items())
+    return ServerStopped(done, steps, f"server {server.member.name}", "each server's")
 
 
 def _await_exits(servers: list[_Server], stop_s: float = 90.0) -> None:
@@ -447,19 +357,12 @@ def team_summary(
 
 
 __all__ = [
-    "EMBEDDED",
     "MAX_RESTARTS",
     "TEAM_CHECKPOINT_EVERY",
     "Member",
-    "ensure_models",
-    "known_roles",
     "member_config",
-    "members",
-    "parse_team",
-    "resolve_model",
     "role_metrics",
     "run_team",
     "team_fleets",
-    "team_problems",
     "team_summary",
 ]

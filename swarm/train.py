@@ -236,10 +236,10 @@ class ServerStopped(RuntimeError):
     """The run's server stopped cleanly before the run's steps (`swarm ctl stop`, a signal to it): no failure,
     and `--resume` goes on from its last checkpoint."""
 
-    def __init__(self, done: int, steps: int) -> None:
+    def __init__(self, done: int | str, steps: int, server: str = "the server", its: str = "its") -> None:
         super().__init__(
-            f"the server was stopped (`swarm ctl stop`, or a signal to it) after {done} of {steps} steps; "
-            "`swarm train --resume` goes on from its last checkpoint"
+            f"{server} was stopped (`swarm ctl stop`, or a signal to it) after {done} of {steps} steps; "
+            f"`swarm train --resume` goes on from {its} last checkpoint"
         )
 
 

@@ -176,6 +176,7 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.run_checks"},  # what `swarm train` checks before it starts anything, and its folder rules
     {"swarm.testing", "swarm.train", "swarm.inspect", "swarm.ctl", "swarm.plugins"},  # what drives a server
     {"swarm.team_resume"},  # a --team run's folder as `--resume` reads it (under team_run, which uses it)
+    {"swarm.team_checks"},  # what a --team names, checked before anything starts (reads team_resume's folder)
     {"swarm.attach", "swarm.team_run"},  # `swarm train --attach` / `--team`: reuse train's parts
     {"swarm.cli"},  # the command line
     {"swarm.__main__", "swarm"},  # `python -m swarm`; the package itself

@@ -162,3 +162,53 @@ def test_a_team_run_killed_whole_resumes_each_role_from_its_own_checkpoint(tmp_p
         state = json.loads((folder / "checkpoints" / "latest" / "server_state.json").read_text())
         assert state["counters"]["resumes"] == 1 and state["step"] >= 4, role  # from its checkpoint, once
         assert "--resume" in (out / "logs" / f"server-{role}.log").read_text()
+
+
+@pytest.mark.timeout(240)
+def test_a_team_run_whose_server_is_stopped_stops_whole_and_resumes(tmp_path: Path) -> None:
+    """`swarm ctl --server OUT/servers/planner stop` on a --team run: the run used to restart the stopped
+    server (a clean stop read as a crash), or end `failed: every client process exited`. The other server
+    stops with it (a last checkpoint each), the run ends `stopped`, and `--resume` goes on from there."""
+    planner = build_untrained(tmp_path / "planner-model")
+    executor = Path(shutil.copytree(planner, tmp_path / "executor-model"))
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("ROOST_URL", "ROOST_ADMIN_TOKEN")}
+    env["ROOST_HOME"] = str(tmp_path / "home")
+    command = [
+        sys.executable, "-m", "swarm", "train", "--team", f"planner={planner},executor={executor}",
+        "--task", "duet", "--engine", "fake", "--steps", "100000", "--group-size", "2", "--batch-groups", "1",
+        "--concurrency", "4", "--checkpoint-every", "50", "--no-mlflow", "--out", str(out),
+    ]  # fmt: skip
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 - closed below
+    train = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while len(_steps(out / "servers" / "executor" / "metrics.jsonl")) < 3:
+            assert train.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.1)
+        stop = [sys.executable, "-m", "swarm", "ctl", "--server", str(out / "servers" / "planner"), "stop"]
+        r = subprocess.run(stop, capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        assert train.wait(timeout=150) == 1
+    finally:
+        if train.poll() is None:
+            os.killpg(train.pid, signal.SIGKILL)
+            train.wait(10)
+        log.close()
+    text = (tmp_path / "first.log").read_text()
+    assert "restarting it" not in text and "(status: stopped)" in text, text[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["error"].startswith("server planner was stopped"), summary
+    assert "swarm train --resume" in summary["error"]
+    last = {}
+    for role in ("planner", "executor"):  # each wrote a checkpoint at its last step as it stopped
+        state = json.loads((out / "servers" / role / "checkpoints" / "latest" / "server_state.json").read_text())
+        last[role] = state["step"]
+        assert state["step"] == len(_steps(out / "servers" / role / "metrics.jsonl")) >= 3, role
+    steps = max(last.values()) + 2
+    r = subprocess.run(
+        [*command[: command.index("100000")], str(steps), *command[command.index("100000") + 1 :], "--resume"],
+        capture_output=True, text=True, timeout=150, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished"

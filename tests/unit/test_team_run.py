@@ -1,5 +1,6 @@
 """`swarm train --team`: parsing ROLE=MODEL, the checks before anything starts, how roles group into
-servers, each server's settings and the team fleet's routing (swarm/team_run.py). No process starts."""
+servers, each server's settings and the team fleet's routing (swarm/team_checks.py, swarm/team_run.py).
+No process starts."""
 
 from __future__ import annotations
 
@@ -15,19 +16,8 @@ from swarm.client.cli import _client
 from swarm.config.fleet import FleetConfig
 from swarm.config.run import RunConfig
 from swarm.model.presets import PRESETS, default_preset_dir
-from swarm.team_run import (
-    EMBEDDED,
-    TEAM_CHECKPOINT_EVERY,
-    Member,
-    known_roles,
-    member_config,
-    members,
-    parse_team,
-    resolve_model,
-    role_metrics,
-    team_fleets,
-    team_problems,
-)
+from swarm.team_checks import EMBEDDED, known_roles, members, parse_team, resolve_model, team_problems
+from swarm.team_run import TEAM_CHECKPOINT_EVERY, Member, member_config, role_metrics, team_fleets
 
 
 @pytest.fixture
