@@ -159,7 +159,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
-        return error_response(exc.status_code, str(exc.detail), code, getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        message = str(exc.detail)
+        if exc.status_code == 405 or (exc.status_code == 404 and request.scope.get("route") is None):  # no route
+            message = no_route(request, (headers or {}).get("Allow"))
+        return error_response(exc.status_code, message, code, headers)
 
     @app.exception_handler(RecursionError)
     async def _deep(request: Request, exc: RecursionError) -> JSONResponse:
@@ -169,6 +173,38 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error on %s %s", request.method, request.url.path)
         return error_response(500, f"internal server error: {type(exc).__name__}", "internal_error")
+
+
+#: what a client most often asks for that a training server does not have: why, in a word
+NO_ROUTE_HINTS = {
+    "/v1/responses/": "responses are kept only while their episode is open, for previous_response_id "
+    "(there is no GET /v1/responses/{id})",
+    "/v1/embeddings": "this server generates with the policies it trains; it serves no embeddings",
+}
+
+
+def no_route(request: Request, allow: str | None = None, shown: int = 8) -> str:
+    """A 404 or 405 that no route raised: the method and path asked for, and the routes beside it (those
+    under the same first path segment), so a wrong path or method names the right one."""
+    method, path = request.method, request.url.path
+    if allow:
+        return f"{method} {path} is not a route: {path} takes {allow}"
+    top = "/" + path.strip("/").split("/")[0]
+    paths = request.app.openapi().get("paths", {})  # every route, included routers' too (built once, cached)
+    near = [
+        f"{m.upper()} {route}"
+        for route, ops in paths.items()
+        if route == top or route.startswith(top + "/")
+        for m in ops
+    ]
+    hint = next((why for prefix, why in NO_ROUTE_HINTS.items() if path.startswith(prefix)), None)
+    listed = ", ".join(near[:shown]) + (f" and {len(near) - shown} more" if len(near) > shown else "")
+    return (
+        f"{method} {path} is not a route of this server"
+        + (f": {hint}" if hint else "")
+        + (f"; under {top}: {listed}" if near else "")
+        + " (all of them: GET /openapi.json)"
+    )
 
 
 class BodyLimitMiddleware:

@@ -179,3 +179,23 @@ def test_every_4xx_has_a_stable_code(make_server) -> None:
     }
     got = {name: _code(r, status) for name, (r, status, _) in expected.items()}
     assert got == {name: code for name, (_, _, code) in expected.items()}
+
+
+def test_a_request_no_route_takes_names_the_routes_beside_it(make_server) -> None:
+    """`responses.retrieve`, `embeddings.create`, a typo'd path or a wrong method read "Not Found" /
+    "Method Not Allowed": the message names what was asked and what the server has instead."""
+    srv = make_server(group_size=2, batch_groups=1)
+    u, w = srv.url, _h(srv.token)
+    r = httpx.get(f"{u}/v1/responses/resp_1", headers=w)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    message = r.json()["error"]["message"]
+    assert message.startswith("GET /v1/responses/resp_1 is not a route of this server: responses are kept only")
+    assert "POST /v1/chat/completions" in message and "POST /v1/responses" in message
+    assert "/swarm/" not in message and "GET /openapi.json" in message  # only the routes beside it
+    message = httpx.post(f"{u}/v1/embeddings", json={}, headers=w).json()["error"]["message"]
+    assert "serves no embeddings" in message
+    message = httpx.get(f"{u}/swarm/v1/episode", headers=w).json()["error"]["message"]
+    assert "POST /swarm/v1/episodes" in message and "more" in message and "/v1/chat" not in message
+    r = httpx.delete(f"{u}/v1/chat/completions", headers=w)
+    assert (r.status_code, r.json()["error"]["code"]) == (405, "method_not_allowed")
+    assert r.json()["error"]["message"] == "DELETE /v1/chat/completions is not a route: /v1/chat/completions takes POST"
