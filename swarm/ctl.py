@@ -10,6 +10,7 @@
     swarm ctl status --url http://10.0.0.5:8000        # so are --url, --admin-token and --timeout
     swarm ctl --server runs/train set lr=1e-4          # a `swarm train` run's server: URL and token from its folder
     swarm ctl policy add critic lora_rank=16 lr=5e-5   # a new LoRA policy on the running server's base
+    swarm ctl policy add critic --lora-rank 16         # settings as serve's flags do as well
     swarm ctl policy remove critic | policy list
 
 `--url` and `--admin-token` default to ROOST_URL and ROOST_ADMIN_TOKEN; `--server DIR` reads both
@@ -103,10 +104,32 @@ def _echo(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
+def as_pairs(items: list[str]) -> list[str]:
+    """`--lora-rank 8`, `--lora-rank=8` -> `lora_rank=8`; `--no-merge` -> `merge=false`: settings written as
+    `swarm serve` and `swarm train` take their flags, which is what a user types first."""
+    out: list[str] = []
+    rest = iter(items)
+    for item in rest:
+        if not item.startswith("--") or len(item) == 2:
+            out.append(item)
+            continue
+        key, sep, value = item[2:].partition("=")
+        key = key.replace("-", "_")
+        if not sep and key.startswith("no_"):
+            out.append(f"{key[3:]}=false")
+            continue
+        if not sep:
+            value = next(rest, None)  # type: ignore[assignment]
+            if value is None or value.startswith("--"):
+                raise typer.BadParameter(f"{item} needs a value: {item} VALUE, or {key}=VALUE")
+        out.append(f"{key}={value}")
+    return out
+
+
 def parse_settings(items: list[str]) -> dict[str, Any]:
-    """`["lr=1e-4", "quota.math=0.5"]` -> {"lr": 0.0001, "quotas": {"math": 0.5}}."""
+    """`["lr=1e-4", "quota.math=0.5"]` (or `--lr 1e-4 --quota.math 0.5`) -> {"lr": 0.0001, "quotas": {"math": 0.5}}."""
     out: dict[str, Any] = {}
-    for item in items:
+    for item in as_pairs(items):
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
@@ -173,9 +196,15 @@ def _settings_help() -> str:
     return "\n".join(lines + [f"Aliases: {aliases}; quota.FAMILY=SHARE sets one family's share."])
 
 
-@app.command("set", help=escape(_settings_help()))
+#: `--lr 1e-4` reaches the KEY=VALUE list instead of "No such option" (`as_pairs` reads it)
+FLAGS_AS_SETTINGS = {"ignore_unknown_options": True}
+
+
+@app.command("set", help=escape(_settings_help()), context_settings=FLAGS_AS_SETTINGS)
 def set_(
-    ctx: typer.Context, settings: list[str] = typer.Argument(..., help="KEY=VALUE ..."), policy: str = _POLICY
+    ctx: typer.Context,
+    settings: list[str] = typer.Argument(..., help="KEY=VALUE ... (or --key VALUE)"),
+    policy: str = _POLICY,
 ) -> None:
     data = _on(ctx, policy).call("POST", "/admin/config", parse_settings(settings))
     _echo({"changed": data.get("changed"), "live": data.get("live"), "pending": data.get("pending")})
@@ -244,13 +273,13 @@ def policy_spec(name: str, items: list[str]) -> dict[str, Any]:
     return spec
 
 
-@policy_app.command("add")
+@policy_app.command("add", context_settings=FLAGS_AS_SETTINGS)
 def policy_add(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="the new policy's name (its `model` in requests)"),
     settings: list[str] = typer.Argument(
         None,
-        help="KEY=VALUE: lora_rank, lora_alpha, lora_targets, lora_dropout, group_size, batch_groups, "
+        help="KEY=VALUE (or --key VALUE): lora_rank, lora_alpha, lora_targets, lora_dropout, group_size, batch_groups, "
         "max_staleness, max_steps, temperature, seed, or a training knob (lr, kl_coef, clip_eps...); "
         "default: the server's",
     ),

@@ -242,6 +242,12 @@ def test_ctl_commands(server: RunningServer) -> None:
     assert r.exit_code == 0 and json.loads(r.output)["live"]["temperature"] == 0.8
     r = ctl("set", "lr=-5")
     assert r.exit_code == 2 and "lr" in r.output
+    # settings as `swarm serve`'s flags: "No such option: --lr" before
+    r = ctl("set", "--lr", "2e-4", "--temperature=0.7", "--quota.math", "1", "--url", server.url)
+    assert r.exit_code == 0, r.output
+    assert server.swarm.config.temperature == 0.7 and server.swarm.control.book.quotas == {"math": 1}
+    r = ctl("set", "--lr")
+    assert r.exit_code == 2 and "--lr needs a value: --lr VALUE, or lr=VALUE" in r.output
     assert ctl("get", token="wrong").exit_code == 2
     assert ctl("pause").exit_code == 0 and server.swarm.control.paused
     assert ctl("resume").exit_code == 0 and not server.swarm.control.paused

@@ -183,6 +183,9 @@ def test_ctl_names_the_policy_before_or_after_its_command(policy_server: Running
     said = " ".join(r.output.replace("│", " ").split())  # rich's error box, unwrapped
     assert r.exit_code == 2 and "lora_rnak: not a policy setting; did you mean lora_rank?" in said
     assert "critic" not in srv.app.state.policies.swarms
+    r = ctl("policy", "add", "critic", "--lora-rank", "4", "--lr=5e-5")  # as serve's flags: "No such option"
+    assert r.exit_code == 0, r.output
+    assert srv.app.state.policies.swarms["critic"].control.describe().live["lr"] == 5e-5
 
 
 def test_a_full_parameter_policy_is_refused_at_start(model_dir: Path, tmp_path: Path) -> None:
