@@ -44,10 +44,9 @@ from swarm.config.run import RunConfig, sibling
 from swarm.config.server import ServerConfig
 from swarm.folder_lock import FolderInUse, hold_folder
 from swarm.model.widths import rank_problem
-from swarm.run_layout import run_summary
+from swarm.run_layout import RUN_FILE, run_summary
 from swarm.server.bootstrap import SERVER_LOCK
 
-RUN_FILE = "run.yaml"
 #: the server's per-step metrics, relative to the run folder (summary.json points here)
 METRICS = "server/metrics.jsonl"
 #: what a run writes into its folder (and `--fresh` removes; nothing else there is touched)

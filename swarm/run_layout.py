@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: the settings a `swarm train` run ran with, in its folder (swarm/run_checks.py writes and reads it)
+RUN_FILE = "run.yaml"
 #: The layouts of a policy's (or team role's) folder under a run folder, in the order they are looked at.
 ROLE_FOLDERS = ("server/policies/{role}", "policies/{role}", "servers/*/policies/{role}", "servers/{role}")
 

@@ -17,20 +17,45 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from store.paths import default_model_dir
+from swarm.children import quiet_progress_bars_off_terminal
 from swarm.config.options import require_extra
+from swarm.config.run import parse_mix
+from swarm.run_layout import RUN_FILE
 from swarm.tasks import list_tasks
 
 COLUMNS = ("task", "temperature", "n", "mean_reward", "solved", "calls_per_episode", "seconds")
 
 
+def run_tasks(path: Path, climb: int = 5) -> list[str]:
+    """The built-in tasks the `swarm train` run holding `path` trained on (its run.yaml's `task`, a mix
+    split), found in `path` or the folders above it (a checkpoint is OUT/server/checkpoints/step_N);
+    [] for a plain model or a run of a workflow of its own."""
+    import yaml  # lazy: only a run folder needs it
+
+    for folder in [path, *path.resolve().parents][: climb + 1]:
+        if (folder / RUN_FILE).is_file():
+            try:
+                task = (yaml.safe_load((folder / RUN_FILE).read_text()) or {}).get("task")
+            except (OSError, yaml.YAMLError, AttributeError):
+                return []
+            try:
+                return list(parse_mix(task)) if isinstance(task, str) else []
+            except ValueError:  # not a built-in task (a workflow's own name): every task
+                return []
+    return []
+
+
 def eval_command(
+    given: Path = typer.Argument(None, metavar="[RUN_OR_MODEL]", help="the same as --model", show_default=False),
     model: Path = typer.Option(
         None,
         "--model",
         help="Hugging Face causal-LM directory (a checkpoint too), or a `swarm train` run folder",
         show_default="the embedded model",
     ),
-    task: list[str] = typer.Option(None, "--task", help="built-in task, repeatable", show_default="every task"),
+    task: list[str] = typer.Option(
+        None, "--task", help="built-in task, repeatable", show_default="a run's own task(s); else every task"
+    ),
     n: int = typer.Option(200, "--n", min=1, help="episodes per task and temperature"),
     temperature: list[float] = typer.Option(
         None, "--temperature", "-t", min=0.0, max=2.0, help="repeatable; 0 is greedy", show_default="0 and 1"
@@ -59,10 +84,13 @@ def eval_command(
     role's checkpoint playing its part, a row per role; --each-role adds each role trained alone.
     """
     require_extra("server", "torch", "transformers")
+    quiet_progress_bars_off_terminal()  # "Loading weights" per model: noise in a log
     from swarm.model.evaluate import Loaded, RunFolderError, comparison_table, evaluate, run_models  # lazy: torch
     from swarm.model.team_eval import team_plan
 
-    given = model or default_model_dir()
+    if given is not None and model is not None and given != model:
+        raise typer.BadParameter(f"two models named: {given} and --model {model}; give one", param_hint="--model")
+    given = given or model or default_model_dir()
     unknown = [t for t in task or [] if t not in list_tasks()]
     if unknown:
         raise typer.BadParameter(
@@ -90,7 +118,9 @@ def eval_command(
             raise typer.BadParameter(
                 f"{path} is not a Hugging Face model directory (no config.json)", param_hint="--model"
             )
-    names = task or list_tasks()
+    names = task or run_tasks(given) or list_tasks()
+    if not task and names != list_tasks():
+        Console(stderr=True).print(f"tasks: {', '.join(names)}, the run's own (--task to choose)")
     models = [("initial", initial), ("trained", model)] if baseline else [("evaluated", model)]
     runs = [(role, path, name, t) for role, path in models for name in names for t in (temperature or [0.0, 1.0])]
     loaded = Loaded()

@@ -125,7 +125,7 @@ def test_every_readme_command_is_run_or_skipped_with_a_reason() -> None:
     expected = {  # what the README documents, each at least once
         "the main job": r"^swarm train --task arith\b",
         "the repeat from run.yaml": r"^swarm train --config runs/train/run\.yaml\b",
-        "swarm eval of the run": r"^swarm eval --model runs/train\b",
+        "swarm eval of the run": r"^swarm eval runs/train\b",
         "swarm inspect of the run": r"^swarm inspect runs/train\b",
         "a first research study": r'^researcher study "[^"]+"',
     }
@@ -225,6 +225,7 @@ def test_readme_commands_run_as_written(tmp_path: Path) -> None:
         elif text.startswith("swarm eval"):
             # a run folder: the last checkpoint beside the model the run started from
             assert "initial" in out and "trained" in out and "arith" in out, out
+            assert "guess" not in out, out  # the run's own task, not every one
         elif text.startswith("swarm inspect"):
             assert "logprob" in out and "mask" in out, out
         elif text.startswith("researcher study "):

@@ -91,6 +91,30 @@ def test_eval_of_a_run_folder_compares_with_the_initial_model(fake_run, tmp_path
     assert r.exit_code == 2 and "initial model" in r.output, r.output
 
 
+def test_eval_of_a_run_scores_its_own_tasks_and_takes_the_run_as_an_argument(fake_run, tmp_path):
+    """`swarm eval RUN` said "unexpected extra argument" (inspect and export take the run that way), and a run
+    of arith was scored on every built-in task: the run's own task(s) are the default now."""
+    from swarm.cli import app
+    from swarm.model.eval_cli import run_tasks
+
+    run, initial = fake_run
+    assert run_tasks(run) == ["arith"] and run_tasks(run / "server" / "checkpoints" / "latest") == ["arith"]
+    assert run_tasks(initial) == []  # a plain model: every task
+    mix = tmp_path / "mix"
+    mix.mkdir()
+    (mix / "run.yaml").write_text("task: arith=3+calc=1\n")
+    assert run_tasks(mix) == ["arith", "calc"]
+    (mix / "run.yaml").write_text("task: null\nworkflow: my_agent:play\n")
+    assert run_tasks(mix) == []
+    out = tmp_path / "eval.json"
+    r = CliRunner().invoke(app, ["eval", str(run), "--n", "2", "-t", "0", "--json", str(out)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "tasks: arith, the run's own (--task to choose)" in r.output
+    assert {row["task"] for row in json.loads(out.read_text())} == {"arith"}
+    r = CliRunner().invoke(app, ["eval", str(run), "--model", str(initial)], env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and "two models named" in r.output
+
+
 def test_run_models_of_a_run_with_several_policies(tmp_path, fake_run):
     """A --shared-base run: the run folder names no one model (the error lists the policies); a policy's
     folder or checkpoint is evaluated beside the run's initial model."""
