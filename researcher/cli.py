@@ -65,6 +65,7 @@ except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming
         raise  # one of ours missing is a bug, not an install without the extra
     raise SystemExit(f"researcher needs {exc.name}: pip install 'roost[research]'") from None
 from researcher.cli_output import Progress, console, export_html, finish, open_in_browser, print_plan, shown
+from store.help_text import unwrap_help
 from store.options_anywhere import ParameterSource, options_anywhere
 from store.paths import default_model_dir
 from store.unreachable import run_app
@@ -618,6 +619,9 @@ def daemon(interval: float = typer.Option(30.0, "--interval", help="seconds betw
     study_daemon.register(interval)
     console.print(f"researcher tick every {interval:g} s; Ctrl-C stops")
     scheduler_daemon.run_daemon()
+
+
+unwrap_help(app)  # every command's help wraps to the terminal (store/help_text.py)
 
 
 def main() -> None:

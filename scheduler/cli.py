@@ -25,6 +25,7 @@ from rich.table import Table
 from typer.core import TyperCommand
 
 from scheduler.spec import JobSpec
+from store.help_text import unwrap_help
 from store.unreachable import run_app
 
 app = typer.Typer(
@@ -271,6 +272,9 @@ def ticks(db: str = DbOption) -> None:
 
     for t in list_ticks(db_url=db):
         typer.echo(f"{t['name']}\t{t['func']}\tevery {t['interval_s']:g} s\tnext {t['next_run_time']}")
+
+
+unwrap_help(app)  # every command's help wraps to the terminal (store/help_text.py)
 
 
 def main() -> None:

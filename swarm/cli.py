@@ -24,6 +24,7 @@ from typing import Any
 import typer
 
 import swarm.ctl as _ctl
+from store.help_text import unwrap_help
 from store.paths import default_model_dir
 from store.unreachable import run_app
 from swarm.attach import Refused, run_attached
@@ -319,6 +320,7 @@ def inspect_command(
         typer.echo(f"wrote {html_out}")
 
 
+unwrap_help(app)  # every command's help wraps to the terminal (store/help_text.py)
 _mounted: list[str] | None = None
 
 
@@ -327,6 +329,7 @@ def full_app() -> typer.Typer:
     global _mounted
     if _mounted is None:
         _mounted = mount_plugins(app)
+        unwrap_help(app)  # the plugins' commands too
     return app
 
 

@@ -46,7 +46,7 @@ def run_tasks(path: Path, climb: int = 5) -> list[str]:
 
 
 def eval_command(
-    given: Path = typer.Argument(None, metavar="[RUN_OR_MODEL]", help="the same as --model", show_default=False),
+    given: Path = typer.Argument(None, metavar="RUN_OR_MODEL", help="the same as --model", show_default=False),
     model: Path = typer.Option(
         None,
         "--model",
@@ -78,10 +78,12 @@ def eval_command(
 ) -> None:
     """Score a model on built-in tasks in process (no server): mean reward, greedy and sampled.
 
-    Given a `swarm train` run folder (or one of its checkpoints with --baseline), the trained
-    model is scored beside the one it started from: training may sharpen sampling and dip greedy.
-    A team run's folder (`--task duet --shared-base`, `--team`) is scored on its team task, each
-    role's checkpoint playing its part, a row per role; --each-role adds each role trained alone.
+    Given a `swarm train` run folder (or one of its checkpoints with --baseline), the trained model is
+    scored beside the one it started from, on the run's own task(s): training may sharpen sampling and
+    dip greedy.
+
+    A team run's folder (`--task duet --shared-base`, `--team`) is scored on its team task, each role's
+    checkpoint playing its part, a row per role; --each-role adds each role trained alone.
     """
     require_extra("server", "torch", "transformers")
     quiet_progress_bars_off_terminal()  # "Loading weights" per model: noise in a log

@@ -1,0 +1,37 @@
+"""Help text as a terminal shows it. typer (rich mode) joins the lines of a command's first paragraph
+but keeps every single line break of the later ones, so a docstring wrapped at the source's 120
+columns came out of `--help` ragged (a full line, then a word or two, at 80 columns). `unwrap_help(app)`
+joins each later paragraph into one line that rich wraps to the terminal; a paragraph laid out on
+purpose (click's `\\b` marker, indented or bulleted lines) keeps its breaks. In `store`, beside
+`store.options_anywhere`, because every package's command line uses it.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import typer
+
+__all__ = ["unwrap_help", "unwrapped"]
+
+
+def unwrapped(text: str) -> str:
+    """Each paragraph of `text` on one line, but those laid out on purpose (see the module)."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if _laid_out(p) else " ".join(p.split()) for p in paragraphs)
+
+
+def _laid_out(paragraph: str) -> bool:
+    lines = paragraph.split("\n")
+    return paragraph.startswith("\b") or any(line[:1].isspace() or line.lstrip()[:2] in ("- ", "* ") for line in lines)
+
+
+def unwrap_help(app: typer.Typer) -> typer.Typer:
+    """Every command's help of `app` and its sub-apps unwrapped (call it once every command is registered)."""
+    for info in app.registered_commands:
+        text = info.help or inspect.getdoc(info.callback) or ""
+        info.help = unwrapped(text) if text else info.help
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_help(group.typer_instance)
+    return app
