@@ -200,59 +200,97 @@ def study(
     max_trials: int = setting(
         "budget.max_trials",
         "--max-trials",
+        rich_help_panel="budget",
         show_default="no limit",
         help="launch at most this many trials (a design is shrunk to fit, or refused)",
     ),
     cpu_hours: float = setting(
-        "budget.cpu_hours", "--cpu-hours", show_default="no limit", help="CPU-hour budget (trial wall time × CPUs)"
+        "budget.cpu_hours",
+        "--cpu-hours",
+        rich_help_panel="budget",
+        show_default="no limit",
+        help="CPU-hour budget (trial wall time × CPUs)",
     ),
-    gpu_hours: float = setting("budget.gpu_hours", "--gpu-hours", show_default="no limit", help="GPU-hour budget"),
+    gpu_hours: float = setting(
+        "budget.gpu_hours", "--gpu-hours", rich_help_panel="budget", show_default="no limit", help="GPU-hour budget"
+    ),
     wall_clock: str = setting(
         "budget.wall_clock_s",
         "--wall-clock",
+        rich_help_panel="budget",
         text=format_duration,
         callback=duration,
         show_default="no limit",
         help="wall-clock budget, e.g. 20m, 6h, 2d",
     ),
     llm_tokens: int = setting(
-        "budget.llm_tokens", "--llm-tokens", show_default="no limit", help="planner token budget"
+        "budget.llm_tokens",
+        "--llm-tokens",
+        rich_help_panel="budget",
+        show_default="no limit",
+        help="planner token budget",
     ),
     deadline: str = typer.Option(
         None,
         "--deadline",
+        rich_help_panel="budget",
         callback=deadline_param,
         show_default="none",
         help="no launches after this (ISO time or duration)",
     ),
-    backend: str = setting("backend", "--backend", help="local | slurm"),
-    planner: str = typer.Option(None, "--planner", show_default="llm if configured, else rules", help="llm | rules"),
-    seeds: int = setting("defaults.seeds", "--seeds", help=f"seeds per arm (at least {MIN_SEEDS})"),
-    steps: int = setting("defaults.steps", "--steps"),
-    parallel: int = setting("parallel", "--parallel"),
-    approve: bool = setting("approve", "--approve", show_default="off"),
-    shared_base: bool = setting("shared_base", "--shared-base", show_default="off"),
-    rounds: int = setting("adaptive.rounds", "--rounds"),
-    max_seeds: int = setting("adaptive.max_seeds", "--max-seeds", show_default="twice --seeds"),
-    spending: str = setting("adaptive.spending", "--spending", help="obrien-fleming | pocock: alpha spending"),
-    precision: float = setting("adaptive.precision", "--precision", show_default="none"),
-    early_stop: bool = setting("adaptive.early_stop", "--early-stop", show_default="off"),
+    planner: str = typer.Option(
+        None, "--planner", rich_help_panel="design", show_default="llm if configured, else rules", help="llm | rules"
+    ),
+    seeds: int = setting(
+        "defaults.seeds", "--seeds", rich_help_panel="design", help=f"seeds per arm (at least {MIN_SEEDS})"
+    ),
+    steps: int = setting("defaults.steps", "--steps", rich_help_panel="design"),
+    shared_base: bool = setting("shared_base", "--shared-base", rich_help_panel="design", show_default="off"),
+    rounds: int = setting("adaptive.rounds", "--rounds", rich_help_panel="design"),
+    max_seeds: int = setting(
+        "adaptive.max_seeds", "--max-seeds", rich_help_panel="design", show_default="twice --seeds"
+    ),
+    spending: str = setting(
+        "adaptive.spending", "--spending", rich_help_panel="design", help="obrien-fleming | pocock: alpha spending"
+    ),
+    precision: float = setting("adaptive.precision", "--precision", rich_help_panel="design", show_default="none"),
+    early_stop: bool = setting("adaptive.early_stop", "--early-stop", rich_help_panel="design", show_default="off"),
     deterministic: bool = setting(
         "deterministic",
         "--deterministic/--no-deterministic",
+        rich_help_panel="design",
         show_default="on for swarm train trials",
         help="reproducible trials (same config and seed, same run): seed-matched arms get the paired t-test",
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", show_default="off", help="print the plan; launch nothing"),
+    backend: str = setting("backend", "--backend", rich_help_panel="running", help="local | slurm"),
+    parallel: int = setting("parallel", "--parallel", rich_help_panel="running"),
+    approve: bool = setting("approve", "--approve", rich_help_panel="running", show_default="off"),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        rich_help_panel="running",
+        metavar="",
+        show_default="off",
+        help="print the plan; launch nothing",
+    ),
     foreground: bool = typer.Option(
-        True, "--foreground/--background", help="drive the study here until it ends, or leave it to `researcher daemon`"
+        True,
+        "--foreground/--background",
+        rich_help_panel="running",
+        metavar="",
+        help="drive the study here until it ends, or leave it to `researcher daemon`",
     ),
     model: str = typer.Option(
-        None, "--model", show_default="the embedded model", help="model directory for every trial"
+        None,
+        "--model",
+        rich_help_panel="design",
+        show_default="the embedded model",
+        help="model directory for every trial",
     ),
     workflow: str = typer.Option(
         None,
         "--workflow",
+        rich_help_panel="design",
         show_default="the task's built-in workflow",
         help="your own agent for every trial: module:function(task, episode) -> reward "
         "(the current directory is importable)",
@@ -260,19 +298,23 @@ def study(
     dataset: str = typer.Option(
         None,
         "--dataset",
+        rich_help_panel="design",
         show_default="the task's, else a `dataset` beside the workflow",
         help="module:function(seed, size) -> tasks, with --workflow",
     ),
     trial_time_limit: str = setting(
-        "trial_time_limit_s", "--trial-time-limit", text=format_duration, callback=duration
+        "trial_time_limit_s", "--trial-time-limit", rich_help_panel="running", text=format_duration, callback=duration
     ),
-    trial_cpus: int = setting("trial_cpus", "--trial-cpus"),
-    trial_gpus: int = setting("trial_gpus", "--trial-gpus"),
-    partition: str = setting("partition", "--partition", show_default="the cluster's default"),
-    poll: float = setting("poll_s", "--poll"),
+    trial_cpus: int = setting("trial_cpus", "--trial-cpus", rich_help_panel="running"),
+    trial_gpus: int = setting("trial_gpus", "--trial-gpus", rich_help_panel="running"),
+    partition: str = setting(
+        "partition", "--partition", rich_help_panel="running", show_default="the cluster's default"
+    ),
+    poll: float = setting("poll_s", "--poll", rich_help_panel="running"),
     out: Path = typer.Option(
         None,
         "--out",
+        rich_help_panel="running",
         show_default="./studies/study-N",
         file_okay=False,
         help="folder for the study's HTML report (report.html), beside ROOST_HOME's copy",

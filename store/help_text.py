@@ -3,7 +3,8 @@ but keeps every single line break of the later ones, so a docstring wrapped at t
 columns came out of `--help` ragged (a full line, then a word or two, at 80 columns). `unwrap_help(app)`
 joins each later paragraph into one line that rich wraps to the terminal; a paragraph laid out on
 purpose (click's `\\b` marker, indented or bulleted lines) keeps its breaks. In `store`, beside
-`store.options_anywhere`, because every package's command line uses it.
+`store.options_anywhere`, because every package's command line uses it. On/off switches lose typer's
+`<bool>` metavar too (they take no value).
 """
 
 from __future__ import annotations
@@ -27,11 +28,26 @@ def _laid_out(paragraph: str) -> bool:
 
 
 def unwrap_help(app: typer.Typer) -> typer.Typer:
-    """Every command's help of `app` and its sub-apps unwrapped (call it once every command is registered)."""
+    """Every command's help of `app` and its sub-apps unwrapped (call it once every command is registered),
+    and its on/off switches shown without typer's `<bool>`, which reads as if they took a value."""
     for info in app.registered_commands:
         text = info.help or inspect.getdoc(info.callback) or ""
         info.help = unwrapped(text) if text else info.help
+        _no_bool_metavar(info.callback)
+    if app.registered_callback is not None:  # the group's own options (`researcher --verbose`)
+        _no_bool_metavar(app.registered_callback.callback)
     for group in app.registered_groups:
         if group.typer_instance is not None:
             unwrap_help(group.typer_instance)
     return app
+
+
+def _no_bool_metavar(callback: object) -> None:
+    for param in inspect.signature(callback).parameters.values() if callable(callback) else ():
+        option = param.default
+        if isinstance(option, typer.models.OptionInfo) and _is_bool(param.annotation) and option.metavar is None:
+            option.metavar = ""
+
+
+def _is_bool(annotation: object) -> bool:
+    return annotation in (bool, "bool", bool | None, "bool | None")

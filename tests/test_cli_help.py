@@ -60,3 +60,15 @@ def test_train_help_gives_descriptions_room_and_cuts_no_default() -> None:
     lease = next(line for line in text.splitlines() if "--lease-seconds" in line)
     assert "episode lease: the SDK heartbeats every third of it" in lease, lease  # >= 50 columns of prose
     assert len(text.splitlines()) < 250, len(text.splitlines())
+
+
+def test_researcher_study_help_is_grouped_and_shows_no_bool() -> None:
+    """`researcher study`'s 30 options were one block whose names column left the descriptions ~18 columns
+    at a normal terminal, labelled every switch `<bool>` and cropped text."""
+    from researcher.cli import app as researcher_app
+
+    r = CliRunner().invoke(researcher_app, ["study", "--help"], env={"COLUMNS": "120", "TERM": "dumb"})
+    assert r.exit_code == 0, r.output
+    assert _panels(r.output) == ["Arguments", "Options", "budget", "design", "running"]
+    assert [line for line in r.output.splitlines() if "<bool>" in line and "--help" not in line] == []
+    assert "…" not in r.output

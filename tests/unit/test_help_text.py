@@ -46,3 +46,25 @@ def test_no_command_help_breaks_a_paragraph_mid_sentence(module: str) -> None:
         if "\n" in paragraph and not unwrapped(paragraph) == paragraph
     }
     assert not ragged, ragged
+
+
+@pytest.mark.parametrize("module", ["swarm.cli", "researcher.cli", "scheduler.cli"])
+def test_no_switch_is_labelled_bool(module: str) -> None:
+    """typer labels an on/off switch `<bool>`, as if it took a value (`swarm eval --baseline`, `researcher
+    study --approve`, `swarm sched status --all` ...): only typer's own --help keeps it."""
+    import importlib
+
+    from typer.testing import CliRunner
+
+    cli = importlib.import_module(module)
+    app = cli.full_app() if hasattr(cli, "full_app") else cli.app
+    labelled = {}
+    for path, command in _commands(get_command(app), ""):
+        if getattr(command, "hidden", False):
+            continue
+        r = CliRunner().invoke(app, [*path.split(), "--help"], env={"COLUMNS": "120", "TERM": "dumb"})
+        assert r.exit_code == 0, (path, r.output)
+        lines = [line for line in r.output.splitlines() if "<bool>" in line and "--help" not in line]
+        if lines:
+            labelled[path] = lines
+    assert not labelled, labelled
