@@ -269,7 +269,6 @@ def study(
         False,
         "--dry-run",
         rich_help_panel="running",
-        metavar="",
         show_default="off",
         help="print the plan; launch nothing",
     ),
@@ -277,7 +276,6 @@ def study(
         True,
         "--foreground/--background",
         rich_help_panel="running",
-        metavar="",
         help="drive the study here until it ends, or leave it to `researcher daemon`",
     ),
     model: str = typer.Option(
