@@ -23,6 +23,11 @@ from typing import IO
 
 import httpx
 
+#: how a client fleet's line about its workflow's first failure of a kind begins (swarm/client/_fleet.py
+#: prints it once per kind); `swarm train` echoes such lines from its fleets' logs (swarm/fleet_alerts.py)
+WORKFLOW_FAILED = "workflow failed"
+NONE_RETURNED = "workflow returned None without finishing the episode"
+
 
 def swarm_command(*args: str) -> list[str]:
     """`swarm ARGS...` as this interpreter runs it (the same virtualenv, no PATH lookup)."""

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 import httpx
+from rich.markup import escape
 
 from swarm.children import free_port, log_tail, open_log, signals_interrupt, stop, swarm_command, wait_healthy
 from swarm.config.fleet import FleetConfig
@@ -52,6 +53,7 @@ from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
+from swarm.fleet_alerts import FleetAlerts
 from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
@@ -240,7 +242,10 @@ def _supervise(
     (from its checkpoint) while the others go on; return once every role has `spec.steps` rows."""
     tails = {role: MetricsTail(path) for role, path in metrics.items()}
     printed = {role: (done or {}).get(role, 0) for role in metrics}
+    alerts = FleetAlerts(clients)
     while True:
+        for line in alerts.poll():  # the team workflow failing: said at once (swarm/fleet_alerts.py)
+            console.print(f"[yellow]warning[/yellow]: {escape(line)}", soft_wrap=True)
         for role, tail in tails.items():
             rows = tail.poll()
             for r in rows[printed[role] :]:

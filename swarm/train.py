@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from swarm.children import free_port, log_tail, open_log, signals_interrupt, stop, swarm_command, wait_healthy
@@ -42,6 +43,7 @@ from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text, tracking_params
 from swarm.config.server import ServerConfig
+from swarm.fleet_alerts import FleetAlerts
 from swarm.run_checks import CURSORS, METRICS, RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import EXTRA_FILE, MODEL_FILE
@@ -490,11 +492,14 @@ def follow(
         bar = progress.add_task(f"training {spec.name}", total=spec.steps, info="")
         tails = {role: MetricsTail(path) for role, path in metrics.items()}
         printed = dict.fromkeys(metrics, shown)
+        alerts = FleetAlerts(clients)
 
         def rows_now() -> int:  # once the server or the fleet has exited: its last row may be newer than `shown`
             return min(len(t.poll()) for t in tails.values())
 
         while True:
+            for line in alerts.poll():  # the user's workflow failing: said at once, not found in a log later
+                progress.console.print(f"[yellow]warning[/yellow]: {escape(line)}", soft_wrap=True)
             latest = {}
             for role, tail in tails.items():
                 rows = tail.poll()

@@ -173,7 +173,8 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.client", "swarm.rewards"},  # the SDK and fleets; rewards a workflow computes (an LLM judge)
     {"swarm.tinker"},  # the Tinker-compatible API: primitives on policies of the base (the server mounts it)
     {"swarm.server"},  # the swarm server
-    {"swarm.run_checks"},  # what `swarm train` checks before it starts anything, and its folder rules
+    # what `swarm train` checks before it starts anything, and its folder rules; its fleets' failure lines
+    {"swarm.run_checks", "swarm.fleet_alerts"},
     {"swarm.testing", "swarm.train", "swarm.inspect", "swarm.ctl", "swarm.plugins"},  # what drives a server
     {"swarm.team_resume"},  # a --team run's folder as `--resume` reads it (under team_run, which uses it)
     {"swarm.team_checks"},  # what a --team names, checked before anything starts (reads team_resume's folder)

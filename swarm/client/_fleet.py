@@ -20,11 +20,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarm.children import NONE_RETURNED, WORKFLOW_FAILED
 from swarm.client._client import Episode, SwarmClient
 from swarm.client._cursor import JobCursor
 from swarm.client._retry import ServerStopping, SwarmAPIError, SwarmError, SwarmUnavailable
@@ -46,6 +48,9 @@ class FleetStats:
     jobs: int = 0  # jobs handed out
     rewards: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the latest few, for humans
+    #: the first failure of each kind (exception type and line; a None return), with where it came from: a
+    #: fleet's output says it at once instead of a count at the end (`swarm client`, the train log)
+    first_of_kind: list[str] = field(default_factory=list)
     policy_version: int = 0  # of the latest claim
     started_at: float = field(default_factory=time.time)
     elapsed: float = 0.0
@@ -62,6 +67,24 @@ class FleetStats:
 
 #: A job whose episode is lost this many times in a row is given up (a lost episode is not a failure).
 MAX_LOST = 20
+NONE_TEXT = (
+    f"{NONE_RETURNED} ({{task}}): it is aborted, not trained; return a reward, or call episode.finish(...) "
+    "before returning (said once)"
+)
+
+
+def failure_kind(exc: BaseException) -> str:
+    """A workflow's failures of one kind: the exception's type and the line that raised it."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+    return f"{type(exc).__name__}@{where}"
+
+
+def failure_text(task_id: str, attempt: int, exc: BaseException, frames: int = 4) -> str:
+    """The first failure of a kind, with the last frames of its traceback (the workflow's own, mostly)."""
+    trace = "".join(traceback.format_exception(exc, limit=-frames)).rstrip()
+    said = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    return f"{WORKFLOW_FAILED} ({task_id} attempt {attempt}; the first of this kind, said once): {said}\n{trace}"
 
 
 def is_lost(exc: BaseException, ep: Episode) -> bool:
@@ -105,6 +128,7 @@ class _Fleet:
         self.task_family = task_family
         self.stats = FleetStats()
         self.lock = threading.Lock()
+        self.kinds: set[str] = set()  # of failures already shown (`_first_of_kind`)
 
     def next_job(self) -> tuple[int, dict, int | None] | None:
         """(job number, task, its claim ticket when ordered): numbered by the cursor, which a restarted
@@ -140,6 +164,12 @@ class _Fleet:
     def _error(self, message: str) -> None:
         with self.lock:
             self.stats.errors = (self.stats.errors + [message])[-20:]
+
+    def _first_of_kind(self, kind: str, text: str) -> None:
+        with self.lock:
+            if kind not in self.kinds:
+                self.kinds.add(kind)
+                self.stats.first_of_kind.append(text)
 
     def worker(self) -> None:
         while (job := self.next_job()) is not None:
@@ -222,6 +252,7 @@ class _Fleet:
                     if isinstance(exc, SwarmUnavailable):
                         raise
                     self._error(f"{task_id} attempt {attempt}: {type(exc).__name__}: {exc}"[:500])
+                    self._first_of_kind(failure_kind(exc), failure_text(task_id, attempt, exc))
                     reason = f"workflow failed: {type(exc).__name__}: {exc}"[:1000]
                     ep._abort_quietly(reason, release=not last)
                     self._note(failed=1, aborted=1, given_up=int(last))
@@ -232,6 +263,7 @@ class _Fleet:
                     self._note(finished=1)
                 else:
                     ep._abort_quietly("workflow returned None without finishing the episode")
+                    self._first_of_kind("None", NONE_TEXT.format(task=task_id))  # before _note: it shows it
                     self._note(aborted=1)
                 return True
         return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import IO, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from swarm.children import signals_interrupt
@@ -192,12 +194,19 @@ def _progress(console: Any, total: int | None, quiet: bool) -> Iterator[Callable
     ]
     with Progress(*columns, console=console, disable=quiet) as bar:
         tid = bar.add_task("starting", total=total)
+        shown = 0  # of stats.first_of_kind
+        printing = threading.Lock()  # fleet threads call update side by side
 
         def update(s: FleetStats) -> None:
+            nonlocal shown
             bar.update(
                 tid,
                 completed=s.finished + s.given_up,
                 description=f"v{s.policy_version} ok {s.finished} failed {s.failed} reward {s.reward_mean:.3f}",
             )
+            with printing:
+                for text in s.first_of_kind[shown:]:  # at once, above the bar (with --quiet too: it is no progress)
+                    console.print(f"[yellow]{escape(text)}[/yellow]", soft_wrap=True)
+                shown = len(s.first_of_kind)
 
         yield update

@@ -77,10 +77,28 @@ def test_workflow_errors_are_counted_and_groups_still_complete(make_server) -> N
     stats = run_fleet(SwarmClient(srv.url, srv.token), flaky, _dataset(3), n=2, concurrency=2, epochs=1, max_attempts=2)
     assert stats.given_up == 2  # both t1 jobs, after 2 attempts each
     assert stats.finished == 4 and stats.failed >= 4 and stats.errors
+    # the first failure of each kind (type and raising line), once, with its traceback: said as it happens
+    kinds = [text.splitlines()[-1] for text in stats.first_of_kind]
+    assert "RuntimeError: always broken" in kinds and len(set(kinds)) == len(kinds), stats.first_of_kind
+    assert set(kinds) <= {"RuntimeError: always broken", "ValueError: sometimes broken"}
+    assert all(text.startswith("workflow failed (t") for text in stats.first_of_kind)
+    assert all(text.splitlines()[0].endswith(text.splitlines()[-1]) for text in stats.first_of_kind)
     deadline = time.monotonic() + 10
     while srv.swarm.trainer.step < 2:  # t0, then t2 (t1's group completed empty and was skipped)
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    assert all('test_fleet.py", line' in text for text in stats.first_of_kind)  # where in the workflow
+
+
+def test_a_workflow_returning_none_unfinished_is_said_once(make_server) -> None:
+    srv = make_server(group_size=2, batch_groups=1)
+
+    def forgetful(task: dict, episode) -> None:
+        chat_workflow(task, episode)  # no reward returned, the episode never finished
+
+    stats = run_fleet(SwarmClient(srv.url, srv.token), forgetful, _dataset(2), n=2, concurrency=2, epochs=1)
+    assert stats.aborted == 4 and stats.finished == 0
+    assert len(stats.first_of_kind) == 1 and "returned None without finishing the episode" in stats.first_of_kind[0]
 
 
 def test_fleet_stops_when_server_stops(make_server) -> None:

@@ -191,6 +191,42 @@ def test_train_your_own_workflow_then_resume_it(tmp_path: Path) -> None:
         assert log.startswith(text) and "--resume" in log[len(text) :], name
 
 
+FAILING_WORKFLOW = """
+def dataset(seed, size):
+    return [{"task_id": f"t{i}"} for i in range(size)]
+
+
+def workflow(task, episode):
+    episode.openai.chat.completions.create(model=episode.model, messages=[{"role": "user", "content": "hi"}])
+    if task["task_id"].endswith("1"):
+        raise LookupError("no such tool: " + task["task_id"])
+    return None if task["task_id"].endswith("2") else 1.0
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_train_says_at_once_that_the_workflow_fails(tmp_path: Path) -> None:
+    """A workflow raising on some tasks (or returning None unfinished) lost those episodes in silence: the
+    run trained on the rest and only the client's log said why. `swarm train` prints each kind once."""
+    (tmp_path / "failing_flow.py").write_text(FAILING_WORKFLOW)
+    out = tmp_path / "run"
+    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
+    r = subprocess.run(
+        [*SWARM, "train", "--workflow", "failing_flow:workflow", "--engine", "fake",
+         "--model", str(build_untrained(tmp_path / "model", seed=0)), "--steps", "2", "--group-size", "2",
+         "--batch-groups", "1", "--no-mlflow", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = " ".join(r.stderr.split())
+    assert said.count("warning: client0.log: workflow failed (") == 1, r.stderr
+    assert "LookupError: no such tool: t" in said and f"(the traceback: {out / 'logs' / 'client0.log'})" in said
+    assert said.count("warning: client0.log: workflow returned None without finishing the episode") == 1
+    log = (out / "logs" / "client0.log").read_text()
+    assert 'failing_flow.py", line 9, in workflow' in log  # the traceback, in the log
+
+
 @pytest.mark.slow
 def test_eval_scores_a_model_greedy_and_sampled(tmp_path: Path) -> None:
     model = build_untrained(tmp_path / "model", seed=0)
