@@ -8,8 +8,10 @@ it the default without an LLM and the reference the LLM planner is tested agains
     >>> (f.task, f.knobs, f.metric)
     ('arith', ['lr'], 'final_reward')
 
-Values named in the topic become arms; the first value named (or the knob's
-natural control: lr 0, merging on, KL 0) is the baseline. One value named is
+Values named in the topic become arms; the value a topic measures the others against
+("Does 1e-3 beat 3e-4?", "better than", "worse than": 3e-4, with the side it predicts), else
+the first value named (or the knob's natural control: lr 0, merging on, KL 0) is the
+baseline. One value named is
 compared with the knob's default (what a trial runs without it); without values,
 a knob gets default arms (`DEFAULT_ARMS`). Counts ("over 100 steps", "5 seeds")
 are never values. A topic naming several knobs compares the one named with two
@@ -37,7 +39,14 @@ from typing import Any
 from researcher.config import Adaptive
 from researcher.experiment import KNOBS, MIN_SEEDS, Design, Frame, HypothesisSpec, arm_name
 from researcher.planning import Decision, PlanDefaults, UnsupportedTopic, choose_direction, default_design
-from researcher.topic import check_scope, detect_task, detect_values, out_of_range, studied_and_fixed
+from researcher.topic import (
+    check_scope,
+    compared_against,
+    detect_task,
+    detect_values,
+    out_of_range,
+    studied_and_fixed,
+)
 from swarm.algorithms.choices import Advantage, LossAgg
 
 DEFAULT_ARMS: dict[str, list[Any]] = {
@@ -122,9 +131,10 @@ class RulesPlanner:
         if len(values) < 2:
             hint = " (model directories, e.g. /models/a)" if knob == "model" else ""
             raise UnsupportedTopic(f"name at least two values of {knob} to compare in the topic{hint}")
-        base = natural_baseline(knob, values)
+        against = compared_against(topic, knob, values)  # "Does 1e-3 beat 3e-4?": 3e-4 is the control
+        base = against[0] if against else natural_baseline(knob, values)
         treatments = [v for v in values if v != base]
-        direction = choose_direction(knob, base, treatments)
+        direction = against[1] if against else choose_direction(knob, base, treatments)
         verb = {"greater": "a higher", "less": "a lower", "two-sided": "a different"}[direction]
         tv = ", ".join(arm_name(knob, v) for v in treatments)
         gives = "gives" if len(treatments) == 1 else "each give"

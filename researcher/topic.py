@@ -67,13 +67,67 @@ def knob_numbers(topic: str, knob: str) -> list[str]:
     """The numbers of a topic that may be `knob`'s values: not the counts (`COUNT`), and where the topic
     names several knobs, those nearest after a mention of this one (or, before any mention, of the
     first named): in "a group size of 16 against 4 at lr 1e-4", 16 and 4 are group sizes, 1e-4 a rate."""
+    return [m.group(0) for m in _knob_number_matches(topic, knob)]
+
+
+def _knob_number_matches(topic: str, knob: str) -> list[re.Match[str]]:
     counted = [m.span() for m in COUNT.finditer(topic)]
     numbers = [m for m in NUMBER.finditer(topic) if not any(a <= m.start() < b for a, b in counted)]
     mentions = [(at, name) for at, name in knob_mentions(topic) if name in KNOBS]
     if len({name for _, name in mentions}) < 2:
-        return [m.group(0) for m in numbers]
+        return numbers
     owners = [next((name for at, name in reversed(mentions) if at < m.start()), mentions[0][1]) for m in numbers]
-    return [m.group(0) for m, owner in zip(numbers, owners, strict=True) if owner == knob]
+    return [m for m, owner in zip(numbers, owners, strict=True) if owner == knob]
+
+
+#: "A beats B", "is A better than B", "A outperforms B": B is what A is measured against, and the question
+#: has a side (higher reward: every metric of a study is a reward); "A is worse than B" the other side
+BEATS = re.compile(r"\b(?:beats?|outperforms?|better than|superior to|improves? (?:on|over|upon))\b")
+WORSE = re.compile(r"\b(?:worse than|inferior to|underperforms?)\b")
+
+
+def _value_positions(topic: str, knob: str) -> list[tuple[int, Any]]:
+    """Where the topic names each value of `knob`: an estimator by its name, a number by the rules above."""
+    t = topic.lower()
+    if knob == "advantage":
+        names = {
+            c.value: (c.value.replace("_pp", "++") if c.value.replace("_pp", "++") in t else c.value) for c in Advantage
+        }
+        return [(m.start(), value) for value, name in names.items() for m in re.finditer(re.escape(name), t)]
+    found = []
+    for m in _knob_number_matches(topic, knob):
+        try:
+            found.append((m.start(), KNOBS[knob].validate(m.group(0))))
+        except ValueError:
+            continue
+    return found
+
+
+def compared_against(topic: str, knob: str, values: list[Any]) -> tuple[Any, str] | None:
+    """(the value of `values` the topic measures the others against, the expected direction of the others
+    minus it) when the topic says so between two values of `knob`, else None.
+
+    >>> compared_against("Does a learning rate of 1e-3 beat 3e-4 on arith?", "lr", [1e-3, 3e-4])
+    (0.0003, 'greater')
+    >>> compared_against("Is a group size of 4 worse than 16?", "group_size", [4, 16])
+    (16, 'less')
+    >>> compared_against("Does RLOO beat GRPO with a group size of 8?", "advantage", ["grpo", "rloo"])
+    ('grpo', 'greater')
+    >>> compared_against("Compare lr 0 and 3e-4", "lr", [0.0, 3e-4]) is None
+    True
+    """
+    t = topic.lower()
+    beats = BEATS.search(t)
+    verb = beats or WORSE.search(t)
+    if verb is None or knob not in KNOBS:
+        return None
+    before, after = [], []
+    for at, value in sorted(_value_positions(topic, knob)):
+        if value in values:
+            (before if at < verb.start() else after).append(value)
+    if not before or not after or after[0] in before:
+        return None
+    return after[0], "greater" if beats else "less"
 
 
 def topic_counts(topic: str) -> dict[str, int]:

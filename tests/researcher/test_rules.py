@@ -144,7 +144,7 @@ def test_the_steps_and_seeds_a_topic_names():
             [{"group_size": 8, "advantage": "grpo"}, {"group_size": 8, "advantage": "rloo"}],
         ),
         # numbers go to the knob named just before them: 16 and 4 are group sizes, 1e-4 a rate
-        ("Does a group size of 16 beat 4 at lr 1e-4?", [{"lr": 1e-4, "group_size": 16}, {"lr": 1e-4, "group_size": 4}]),
+        ("Does a group size of 16 beat 4 at lr 1e-4?", [{"lr": 1e-4, "group_size": 4}, {"lr": 1e-4, "group_size": 16}]),
         # before any mention, to the first knob named after them
         (
             "Compare 0 and 3e-4 for the learning rate with a group size of 8",
@@ -162,6 +162,24 @@ def test_a_topic_naming_several_knobs_compares_one_and_holds_the_others(topic, a
     f, h, d = plan(topic)
     assert [{**d.common, **a.knobs} for a in d.arms] == arms
     assert d.baseline == d.arms[0].name and "as the question says" in h.rationale
+
+
+@pytest.mark.parametrize(
+    "topic, base, treatments, direction",
+    [
+        # "Does A beat B?" measures A against B, and asks one side: B was the baseline only when named first
+        ("Does a learning rate of 1e-3 beat 3e-4 on arith?", 3e-4, [1e-3], "greater"),
+        ("Is a group size of 16 better than 4?", 4, [16], "greater"),
+        ("Does RLOO outperform GRPO?", "grpo", ["rloo"], "greater"),
+        ("Is a temperature of 0.7 worse than 1.0?", 1.0, [0.7], "less"),
+        ("Does lr 3e-4 beat 0?", 0.0, [3e-4], "greater"),  # the natural control anyway
+        ("Compare lr 1e-3 and 3e-4", 1e-3, [3e-4], "two-sided"),  # no side taken: the first named, both ways
+    ],
+)
+def test_a_topic_saying_which_value_is_beaten_makes_it_the_baseline(topic, base, treatments, direction):
+    f, h, d = plan(topic)
+    assert (h.baseline_value, h.treatment_values, h.direction) == (base, treatments, direction)
+    assert d.baseline == d.arms[0].name and d.arms[0].knobs[h.knob] == base
 
 
 @pytest.mark.parametrize(
