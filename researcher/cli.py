@@ -566,8 +566,8 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
             console.print(t)
             return
         st = s.get(Study, study_id)
-        if st is None:
-            raise typer.BadParameter(f"no study {study_id}")
+        if st is None:  # as report, resume, stop and approve say it
+            raise fail(f"no study {study_id}", "list the studies with: researcher status")
         console.print(f"[bold]Study {st.id}[/] {st.status}: {escape(st.question)}")
         t = Table("trial", "arm", "seed", "status", "job", "MLflow run")
         for tr in s.exec(select(Trial).where(Trial.study_id == study_id).order_by(Trial.id)).all():  # type: ignore[arg-type]

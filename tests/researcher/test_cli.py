@@ -104,6 +104,7 @@ def test_study_status_report_and_stop(fake_program, monkeypatch):
         (["approve", "1"], "study 1 is not waiting for approval: it is CANCELLED"),
         (["stop", "7"], "no study 7"),
         (["resume", "7"], "no study 7"),
+        (["status", "7"], "no study 7"),  # it was a usage error box, unlike the others
     ):
         res = runner.invoke(app, args, env={"COLUMNS": "200"})
         assert res.exit_code == 1 and message in res.output, (args, res.output)
