@@ -192,6 +192,9 @@ def status(
         for r in recs:
             typer.echo(json.dumps(_row(r)))
         return
+    if not recs:  # an empty table says less than this
+        typer.echo("No jobs yet; submit one with: swarm sched submit NAME -- COMMAND...")
+        return
     table = Table("id", "name", "backend", "ext id", "state", "exit", "group", "reason")
     colours = {
         "COMPLETED": "green",

@@ -18,6 +18,11 @@ def _run(*args: str) -> str:
     return res.output
 
 
+def test_status_of_no_jobs_says_how_to_submit_one(db_url: str) -> None:
+    assert _run("status", "--db", db_url) == "No jobs yet; submit one with: swarm sched submit NAME -- COMMAND...\n"
+    assert _run("status", "--db", db_url, "--json") == ""  # a script reads no rows
+
+
 def test_submit_wait_status_logs(db_url: str, tmp_path: Path) -> None:
     res = runner.invoke(
         app,
