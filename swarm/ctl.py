@@ -188,12 +188,10 @@ def get(ctx: typer.Context, policy: str = _POLICY) -> None:
 
 def _settings_help() -> str:
     """Every live setting, from the server's own request model (so a new one is listed without an edit here)."""
-    lines = ["Change live settings (KEY=VALUE ...). The settings:", ""]
-    for name, info in LiveConfigUpdate.model_fields.items():
-        lines.append(f"{name}: {info.description or ''}")
-        lines.append("")
+    lines = ["Change live settings (KEY=VALUE ..., or --key VALUE). The settings:", ""]
+    lines += [f"- {name}: {info.description or ''}" for name, info in LiveConfigUpdate.model_fields.items()]
     aliases = ", ".join(f"{a}={n}" for a, n in ALIASES.items())
-    return "\n".join(lines + [f"Aliases: {aliases}; quota.FAMILY=SHARE sets one family's share."])
+    return "\n".join([*lines, "", f"Aliases: {aliases}; quota.FAMILY=SHARE sets one family's share."])
 
 
 #: `--lr 1e-4` reaches the KEY=VALUE list instead of "No such option" (`as_pairs` reads it)
