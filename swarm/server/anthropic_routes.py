@@ -8,7 +8,8 @@ The route only translates: the body (`anthropic_schema.MessagesRequest`) becomes
 calls, generates and records, exactly as for `/v1/chat/completions`; so tool_use -> tool_result ->
 answer turns merge into one training sample, and the ids the core issues to tool calls are the
 `tool_use` ids a client sends back. The answer goes back as an Anthropic `message`, or, with
-`stream: true`, as Anthropic's SSE events (`anthropic_stream.MessageStream`).
+`stream: true`, as Anthropic's SSE events (`anthropic_stream.MessageStream`). `POST
+/v1/messages/count_tokens` renders the same turn and counts its prompt, recording nothing.
 
 Credentials: the Anthropic SDK sends its key as `x-api-key` (and `anthropic-version`, accepted and
 ignored); a Bearer token works too. The episode's key records the call into the episode and renews
@@ -28,7 +29,13 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from swarm.server.anthropic_schema import MessagesRequest, error_payload, message_id, message_response
+from swarm.server.anthropic_schema import (
+    CountTokensRequest,
+    MessagesRequest,
+    error_payload,
+    message_id,
+    message_response,
+)
 from swarm.server.anthropic_stream import MessageStream
 from swarm.server.auth import caller_of, generation_swarm
 from swarm.server.auth_first import AuthFirstRoute
@@ -112,6 +119,30 @@ def _sampling(body: MessagesRequest) -> Sampling:
     )
 
 
+def _served(request: Request, ep: Episode | None, model: str) -> Any:
+    swarm = generation_swarm(request, ep, model)
+    if model not in swarm.config.model_aliases:
+        raise NotFound("model_not_found", f"model {model!r} is not served here; use {swarm.config.served_model_name!r}")
+    return swarm
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(
+    body: CountTokensRequest, request: Request, ep: Episode | None = Depends(messages_caller)
+) -> Any:
+    """The prompt's tokens as `/v1/messages` would render them (the chat template, the tools, the system
+    block). Never recorded, and an episode's key does not touch the episode: counting is not a call."""
+    turn = ChatTurn(
+        messages=body.openai_messages(),
+        tools=body.openai_tools(),
+        tool_choice=body.openai_tool_choice(),
+        sampling=Sampling(max_tokens=1),
+        episode=None,
+    )
+    prepared = await generation_core(request, _served(request, ep, body.model)).prepare_chat(turn)
+    return {"input_tokens": len(prepared.prompt_ids)}
+
+
 @router.post("/messages")
 async def messages(
     body: MessagesRequest,
@@ -119,11 +150,7 @@ async def messages(
     ep: Episode | None = Depends(messages_caller),
     x_roost_agent: str | None = Header(None),
 ) -> Any:
-    swarm = generation_swarm(request, ep, body.model)
-    if body.model not in swarm.config.model_aliases:
-        raise NotFound(
-            "model_not_found", f"model {body.model!r} is not served here; use {swarm.config.served_model_name!r}"
-        )
+    swarm = _served(request, ep, body.model)
     turn = ChatTurn(
         messages=body.openai_messages(),
         tools=body.openai_tools(),

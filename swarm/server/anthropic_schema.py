@@ -200,6 +200,13 @@ class MessagesRequest(_Body):
         return tuple(s for s in stops if s)
 
 
+class CountTokensRequest(MessagesRequest):
+    """`POST /v1/messages/count_tokens`: the turn a `messages` call would send, without its sampling
+    (Anthropic's body has no `max_tokens`; Claude Code asks it to decide when to compact)."""
+
+    max_tokens: Count | None = Field(None, ge=1)  # type: ignore[assignment]
+
+
 def _unsupported(kind: str, where: str) -> InvalidRequest:
     return InvalidRequest(
         "unsupported_content",

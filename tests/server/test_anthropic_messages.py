@@ -152,6 +152,24 @@ def test_worker_token_is_an_evaluation_call(srv: RunningServer) -> None:
     assert srv.swarm.counters["eval_calls"] == 1 and srv.swarm.counters["calls"] == before
 
 
+def test_count_tokens_counts_what_a_call_would_send_and_records_nothing(srv: RunningServer) -> None:
+    """`messages.count_tokens` (Claude Code asks it before compacting a conversation) was a 404."""
+    client = SwarmClient(srv.url, srv.token)
+    with client.episode(task_id="t-count") as ep:
+        ac = _client(srv, ep.api_key)
+        counted = ac.messages.count_tokens(model=ep.model, tools=TOOLS, system="Be brief.", messages=[QUESTION])
+        assert srv.swarm.counters["calls"] == 0 and srv.swarm.counters["eval_calls"] == 0  # no call made
+        sent = ac.messages.create(model=ep.model, max_tokens=256, tools=TOOLS, system="Be brief.", messages=[QUESTION])
+        assert counted.input_tokens == sent.usage.input_tokens > 0
+        ep.finish(1.0)
+    _check_one_sample(srv, ep.id, turns=1)  # counting first left the episode's one call as it was
+    plain = _client(srv, srv.token).messages.count_tokens(model=srv.swarm.model_name, messages=[QUESTION])
+    assert 0 < plain.input_tokens < counted.input_tokens  # no tools, no system block
+    with pytest.raises(anthropic.NotFoundError) as e:
+        _client(srv, srv.token).messages.count_tokens(model="nope", messages=[QUESTION])
+    assert _error(e.value)["type"] == "not_found_error"
+
+
 def _error(exc: anthropic.APIStatusError) -> dict:
     body = exc.response.json()
     assert body["type"] == "error" and isinstance(body["error"]["message"], str)
