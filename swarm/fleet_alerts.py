@@ -52,3 +52,9 @@ class FleetAlerts:
         if line.startswith(NONE_RETURNED):
             return [f"{path.name}: {line.strip()}"]
         return []
+
+
+def run_failures(out: Path) -> list[str]:
+    """The failure lines of a run's part so far (`out/logs/client*.log`), for its summary.json: a run whose
+    workflow failed on a third of its episodes should not read like a clean one there either."""
+    return FleetAlerts(sorted((out / "logs").glob("client*.log"))).poll()

@@ -53,7 +53,7 @@ from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
-from swarm.fleet_alerts import FleetAlerts
+from swarm.fleet_alerts import FleetAlerts, run_failures
 from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
@@ -222,11 +222,17 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
             else "failed"
         )
         summary["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        _write_summary(out, summary)
         raise
     summary = team_summary(spec, servers, metrics, time.monotonic() - t0, team)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    _write_summary(out, summary)
     return summary
+
+
+def _write_summary(out: Path, summary: dict) -> None:
+    if failures := run_failures(out):  # the workflow's failures, the first of each kind per fleet
+        summary["workflow_failures"] = failures
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def _supervise(

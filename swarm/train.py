@@ -43,7 +43,7 @@ from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text, tracking_params
 from swarm.config.server import ServerConfig
-from swarm.fleet_alerts import FleetAlerts
+from swarm.fleet_alerts import FleetAlerts, run_failures
 from swarm.run_checks import CURSORS, METRICS, RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import EXTRA_FILE, MODEL_FILE
@@ -309,6 +309,8 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     summary = (
         summarize_policies(spec, metrics, wall) if spec.roles else summarize(read_metrics(out / METRICS), wall, spec)
     )
+    if failures := run_failures(out):  # the first of each kind per fleet (their logs hold the tracebacks)
+        summary["workflow_failures"] = failures
     run_file = out / "server" / MLFLOW_RUN_FILE
     if run_file.exists():  # the server logged the run's params and the final model itself (no MLflow here)
         summary["mlflow"] = json.loads(run_file.read_text())
@@ -406,6 +408,8 @@ def _record_failure(out: Path, spec: RunConfig, wall_s: float, exc: BaseExceptio
         "status": status,
         "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
     }
+    if failures := run_failures(out):
+        summary["workflow_failures"] = failures
     run_file = out / "server" / MLFLOW_RUN_FILE
     if run_file.exists():
         summary["mlflow"] = json.loads(run_file.read_text())

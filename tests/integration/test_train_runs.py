@@ -225,6 +225,8 @@ def test_train_says_at_once_that_the_workflow_fails(tmp_path: Path) -> None:
     assert said.count("warning: client0.log: workflow returned None without finishing the episode") == 1
     log = (out / "logs" / "client0.log").read_text()
     assert 'failing_flow.py", line 9, in workflow' in log  # the traceback, in the log
+    failures = json.loads((out / "summary.json").read_text())["workflow_failures"]  # and in the summary
+    assert len(failures) == 2 and "LookupError: no such tool" in failures[0] + failures[1], failures
 
 
 @pytest.mark.slow
