@@ -12,8 +12,10 @@ each plan and spells out the verdict rule its numbers were judged by.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from researcher.config import StudyConfig
 from researcher.context import StudyContext
 from researcher.html_report import RoundView, StudyView
 from researcher.tracking import experiment_name, metric_key, ui_route
-from researcher.trials import step_rewards
+from researcher.trials import step_rewards, trial_dir
 from store.models import StudyStatus, TrialStatus
 from store.types import utcnow
 
@@ -220,9 +222,29 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
     for t in trials:
         lines.append(
             f"| {t.id} | {t.arm} | {t.seed} | {t.status} | {t.mlflow_run_id or '–'} | "
-            f"{t.config.get('reason', '') or ''} |"
+            f"{trial_note(ctx, t).replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def trial_note(ctx: StudyContext, trial: Any) -> str:
+    """The trials table's note (Markdown and HTML): why it ended as it did, and its workflow's failures."""
+    return "; ".join(x for x in (trial.config.get("reason", "") or "", workflow_note(ctx, trial)) if x)
+
+
+def workflow_note(ctx: StudyContext, trial: Any) -> str:
+    """ "the workflow failed: KeyError: 'x' (+1 more kind; see ...)" for a trial whose run lost episodes to its
+    workflow (its summary's `workflow_failures`): its reward is then of the episodes that did not fail."""
+    try:
+        summary = json.loads((trial_dir(ctx.cfg, trial.id) / "out" / "summary.json").read_text())
+        failures = [str(f) for f in summary.get("workflow_failures") or []]
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if not failures:
+        return ""
+    said = re.search(r"\): (.*?)(?: \(the traceback: .*\))?$", failures[0])
+    more = f" (+{len(failures) - 1} more kind{'s' * (len(failures) > 2)})" if len(failures) > 1 else ""
+    return f"the workflow failed: {said.group(1) if said else failures[0]}{more}; its logs hold the tracebacks"
 
 
 def early_stop_savings(history: list[dict]) -> dict[str, float] | None:
@@ -371,7 +393,7 @@ def study_view(ctx: StudyContext, state: dict) -> StudyView:
                 "seed": t.seed,
                 "status": t.status,
                 "run": t.mlflow_run_id or "–",
-                "note": t.config.get("reason", "") or "",
+                "note": trial_note(ctx, t),
             }
             for t in trials
         ],

@@ -49,4 +49,10 @@ summary = {
     "wall_s": 0.1,
     "config": {"lr": args.lr, "seed": args.seed, "steps": args.steps},
 }
+if os.environ.get("FAKE_TRIAL_WORKFLOW_FAILS") == str(args.lr):  # as swarm train names a failing workflow
+    summary["workflow_failures"] = [
+        "client0.log: workflow failed (t3 attempt 1; the first of this kind, said once): KeyError: 'x' "
+        f"(the traceback: {out / 'logs' / 'client0.log'})",
+        "client0.log: workflow returned None without finishing the episode (t5): it is aborted, not trained",
+    ]
 (out / "summary.json").write_text(json.dumps(summary))

@@ -145,6 +145,18 @@ def test_failed_trials_are_reported(fake_program, monkeypatch):
     assert rows(Hypothesis)[0].status == "INCONCLUSIVE"
 
 
+def test_a_trial_whose_workflow_failed_says_so_in_the_report(fake_program, monkeypatch):
+    """A trial's run that lost episodes to its workflow (summary.json `workflow_failures`) read like a
+    clean one in the study's report: its trials table says it."""
+    monkeypatch.setenv("FAKE_TRIAL_WORKFLOW_FAILS", "0.0003")
+    sid = create_study(config(fake_program))
+    assert drive(sid, poll_s=0.2).state == "done"
+    with Session(init_db()) as s:
+        report = s.get(Study, sid).report
+    noted = [line for line in report.splitlines() if "the workflow failed: KeyError: 'x' (+1 more kind)" in line]
+    assert len(noted) == 3 and all("lr=0.0003" in line for line in noted), report[-2000:]
+
+
 def test_daemon_tick_drives_a_background_study(fake_program):
     import time
 
