@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from rich.console import Console
+from rich.markup import escape
+
 from swarm.children import NONE_RETURNED, WORKFLOW_FAILED
 
 #: where this run's part of a client log starts (`open_log` writes it): earlier parts were shown before
@@ -42,6 +45,12 @@ class FleetAlerts:
             for line in data[:end].decode("utf-8", "replace").splitlines():
                 out += self._read(path, line)
         return out
+
+    def say(self, console: Console) -> None:
+        """Print the new failure lines as warnings (a driver calls it while it follows the run, and once
+        more after its fleets stopped: a short run can end before a failure's line was read)."""
+        for line in self.poll():
+            console.print(f"[yellow]warning[/yellow]: {escape(line)}", soft_wrap=True)
 
     @staticmethod
     def _read(path: Path, line: str) -> list[str]:

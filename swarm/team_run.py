@@ -45,7 +45,6 @@ import time
 from pathlib import Path
 
 import httpx
-from rich.markup import escape
 
 from swarm.children import free_port, log_tail, open_log, signals_interrupt, stop, swarm_command, wait_healthy
 from swarm.config.fleet import FleetConfig
@@ -187,6 +186,7 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
         console.print(f"--resume: {', '.join(at)}")
     t0 = time.monotonic()
     clients: dict[Path, subprocess.Popen] = {}
+    alerts: FleetAlerts | None = None  # the fleets' failure lines, once they run
     try:
         with signals_interrupt():  # SIGTERM (a scheduler's cancel), SIGHUP: the cleanup below still runs
             try:
@@ -196,9 +196,10 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
                 for s in servers:
                     s.wait_healthy(token)  # a resumed server has cut its metrics back to its checkpoint by now
                 clients |= start_fleets(fleets, out, logs, env, (min(first_step.values()), spec.steps), resume)
+                alerts = FleetAlerts(clients)
                 stopped = None
                 try:
-                    _supervise(spec, servers, metrics, clients, token, t0, done)
+                    _supervise(spec, servers, metrics, clients, alerts, token, t0, done)
                 except ServerStopped as exc:  # one server was stopped: the others stop with it, a checkpoint each
                     stopped = exc
                 for s in servers:
@@ -209,6 +210,8 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
             finally:
                 for p in clients.values():
                     stop(p)
+                if alerts is not None:
+                    alerts.say(console)  # what the fleets said after the last look
                 for s in servers:
                     if s.proc is not None:
                         stop(s.proc, grace=45.0)
@@ -240,6 +243,7 @@ def _supervise(
     servers: list[_Server],
     metrics: dict[str, Path],
     clients: dict[Path, subprocess.Popen],
+    alerts: FleetAlerts,
     token: str,
     t0: float,
     done: dict[str, int] | None = None,
@@ -248,10 +252,8 @@ def _supervise(
     (from its checkpoint) while the others go on; return once every role has `spec.steps` rows."""
     tails = {role: MetricsTail(path) for role, path in metrics.items()}
     printed = {role: (done or {}).get(role, 0) for role in metrics}
-    alerts = FleetAlerts(clients)
     while True:
-        for line in alerts.poll():  # the team workflow failing: said at once (swarm/fleet_alerts.py)
-            console.print(f"[yellow]warning[/yellow]: {escape(line)}", soft_wrap=True)
+        alerts.say(console)  # the team workflow failing: said at once (swarm/fleet_alerts.py)
         for role, tail in tails.items():
             rows = tail.poll()
             for r in rows[printed[role] :]:

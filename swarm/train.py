@@ -34,7 +34,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from swarm.children import free_port, log_tail, open_log, signals_interrupt, stop, swarm_command, wait_healthy
@@ -279,6 +278,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": token, "ROOST_ADMIN_TOKEN": admin}
     t0 = time.monotonic()
     procs: dict[Path, subprocess.Popen] = {}  # its log -> a process we started
+    alerts: FleetAlerts | None = None  # the fleets' failure lines, once they run
     try:
         with signals_interrupt():  # SIGTERM (a scheduler's cancel), SIGHUP: the cleanup below still runs
             try:
@@ -297,11 +297,14 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                 )
                 procs |= start_fleets(fleets, out, logs, env, (done + 1, spec.steps), resume)
                 clients = {log: p for log, p in procs.items() if p is not server}
-                follow(spec, url, token, server, metrics, t0, clients, done)
+                alerts = FleetAlerts(clients)
+                follow(spec, url, token, server, metrics, t0, clients, done, alerts)
                 _await_exit(server, [m.parent for m in metrics.values()])  # each policy logs its own model
             finally:
                 for p in reversed(procs.values()):  # the server last, given the time to open and close its
                     stop(p, grace=45.0 if p is procs[server_log] else 10.0)  # MLflow run (it waits <= 30 s)
+                if alerts is not None:
+                    alerts.say(console)  # what the fleets said after the last look
     except BaseException as exc:
         _record_failure(out, spec, time.monotonic() - t0, exc)
         raise
@@ -482,6 +485,7 @@ def follow(
     t0: float,
     clients: dict[Path, subprocess.Popen],
     shown: int = 0,
+    alerts: FleetAlerts | None = None,
 ) -> None:
     """Print each new metrics row (rows of an earlier part of a resumed run are not shown again); with
     several policies (--shared-base) each role's rows, and the run's progress is the slowest role's."""
@@ -496,14 +500,13 @@ def follow(
         bar = progress.add_task(f"training {spec.name}", total=spec.steps, info="")
         tails = {role: MetricsTail(path) for role, path in metrics.items()}
         printed = dict.fromkeys(metrics, shown)
-        alerts = FleetAlerts(clients)
+        alerts = alerts or FleetAlerts(clients)
 
         def rows_now() -> int:  # once the server or the fleet has exited: its last row may be newer than `shown`
             return min(len(t.poll()) for t in tails.values())
 
         while True:
-            for line in alerts.poll():  # the user's workflow failing: said at once, not found in a log later
-                progress.console.print(f"[yellow]warning[/yellow]: {escape(line)}", soft_wrap=True)
+            alerts.say(progress.console)  # the user's workflow failing: said at once, not found in a log later
             latest = {}
             for role, tail in tails.items():
                 rows = tail.poll()
