@@ -86,14 +86,16 @@ BEATS = re.compile(r"\b(?:beats?|outperforms?|better than|superior to|improves? 
 WORSE = re.compile(r"\b(?:worse than|inferior to|underperforms?)\b")
 
 
+def _names(estimator: Advantage) -> set[str]:
+    """How a topic may write an advantage estimator: `reinforce_pp` is REINFORCE++ in words."""
+    return {estimator.value, estimator.value.replace("_pp", "++")}
+
+
 def _value_positions(topic: str, knob: str) -> list[tuple[int, Any]]:
     """Where the topic names each value of `knob`: an estimator by its name, a number by the rules above."""
     t = topic.lower()
     if knob == "advantage":
-        names = {
-            c.value: (c.value.replace("_pp", "++") if c.value.replace("_pp", "++") in t else c.value) for c in Advantage
-        }
-        return [(m.start(), value) for value, name in names.items() for m in re.finditer(re.escape(name), t)]
+        return [(m.start(), c.value) for c in Advantage for name in _names(c) for m in re.finditer(re.escape(name), t)]
     found = []
     for m in _knob_number_matches(topic, knob):
         try:
@@ -184,17 +186,13 @@ def detect_values(topic: str, knob: str) -> list[Any]:
                 vals.append(v)
         return vals
     if knob == "advantage":
-        return [c.value for c in Advantage if c.value.replace("_pp", "++") in t or c.value in t]
+        return [c.value for c in Advantage if any(name in t for name in _names(c))]
     if knob == "model":
         return [m.group(1) for m in PATH.finditer(topic)]
     if knob in ("task", "loss_agg"):
         return []  # the arms are DEFAULT_ARMS
     values: list[Any] = []
-    for number in knob_numbers(topic, knob):
-        try:
-            v = KNOBS[knob].validate(number)
-        except ValueError:
-            continue
+    for _, v in _value_positions(topic, knob):
         if v not in values:
             values.append(v)
     return values

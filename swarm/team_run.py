@@ -52,13 +52,23 @@ from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
-from swarm.fleet_alerts import FleetAlerts, run_failures
+from swarm.fleet_alerts import FleetAlerts
 from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.team_checks import members, parse_team
 from swarm.team_resume import SERVERS, Member, role_dir, role_steps
-from swarm.train import SHARED_BASE_RANK, ServerStopped, combine_roles, console, start_fleets, step_line, summarize
+from swarm.train import (
+    SHARED_BASE_RANK,
+    ServerStopped,
+    combine_roles,
+    console,
+    ended,
+    start_fleets,
+    step_line,
+    summarize,
+    write_summary,
+)
 
 #: checkpoint every k steps when the run asks for none (`--checkpoint-every 0`): a restarted server
 #: resumes from its last checkpoint and retrains only the steps after it
@@ -216,26 +226,11 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
                     if s.proc is not None:
                         stop(s.proc, grace=45.0)
     except BaseException as exc:
-        summary = team_summary(spec, servers, metrics, time.monotonic() - t0, team)
-        summary["status"] = (
-            "stopped"
-            if isinstance(exc, ServerStopped)
-            else "interrupted"
-            if isinstance(exc, KeyboardInterrupt)
-            else "failed"
-        )
-        summary["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        _write_summary(out, summary)
+        write_summary(out, {**team_summary(spec, servers, metrics, time.monotonic() - t0, team), **ended(exc)})
         raise
     summary = team_summary(spec, servers, metrics, time.monotonic() - t0, team)
-    _write_summary(out, summary)
+    write_summary(out, summary)
     return summary
-
-
-def _write_summary(out: Path, summary: dict) -> None:
-    if failures := run_failures(out):  # the workflow's failures, the first of each kind per fleet
-        summary["workflow_failures"] = failures
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def _supervise(

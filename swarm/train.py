@@ -244,6 +244,26 @@ class ServerStopped(RuntimeError):
         )
 
 
+def ended(exc: BaseException) -> dict[str, str]:
+    """The `status` and `error` of summary.json for a run (or a team run) that did not reach its steps."""
+    status = (
+        "stopped"
+        if isinstance(exc, ServerStopped)
+        else "interrupted"
+        if isinstance(exc, KeyboardInterrupt)
+        else "failed"
+    )
+    return {"status": status, "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    """summary.json, with the workflow's failures when it had any (the first of each kind per fleet, as
+    `swarm train` printed them; their logs hold the tracebacks)."""
+    if failures := run_failures(out):
+        summary["workflow_failures"] = failures
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
 def run(spec: RunConfig, resume: bool = False) -> dict:
     """Train until the server has done `spec.steps` steps (counting an earlier run's when resuming).
 
@@ -312,8 +332,6 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     summary = (
         summarize_policies(spec, metrics, wall) if spec.roles else summarize(read_metrics(out / METRICS), wall, spec)
     )
-    if failures := run_failures(out):  # the first of each kind per fleet (their logs hold the tracebacks)
-        summary["workflow_failures"] = failures
     run_file = out / "server" / MLFLOW_RUN_FILE
     if run_file.exists():  # the server logged the run's params and the final model itself (no MLflow here)
         summary["mlflow"] = json.loads(run_file.read_text())
@@ -322,7 +340,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
             summary["mlflow"]["model_uri"] = model_uri
         elif _model_state(out / "server" / MODEL_FILE).get("state") == "logging":  # stopped while logging it
             finish_mlflow_run(summary["mlflow"], tracking_params(spec), "FINISHED")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(out, summary)
     return summary
 
 
@@ -399,25 +417,13 @@ def _logged_model(path: Path) -> str | None:
 
 def _record_failure(out: Path, spec: RunConfig, wall_s: float, exc: BaseException) -> None:
     """summary.json of a run that did not reach its steps, and its MLflow run marked as ended badly."""
-    status = (
-        "stopped"
-        if isinstance(exc, ServerStopped)
-        else "interrupted"
-        if isinstance(exc, KeyboardInterrupt)
-        else "failed"
-    )
-    summary = {
-        **summarize(read_metrics(out / METRICS), wall_s, spec),
-        "status": status,
-        "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-    }
-    if failures := run_failures(out):
-        summary["workflow_failures"] = failures
+    summary = {**summarize(read_metrics(out / METRICS), wall_s, spec), **ended(exc)}
     run_file = out / "server" / MLFLOW_RUN_FILE
     if run_file.exists():
         summary["mlflow"] = json.loads(run_file.read_text())
-        finish_mlflow_run(summary["mlflow"], tracking_params(spec), "FAILED" if status == "failed" else "KILLED")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        state = "FAILED" if summary["status"] == "failed" else "KILLED"
+        finish_mlflow_run(summary["mlflow"], tracking_params(spec), state)
+    write_summary(out, summary)
 
 
 def finish_mlflow_run(mlflow_run: dict, params: dict[str, str], status: str | None = None) -> None:
