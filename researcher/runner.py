@@ -60,21 +60,29 @@ def checkpointer(engine: Any) -> Iterator[Any]:
         from psycopg.rows import dict_row  # lazy: as above
 
         url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        with psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
-            saver = PostgresSaver(conn)  # type: ignore[arg-type]
+        pg = psycopg.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+        saver: Any = PostgresSaver(pg)  # type: ignore[arg-type]
+        try:
             saver.setup()
-            yield saver
-        return
-    db = engine.url.database
-    base = Path(db).parent if db and db != ":memory:" else data_dir()
-    path = base / "researcher-checkpoints.sqlite"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
-    conn.execute("PRAGMA journal_mode=WAL")
-    try:
-        yield SqliteSaver(conn)
-    finally:
-        conn.close()
+        except BaseException:
+            pg.close()
+            raise
+    else:
+        db = engine.url.database
+        base = Path(db).parent if db and db != ":memory:" else data_dir()
+        path = base / "researcher-checkpoints.sqlite"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        saver = SqliteSaver(conn)
+    yield saver
+    # Closed only after a clean exit, and under the saver's lock (its every use of the connection holds
+    # it). An interrupt (Ctrl-C, SIGTERM) can leave LangGraph's thread writing the last checkpoint: a
+    # connection closed under it crashed the study's driver (SIGSEGV in sqlite3, not the interrupted line
+    # and `researcher resume`) and lost the write. Left open, the write ends and the connection closes
+    # when that thread lets go of the saver.
+    with saver.lock:
+        saver.conn.close()
 
 
 # ---------------------------------------------------------------- studies

@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TypedDict
@@ -145,7 +146,7 @@ def _researcher(*args: str, env: dict) -> subprocess.Popen:
     with open(log, "a") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "researcher", *args],
-            env=env,
+            env={**env, "PYTHONFAULTHANDLER": "1"},  # a crash's traceback in the log (a SIGSEGV said nothing)
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -220,6 +221,38 @@ def test_sigterm_to_a_foreground_study_says_how_to_go_on(fake_program):
         with Session(engine) as s:
             assert s.exec(select(Study)).one().status == "ACTIVE"  # resumable: nothing was marked failed
         stop_study(1, engine=engine)  # the trials, in sessions of their own, are stopped by PID
+
+
+def test_an_interrupt_leaves_the_checkpoint_being_written_to_end(tmp_path):
+    """A SIGTERM to a foreground study killed it with SIGSEGV (CI, under load): the interrupt made
+    `checkpointer` close the SQLite connection under LangGraph's thread still writing the last checkpoint
+    (sqlite3 crashes on a connection closed during another thread's statement). Interrupted, it leaves the
+    connection to that thread, whose write ends; a clean exit closes it under the saver's lock."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(f"sqlite:///{tmp_path}/roost.db")
+    holding, go, written = threading.Event(), threading.Event(), []
+
+    def write(saver: Any) -> None:  # as LangGraph's thread writing a checkpoint, which an interrupt does not wait for
+        with saver.cursor() as cur:  # holds the saver's lock; commits on leaving
+            holding.set()
+            go.wait(30)
+            cur.execute("SELECT count(*) FROM checkpoints")
+            count = cur.fetchone()[0]
+        written.append(count)
+
+    with pytest.raises(KeyboardInterrupt), checkpointer(engine) as saver:
+        worker = threading.Thread(target=write, args=(saver,))
+        worker.start()
+        holding.wait(30)
+        raise KeyboardInterrupt
+    go.set()
+    worker.join(30)
+    assert written == [0]
+    with checkpointer(engine) as saver:
+        pass
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        saver.conn.execute("SELECT 1")
 
 
 def _graph_state(study_id: int) -> str:
