@@ -24,7 +24,6 @@ the engine) must be the server's: refused before anything starts. The server's o
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -38,9 +37,10 @@ from swarm.children import signals_interrupt, stop
 from swarm.config.policies import PolicySpec
 from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
+from swarm.fleet_alerts import FleetAlerts
 from swarm.run_checks import RUN_FILE, read_metrics
 from swarm.run_layout import SECRETS_FILE, server_address
-from swarm.train import console, fleet_configs, follow, start_fleets, summarize
+from swarm.train import console, ended, fleet_configs, follow, start_fleets, summarize, write_summary
 
 #: what an attached run writes into its --out (the policy's own rows, copied from the server's folder)
 ATTACHED_METRICS = "metrics.jsonl"
@@ -237,18 +237,22 @@ def run_attached(spec: RunConfig) -> dict:
     clients: dict[Path, subprocess.Popen] = {}
     metrics = shared.metrics(name)
     removed: str | None = None
+    alerts: FleetAlerts | None = None  # the fleets' failure lines, once they run
     try:
         with signals_interrupt():  # a cancelled trial (SIGTERM), SIGHUP: its fleet stopped, its policy removed
             try:
                 clients |= start_fleets(fleets, out, logs, env, (1, spec.steps), resume=False)
+                alerts = FleetAlerts(clients)
                 alive = _Alive(shared.url)
                 try:
-                    follow(spec, shared.url, shared.token, alive, {"": metrics}, t0, clients)  # type: ignore[arg-type]
+                    follow(spec, shared.url, shared.token, alive, {"": metrics}, t0, clients, alerts=alerts)  # type: ignore[arg-type]
                 finally:
                     alive.close()
             finally:
                 for p in clients.values():
                     stop(p)
+                if alerts is not None:  # a short run can end before a failure's line was read
+                    alerts.say(console)
                 removed = _remove(shared, name)
                 if metrics.exists():
                     shutil.copyfile(metrics, out / ATTACHED_METRICS)
@@ -269,9 +273,8 @@ def _write_summary(
         "attached": {"server": str(shared.out), "url": shared.url, "policy": name, "checkpoint": removed},
     }
     if exc is not None:
-        summary["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        summary["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary |= ended(exc)
+    write_summary(out, summary)  # with the workflow's failures, as `swarm train` writes it
     return summary
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from failing_flow import FAILING_WORKFLOW  # tests/kit, on sys.path
 from procs import kill_marked, marked  # tests/kit, on sys.path
 
 from swarm.model.build import build_untrained
@@ -50,14 +51,16 @@ def _policies(base: Path) -> list[str]:
     return [p["name"] for p in httpx.get(f"{url}/swarm/v1/admin/policies", headers=admin).json()["policies"]]
 
 
-def _train(out: Path, server: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+def _train(out: Path, server: Path, env: dict[str, str], *args: str, task: str = "arith") -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "swarm", "train", "--attach", str(server), "--task", "arith", "--steps", "2"]
+        [sys.executable, "-m", "swarm", "train", "--attach", str(server), "--steps", "2"]
+        + (["--workflow", task] if ":" in task else ["--task", task])
         + ["--group-size", "2", "--batch-groups", "2", "--concurrency", "4", "--out", str(out), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
+        cwd=out.parent,
     )
 
 
@@ -65,16 +68,24 @@ def test_two_runs_train_as_policies_of_one_server(tmp_path: Path) -> None:
     model = build_untrained(tmp_path / "model", seed=0)
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
     server, base = _serve(tmp_path, model, env)
+    (tmp_path / "failing_flow.py").write_text(FAILING_WORKFLOW)  # lr-b's workflow fails on two of its tasks
     try:
         runs = {
             name: _train(
-                tmp_path / name, base, env, "--model", str(model), "--policy", name, "--lr", lr, "--seed", seed
+                tmp_path / name, base, env, "--model", str(model), "--policy", name, "--lr", lr, "--seed", seed,
+                task=task,
             )
-            for name, lr, seed in (("lr-a", "1e-3", "1"), ("lr-b", "0", "2"))
-        }
-        for proc in runs.values():
-            text, _ = proc.communicate(timeout=300)
-            assert proc.returncode == 0, text
+            for name, lr, seed, task in (("lr-a", "1e-3", "1", "arith"), ("lr-b", "0", "2", "failing_flow:workflow"))
+        }  # fmt: skip
+        said = {}
+        for name, proc in runs.items():
+            said[name], _ = proc.communicate(timeout=300)
+            assert proc.returncode == 0, said[name]
+        # the failing workflow is said as `swarm train` says it, and named in the summary
+        assert "workflow failed (" in " ".join(said["lr-b"].split()) and "workflow failed" not in said["lr-a"]
+        failures = json.loads((tmp_path / "lr-b" / "summary.json").read_text())["workflow_failures"]
+        assert len(failures) == 2 and "LookupError: no such tool" in failures[0] + failures[1], failures
+        assert "workflow_failures" not in json.loads((tmp_path / "lr-a" / "summary.json").read_text())
         for name in runs:
             summary = json.loads((tmp_path / name / "summary.json").read_text())
             assert summary["status"] == "finished" and summary["steps_done"] == 2, summary

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from failing_flow import FAILING_WORKFLOW  # tests/kit, on sys.path
 from procs import hangup_default, kill_marked, marked, running  # tests/kit, on sys.path
 
 from swarm.model.build import build_untrained
@@ -189,21 +190,6 @@ def test_train_your_own_workflow_then_resume_it(tmp_path: Path) -> None:
     for name, text in first_part.items():  # the resumed part's logs follow the first part's, under a marker
         log = (out / "logs" / name).read_text()
         assert log.startswith(text) and "--resume" in log[len(text) :], name
-
-
-FAILING_WORKFLOW = """
-def dataset(seed, size):
-    return [{"task_id": f"t{i}"} for i in range(size)]
-
-
-def workflow(task, episode):
-    if task["task_id"] == "t0":  # the first jobs, at once: long before any group of the run's steps is done
-        return None
-    if task["task_id"] == "t1":
-        raise LookupError("no such tool: " + task["task_id"])
-    episode.openai.chat.completions.create(model=episode.model, messages=[{"role": "user", "content": "hi"}])
-    return 1.0
-"""
 
 
 @pytest.mark.integration
