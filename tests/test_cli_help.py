@@ -40,7 +40,7 @@ def test_options_are_grouped_in_panels_in_order(command: str) -> None:
 @pytest.mark.parametrize("command", sorted(PANELS))
 def test_on_off_flags_show_both_names_and_no_bool(command: str) -> None:
     text = _help(command)
-    labelled = [line for line in text.splitlines() if "<bool>" in line and "--help" not in line]  # typer's own
+    labelled = [line for line in text.splitlines() if "<bool>" in line]
     assert not labelled, labelled
     if command != "client":
         merge = [line for line in text.splitlines() if re.search(r"│ --merge\b", line)]
@@ -70,5 +70,5 @@ def test_researcher_study_help_is_grouped_and_shows_no_bool() -> None:
     r = CliRunner().invoke(researcher_app, ["study", "--help"], env={"COLUMNS": "120", "TERM": "dumb"})
     assert r.exit_code == 0, r.output
     assert _panels(r.output) == ["Arguments", "Options", "budget", "design", "running"]
-    assert [line for line in r.output.splitlines() if "<bool>" in line and "--help" not in line] == []
+    assert [line for line in r.output.splitlines() if "<bool>" in line] == []
     assert "…" not in r.output
