@@ -53,6 +53,10 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from store.paths import data_dir, default_model_dir
 
 log = logging.getLogger(__name__)
+# MLflow announces its store's migrations at INFO on stderr ("Creating initial MLflow database tables...",
+# "Updating database tables"): a user's first `researcher study` or `swarm train` opened with two lines
+# about a database they never asked for. Its warnings and errors still show.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
 MAX_METRICS_PER_BATCH = 1000

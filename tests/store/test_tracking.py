@@ -227,3 +227,17 @@ def test_unreachable_store_never_raises_into_training(mlflow_uri: str, monkeypat
     run.set_terminated()  # sends whatever the background thread has not
     steps, values = metric_histories([run.run_id], "reward", tracking_uri=mlflow_uri)[run.run_id]
     assert steps.tolist() == list(range(100)) and values[-1] == 0.99
+
+
+def test_a_new_store_is_opened_without_mlflow_announcing_it(tmp_path: Path) -> None:
+    """A user's first command printed MLflow's "Creating initial MLflow database tables..." and "Updating
+    database tables" (its INFO lines) on stderr, about a store they never asked for."""
+    import subprocess
+    import sys
+
+    code = "from store.tracking import get_client; get_client()"
+    env = {**os.environ, "ROOST_HOME": str(tmp_path), "MLFLOW_TRACKING_URI": ""}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "mlflow.db").exists() or list(tmp_path.rglob("mlflow.db")), list(tmp_path.rglob("*"))
+    assert "database tables" not in r.stderr, r.stderr
