@@ -115,7 +115,11 @@ def _forget_checkpoints(engine: Any, study_id: int) -> None:
 
 
 def create_study(cfg: StudyConfig, engine: Any = None) -> int:
-    """The Study row (config stored), its directory and its MLflow parent run."""
+    """The Study row (config stored), its directory and its MLflow parent run.
+
+    The row and its config are one commit: a driver killed between two (SIGTERM while MLflow loads)
+    left an ACTIVE study without a config that no command could read. A kill before the MLflow run
+    exists is mended by the next drive (`_ensure_study_run`)."""
     engine = engine or init_db()
     with Session(engine, expire_on_commit=False) as s:
         row = Study(
@@ -125,37 +129,43 @@ def create_study(cfg: StudyConfig, engine: Any = None) -> int:
             config={},
         )
         s.add(row)
-        s.commit()
+        s.flush()  # its id, for its directory, in the same transaction
         sid = row.id
         assert sid is not None
         study_dir = Path(cfg.study_dir) if cfg.study_dir else _fresh_dir(data_dir() / "studies" / f"study-{sid}")
         study_dir.mkdir(parents=True, exist_ok=True)
-        cfg = cfg.model_copy(update={"study_dir": str(study_dir)})
-        row.config = cfg.model_dump(mode="json")
-        s.add(row)
+        row.config = cfg.model_copy(update={"study_dir": str(study_dir)}).model_dump(mode="json")
         s.commit()
     _forget_checkpoints(engine, sid)
-    run_id = tracking.start_study_run(
-        sid,
-        row.name,
-        {
-            "topic": cfg.topic[:500],
-            "planner": cfg.planner,
-            "backend": cfg.backend,
-            "seeds": cfg.defaults.seeds,
-            "steps": cfg.defaults.steps,
-        },
-    )
-    with Session(engine, expire_on_commit=False) as s:
-        row = s.get(Study, sid)
-        assert row is not None
-        row.mlflow_run_id = run_id
-        from store.tracking import get_client  # lazy: importing MLflow takes seconds
+    _ensure_study_run(engine, sid)
+    return sid
 
-        row.mlflow_experiment_id = str(get_client().get_run(run_id).info.experiment_id)
+
+def _ensure_study_run(engine: Any, study_id: int) -> None:
+    """The study's MLflow parent run, started if the study has none yet: its trials are logged as its
+    children and its report into it, which a study created without one skipped in silence."""
+    with Session(engine, expire_on_commit=False) as s:
+        row = s.get(Study, study_id)
+        if row is None or row.mlflow_run_id:
+            return
+        cfg = StudyConfig.model_validate(row.config)
+    params = {
+        "topic": cfg.topic[:500],
+        "planner": cfg.planner,
+        "backend": cfg.backend,
+        "seeds": cfg.defaults.seeds,
+        "steps": cfg.defaults.steps,
+    }
+    run_id = tracking.start_study_run(study_id, row.name, params)
+    from store.tracking import get_client  # lazy: importing MLflow takes seconds
+
+    experiment_id = str(get_client().get_run(run_id).info.experiment_id)
+    with Session(engine, expire_on_commit=False) as s:
+        row = s.get(Study, study_id)
+        assert row is not None
+        row.mlflow_run_id, row.mlflow_experiment_id = run_id, experiment_id
         s.add(row)
         s.commit()
-    return sid
 
 
 def load_config(engine: Any, study_id: int) -> StudyConfig:
@@ -229,9 +239,11 @@ def advance(study_id: int, *, ctx: StudyContext | None = None, resume: Any = Non
         if not got:
             return Step("busy", {})
         ctx = ctx or make_context(study_id)
-        status = ctx.study().status
-        if status in (StudyStatus.COMPLETED.value, StudyStatus.CANCELLED.value, StudyStatus.FAILED.value):
-            return Step("inactive", {"status": status})
+        study = ctx.study()
+        if study.status in (StudyStatus.COMPLETED.value, StudyStatus.CANCELLED.value, StudyStatus.FAILED.value):
+            return Step("inactive", {"status": study.status})
+        if not study.mlflow_run_id:  # its driver was killed inside create_study, before MLflow had the run
+            _ensure_study_run(ctx.engine, study_id)
         with checkpointer(ctx.engine) as saver:
             graph = build_graph(ctx).compile(checkpointer=saver)
             config = {"configurable": {"thread_id": str(study_id)}, "recursion_limit": RECURSION_LIMIT}

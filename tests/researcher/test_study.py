@@ -281,3 +281,29 @@ def test_early_stopping_cuts_an_arm_clearly_behind_and_reports_the_compute_saved
     assert c["verdict"] == "inconclusive" and c["p_holm"] == 1.0
     report = rows(Study, id=sid)[0].report
     assert "Compute saved:" in report and "Early stopping saved" in report
+
+
+def test_a_study_killed_before_its_mlflow_run_gets_one_when_driven(fake_program, monkeypatch):
+    """`researcher study` killed while MLflow loaded (the end of create_study) left an ACTIVE study without
+    its parent run: its trials and its report never reached MLflow, and nothing said so. Its row and config
+    are one commit, and the next drive (`researcher resume`, the daemon) starts the run."""
+    import researcher.runner as runner
+    from store.tracking import get_client
+
+    def killed(*args: object, **kwargs: object) -> str:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(runner.tracking, "start_study_run", killed)
+        create_study(config(fake_program))
+    (study,) = rows(Study)
+    assert study.status == "ACTIVE" and study.mlflow_run_id is None
+    assert make_context(study.id).cfg.topic == TOPIC  # its config was written with the row
+    assert drive(study.id, poll_s=0.2).state == "done"
+    study = rows(Study, id=study.id)[0]
+    assert study.status == "COMPLETED" and study.mlflow_run_id
+    client = get_client()
+    assert client.get_run(study.mlflow_run_id).info.status == "FINISHED"
+    assert "report/report.md" in {a.path for a in client.list_artifacts(study.mlflow_run_id, "report")}
+    for t in rows(Trial, study_id=study.id):
+        assert client.get_run(t.mlflow_run_id).data.tags["mlflow.parentRunId"] == study.mlflow_run_id
