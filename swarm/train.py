@@ -58,7 +58,10 @@ def _family(task: str) -> str:
 
 def summarize(rows: list[dict], wall_s: float, spec: RunConfig, window: int = 5) -> dict:
     """The run in a few numbers; the per-step rows stay in `METRICS` (named, not copied).
-    Rewards are means over the first and the last `window` steps (`reward_window`)."""
+    Rewards are means over the first and the last `window` steps (`reward_window`), fewer in a run of
+    under twice as many steps: the two means never share a step (a 3-step run read 0.341 -> 0.341, each
+    the mean of all three, while its reward rose from 0.312 to 0.375)."""
+    window = max(1, min(window, len(rows) // 2))
 
     def first_last(key: str) -> tuple[float | None, float | None, int]:
         curve = [float(r[key]) for r in rows if r.get(key) is not None]

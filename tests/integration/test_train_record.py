@@ -76,8 +76,9 @@ def test_run_yaml_records_what_ran(tmp_path: Path) -> None:
     assert "steps" not in summary and summary["metrics"] == "server/metrics.jsonl"
     rows = _rows(out / summary["metrics"])
     assert [row["step"] for row in rows] == [1, 2] and summary["steps_done"] == 2
-    assert summary["reward_window"] == 5 and summary["status"] == "finished"
-    assert summary["reward_first_mean"] == pytest.approx(sum(row["reward_mean"] for row in rows) / 2)
+    assert summary["reward_window"] == 1 and summary["status"] == "finished"  # 5, but never sharing a step
+    assert summary["reward_first_mean"] == pytest.approx(rows[0]["reward_mean"])
+    assert summary["reward_last_mean"] == pytest.approx(rows[1]["reward_mean"])
 
     # the documented command (`swarm train --config OUT/run.yaml`) is run, as the README writes it, by
     # tests/integration/test_readme_commands.py: a fresh sibling folder, the same settings, the first run untouched
