@@ -40,7 +40,8 @@ from swarm.config.server import ServerConfig
 from swarm.fleet_alerts import FleetAlerts
 from swarm.run_checks import RUN_FILE, read_metrics
 from swarm.run_layout import SECRETS_FILE, server_address
-from swarm.train import console, ended, fleet_configs, follow, start_fleets, summarize, write_summary
+from swarm.run_summary import ended, summarize, write_summary
+from swarm.train import console, fleet_configs, follow, start_fleets
 
 #: what an attached run writes into its --out (the policy's own rows, copied from the server's folder)
 ATTACHED_METRICS = "metrics.jsonl"

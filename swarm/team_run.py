@@ -54,21 +54,12 @@ from swarm.config.run import RunConfig, run_file_text
 from swarm.config.server import ServerConfig
 from swarm.fleet_alerts import FleetAlerts
 from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
+from swarm.run_summary import ServerStopped, combine_roles, ended, summarize, write_summary
 from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.team_checks import members, parse_team
 from swarm.team_resume import SERVERS, Member, role_dir, role_steps
-from swarm.train import (
-    SHARED_BASE_RANK,
-    ServerStopped,
-    combine_roles,
-    console,
-    ended,
-    start_fleets,
-    step_line,
-    summarize,
-    write_summary,
-)
+from swarm.train import SHARED_BASE_RANK, console, start_fleets, step_line
 
 #: checkpoint every k steps when the run asks for none (`--checkpoint-every 0`): a restarted server
 #: resumes from its last checkpoint and retrains only the steps after it

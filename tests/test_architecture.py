@@ -175,6 +175,7 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.server"},  # the swarm server
     # what `swarm train` checks before it starts anything, and its folder rules; its fleets' failure lines
     {"swarm.run_checks", "swarm.fleet_alerts"},
+    {"swarm.run_summary"},  # a run's summary.json, however it ran (train, --attach, --team)
     {"swarm.testing", "swarm.train", "swarm.inspect", "swarm.ctl", "swarm.plugins"},  # what drives a server
     {"swarm.team_resume"},  # a --team run's folder as `--resume` reads it (under team_run, which uses it)
     {"swarm.team_checks"},  # what a --team names, checked before anything starts (reads team_resume's folder)

@@ -161,8 +161,8 @@ class MlflowSink:
 
     def _log_final_model(self, checkpoint: Path) -> None:
         """`log_final_model`, saying how it goes in the log and in `MODEL_FILE`; never an error."""
-        if not (checkpoint / "config.json").exists():
-            return  # not a Hugging Face model (the fake engine)
+        if not (checkpoint / "config.json").exists() or not _has_weights(checkpoint):
+            return  # not a Hugging Face model: the fake engine's checkpoint has its config and tokenizer, no weights
         state = self.out_dir / MODEL_FILE
         run_id = self._logger.run_id
         _write_json(state, {"state": "logging", "run_id": run_id, "checkpoint": str(checkpoint)})
@@ -196,6 +196,11 @@ class MlflowSink:
         seconds = round(time.monotonic() - started, 1)
         _write_json(state, {"state": "logged", "run_id": run_id, "model_uri": uri, "seconds": seconds})
         log.info("logged the trained model to MLflow in %.1fs: %s", seconds, uri)
+
+
+def _has_weights(checkpoint: Path) -> bool:
+    """Weights in any of the forms transformers and peft save (sharded, a LoRA adapter, a .bin)."""
+    return any(checkpoint.glob("*.safetensors")) or any(checkpoint.glob("*.bin"))
 
 
 class TeeLog:

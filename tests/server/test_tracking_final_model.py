@@ -89,7 +89,13 @@ def test_no_model_before_the_final_step_and_a_failure_is_only_reported(tmp_path:
     broken = tmp_path / "broken"
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
-    (checkpoint / "config.json").write_text("{}")  # not a model transformers can load
+    (checkpoint / "config.json").write_text("{}")
+    weightless = tmp_path / "weightless"  # the fake engine's: a config and a tokenizer, no weights
+    sink = _sink(weightless, uri, 3, model_dir)
+    sink.checkpoint(3, checkpoint)
+    sink.close()
+    assert not (weightless / MODEL_FILE).exists()  # nothing to log, nothing said (it read "could not log")
+    (checkpoint / "model.safetensors").write_bytes(b"not weights")  # not a model transformers can load
     sink = _sink(broken, uri, 3, model_dir)
     sink.checkpoint(3, checkpoint)
     sink.close()

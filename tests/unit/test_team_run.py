@@ -202,7 +202,7 @@ def test_tiny_wide_is_a_preset_of_the_embedded_recipe() -> None:
 def test_a_run_of_several_roles_reports_the_roles_mean_for_the_run_and_each_family() -> None:
     """The run's numbers of a team or a --shared-base run come from every role, not the first one's (its
     families and step timings stood for the run's)."""
-    from swarm.train import combine_roles
+    from swarm.run_summary import combine_roles
 
     def role(first: float | None, last: float, families: dict, steps: int) -> dict:
         return {

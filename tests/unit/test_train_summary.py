@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from swarm.config.run import RunConfig
-from swarm.train import summarize
+from swarm.run_summary import summarize
 
 
 @pytest.mark.parametrize(("steps", "window"), [(1, 1), (3, 1), (4, 2), (9, 4), (10, 5), (300, 5)])
