@@ -167,9 +167,12 @@ class _Fleet:
 
     def _first_of_kind(self, kind: str, text: str) -> None:
         with self.lock:
-            if kind not in self.kinds:
+            new = kind not in self.kinds
+            if new:
                 self.kinds.add(kind)
                 self.stats.first_of_kind.append(text)
+        if new:  # said now, not after the episode's abort (an HTTP call a stopping fleet may never finish)
+            self._note()
 
     def worker(self) -> None:
         while (job := self.next_job()) is not None:

@@ -205,8 +205,9 @@ def _progress(console: Any, total: int | None, quiet: bool) -> Iterator[Callable
                 description=f"v{s.policy_version} ok {s.finished} failed {s.failed} reward {s.reward_mean:.3f}",
             )
             with printing:
-                for text in s.first_of_kind[shown:]:  # at once, above the bar (with --quiet too: it is no progress)
+                new = s.first_of_kind[shown:]  # counted as printed, not as listed: one may be added meanwhile
+                for text in new:  # at once, above the bar (with --quiet too: it is no progress)
                     console.print(f"[yellow]{escape(text)}[/yellow]", soft_wrap=True)
-                shown = len(s.first_of_kind)
+                shown += len(new)
 
         yield update

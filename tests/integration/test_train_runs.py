@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from failing_flow import FAILING_WORKFLOW  # tests/kit, on sys.path
+from failing_flow import FAILING_WORKFLOW, RAISES_AT  # tests/kit, on sys.path
 from procs import hangup_default, kill_marked, marked, running  # tests/kit, on sys.path
 
 from swarm.model.build import build_untrained
@@ -212,7 +212,7 @@ def test_train_says_at_once_that_the_workflow_fails(tmp_path: Path) -> None:
     assert "LookupError: no such tool: t" in said and f"(the traceback: {out / 'logs' / 'client0.log'})" in said
     assert said.count("warning: client0.log: workflow returned None without finishing the episode") == 1
     log = (out / "logs" / "client0.log").read_text()
-    assert 'failing_flow.py", line 10, in workflow' in log  # the traceback, in the log
+    assert f'failing_flow.py", line {RAISES_AT}, in workflow' in log  # the traceback, in the log
     failures = json.loads((out / "summary.json").read_text())["workflow_failures"]  # and in the summary
     assert len(failures) == 2 and "LookupError: no such tool" in failures[0] + failures[1], failures
 

@@ -29,7 +29,8 @@ def _epoch(api_key: str) -> int:
 
 
 def test_zombie_is_fenced_after_hand_over(make_server) -> None:
-    srv: RunningServer = make_server(group_size=2, batch_groups=1, lease_seconds=0.4)
+    # 2 s: long enough for A's first call under load (0.4 s lapsed before it once, CI 2026-12-07: a 409)
+    srv: RunningServer = make_server(group_size=2, batch_groups=1, lease_seconds=2.0)
     client = SwarmClient(srv.url, srv.token, heartbeats=False)  # A stops beating: a stalled client
     zombie = client.claim("t")
     _say(zombie, "holder A was here")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from swarm.fleet_alerts import FleetAlerts
@@ -40,3 +41,27 @@ def test_new_failure_lines_of_this_part_each_once(tmp_path: Path) -> None:
         "client0.log: workflow returned None without finishing the episode (p2): it is aborted",
     ]
     assert alerts.poll() == []
+
+
+def test_a_failure_listed_while_another_is_printed_is_printed_too() -> None:
+    """Two fleet threads failing at once (t0 returning None, t1 raising): the one listed while the other's
+    line was being printed was counted as printed and never said (CI, under load: one of the two lines)."""
+    from rich.console import Console
+
+    from swarm.client._fleet import FleetStats
+    from swarm.client.cli import _progress
+
+    stats = FleetStats(first_of_kind=["first"])
+
+    class Racing(Console):  # another thread lists its failure while this one prints
+        def print(self, *objects: object, **kwargs: object) -> None:
+            super().print(*objects, **kwargs)
+            if len(stats.first_of_kind) == 1:
+                stats.first_of_kind.append("second")
+
+    console = Racing(file=io.StringIO(), width=200)
+    with _progress(console, None, quiet=True) as update:
+        update(stats)
+        update(stats)
+    said = console.file.getvalue()
+    assert "first" in said and "second" in said, said
