@@ -68,12 +68,13 @@ def test_two_runs_train_as_policies_of_one_server(tmp_path: Path) -> None:
     model = build_untrained(tmp_path / "model", seed=0)
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
     server, base = _serve(tmp_path, model, env)
-    (tmp_path / "failing_flow.py").write_text(FAILING_WORKFLOW)  # lr-b's workflow fails on two of its tasks
+    (tmp_path / "failing_flow.py").write_text(FAILING_WORKFLOW)  # lr-b's workflow fails on two of its tasks,
+    failing = ("--concurrency", "2")  # played first (tests/kit/failing_flow.py)
     try:
         runs = {
             name: _train(
                 tmp_path / name, base, env, "--model", str(model), "--policy", name, "--lr", lr, "--seed", seed,
-                task=task,
+                *(failing if ":" in task else ()), task=task,
             )
             for name, lr, seed, task in (("lr-a", "1e-3", "1", "arith"), ("lr-b", "0", "2", "failing_flow:workflow"))
         }  # fmt: skip

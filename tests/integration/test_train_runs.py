@@ -203,7 +203,7 @@ def test_train_says_at_once_that_the_workflow_fails(tmp_path: Path) -> None:
     r = subprocess.run(
         [*SWARM, "train", "--workflow", "failing_flow:workflow", "--engine", "fake",
          "--model", str(build_untrained(tmp_path / "model", seed=0)), "--steps", "2", "--group-size", "2",
-         "--batch-groups", "1", "--no-mlflow", "--out", str(out)],
+         "--batch-groups", "1", "--concurrency", "2", "--no-mlflow", "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
