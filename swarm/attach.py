@@ -246,7 +246,7 @@ def run_attached(spec: RunConfig) -> dict:
                 alerts = FleetAlerts(clients)
                 alive = _Alive(shared.url)
                 try:
-                    follow(spec, shared.url, shared.token, alive, {"": metrics}, t0, clients, alerts=alerts)  # type: ignore[arg-type]
+                    follow(spec, shared.url, shared.token, alive, {"": metrics}, t0, clients, alerts)  # type: ignore[arg-type]
                 finally:
                     alive.close()
             finally:

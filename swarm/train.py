@@ -193,7 +193,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                 procs |= start_fleets(fleets, out, logs, env, (done + 1, spec.steps), resume)
                 clients = {log: p for log, p in procs.items() if p is not server}
                 alerts = FleetAlerts(clients)
-                follow(spec, url, token, server, metrics, t0, clients, done, alerts)
+                follow(spec, url, token, server, metrics, t0, clients, alerts, done)
                 _await_exit(server, [m.parent for m in metrics.values()])  # each policy logs its own model
             finally:
                 for p in reversed(procs.values()):  # the server last, given the time to open and close its
@@ -365,8 +365,8 @@ def follow(
     metrics: dict[str, Path],
     t0: float,
     clients: dict[Path, subprocess.Popen],
+    alerts: FleetAlerts,
     shown: int = 0,
-    alerts: FleetAlerts | None = None,
 ) -> None:
     """Print each new metrics row (rows of an earlier part of a resumed run are not shown again); with
     several policies (--shared-base) each role's rows, and the run's progress is the slowest role's."""
@@ -381,7 +381,6 @@ def follow(
         bar = progress.add_task(f"training {spec.name}", total=spec.steps, info="")
         tails = {role: MetricsTail(path) for role, path in metrics.items()}
         printed = dict.fromkeys(metrics, shown)
-        alerts = alerts or FleetAlerts(clients)
 
         def rows_now() -> int:  # once the server or the fleet has exited: its last row may be newer than `shown`
             return min(len(t.poll()) for t in tails.values())

@@ -51,11 +51,12 @@ def _policies(base: Path) -> list[str]:
     return [p["name"] for p in httpx.get(f"{url}/swarm/v1/admin/policies", headers=admin).json()["policies"]]
 
 
-def _train(out: Path, server: Path, env: dict[str, str], *args: str, task: str = "arith") -> subprocess.Popen:
+def _train(out: Path, server: Path, env: dict[str, str], *args: str, workflow: str | None = None) -> subprocess.Popen:
+    # a failing workflow: as many workers as a group has episodes, its failing tasks first (tests/kit/failing_flow.py)
+    plays = ["--workflow", workflow, "--concurrency", "2"] if workflow else ["--task", "arith", "--concurrency", "4"]
     return subprocess.Popen(
-        [sys.executable, "-m", "swarm", "train", "--attach", str(server), "--steps", "2"]
-        + (["--workflow", task] if ":" in task else ["--task", task])
-        + ["--group-size", "2", "--batch-groups", "2", "--concurrency", "4", "--out", str(out), *args],
+        [sys.executable, "-m", "swarm", "train", "--attach", str(server), "--steps", "2", *plays]
+        + ["--group-size", "2", "--batch-groups", "2", "--out", str(out), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -68,15 +69,14 @@ def test_two_runs_train_as_policies_of_one_server(tmp_path: Path) -> None:
     model = build_untrained(tmp_path / "model", seed=0)
     env = {**os.environ, "ROOST_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
     server, base = _serve(tmp_path, model, env)
-    (tmp_path / "failing_flow.py").write_text(FAILING_WORKFLOW)  # lr-b's workflow fails on two of its tasks,
-    failing = ("--concurrency", "2")  # played first (tests/kit/failing_flow.py)
+    (tmp_path / "failing_flow.py").write_text(FAILING_WORKFLOW)  # lr-b's workflow fails on two of its tasks
     try:
         runs = {
             name: _train(
                 tmp_path / name, base, env, "--model", str(model), "--policy", name, "--lr", lr, "--seed", seed,
-                *(failing if ":" in task else ()), task=task,
+                workflow=workflow,
             )
-            for name, lr, seed, task in (("lr-a", "1e-3", "1", "arith"), ("lr-b", "0", "2", "failing_flow:workflow"))
+            for name, lr, seed, workflow in (("lr-a", "1e-3", "1", None), ("lr-b", "0", "2", "failing_flow:workflow"))
         }  # fmt: skip
         said = {}
         for name, proc in runs.items():
