@@ -35,10 +35,10 @@ import httpx
 
 from swarm.children import signals_interrupt, stop
 from swarm.config.policies import PolicySpec
-from swarm.config.run import RunConfig, run_file_text
+from swarm.config.run import RunConfig, write_run_file
 from swarm.config.server import ServerConfig
 from swarm.fleet_alerts import FleetAlerts
-from swarm.run_checks import RUN_FILE, read_metrics
+from swarm.run_checks import read_metrics
 from swarm.run_layout import SECRETS_FILE, server_address
 from swarm.run_summary import ended, summarize, write_summary
 from swarm.train import console, fleet_configs, follow, start_fleets
@@ -232,7 +232,7 @@ def run_attached(spec: RunConfig) -> dict:
         raise RuntimeError(f"the server refused policy {name}: {added.status_code} {added.text[:500]}")
     fleets = {log: f.model_copy(update={"policy": name}) for log, f in fleet_configs(spec, shared.url)}
     served = shared.config.for_policy(wanted)
-    (out / RUN_FILE).write_text(run_file_text(spec, served, fleets))
+    write_run_file(out, spec, served, fleets)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": shared.token}
     t0 = time.monotonic()
     clients: dict[Path, subprocess.Popen] = {}

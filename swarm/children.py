@@ -11,6 +11,7 @@ appended to under a marker line, never truncated, so a resumed run keeps the ear
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -109,6 +110,31 @@ def signals_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _exited(server: subprocess.Popen, log: Path) -> RuntimeError:
+    return RuntimeError(f"server exited with code {server.returncode}; see {log}:\n" + log.read_text()[-2000:])
+
+
+def wait_announced(server_file: Path, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> str:
+    """The URL a server started with port 0 bound, once it wrote `server_file` (`server.json`).
+
+    A run's servers pick their port this way, never through `free_port`: a port found free and handed
+    to the child could be taken before the child bound it (an outgoing connection's ephemeral port on a
+    busy machine: a CI run's server died with "Address already in use"). The file is the server's own
+    (its pid); an earlier server's, or one half written, is waited past."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if server.poll() is not None:
+            raise _exited(server, log)
+        try:
+            info = json.loads(server_file.read_text())
+            if info["pid"] == server.pid:
+                return str(info["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"the server did not say which port it bound in {timeout:.0f}s; see {log}")
+
+
 def wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
     """Until the server at `url` answers its status route; its log's tail if it exits first."""
     end = time.monotonic() + timeout
@@ -117,9 +143,7 @@ def wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, time
     with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=2) as http:
         while time.monotonic() < end:
             if server.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with code {server.returncode}; see {log}:\n" + log.read_text()[-2000:]
-                )
+                raise _exited(server, log)
             try:
                 if http.get(f"{url}/swarm/v1/status").status_code == 200:
                     return
@@ -158,6 +182,7 @@ __all__ = [
     "stop",
     "sweep_group",
     "swarm_command",
+    "wait_announced",
     "wait_healthy",
 ]
 

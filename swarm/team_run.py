@@ -43,17 +43,19 @@ import secrets
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
-from swarm.children import free_port, log_tail, open_log, signals_interrupt, stop, swarm_command, wait_healthy
+from swarm.children import log_tail, open_log, signals_interrupt, stop, swarm_command, wait_announced, wait_healthy
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
-from swarm.config.run import RunConfig, run_file_text
+from swarm.config.run import RunConfig, write_run_file
 from swarm.config.server import ServerConfig
 from swarm.fleet_alerts import FleetAlerts
-from swarm.run_checks import RUN_FILE, MetricsTail, previous_run, read_metrics
+from swarm.run_checks import MetricsTail, previous_run, read_metrics
+from swarm.run_layout import SERVER_FILE
 from swarm.run_summary import ServerStopped, combine_roles, ended, summarize, write_summary
 from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
@@ -121,8 +123,9 @@ class _Server:
 
     def __init__(self, member: Member, spec: RunConfig, out: Path, env: dict[str, str]) -> None:
         self.member, self.spec, self.out, self.env = member, spec, out, env
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0  # the kernel's pick on the first start (`wait_announced`); a restart binds it again
+        self.url = ""  # known once the server has bound its port
+        self.folder = out / SERVERS / member.name
         self.log = out / "logs" / f"server-{member.name}.log"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
@@ -132,6 +135,7 @@ class _Server:
         config = member_config(self.spec, self.member, self.out, self.port, resume)
         path = write_config(self.out / f"server-{self.member.name}.yaml", config)
         keep_tokens(config.out_dir, self.env["ROOST_TOKEN"], self.env["ROOST_ADMIN_TOKEN"])  # for `swarm ctl --server`
+        (config.out_dir / SERVER_FILE).unlink(missing_ok=True)  # the last start's URL
         self.proc = subprocess.Popen(
             swarm_command("serve", "--config", str(path)),
             stdout=open_log(self.log, resume, first_step, self.spec.steps),
@@ -141,10 +145,12 @@ class _Server:
         )
 
     def wait_healthy(self, token: str) -> None:
+        """Until it answers; its URL is known from then on (the fleets are given it)."""
         assert self.proc is not None
-        wait_healthy(
-            self.url, token, self.proc, self.log, timeout=900.0 if self.spec.server.engine == "vllm" else 180.0
-        )
+        timeout = 900.0 if self.spec.server.engine == "vllm" else 180.0
+        self.url = wait_announced(self.folder / SERVER_FILE, self.proc, self.log, timeout)
+        self.port = urlsplit(self.url).port or 0
+        wait_healthy(self.url, token, self.proc, self.log, timeout)
 
     def admin_stop(self, admin: str) -> None:
         """Ask it to stop (a last checkpoint of each policy); a server already gone is no error."""
@@ -170,13 +176,8 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
     token, admin = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ROOST_TOKEN": token, "ROOST_ADMIN_TOKEN": admin}
     servers = [_Server(m, spec, out, env) for m in members(spec)]
-    urls = {role: s.url for s in servers for role in s.member.roles}
     team, _ = parse_team(spec.team or "")
-    urls = {role: urls[role] for role in team}  # --team order
-    fleets = team_fleets(spec, urls)
-    first = member_config(spec, servers[0].member, out, servers[0].port, resume)
-    (out / f".{RUN_FILE}.tmp").write_text(run_file_text(spec, first, fleets))
-    (out / f".{RUN_FILE}.tmp").replace(out / RUN_FILE)
+    write_run_file(out, spec, member_config(spec, servers[0].member, out, 0, resume), {})  # for --resume
     metrics = {role: path for s in servers for role, path in role_metrics(out, s.member).items()}
     metrics = {role: metrics[role] for role in team}
     for s in servers:
@@ -196,6 +197,10 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
                     s.start(resume, first_step[s.member.name])
                 for s in servers:
                     s.wait_healthy(token)  # a resumed server has cut its metrics back to its checkpoint by now
+                urls = {role: s.url for s in servers for role in s.member.roles}
+                fleets = team_fleets(spec, {role: urls[role] for role in team})  # --team order
+                first = member_config(spec, servers[0].member, out, servers[0].port, resume)
+                write_run_file(out, spec, first, fleets)
                 clients |= start_fleets(fleets, out, logs, env, (min(first_step.values()), spec.steps), resume)
                 alerts = FleetAlerts(clients)
                 stopped = None

@@ -31,18 +31,20 @@ import secrets
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from swarm.children import free_port, log_tail, open_log, signals_interrupt, stop, swarm_command, wait_healthy
+from swarm.children import log_tail, open_log, signals_interrupt, stop, swarm_command, wait_announced, wait_healthy
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
-from swarm.config.run import RunConfig, run_file_text, tracking_params
+from swarm.config.run import RunConfig, tracking_params, write_run_file
 from swarm.config.server import ServerConfig
 from swarm.fleet_alerts import FleetAlerts
 from swarm.run_checks import CURSORS, METRICS, RUN_FILE, MetricsTail, previous_run, read_metrics
+from swarm.run_layout import SERVER_FILE
 from swarm.run_summary import ServerStopped, ended, summarize, summarize_policies, write_summary
 from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import EXTRA_FILE, MODEL_FILE
@@ -154,17 +156,15 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     done = min(len(read_metrics(m)) for m in metrics.values()) if resume else 0
     if done >= spec.steps:
         raise RuntimeError(f"the run in {out} already has {done} steps; ask for more with --steps")
-    port, token, admin = free_port(), secrets.token_urlsafe(16), secrets.token_urlsafe(16)
-    url = f"http://127.0.0.1:{port}"
-    served = server_config(spec, out, port, resume)
+    token, admin = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    served = server_config(spec, out, 0, resume)  # port 0: the server binds a free one and says which
     if spec.roles and served.lora.rank != spec.server.lora.rank:
         console.print(
             f"--shared-base: the roles train LoRA adapters of rank {served.lora.rank} (--lora-rank to change)"
         )
-    fleets = dict(fleet_configs(spec, url))
-    (out / f".{RUN_FILE}.tmp").write_text(run_file_text(spec, served, fleets))
-    (out / f".{RUN_FILE}.tmp").replace(out / RUN_FILE)
+    write_run_file(out, spec, served, {})  # --resume finds it even when the server never starts
     server_file = write_config(out / "server.yaml", served)
+    (served.out_dir / SERVER_FILE).unlink(missing_ok=True)  # an earlier server's URL
     keep_tokens(served.out_dir, token, admin)  # `swarm ctl --server OUT` finds them there
     if served.mlflow:
         _hand_over_mlflow(spec, served, out)
@@ -186,7 +186,11 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                     start_new_session=True,
                 )
                 # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
-                wait_healthy(url, token, server, server_log, timeout=900.0 if spec.server.engine == "vllm" else 180.0)
+                timeout = 900.0 if spec.server.engine == "vllm" else 180.0
+                url = wait_announced(served.out_dir / SERVER_FILE, server, server_log, timeout)
+                wait_healthy(url, token, server, server_log, timeout)
+                fleets = dict(fleet_configs(spec, url))
+                write_run_file(out, spec, served.model_copy(update={"port": urlsplit(url).port}), fleets)
                 console.print(
                     f"[dim]live control: swarm ctl --server {out} status (set lr=..., checkpoint)[/]", soft_wrap=True
                 )

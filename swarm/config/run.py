@@ -313,6 +313,17 @@ def run_file_text(spec: RunConfig, server: ServerConfig, fleets: dict[str, Fleet
     return header + yaml.safe_dump({**recorded, RAN: ran}, sort_keys=False)
 
 
+def write_run_file(out: Path, spec: RunConfig, server: ServerConfig, fleets: dict[str, FleetConfig]) -> Path:
+    """`out/run.yaml` (`run_file_text`), replaced whole: a run killed while writing it leaves the old one.
+
+    Written before the server starts (no fleets yet: their URL is the port the server binds), so a run
+    whose server never started can be resumed, and again with the fleets once it has said its URL."""
+    path, tmp = out / "run.yaml", out / ".run.yaml.tmp"
+    tmp.write_text(run_file_text(spec, server, fleets))
+    tmp.replace(path)
+    return path
+
+
 __all__ = [
     "CHOSEN_BY_TRAIN",
     "FLEET_RECORD",
@@ -323,5 +334,6 @@ __all__ = [
     "run_file_text",
     "sibling",
     "tracking_params",
+    "write_run_file",
     "train_server_defaults",
 ]

@@ -66,6 +66,10 @@ def test_run_yaml_records_what_ran(tmp_path: Path) -> None:
     served = json.loads((out / "server" / "server.json").read_text())
     # the server's real port and folder, not the defaults of `swarm serve`
     assert recorded["server"]["port"] == int(served["url"].rsplit(":", 1)[1])
+    # the server was told port 0 and bound what the kernel gave it (a port picked by `swarm train` and
+    # handed over could be taken before the server bound it); the fleets were given the URL it bound
+    assert yaml.safe_load((out / "server.yaml").read_text())["port"] == 0
+    assert recorded["ran"]["fleets"]["client0"]["url"] == served["url"]
     assert Path(recorded["server"]["out_dir"]) == out / "server" and Path(recorded["out"]) == out
     # the group call: the run's groups are 2 choices of one call; the server ran with group size 1
     assert recorded["server"]["group_size"] == 2 and recorded["ran"]["server"]["group_size"] == 1

@@ -1,18 +1,21 @@
-"""`swarm.children.stop`: a child and everything it started end, by process group, never by name; and
-`signals_interrupt`, by which a driver stops them on SIGTERM and SIGHUP."""
+"""`swarm.children.stop`: a child and everything it started end, by process group, never by name;
+`signals_interrupt`, by which a driver stops them on SIGTERM and SIGHUP; and `wait_announced`, by
+which it learns the port a server bound."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from procs import gone_within, running
 
-from swarm.children import signals_interrupt, stop, sweep_group
+from swarm.children import signals_interrupt, stop, sweep_group, wait_announced
 
 
 def _spawn(tmp_path: Path, script: str) -> tuple[subprocess.Popen, int]:
@@ -110,3 +113,44 @@ def test_an_ignored_sighup_stays_ignored() -> None:
             time.sleep(0.05)
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def _announcer(server_file: Path, log: Path, delay: float, code: int | None = None) -> subprocess.Popen:
+    """A stand-in server: after `delay` s it writes its own URL and pid to `server_file` (half first, as a
+    reader may see a file being written), or, given `code`, exits with it instead."""
+    script = f"import json, os, sys, time; time.sleep({delay}); p = {str(server_file)!r}\n" + (
+        f"print('bind failed'); sys.exit({code})"
+        if code is not None
+        else "t = json.dumps({'url': 'http://127.0.0.1:4321', 'pid': os.getpid()})\n"
+        "open(p, 'w').write(t[:9]); time.sleep(0.3); open(p, 'w').write(t); time.sleep(60)"
+    )
+    return subprocess.Popen([sys.executable, "-c", script], stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def test_wait_announced_waits_past_an_earlier_servers_file_and_a_half_written_one(tmp_path: Path) -> None:
+    server_file, log = tmp_path / "server.json", tmp_path / "server.log"
+    server_file.write_text(json.dumps({"url": "http://127.0.0.1:1111", "pid": 1}))  # the last run's server
+    proc = _announcer(server_file, log, delay=0.3)
+    try:
+        assert wait_announced(server_file, proc, log, timeout=30) == "http://127.0.0.1:4321"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_wait_announced_says_when_the_server_died_first_and_shows_its_log(tmp_path: Path) -> None:
+    server_file, log = tmp_path / "server.json", tmp_path / "server.log"
+    proc = _announcer(server_file, log, delay=0.1, code=3)
+    with pytest.raises(RuntimeError, match=r"server exited with code 3; see .*server\.log:\n(.|\n)*bind failed"):
+        wait_announced(server_file, proc, log, timeout=30)
+
+
+def test_wait_announced_gives_up_after_its_timeout(tmp_path: Path) -> None:
+    server_file, log = tmp_path / "server.json", tmp_path / "server.log"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(TimeoutError, match="did not say which port it bound in 1s"):
+            wait_announced(server_file, proc, log, timeout=1)
+    finally:
+        proc.kill()
+        proc.wait()
