@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -123,3 +124,26 @@ def test_a_server_that_exits_or_stays_unhealthy_is_a_start_error(tmp_path):
     with pytest.raises(ServerStartError, match="not healthy after 1s"):
         slow.start()
     assert slow.proc is None  # stopped, not left behind
+
+
+def test_a_port_taken_before_the_child_binds_it_is_traded_for_another(tmp_path):
+    """The port is found free before the child binds it (vLLM says no port it bound); a process that takes
+    it meanwhile costs a start, not the server. A port the user fixed is theirs: the error is said."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = HealthServer(tmp_path)
+        server.port = port  # as if another process took the port `free_port` found
+        try:
+            server.start()
+            assert server.healthy() and server.port != port and server.starts == 2
+            assert "Address already in use" in server.log_path.read_text()
+        finally:
+            server.stop()
+        (tmp_path / "fixed").mkdir()
+        fixed = HealthServer(tmp_path / "fixed")
+        fixed.fixed_port = fixed.port = port
+        with pytest.raises(ServerStartError, match="Address already in use"):
+            fixed.start()
+        assert fixed.starts == 1

@@ -42,6 +42,12 @@ def control_client() -> httpx.Client:
     return httpx.Client(timeout=120, limits=httpx.Limits(keepalive_expiry=1.0), verify=tls_context())
 
 
+#: how a child that could not bind its port says so (Python's `OSError` for EADDRINUSE, vLLM's and uvicorn's)
+PORT_TAKEN = "Address already in use"
+#: starts of a child whose port was taken under it before the error is the caller's
+PORT_TRIES = 3
+
+
 class ServerProcess:
     """One child HTTP server on 127.0.0.1 (`command()` started with `env()`); restartable.
 
@@ -99,7 +105,23 @@ class ServerProcess:
             http.close()
 
     def start(self) -> None:
-        """Start and wait until `/health` answers; `ServerStartError` (with the log's tail) otherwise."""
+        """Start and wait until `/health` answers; `ServerStartError` (with the log's tail) otherwise.
+
+        The port is found free before the child binds it (vLLM takes no port 0 and says which it bound),
+        so another process can take it meanwhile, on a busy machine an outgoing connection's ephemeral
+        port: a child that dies of "Address already in use" is started again on another port (a fixed
+        `port` is the user's, and the error is theirs)."""
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                self._start_once()
+                return
+            except ServerStartError as exc:
+                if self.fixed_port or attempt == PORT_TRIES or PORT_TAKEN not in self.log_tail():
+                    raise
+                log.warning("%s: port %s was taken before it bound it: another port (%s)", self.label, self.port, exc)
+                self.stop()  # what the dead child started goes (vLLM's engine core); the next start picks a port
+
+    def _start_once(self) -> None:
         if self.alive():
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
