@@ -65,6 +65,7 @@ except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming
         raise  # one of ours missing is a bug, not an install without the extra
     raise SystemExit(f"researcher needs {exc.name}: pip install 'roost[research]'") from None
 from researcher.cli_output import Progress, console, export_html, finish, open_in_browser, print_plan, shown
+from researcher.interrupted import CREATING, DRIVING, mark, said_when_interrupted
 from store.help_text import unwrap_help
 from store.options_anywhere import ParameterSource, options_anywhere
 from store.paths import default_model_dir
@@ -193,6 +194,7 @@ def _plan(cfg: StudyConfig) -> FirstRound:
 
 
 @app.command()
+@said_when_interrupted
 @expected_errors
 def study(
     ctx: typer.Context,
@@ -429,7 +431,9 @@ def study(
             console.print("[dim]building the embedded model (once, takes a few minutes)…[/]")
             embedded = init_model(embedded)
         cfg.model_dir = str(embedded)
+    mark(ctx, CREATING)
     sid = create_study(cfg)
+    mark(ctx, sid)
     study_dir = load_config(init_db(), sid).study_dir  # chosen by create_study (ROOST_HOME/studies/study-N)
     console.print(
         f"[bold]Study {sid}[/] (planner: {escape(planner_description(cfg))}; {cfg.backend} backend): {study_dir}"
@@ -438,6 +442,7 @@ def study(
         study_daemon.register()
         console.print(f"Left to the daemon (`researcher daemon`); follow with: researcher status {sid}")
         return
+    mark(ctx, DRIVING)
     _drive_here(sid, options_of(ctx), out=out)
 
 

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -91,15 +91,25 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
-def signals_interrupt() -> Iterator[None]:
+def signals_interrupt(first: Callable[[], None] | None = None) -> Iterator[None]:
     """SIGTERM (a scheduler's cancel) and SIGHUP (the terminal closed, an ssh session dropped) act as
     Ctrl-C while inside: the run's `finally` stops its children by PID, gives back what it holds and writes
     its summary. By default both killed the driver outright, leaving its server and fleets (each in a
     session of its own) running orphaned. SIGHUP stays ignored under `nohup`; outside the main thread
-    (embedded) signals are left alone."""
+    (embedded) signals are left alone.
+
+    `first`: called (in the main thread) by each of the three, Ctrl-C too, before its interrupt is raised."""
     wanted = [signal.SIGTERM] + ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else [])
+    handler: Callable[[int, object], None] = _raise_interrupt
+    if first is not None:
+        wanted.append(signal.SIGINT)
+
+        def handler(signum: int, frame: object) -> None:
+            first()
+            _raise_interrupt(signum, frame)
+
     try:
-        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in wanted}
+        previous = {sig: signal.signal(sig, handler) for sig in wanted}
     except ValueError:  # not the main thread
         yield
         return
