@@ -78,12 +78,17 @@ def _until(ready: Callable[[], bool], driver: subprocess.Popen, timeout: float =
         time.sleep(0.1)
 
 
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
 def test_a_run_still_going_is_refused_even_with_fresh_or_resume(tmp_path: Path) -> None:
     """`--fresh` into the folder of a run still going deleted its files under it; `--resume` started a
     second server on them. The first run's driver holds the folder: both are one line, nothing touched."""
     out, args, first = _endless_run(tmp_path)
     try:
-        _until(lambda: (out / "run.yaml").exists() and '"pid"' in (out / "run.lock").read_text(), first)
+        # run.yaml as it stays: written again with the fleets once the server has said its URL
+        _until(lambda: "url: http" in _text(out / "run.yaml") and '"pid"' in (out / "run.lock").read_text(), first)
         written = (out / "run.yaml").read_text()
         for flag in ("--fresh", "--resume"):
             r = subprocess.run([*SWARM, *args, flag], capture_output=True, text=True, timeout=120)
