@@ -142,7 +142,6 @@ class Server:
 
 def start_server(model: Path, out: Path, token: str, policies: list[str], args: argparse.Namespace) -> Server:
     """A `swarm serve` on loopback in its own session (so it and its children stop as one group)."""
-    port = children.free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -157,7 +156,7 @@ def start_server(model: Path, out: Path, token: str, policies: list[str], args: 
         "--model",
         str(model),
         "--port",
-        str(port),
+        "0",  # the kernel's pick, read back from server.json (a port found free could be taken first)
         "--out",
         str(out),
         "--token",
@@ -190,12 +189,14 @@ def start_server(model: Path, out: Path, token: str, policies: list[str], args: 
         stderr=log,
         start_new_session=True,
     )
-    return Server(proc, f"http://127.0.0.1:{port}", out, list(policies) or [None])
+    return Server(proc, "", out, list(policies) or [None])  # its URL once it has bound its port
 
 
 def wait_healthy(server: Server, token: str, timeout_s: float = 300.0) -> None:
-    """`swarm train`'s own wait for a server it started (one client for every try)."""
-    children.wait_healthy(server.url, token, server.proc, server.out.with_suffix(".log"), timeout=timeout_s)
+    """`swarm train`'s own wait for a server it started: its URL, then its health."""
+    log = server.out.with_suffix(".log")
+    server.url = children.wait_announced(server.out / "server.json", server.proc, log, timeout=timeout_s)
+    children.wait_healthy(server.url, token, server.proc, log, timeout=timeout_s)
 
 
 def stop_server(server: Server) -> None:

@@ -42,11 +42,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
-from swarm.children import free_port
+from swarm.children import wait_announced, wait_healthy
 from swarm.client import SwarmClient
 from swarm.engine.base import GenerateRequest, SamplingParams
 from swarm.engine.fake import FakeEngine
@@ -78,7 +77,6 @@ def pct(values: list[float], q: float) -> float:
 def start_server(
     model: Path, out: Path, token: str, batch_groups: int, group_size: int
 ) -> tuple[subprocess.Popen, str]:
-    port = free_port()
     args = [
         sys.executable,
         "-m",
@@ -89,7 +87,7 @@ def start_server(
         "--model",
         str(model),
         "--port",
-        str(port),
+        "0",  # the kernel's pick, read back from server.json (a port found free could be taken first)
         "--out",
         str(out),
         "--group-size",
@@ -107,21 +105,9 @@ def start_server(
     proc = subprocess.Popen(
         args, env=env, stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".log"), "w"), start_new_session=True
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {out.with_suffix('.log').read_text()[-2000:]}")
-        try:
-            if (
-                httpx.get(f"{url}/swarm/v1/status", headers={"Authorization": f"Bearer {token}"}, timeout=1).status_code
-                == 200
-            ):
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError("server not healthy")
+    url = wait_announced(out / "server.json", proc, out.with_suffix(".log"), timeout=120)
+    wait_healthy(url, token, proc, out.with_suffix(".log"), timeout=120)
+    return proc, url
 
 
 def stop(proc: subprocess.Popen) -> None:
