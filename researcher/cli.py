@@ -17,24 +17,21 @@ option); `researcher --debug ...` shows the traceback instead.
 The commands need the `research` extra (LangGraph, LangChain, APScheduler, SciPy), which
 `pip install 'roost[server]'` does not bring. So this module imports only what the
 options need (the StudyConfig fields): `researcher --help` and `researcher study --help`
-work without the extra, and each command first checks for it (`_require_research`) and
+work without the extra, and each command first checks for it (`cli_errors.require_research`) and
 says in one line what to install, exit 1, before importing the study machinery inside.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -59,11 +56,12 @@ try:  # the options' models need numpy (researcher.analysis), which a client-onl
         parse_duration,
     )
     from researcher.experiment import MIN_SEEDS
-    from researcher.planning import BudgetTooSmall, PlanDefaults, UnsupportedTopic
+    from researcher.planning import PlanDefaults
 except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming the extra, as `swarm serve` does
     if exc.name is None or exc.name.partition(".")[0] in ("researcher", "swarm", "store", "scheduler"):
         raise  # one of ours missing is a bug, not an install without the extra
     raise SystemExit(f"researcher needs {exc.name}: pip install 'roost[research]'") from None
+from researcher.cli_errors import expected_errors, fail, hints, require_research
 from researcher.cli_output import Progress, console, export_html, finish, open_in_browser, print_plan, shown
 from researcher.interrupted import CREATING, DRIVING, mark, said_when_interrupted
 from store.help_text import unwrap_help
@@ -72,7 +70,6 @@ from store.paths import default_model_dir
 from store.unreachable import run_app
 from swarm.children import signals_interrupt
 from swarm.client.cli import load_object
-from swarm.config.options import require_extra
 
 if TYPE_CHECKING:
     from researcher.graph import FirstRound
@@ -83,81 +80,6 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-err = Console(stderr=True)
-
-F = TypeVar("F", bound=Callable[..., Any])
-# What `researcher` needs beyond the `server` extra (roost[research] brings them with it): the study graph
-# and its checkpoints, the LLM planner, the scheduler daemon, the statistics. Top-level module names.
-RESEARCH_MODULES = ("langgraph", "langchain_core", "langchain_openai", "apscheduler", "scipy")
-
-
-def _require_research() -> None:
-    """Exit with one line naming the missing modules and `pip install 'roost[research]'`.
-
-    Every command calls it first, before it imports the study machinery: on a `[server]`
-    install the import would otherwise end in a ModuleNotFoundError traceback.
-    """
-    require_extra("research", *RESEARCH_MODULES)
-
-
-@functools.cache
-def hints() -> dict[type[Exception], str]:
-    """The expected failures and the hint printed under each.
-
-    Built on first use: the LLM errors live in researcher.llm, which needs the research extra.
-    """
-    from researcher.llm import BudgetExceeded, LLMUnreachable, StructuredOutputError  # lazy: research extra
-
-    return {
-        LLMUnreachable: "check that the endpoint is up and ROOST_LLM_BASE_URL / ROOST_LLM_MODEL / "
-        "ROOST_LLM_API_KEY are right, or use --planner rules",
-        StructuredOutputError: "try a stronger model (ROOST_LLM_MODEL), or --planner rules",
-        UnsupportedTopic: "name one of these knobs and the values to compare, or use the LLM planner, which "
-        "can use every knob (--planner llm; set ROOST_LLM_BASE_URL and ROOST_LLM_MODEL)",
-        BudgetTooSmall: "raise --max-trials (or leave it out), or name fewer values to compare",
-        BudgetExceeded: "raise --llm-tokens",
-    }
-
-
-def _hint_for(e: Exception) -> str | None:
-    """The hint of an expected failure; None for any other exception.
-
-    Expected failures are the researcher's own exceptions: anything else (typer's exit of
-    a missing extra included) passes through without importing researcher.llm.
-    """
-    if not type(e).__module__.startswith("researcher."):
-        return None
-    return next((hint for cls, hint in hints().items() if isinstance(e, cls)), None)
-
-
-def fail(message: str, hint: str | None = None, code: int = 1) -> typer.Exit:
-    """Print one clear error (and a hint); the caller raises what this returns."""
-    first, _, rest = message.partition("\n")
-    err.print(f"[bold red]error:[/] {escape(first)}")
-    if rest:
-        err.print(escape(rest), highlight=False)
-    if hint:
-        err.print(f"[yellow]hint:[/] {escape(hint)}")
-    return typer.Exit(code)
-
-
-def expected_errors(fn: F) -> F:
-    """Known failures become `fail(...)`; anything else (or --debug) keeps its traceback.
-
-    The command takes the invocation's `ctx: typer.Context`, which holds --debug.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            hint = _hint_for(e)
-            if hint is None or options_of(kwargs.get("ctx")).debug:  # typer passes parameters by name
-                raise
-            raise fail(str(e), hint) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 @app.callback()
@@ -183,8 +105,8 @@ def _plan(cfg: StudyConfig) -> FirstRound:
     Asked before any study exists (a dry run, a pre-check), so an unreachable LLM fails within
     seconds here; inside a study the planner waits an endpoint out (ROOST_LLM_WAIT_S).
     """
-    from researcher.graph import first_round  # lazy: research extra (checked by _require_research)
-    from researcher.runner import make_planner  # lazy: research extra (checked by _require_research)
+    from researcher.graph import first_round  # lazy: research extra (checked by require_research)
+    from researcher.runner import make_planner  # lazy: research extra (checked by require_research)
 
     p = make_planner(cfg)
     policy = getattr(p, "policy", None)
@@ -328,7 +250,7 @@ def study(
     ),
 ) -> None:
     """Plan a study of TOPIC, run its trials, analyse them and write a report."""
-    _require_research()
+    require_research()
     from researcher import daemon as study_daemon  # lazy: research extra (checked above)
     from researcher.graph import check_program  # lazy: research extra (checked above)
     from researcher.llm import llm_settings  # lazy: research extra (checked above)
@@ -506,7 +428,7 @@ def approve(
     ),
 ) -> None:
     """Approve (or reject) the plan of a study waiting at --approve, and continue it."""
-    _require_research()
+    require_research()
     from researcher.runner import advance  # lazy: research extra (checked above)
     from store.models import StudyStatus  # lazy: with the runner
 
@@ -534,7 +456,7 @@ def resume(
     ),
 ) -> None:
     """Continue a study after a crash or restart: running trials are reconciled, never resubmitted."""
-    _require_research()
+    require_research()
     from researcher.runner import advance, make_context  # lazy: research extra (checked above)
     from store.models import StudyStatus  # lazy: with the runner
 
@@ -551,7 +473,7 @@ def resume(
 @app.command()
 def status(study_id: int = typer.Argument(None, show_default="every study")) -> None:
     """List studies, or show one study's trials."""
-    _require_research()
+    require_research()
     from sqlmodel import Session, func, select  # lazy: with the runner
 
     from store.models import Study, Trial  # lazy: with the runner
@@ -615,7 +537,7 @@ def report(
     ),
 ) -> None:
     """Print the study's report (for an unfinished study: what it has so far), or write it as HTML."""
-    _require_research()
+    require_research()
     _known_study(study_id)
     from researcher.graph import build_graph  # lazy: research extra (checked above)
     from researcher.report import render  # lazy: research extra (checked above)
@@ -643,7 +565,7 @@ def report(
 @app.command()
 def stop(study_id: int = typer.Argument(...)) -> None:
     """Cancel a study's running trials and write a report of what completed."""
-    _require_research()
+    require_research()
     from researcher.runner import StudyEnded, stop_study  # lazy: research extra (checked above)
 
     _known_study(study_id)
@@ -657,7 +579,7 @@ def stop(study_id: int = typer.Argument(...)) -> None:
 @app.command()
 def daemon(interval: float = typer.Option(30.0, "--interval", help="seconds between study ticks")) -> None:
     """Run the scheduler daemon with the researcher's tick: every active study advances."""
-    _require_research()
+    require_research()
     from researcher import daemon as study_daemon  # lazy: research extra (checked above)
     from scheduler import daemon as scheduler_daemon  # lazy: research extra (checked above)
 
