@@ -418,6 +418,7 @@ def _drive_here(study_id: int, opts: CliOptions, resume: object = None, out: Pat
 
 
 @app.command()
+@said_when_interrupted
 @expected_errors
 def approve(
     ctx: typer.Context,
@@ -439,6 +440,7 @@ def approve(
             f"a study started with --approve waits for one; see it with: researcher status {study_id}",
         )
     answer = {"approved": not reject}
+    mark(ctx, DRIVING)  # from here the drive (or the daemon's advance) takes the answer
     if foreground:
         _drive_here(study_id, options_of(ctx), resume=answer)
     else:
@@ -447,6 +449,7 @@ def approve(
 
 
 @app.command()
+@said_when_interrupted
 @expected_errors
 def resume(
     ctx: typer.Context,
@@ -464,6 +467,7 @@ def resume(
     study_ctx = make_context(study_id)
     if study_ctx.study().status == StudyStatus.FAILED.value:
         study_ctx.set_study_status(StudyStatus.ACTIVE)
+    mark(ctx, DRIVING)
     if foreground:
         _drive_here(study_id, options_of(ctx))
     else:

@@ -1,10 +1,13 @@
-"""What `researcher study` says when it is interrupted before it drives its study.
+"""What `researcher study`, `resume` and `approve` say when interrupted before they drive a study.
 
 Ctrl-C, a SIGTERM (a scheduler's cancel, `kill`) or a SIGHUP (the terminal closed) in the seconds a
 study takes to import, plan and create itself ended the process mute (-15 for SIGTERM), and the user
 could not tell whether a study had been made that a `researcher resume` should go on with. Each is said
 now, with exit 130, naming what exists: nothing yet, perhaps a study (interrupted inside its creation),
-or study N, not yet driven. Once driven (`DRIVING`), `researcher.cli._drive_here` says its own line.
+or study N, not yet driven. `resume` and `approve`, interrupted while they load (Ctrl-C printed a
+traceback), say that the study is as it was (`Again`). Once driven (`DRIVING`),
+`researcher.cli._drive_here` says its own line; a `--background` command's one step in place, this
+module's.
 
 An interrupt is not always let through at once: during the LLM planner's request LangChain waits, as
 it unwinds, for its worker thread's HTTP read (up to `ROOST_LLM_TIMEOUT_S`, two minutes). Before the
@@ -20,7 +23,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import typer
 
@@ -39,13 +42,36 @@ DRIVING = "driving"
 GRACE_S = 5.0
 
 
-def mark(ctx: typer.Context, stage: str | int) -> None:
-    """Note how far the command got: `CREATING`, the id of the study it created, `DRIVING`."""
+class Again(NamedTuple):
+    """`resume` or `approve` of an existing study, before they drive it."""
+
+    study_id: int
+    approving: bool = False
+
+
+Stage = str | int | Again | None
+
+
+def mark(ctx: typer.Context, stage: Stage) -> None:
+    """Note how far the command got: `CREATING`, the id of the study it created, `Again(id)`, `DRIVING`."""
     ctx.meta[STAGE] = stage
 
 
-def interrupted_line(stage: str | int | None) -> str:
+def interrupted_line(stage: Stage) -> str:
     """The line said for an interrupt at `stage` (None: before the study was being created)."""
+    if isinstance(stage, Again):
+        sid = stage.study_id
+        if stage.approving:
+            return f"[yellow]interrupted[/]: study {sid} still waits for approval (`researcher approve {sid}`)"
+        return (
+            f"[yellow]interrupted[/] before study {sid} was driven: it is as it was (running trials go on); "
+            f"`researcher resume {sid}` drives it"
+        )
+    if stage == DRIVING:  # a foreground drive says its own line; this is the daemon's step run in place
+        return (
+            "[yellow]interrupted[/]: `researcher status ID` shows where the study stands, "
+            "`researcher resume ID` goes on"
+        )
     if stage is None:
         return "[yellow]interrupted[/] before the study was created: nothing was started"
     if stage == CREATING:
@@ -65,7 +91,7 @@ class _Said:
     def __init__(self, ctx: typer.Context | None) -> None:
         self.ctx, self.lock, self.done = ctx, threading.Lock(), False
 
-    def stage(self) -> str | int | None:
+    def stage(self) -> Stage:
         return self.ctx.meta.get(STAGE) if self.ctx is not None else None
 
     def say(self) -> None:
@@ -92,21 +118,22 @@ def said_when_interrupted(fn: F) -> F:
     """Run the command with SIGTERM and SIGHUP taken as Ctrl-C; an interrupt before the study is driven
     is said (`interrupted_line`) and ends the process with 130, as a shell's Ctrl-C does.
 
-    The command takes the invocation's `ctx: typer.Context` (typer passes parameters by name)."""
+    The command takes the invocation's `ctx: typer.Context` (typer passes parameters by name); a
+    `study_id` argument makes its stage `Again(study_id)` from the start (`approve` marks its own)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         said = _Said(kwargs.get("ctx"))
+        if said.ctx is not None and kwargs.get("study_id") is not None:
+            mark(said.ctx, Again(kwargs["study_id"], approving=fn.__name__ == "approve"))
         try:
             with signals_interrupt(first=said.arm):
                 return fn(*args, **kwargs)
         except KeyboardInterrupt:
-            if said.stage() == DRIVING:
-                raise  # not one of ours: the drive says its own
             said.say()
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-__all__ = ["CREATING", "DRIVING", "GRACE_S", "interrupted_line", "mark", "said_when_interrupted"]
+__all__ = ["CREATING", "DRIVING", "Again", "Stage", "GRACE_S", "interrupted_line", "mark", "said_when_interrupted"]

@@ -17,29 +17,40 @@ import typer
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
-from researcher.interrupted import CREATING, interrupted_line, mark, said_when_interrupted
+from researcher.interrupted import CREATING, DRIVING, Again, Stage, interrupted_line, mark, said_when_interrupted
 from store.models import Study
 from store.schema import init_db
 
 
-def _said(stage: str | int | None) -> int:
-    """The exit code of a command interrupted at `stage`, its line checked against `interrupted_line`."""
+def _said(stage: Stage, command: str = "study", said: Stage = "as marked") -> int:
+    """The exit code of `command` interrupted at `stage`; its line is `interrupted_line(said)` (by default
+    the stage's own). `resume` and `approve` take a study id (5), which marks their stage."""
     app = typer.Typer()
 
-    @app.command()
-    @said_when_interrupted
-    def study(ctx: typer.Context) -> None:
+    def interrupt(ctx: typer.Context) -> None:
         if stage is not None:
             mark(ctx, stage)
         raise KeyboardInterrupt
 
     @app.command()
-    def other() -> None:  # a second command: typer runs a lone one without its name
-        pass
+    @said_when_interrupted
+    def study(ctx: typer.Context) -> None:
+        interrupt(ctx)
 
-    res = CliRunner().invoke(app, ["study"])
+    @app.command()
+    @said_when_interrupted
+    def resume(ctx: typer.Context, study_id: int) -> None:
+        interrupt(ctx)
+
+    @app.command()
+    @said_when_interrupted
+    def approve(ctx: typer.Context, study_id: int) -> None:
+        interrupt(ctx)
+
+    res = CliRunner().invoke(app, [command] + (["5"] if command != "study" else []))
     words = " ".join(res.output.split())
-    assert " ".join(interrupted_line(stage).replace("[yellow]", "").replace("[/]", "").split()) in words
+    line = interrupted_line(stage if said == "as marked" else said)
+    assert " ".join(line.replace("[yellow]", "").replace("[/]", "").split()) in words, words
     return res.exit_code
 
 
@@ -47,6 +58,15 @@ def test_each_stage_says_what_exists_and_exits_130() -> None:
     assert _said(None) == 130 and "nothing was started" in interrupted_line(None)
     assert _said(CREATING) == 130 and "`researcher status` lists it if it was" in interrupted_line(CREATING)
     assert _said(7) == 130 and "`researcher resume 7`" in interrupted_line(7)
+    assert _said(DRIVING) == 130 and "`researcher resume ID` goes on" in interrupted_line(DRIVING)
+
+
+def test_resume_and_approve_interrupted_while_loading_say_the_study_is_as_it_was() -> None:
+    """Ctrl-C in the seconds `resume` and `approve` import the study machinery printed a traceback."""
+    assert _said(None, "resume", said=Again(5)) == 130
+    assert "`researcher resume 5` drives it" in interrupted_line(Again(5))
+    assert _said(None, "approve", said=Again(5, approving=True)) == 130
+    assert "study 5 still waits for approval" in interrupted_line(Again(5, approving=True))
 
 
 def test_sigterm_while_the_study_is_planned_says_nothing_was_started(tmp_path) -> None:
