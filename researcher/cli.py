@@ -260,6 +260,10 @@ def study(
     from scheduler.manager import default_backends  # lazy: the store's SQLAlchemy models, on use only
     from store.schema import init_db  # lazy: as above
 
+    if not topic.strip():  # the rules planner's "no knob in the topic" (a page of knobs) said too little
+        raise typer.BadParameter(
+            'it is empty: say what to study, e.g. "Does lr 3e-4 beat 1e-4 on arith?"', param_hint="TOPIC"
+        )
     chosen = planner or ("llm" if llm_settings() else "rules")
     if chosen not in ("llm", "rules"):
         raise typer.BadParameter("llm or rules", param_hint="--planner")

@@ -119,7 +119,7 @@ def said_when_interrupted(fn: F) -> F:
     is said (`interrupted_line`) and ends the process with 130, as a shell's Ctrl-C does.
 
     The command takes the invocation's `ctx: typer.Context` (typer passes parameters by name); a
-    `study_id` argument makes its stage `Again(study_id)` from the start (`approve` marks its own)."""
+    `study_id` argument makes its stage `Again(study_id)` from the start (for `approve`: still waiting)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

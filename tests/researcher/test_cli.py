@@ -56,6 +56,13 @@ def test_an_llm_endpoint_that_is_no_url_is_refused_at_once(monkeypatch):
     assert res.exit_code == 2 and "ROOST_LLM_BASE_URL: 'localhost:8000/v1' is not an http(s) URL" in out
 
 
+def test_an_empty_topic_is_a_usage_error():
+    for topic in ("", "   "):
+        res = runner.invoke(app, ["study", topic, "--dry-run"])
+        out = " ".join(res.output.replace("│", " ").split())
+        assert res.exit_code == 2 and "TOPIC: it is empty: say what to study" in out, out
+
+
 def test_llm_planner_needs_a_configured_model():
     res = runner.invoke(app, ["study", TOPIC, "--planner", "llm", "--dry-run"])
     assert res.exit_code != 0 and "no LLM configured" in res.output
