@@ -61,7 +61,7 @@ from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.team_checks import members, parse_team
 from swarm.team_resume import SERVERS, Member, role_dir, role_steps
-from swarm.train import SHARED_BASE_RANK, console, start_fleets, step_line
+from swarm.train import SHARED_BASE_RANK, console, start_fleets, starting_line, step_line
 
 #: checkpoint every k steps when the run asks for none (`--checkpoint-every 0`): a restarted server
 #: resumes from its last checkpoint and retrains only the steps after it
@@ -195,8 +195,9 @@ def run_team(spec: RunConfig, resume: bool = False) -> dict:
                 first_step = {s.member.name: min(done.get(r, 0) for r in s.member.roles) + 1 for s in servers}
                 for s in servers:
                     s.start(resume, first_step[s.member.name])
-                for s in servers:
-                    s.wait_healthy(token)  # a resumed server has cut its metrics back to its checkpoint by now
+                with console.status(starting_line(spec.server.engine, logs, team=True)):
+                    for s in servers:
+                        s.wait_healthy(token)  # a resumed server has cut its metrics back to its checkpoint by now
                 urls = {role: s.url for s in servers for role in s.member.roles}
                 fleets = team_fleets(spec, {role: urls[role] for role in team})  # --team order
                 first = member_config(spec, servers[0].member, out, servers[0].port, resume)

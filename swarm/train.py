@@ -187,8 +187,9 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                 )
                 # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
                 timeout = 900.0 if spec.server.engine == "vllm" else 180.0
-                url = wait_announced(served.out_dir / SERVER_FILE, server, server_log, timeout)
-                wait_healthy(url, token, server, server_log, timeout)
+                with console.status(starting_line(spec.server.engine, server_log)):  # a terminal's spinner
+                    url = wait_announced(served.out_dir / SERVER_FILE, server, server_log, timeout)
+                    wait_healthy(url, token, server, server_log, timeout)
                 fleets = dict(fleet_configs(spec, url))
                 write_run_file(out, spec, served.model_copy(update={"port": urlsplit(url).port}), fleets)
                 console.print(
@@ -333,6 +334,13 @@ def reward_text(row: dict) -> str:
     if len(per) > 1:
         text += " (" + ", ".join(f"{f} {v:.3f}" for f, v in sorted(per.items())) + ")"
     return text
+
+
+def starting_line(engine: str, log: Path, team: bool = False) -> str:
+    """What a terminal shows while a run's server starts (a team's servers: `log` is their folder):
+    silent, a vLLM server's minute or two looked hung."""
+    took = "vLLM takes a minute or two" if engine == "vllm" else "loading the model"
+    return f"starting the server{'s' * team} ({took}; {'their logs' if team else 'its log'}: {log})…"
 
 
 def _shown(value: float, places: int) -> float:

@@ -30,3 +30,15 @@ def test_step_line_shows_no_negative_zero() -> None:
         "planner step 3: reward 0.500  loss +0.0000  kl -0.0200  900 tok/s"
     )
     assert "kl nan" in step_line(None, {"step": 1})
+
+
+def test_the_starting_line_names_the_wait_and_the_log() -> None:
+    """A vLLM server's minute or two of start-up showed nothing: a terminal now has a spinner with this."""
+    from swarm.train import starting_line
+
+    assert starting_line("vllm", Path("r/logs/server.log")) == (
+        "starting the server (vLLM takes a minute or two; its log: r/logs/server.log)…"
+    )
+    assert starting_line("torch", Path("r/logs"), team=True) == (
+        "starting the servers (loading the model; their logs: r/logs)…"
+    )
