@@ -139,6 +139,7 @@ class ServerProcess:
                 start_new_session=True,
             )
         self.starts += 1
+        log.info("%s starting on %s (pid %s; its log: %s)", self.label, self.url, self.pid, self.log_path)
         t0 = time.monotonic()
         deadline = t0 + self.start_timeout_s
         while time.monotonic() < deadline:
