@@ -406,7 +406,9 @@ def _drive_here(study_id: int, opts: CliOptions, resume: object = None, out: Pat
 
     try:
         with signals_interrupt():  # SIGTERM, SIGHUP: the interrupted line and exit 130, as Ctrl-C (they killed it mute)
-            finish(study_id, drive(study_id, resume=resume, on_step=Progress()), out)
+            with Progress() as progress:
+                step = drive(study_id, resume=resume, on_step=progress, on_node=progress.node)
+            finish(study_id, step, out)
     except KeyboardInterrupt:
         console.print(
             f"\n[yellow]interrupted[/]: running trials go on; continue with "

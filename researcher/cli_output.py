@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
+from rich.status import Status
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ console = Console()
 
 
 def print_plan(cfg: StudyConfig, plan: FirstRound) -> None:
-    from researcher.report import planner_description  # lazy: research extra (checked by _require_research)
+    from researcher.report import planner_description  # lazy: research extra (checked by require_research)
 
     frame, hyp, design = plan.frame, plan.hypothesis, plan.design
     console.print(f"[bold]Planner:[/] {escape(planner_description(cfg))}")
@@ -48,13 +49,49 @@ def print_plan(cfg: StudyConfig, plan: FirstRound) -> None:
         console.print(f"[yellow]{escape(plan.note)}[/]")
 
 
+#: what a terminal's spinner says while a node of the study's graph runs (a planner's LLM call, the analysis
+#: and the report can each take a while); `monitor` and `approve` only look and wait
+NODE_WORK = {
+    "frame": "framing the question",
+    "hypothesize": "stating the hypothesis",
+    "design": "designing the ablation",
+    "launch": "launching trials",
+    "analyze": "analysing the results",
+    "decide": "deciding what next",
+    "report": "writing the report",
+}
+
+
 class Progress:
-    """Prints a waiting study's trial counts when they change, not on every poll (one per drive)."""
+    """Prints a waiting study's trial counts when they change, not on every poll (one per drive); on a
+    terminal, a spinner names the graph's work under way (`node`), gone once the step ends."""
 
     def __init__(self) -> None:
         self.last = ""
+        self.status: Status | None = None
+
+    def node(self, name: str) -> None:
+        work = NODE_WORK.get(name)
+        if work is None:
+            return
+        if self.status is None:
+            self.status = console.status("")
+            self.status.start()
+        self.status.update(f"{work}…")
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done()  # an interrupt or an error too: the terminal's cursor comes back
+
+    def done(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
 
     def __call__(self, step: Step) -> None:
+        self.done()
         if step.state == "waiting" and step.detail.get("running") is not None:
             line = f"trials running {step.detail.get('running')}, pending {step.detail.get('pending')}"
             if line != self.last:
@@ -110,7 +147,7 @@ def export_html(study_id: int, out: Path | None = None) -> Path:
 
 
 def show_report_path(study_id: int, out: Path | None = None) -> None:
-    from researcher.runner import make_context  # lazy: research extra (checked by _require_research)
+    from researcher.runner import make_context  # lazy: research extra (checked by require_research)
 
     ctx = make_context(study_id)
     study = ctx.study()

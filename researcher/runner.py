@@ -18,7 +18,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -233,8 +233,11 @@ def _classify(snapshot: Any) -> Step:
     return Step("done", {"report": (snapshot.values or {}).get("report_path")})
 
 
-def advance(study_id: int, *, ctx: StudyContext | None = None, resume: Any = None) -> Step:
-    """Run the study's graph until it next waits (trials running, approval) or ends."""
+def advance(
+    study_id: int, *, ctx: StudyContext | None = None, resume: Any = None, on_node: Callable[[str], None] | None = None
+) -> Step:
+    """Run the study's graph until it next waits (trials running, approval) or ends; `on_node(name)` as
+    each of its nodes starts (a planner's LLM call can take a minute: the CLI shows which)."""
     with study_lock(study_id) as got:
         if not got:
             return Step("busy", {})
@@ -261,7 +264,9 @@ def advance(study_id: int, *, ctx: StudyContext | None = None, resume: Any = Non
                 inp = None  # continue from the last checkpoint and the writes saved after it
             else:
                 return _classify(snap)
-            graph.invoke(inp, config)
+            for event in graph.stream(inp, config, stream_mode="tasks"):  # as invoke runs it, events besides
+                if on_node is not None and "input" in event:  # a task's start (its end has its result)
+                    on_node(event["name"])
             return _classify(graph.get_state(config))
 
 
@@ -296,12 +301,13 @@ def drive(
     poll_s: float | None = None,
     resume: Any = None,
     on_step: Any = None,
+    on_node: Callable[[str], None] | None = None,
 ) -> Step:
     """Advance until done or awaiting approval, sleeping between polls (the foreground tick)."""
     ctx = ctx or make_context(study_id)
     poll = poll_s if poll_s is not None else ctx.cfg.poll_s
     while True:
-        step = advance(study_id, ctx=ctx, resume=resume)
+        step = advance(study_id, ctx=ctx, resume=resume, on_node=on_node)
         resume = None
         if on_step is not None:
             on_step(step)

@@ -80,14 +80,18 @@ def test_rules_study_end_to_end(fake_program):
 
 def test_approve_pauses_before_anything_launches(fake_program):
     sid = create_study(config(fake_program, approve=True))
-    step = drive(sid, poll_s=0.2)
+    started: list[str] = []  # the graph's nodes as they start (the CLI's spinner names the work)
+    step = drive(sid, poll_s=0.2, on_node=started.append)
     assert step.state == "approval" and step.detail["design"]["baseline"] == "lr=0"
+    assert started == ["frame", "hypothesize", "design", "approve"]
     assert rows(Study, id=sid)[0].status == "PAUSED"
     assert rows(Job) == [] and {t.status for t in rows(Trial)} == {"PENDING"}
     assert drive(sid, poll_s=0.2).state == "approval"  # a tick does not approve
-    step = drive(sid, poll_s=0.2, resume={"approved": True})
+    started.clear()
+    step = drive(sid, poll_s=0.2, resume={"approved": True}, on_node=started.append)
     assert step.state == "done" and rows(Study, id=sid)[0].status == "COMPLETED"
     assert len(rows(Job)) == 6
+    assert started[:2] == ["approve", "launch"] and started[-3:] == ["analyze", "decide", "report"]
 
 
 def test_rejected_plan_launches_nothing(fake_program):
