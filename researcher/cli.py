@@ -486,7 +486,7 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
     require_research()
     from sqlmodel import Session, func, select  # lazy: with the runner
 
-    from store.models import Study, Trial  # lazy: with the runner
+    from store.models import RunSummary, Study, Trial  # lazy: with the runner
     from store.schema import init_db  # lazy: the store alone; the runner's import (langgraph, ~2.5 s) is not needed
 
     engine = init_db()
@@ -506,13 +506,21 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
         if st is None:  # as report, resume, stop and approve say it
             raise fail(f"no study {study_id}", "list the studies with: researcher status")
         console.print(f"[bold]Study {st.id}[/] {st.status}: {escape(st.question)}")
-        t = Table("trial", "arm", "seed", "status", "job", "MLflow run")
-        for tr in s.exec(select(Trial).where(Trial.study_id == study_id).order_by(Trial.id)).all():  # type: ignore[arg-type]
+        trials = s.exec(select(Trial).where(Trial.study_id == study_id).order_by(Trial.id)).all()  # type: ignore[arg-type]
+        ids = [tr.id for tr in trials]
+        finals = {  # each finished trial's outcome as the analysis reads it (its last steps' mean reward)
+            r.trial_id: r.metrics.get("final_reward")
+            for r in s.exec(select(RunSummary).where(RunSummary.trial_id.in_(ids))).all()  # type: ignore[union-attr]
+        }
+        t = Table("trial", "arm", "seed", "status", "final reward", "job", "MLflow run")
+        for tr in trials:
+            final = finals.get(tr.id)
             t.add_row(
                 str(tr.id),
                 escape(tr.arm),
                 str(tr.seed),
                 tr.status,
+                f"{final:.3f}" if isinstance(final, int | float) else "–",
                 str(tr.config.get("job_id", "–")),
                 tr.mlflow_run_id or "–",
             )

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import researcher.llm as llm
 from researcher.cli import app
-from store.models import Job, Study, Trial
+from store.models import Job, RunSummary, Study, Trial
 from store.schema import init_db
 
 TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"
@@ -66,6 +66,22 @@ def test_an_empty_topic_is_a_usage_error():
 def test_llm_planner_needs_a_configured_model():
     res = runner.invoke(app, ["study", TOPIC, "--planner", "llm", "--dry-run"])
     assert res.exit_code != 0 and "no LLM configured" in res.output
+
+
+def test_status_shows_each_finished_trials_final_reward(fake_program):
+    """A study's trials with their outcome, not only their state: the final reward of each finished one."""
+    program = " ".join(fake_program)
+    res = runner.invoke(app, ["study", TOPIC, "--steps", "3", "--poll", "0.2", "--trial-program", program])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["status", "1"])
+    with Session(init_db()) as s:
+        finals = {r.trial_id: r.metrics["final_reward"] for r in s.exec(select(RunSummary)).all()}
+    assert res.exit_code == 0 and "final reward" in res.output and len(finals) == 6
+    rows = [line for line in res.output.splitlines() if line.startswith("│") and "COMPLETED" in line]
+    assert len(rows) == 6
+    for row in rows:
+        cells = [c.strip() for c in row.split("│")]
+        assert cells[5] == f"{finals[int(cells[1])]:.3f}", row
 
 
 def test_study_status_report_and_stop(fake_program, monkeypatch):
