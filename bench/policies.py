@@ -69,6 +69,7 @@ from rich.table import Table
 
 from swarm import children
 from swarm.client import SwarmClient, run_fleet
+from swarm.run_layout import SERVER_FILE
 from swarm.tasks import arith, completion_text
 
 console = Console(width=max(170, Console().width))  # the tables' columns on one line, piped too
@@ -195,8 +196,7 @@ def start_server(model: Path, out: Path, token: str, policies: list[str], args: 
 def wait_healthy(server: Server, token: str, timeout_s: float = 300.0) -> None:
     """`swarm train`'s own wait for a server it started: its URL, then its health."""
     log = server.out.with_suffix(".log")
-    server.url = children.wait_announced(server.out / "server.json", server.proc, log, timeout=timeout_s)
-    children.wait_healthy(server.url, token, server.proc, log, timeout=timeout_s)
+    server.url = children.wait_serving(server.out / SERVER_FILE, token, server.proc, log, timeout=timeout_s)
 
 
 def stop_server(server: Server) -> None:

@@ -45,11 +45,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from swarm.children import wait_announced, wait_healthy
+from swarm.children import wait_serving
 from swarm.client import SwarmClient
 from swarm.engine.base import GenerateRequest, SamplingParams
 from swarm.engine.fake import FakeEngine
 from swarm.model.build import build_untrained
+from swarm.run_layout import SERVER_FILE
 
 console = Console()
 TICK = os.sysconf("SC_CLK_TCK")
@@ -105,9 +106,7 @@ def start_server(
     proc = subprocess.Popen(
         args, env=env, stdout=subprocess.DEVNULL, stderr=open(out.with_suffix(".log"), "w"), start_new_session=True
     )
-    url = wait_announced(out / "server.json", proc, out.with_suffix(".log"), timeout=120)
-    wait_healthy(url, token, proc, out.with_suffix(".log"), timeout=120)
-    return proc, url
+    return proc, wait_serving(out / SERVER_FILE, token, proc, out.with_suffix(".log"), timeout=120)
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -145,6 +145,13 @@ def wait_announced(server_file: Path, server: subprocess.Popen, log: Path, timeo
     raise TimeoutError(f"the server did not say which port it bound in {timeout:.0f}s; see {log}")
 
 
+def wait_serving(server_file: Path, token: str, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> str:
+    """The URL of a server started with port 0 (`wait_announced`), once it answers (`wait_healthy`)."""
+    url = wait_announced(server_file, server, log, timeout)
+    wait_healthy(url, token, server, log, timeout)
+    return url
+
+
 def wait_healthy(url: str, token: str, server: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
     """Until the server at `url` answers its status route; its log's tail if it exits first."""
     end = time.monotonic() + timeout
@@ -194,6 +201,7 @@ __all__ = [
     "swarm_command",
     "wait_announced",
     "wait_healthy",
+    "wait_serving",
 ]
 
 

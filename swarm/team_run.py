@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from swarm.children import log_tail, open_log, signals_interrupt, stop, swarm_command, wait_announced, wait_healthy
+from swarm.children import log_tail, open_log, signals_interrupt, stop, swarm_command, wait_serving
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
@@ -61,7 +61,7 @@ from swarm.server.bootstrap import keep_tokens
 from swarm.server.tracking import RUN_FILE as MLFLOW_RUN_FILE
 from swarm.team_checks import members, parse_team
 from swarm.team_resume import SERVERS, Member, role_dir, role_steps
-from swarm.train import SHARED_BASE_RANK, console, start_fleets, starting_line, step_line
+from swarm.train import SHARED_BASE_RANK, console, start_fleets, start_timeout, starting_line, step_line
 
 #: checkpoint every k steps when the run asks for none (`--checkpoint-every 0`): a restarted server
 #: resumes from its last checkpoint and retrains only the steps after it
@@ -135,7 +135,6 @@ class _Server:
         config = member_config(self.spec, self.member, self.out, self.port, resume)
         path = write_config(self.out / f"server-{self.member.name}.yaml", config)
         keep_tokens(config.out_dir, self.env["ROOST_TOKEN"], self.env["ROOST_ADMIN_TOKEN"])  # for `swarm ctl --server`
-        (config.out_dir / SERVER_FILE).unlink(missing_ok=True)  # the last start's URL
         self.proc = subprocess.Popen(
             swarm_command("serve", "--config", str(path)),
             stdout=open_log(self.log, resume, first_step, self.spec.steps),
@@ -147,10 +146,9 @@ class _Server:
     def wait_healthy(self, token: str) -> None:
         """Until it answers; its URL is known from then on (the fleets are given it)."""
         assert self.proc is not None
-        timeout = 900.0 if self.spec.server.engine == "vllm" else 180.0
-        self.url = wait_announced(self.folder / SERVER_FILE, self.proc, self.log, timeout)
+        timeout = start_timeout(self.spec.server.engine)
+        self.url = wait_serving(self.folder / SERVER_FILE, token, self.proc, self.log, timeout)
         self.port = urlsplit(self.url).port or 0
-        wait_healthy(self.url, token, self.proc, self.log, timeout)
 
     def admin_stop(self, admin: str) -> None:
         """Ask it to stop (a last checkpoint of each policy); a server already gone is no error."""

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from swarm.children import log_tail, open_log, signals_interrupt, stop, swarm_command, wait_announced, wait_healthy
+from swarm.children import log_tail, open_log, signals_interrupt, stop, swarm_command, wait_serving
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
@@ -164,7 +164,6 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
         )
     write_run_file(out, spec, served, {})  # --resume finds it even when the server never starts
     server_file = write_config(out / "server.yaml", served)
-    (served.out_dir / SERVER_FILE).unlink(missing_ok=True)  # an earlier server's URL
     keep_tokens(served.out_dir, token, admin)  # `swarm ctl --server OUT` finds them there
     if served.mlflow:
         _hand_over_mlflow(spec, served, out)
@@ -185,11 +184,9 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                     env=env,
                     start_new_session=True,
                 )
-                # a vLLM server takes a minute or two to start on a loaded CPU; the torch engine seconds
-                timeout = 900.0 if spec.server.engine == "vllm" else 180.0
                 with console.status(starting_line(spec.server.engine, server_log)):  # a terminal's spinner
-                    url = wait_announced(served.out_dir / SERVER_FILE, server, server_log, timeout)
-                    wait_healthy(url, token, server, server_log, timeout)
+                    timeout = start_timeout(spec.server.engine)
+                    url = wait_serving(served.out_dir / SERVER_FILE, token, server, server_log, timeout)
                 fleets = dict(fleet_configs(spec, url))
                 write_run_file(out, spec, served.model_copy(update={"port": urlsplit(url).port}), fleets)
                 console.print(
@@ -334,6 +331,11 @@ def reward_text(row: dict) -> str:
     if len(per) > 1:
         text += " (" + ", ".join(f"{f} {v:.3f}" for f, v in sorted(per.items())) + ")"
     return text
+
+
+def start_timeout(engine: str) -> float:
+    """Seconds a run's server may take to answer: a vLLM server a minute or two on a loaded CPU, torch seconds."""
+    return 900.0 if engine == "vllm" else 180.0
 
 
 def starting_line(engine: str, log: Path, team: bool = False) -> str:

@@ -21,6 +21,7 @@ from swarm.config.options import Flag, deep_merge, dump_config
 from swarm.config.policies import check_name
 from swarm.config.server import ServerConfig
 from swarm.config.train import TrainConfig
+from swarm.run_layout import RUN_FILE
 from swarm.tasks import get_task, list_tasks
 
 #: the record in a run file of what the processes ran with (`run_file_text`); ignored on input
@@ -318,7 +319,7 @@ def write_run_file(out: Path, spec: RunConfig, server: ServerConfig, fleets: dic
 
     Written before the server starts (no fleets yet: their URL is the port the server binds), so a run
     whose server never started can be resumed, and again with the fleets once it has said its URL."""
-    path, tmp = out / "run.yaml", out / ".run.yaml.tmp"
+    path, tmp = out / RUN_FILE, out / f".{RUN_FILE}.tmp"
     tmp.write_text(run_file_text(spec, server, fleets))
     tmp.replace(path)
     return path
