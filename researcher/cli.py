@@ -63,7 +63,7 @@ except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming
     raise SystemExit(f"researcher needs {exc.name}: pip install 'roost[research]'") from None
 from researcher.cli_errors import expected_errors, fail, hints, require_research
 from researcher.cli_output import Progress, console, export_html, finish, open_in_browser, print_plan, shown
-from researcher.interrupted import CREATING, DRIVING, mark, said_when_interrupted
+from researcher.interrupted import CREATING, DRIVING, Again, mark, said_when_interrupted
 from store.help_text import unwrap_help
 from store.options_anywhere import ParameterSource, options_anywhere
 from store.paths import default_model_dir
@@ -435,6 +435,7 @@ def approve(
     ),
 ) -> None:
     """Approve (or reject) the plan of a study waiting at --approve, and continue it."""
+    mark(ctx, Again(study_id, approving=True))  # an interrupt from here: it still waits
     require_research()
     from researcher.runner import advance  # lazy: research extra (checked above)
     from store.models import StudyStatus  # lazy: with the runner
@@ -465,6 +466,7 @@ def resume(
     ),
 ) -> None:
     """Continue a study after a crash or restart: running trials are reconciled, never resubmitted."""
+    mark(ctx, Again(study_id))  # an interrupt from here: the study is as it was
     require_research()
     from researcher.runner import advance, make_context  # lazy: research extra (checked above)
     from store.models import StudyStatus  # lazy: with the runner

@@ -118,14 +118,12 @@ def said_when_interrupted(fn: F) -> F:
     """Run the command with SIGTERM and SIGHUP taken as Ctrl-C; an interrupt before the study is driven
     is said (`interrupted_line`) and ends the process with 130, as a shell's Ctrl-C does.
 
-    The command takes the invocation's `ctx: typer.Context` (typer passes parameters by name); a
-    `study_id` argument makes its stage `Again(study_id)` from the start (for `approve`: still waiting)."""
+    The command takes the invocation's `ctx: typer.Context` (typer passes parameters by name) and marks
+    its stage as it goes (`mark`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         said = _Said(kwargs.get("ctx"))
-        if said.ctx is not None and kwargs.get("study_id") is not None:
-            mark(said.ctx, Again(kwargs["study_id"], approving=fn.__name__ == "approve"))
         try:
             with signals_interrupt(first=said.arm):
                 return fn(*args, **kwargs)

@@ -24,7 +24,7 @@ from store.schema import init_db
 
 def _said(stage: Stage, command: str = "study", said: Stage = "as marked") -> int:
     """The exit code of `command` interrupted at `stage`; its line is `interrupted_line(said)` (by default
-    the stage's own). `resume` and `approve` take a study id (5), which marks their stage."""
+    the stage's own). `resume` and `approve` take a study id (5) and mark it first, as researcher/cli.py's do."""
     app = typer.Typer()
 
     def interrupt(ctx: typer.Context) -> None:
@@ -40,11 +40,13 @@ def _said(stage: Stage, command: str = "study", said: Stage = "as marked") -> in
     @app.command()
     @said_when_interrupted
     def resume(ctx: typer.Context, study_id: int) -> None:
+        mark(ctx, Again(study_id))
         interrupt(ctx)
 
     @app.command()
     @said_when_interrupted
     def approve(ctx: typer.Context, study_id: int) -> None:
+        mark(ctx, Again(study_id, approving=True))
         interrupt(ctx)
 
     res = CliRunner().invoke(app, [command] + (["5"] if command != "study" else []))
@@ -115,3 +117,17 @@ def test_sigterm_while_the_study_is_planned_says_nothing_was_started(tmp_path) -
     assert "Traceback" not in said
     with Session(init_db()) as s:
         assert s.exec(select(Study)).all() == []
+
+
+def test_the_real_resume_and_approve_say_so_when_interrupted_while_they_load(monkeypatch) -> None:
+    """researcher/cli.py's own commands, interrupted in their first step (checking for the research extra)."""
+    from researcher import cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "require_research", interrupted)
+    for args, stage in ((["resume", "5"], Again(5)), (["approve", "5"], Again(5, approving=True))):
+        res = CliRunner().invoke(cli.app, args)
+        line = " ".join(interrupted_line(stage).replace("[yellow]", "").replace("[/]", "").split())
+        assert res.exit_code == 130 and line in " ".join(res.output.split()), res.output
