@@ -351,13 +351,23 @@ def _shown(value: float, places: int) -> float:
 
 
 def step_line(role: str | None, row: dict, entropy: bool = True) -> str:
-    """One metrics row as the progress line `swarm train` prints per step (a team's roles prefixed)."""
+    """One metrics row as the progress line `swarm train` prints per step (a team's roles prefixed). A measure
+    the engine does not compute (the fake engine: no KL, entropy or throughput) is left out, not printed `nan`."""
     nan = float("nan")
     text = f"{f'{role} ' if role else ''}step {row.get('step')}: {reward_text(row)}  "
-    text += f"loss {_shown(row.get('loss', nan), 4):+.4f}  kl {_shown(row.get('kl', nan), 4):.4f}  "
-    if entropy:
-        text += f"entropy {row.get('entropy', nan):.3f}  "
-    return text + f"{row.get('tokens_per_s', 0):.0f} tok/s"
+    text += f"loss {_shown(row.get('loss', nan), 4):+.4f}  "
+    if _measured(row, "kl"):
+        text += f"kl {_shown(row['kl'], 4):.4f}  "
+    if entropy and _measured(row, "entropy"):
+        text += f"entropy {row['entropy']:.3f}  "
+    if _measured(row, "tokens_per_s"):
+        text += f"{row['tokens_per_s']:.0f} tok/s"
+    return text.rstrip()
+
+
+def _measured(row: dict, key: str) -> bool:
+    value = row.get(key)
+    return isinstance(value, int | float) and value == value
 
 
 def _stops_cleanly(server: object, wait_s: float = 60.0) -> bool:

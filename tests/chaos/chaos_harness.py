@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -31,18 +30,14 @@ from typing import Any
 
 import httpx
 
+from swarm.children import free_port
+
 HERE = Path(__file__).parent
 SERVE = "import typer; from swarm.server.cli import serve_command; typer.run(serve_command)"
 CLIENT = "import typer; from swarm.client.cli import client_command; typer.run(client_command)"
 TOKEN = "chaos-token"
 ADMIN = "chaos-admin"
 ACKED_STATES = {"trained", "dropped_stale", "buffered"}  # what an acknowledged row may be at the end
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -22,17 +21,12 @@ from pathlib import Path
 import pytest
 from http_wait import wait_answering  # tests/kit, on sys.path
 
+from swarm.children import free_port
 from swarm.client import SwarmClient
 
 SERVE = "import typer; from swarm.server.cli import serve_command; typer.run(serve_command)"
 TOKEN = "ack-crash-token"
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(args: list[str], log: Path, url: str) -> subprocess.Popen:
@@ -96,7 +90,7 @@ def _play_together(client: SwarmClient, tasks: list[str]) -> list[str]:
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_batched_acknowledged_finishes_survive_sigkill(tmp_path: Path, model_dir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     out = tmp_path / "out"
     args = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import httpx
 import pytest
 from http_wait import wait_answering  # tests/kit, on sys.path
 
+from swarm.children import free_port
 from swarm.client import SwarmClient
 
 SERVE = "import typer; from swarm.server.cli import serve_command; typer.run(serve_command)"
@@ -22,17 +22,11 @@ CLIENTS = 64
 ROUNDS = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_64_concurrent_clients(tmp_path: Path, model_dir: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [
         "--engine",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from swarm.children import free_port
 from swarm.client import SwarmAPIError, SwarmClient, SwarmUnavailable
 from swarm.client._cursor import JobCursor
 from swarm.client.cli import client_command
@@ -31,12 +31,6 @@ def _wait(cond, timeout: float = 15.0) -> None:
     while not cond():
         assert time.monotonic() < end, "timed out"
         time.sleep(0.05)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_job_cursor_persists_and_replays_exactly_the_lost_jobs(tmp_path: Path) -> None:
@@ -55,7 +49,7 @@ def test_job_cursor_persists_and_replays_exactly_the_lost_jobs(tmp_path: Path) -
 
 
 def test_client_reconnects_across_a_server_restart(model_dir: Path, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     config = ServerConfig(
         engine="fake",
         model_dir=model_dir,

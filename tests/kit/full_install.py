@@ -7,8 +7,8 @@ and import it by name.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +32,13 @@ def full_python() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """`swarm.children.free_port` (a port below the ephemeral range, which no outgoing connection takes),
+    loaded from its file: this venv has no roost, and that module is stdlib and httpx only."""
+    spec = importlib.util.spec_from_file_location("_roost_children", ROOT / "swarm" / "children.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return int(module.free_port())
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 180.0) -> None:

@@ -29,7 +29,10 @@ def test_step_line_shows_no_negative_zero() -> None:
     assert step_line("planner", {**row, "kl": -0.02}, entropy=False) == (
         "planner step 3: reward 0.500  loss +0.0000  kl -0.0200  900 tok/s"
     )
-    assert "kl nan" in step_line(None, {"step": 1})
+    # what the engine did not measure (the fake engine: no KL, entropy or throughput) is left out, not `nan`
+    assert step_line(None, {"step": 1, "reward_mean": 0.0, "loss": 0.0, "kl": float("nan")}) == (
+        "step 1: reward 0.000  loss +0.0000"
+    )
 
 
 def test_the_starting_line_names_the_wait_and_the_log() -> None:
