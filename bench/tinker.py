@@ -20,7 +20,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from store.ports import free_port
 from swarm.tinker.wire import WireDatum, encode_forward_backward
 
 TOKEN = "bench-token"
@@ -52,9 +52,7 @@ def _model_dir(given: str | None, work: Path) -> Path:
 
 
 def _serve(model: Path, out: Path, rank: int, device: str) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "swarm", "serve", "--engine", "torch", "--device", device, "--model", str(model)]
     cmd += ["--port", str(port), "--token", TOKEN, "--admin-token", "bench-admin", "--lora-rank", str(rank)]
     cmd += ["--policy", "main", "--out", str(out), "--no-mlflow"]

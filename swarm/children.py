@@ -7,8 +7,6 @@ so `stop` ends it and whatever it started by process group, by PID, never by nam
 ready when its status route answers with the token, not when its port opens; a child's log is
 appended to under a marker line, never truncated, so a resumed run keeps the earlier part's.
 
-Stdlib and httpx only: the suites that run in venvs without roost (tests/kit/full_install.py) load
-this file by its path for `free_port`.
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +23,8 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+
+from store.ports import free_port
 
 #: how a client fleet's line about its workflow's first failure of a kind begins (swarm/client/_fleet.py
 #: prints it once per kind); `swarm train` echoes such lines from its fleets' logs (swarm/fleet_alerts.py)
@@ -37,42 +35,6 @@ NONE_RETURNED = "workflow returned None without finishing the episode"
 def swarm_command(*args: str) -> list[str]:
     """`swarm ARGS...` as this interpreter runs it (the same virtualenv, no PATH lookup)."""
     return [sys.executable, "-m", "swarm", *args]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` now, for a child that must keep one port across restarts (a vLLM server, a
-    test's server killed and started again); a run's own servers bind port 0 (`wait_announced`).
-
-    The port is drawn below the kernel's ephemeral range: a port from `bind(("", 0))` is one of that range,
-    which the kernel also hands to every outgoing connection, so on a busy machine it could be taken
-    between this call and the child's bind (CI's servers died of "Address already in use"). Below the range
-    only another process choosing a port by number can take it, and a random draw makes that unlikely."""
-    low = _ephemeral_low()
-    rng = random.SystemRandom()
-    for _ in range(64):
-        port = rng.randrange(PORT_FLOOR, low)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue  # in use: draw again
-            return port
-    with socket.socket() as s:  # every draw was taken (or no room below the range): the kernel's choice
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-#: the lowest port `free_port` draws: above the well-known and most registered services' ports
-PORT_FLOOR = 20000
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux; 32768 where it cannot be read)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return max(low, PORT_FLOOR + 1000)
 
 
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:

@@ -32,9 +32,9 @@ def full_python() -> str:
 
 
 def free_port() -> int:
-    """`swarm.children.free_port` (a port below the ephemeral range, which no outgoing connection takes),
-    loaded from its file: this venv has no roost, and that module is stdlib and httpx only."""
-    spec = importlib.util.spec_from_file_location("_roost_children", ROOT / "swarm" / "children.py")
+    """`store.ports.free_port` (a port below the ephemeral range, which no outgoing connection takes),
+    loaded from its file: this venv has no roost, and that module is stdlib only."""
+    spec = importlib.util.spec_from_file_location("_roost_ports", ROOT / "store" / "ports.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

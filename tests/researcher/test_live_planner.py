@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -38,6 +37,7 @@ from researcher.planning import PlanDefaults
 from researcher.runner import create_study, drive, make_context
 from researcher.trials import read_summary, trial_dir
 from store.models import Hypothesis, Study, Trial
+from store.ports import free_port
 from store.schema import init_db
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,9 +68,7 @@ class VLLMServer:
 
     def __init__(self, model: Path, log: Path) -> None:
         self.model, self.log = model, log
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()  # kept across the test's restarts of it; below the ephemeral range
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.proc: subprocess.Popen | None = None
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from typing import Any
 import pytest
 from http_wait import wait_answering  # tests/kit, on sys.path
 from tinker_kit import TOKEN, TinkerHTTP, datum, fwdbwd, proto_fwdbwd
+
+from store.ports import free_port
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -59,12 +60,6 @@ def test_the_protobuf_body_is_the_json_body(tinker_server: Any) -> None:
     assert proto.content.startswith(b"\x0a\x0bArrayRecord")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(model_dir: Path, out: Path, port: int) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "swarm", "serve", "--engine", "torch", "--device", "cpu", "--model", str(model_dir)]
     cmd += ["--port", str(port), "--token", TOKEN, "--admin-token", "adm", "--lora-rank", "4", "--policy", "main"]
@@ -83,7 +78,7 @@ def _serve(model_dir: Path, out: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 def test_kill9_a_saved_state_loads_again_and_the_future_in_flight_fails(model_dir: Path, tmp_path: Path) -> None:
-    port = _port()
+    port = free_port()
     proc = _serve(model_dir, tmp_path / "out", port)
     try:
         t = TinkerHTTP(f"http://127.0.0.1:{port}")

@@ -1,13 +1,12 @@
 """`swarm.children.stop`: a child and everything it started end, by process group, never by name;
 `signals_interrupt`, by which a driver stops them on SIGTERM and SIGHUP; and `wait_announced`, by
-which it learns the port a server bound; `free_port`, for a child that must keep its port."""
+which it learns the port a server bound."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,8 +15,7 @@ from pathlib import Path
 import pytest
 from procs import gone_within, running
 
-from swarm import children
-from swarm.children import free_port, signals_interrupt, stop, sweep_group, wait_announced
+from swarm.children import signals_interrupt, stop, sweep_group, wait_announced
 
 
 def _spawn(tmp_path: Path, script: str) -> tuple[subprocess.Popen, int]:
@@ -156,22 +154,3 @@ def test_wait_announced_gives_up_after_its_timeout(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
-
-
-def test_free_port_is_below_the_ephemeral_range_and_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An outgoing connection takes its port from the kernel's ephemeral range, so a port drawn there
-    could be gone before the child binds it: `free_port` draws below the range, and skips a port in use."""
-    low = children._ephemeral_low()
-    ports = {free_port() for _ in range(20)}
-    assert all(children.PORT_FLOOR <= p < low for p in ports)
-    assert len(ports) > 1  # drawn at random, not the same port for every caller
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        taken = held.getsockname()[1]
-        draws = iter([taken, taken, taken + 1 if taken + 1 < 65536 else taken - 1])
-        monkeypatch.setattr(children, "_ephemeral_low", lambda: 65536)
-        monkeypatch.setattr(children.random.SystemRandom, "randrange", lambda self, a, b: next(draws))
-        port = free_port()
-    assert port != taken
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # it is free
