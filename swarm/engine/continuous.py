@@ -43,6 +43,9 @@ is shared between rows is shared only within one adapter: a cached or twin promp
 keyed by (adapter, prompt), a shared prefix is computed once only when all the rows of a prefill
 use the same adapter, and one adapter's training step drops only its own cached prefills. Without
 adapter names no scope is entered at all: one model, as before.
+
+What a row is and when it ends live in `swarm.engine.batch_rows`; how a batch's KV cache is laid out
+(padding, splicing, joining, dropping rows and columns) in `swarm.engine.kv_layout`.
 """
 
 from __future__ import annotations
@@ -54,56 +57,31 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from swarm.engine.base import SamplingParams, TokenChunk, UnsupportedRequest
+from swarm.engine.batch_rows import Emit, Ends, Handle, Outbox, Row, append_tokens
 from swarm.engine.constrained import Grammars
-from swarm.engine.kv_layout import cache_kwargs, cat_left_padded, common_prefix, left_padded, pad_left, returned_cache
-from swarm.engine.prompt_cache import PromptCache, PromptKey, prompt_key, split_rows, stack
+from swarm.engine.kv_layout import (
+    cache_kwargs,
+    common_prefix,
+    fused_inputs,
+    left_padded,
+    repeat_row,
+    returned_cache,
+    select_rows,
+    splice_rows,
+)
+from swarm.engine.prompt_cache import PromptCache, split_rows, stack
 from swarm.engine.sampling import RowKnobs, sample_rows
 
-Emit = Callable[[TokenChunk], None]
 #: enters per-row adapters for the forwards inside it: one adapter name per row of the batch
 AdapterScope = Callable[[list[str]], AbstractContextManager[Any]]
 #: peft's name for a row without an adapter (the base model) in a batch that names adapters
 BASE_ADAPTER = "__base__"
-
-
-@dataclass
-class _Row:
-    prompt_ids: list[int]
-    params: SamplingParams
-    emit: Emit
-    generator: torch.Generator | None
-    loop: asyncio.AbstractEventLoop | None = None  # deliver chunks on this loop (else in the worker)
-    generated: list[int] = field(default_factory=list)
-    cancelled: bool = False
-    matcher: Any = None  # an llguidance LLMatcher when the row is constrained by a response_format
-    adapter: str | None = None  # the LoRA adapter (policy) this row runs through; None: the model as is
-
-    @property
-    def key(self) -> PromptKey:
-        """Its prompt as the prompt cache knows it: a prefill is valid only for its own adapter."""
-        return prompt_key(self.prompt_ids, self.adapter)
-
-
-class Handle:
-    """Returned by `submit`; lets the caller cancel (a disconnected stream)."""
-
-    def __init__(self, row: _Row) -> None:
-        self._row = row
-
-    def cancel(self) -> None:
-        self._row.cancelled = True
-
-
-def _deliver(items: list[tuple[Emit, TokenChunk]]) -> None:
-    for emit, chunk in items:
-        emit(chunk)
 
 
 class ContinuousBatcher:
@@ -139,13 +117,13 @@ class ContinuousBatcher:
         self.min_shared_prefix = min_shared_prefix
         self.shared_gen = torch.Generator().manual_seed(seed)
         self.gather_s, self.gather_max_s = gather_s, gather_max_s  # an idle engine's wait for a burst's rest
-        self._inbox: queue.Queue[_Row] = queue.Queue()
-        self._rows: list[_Row] = []
+        self._inbox: queue.Queue[Row] = queue.Queue()
+        self._rows: list[Row] = []
         self._cache: DynamicCache | None = None
         self._attn: torch.Tensor | None = None  # [B, L] on the device; 1 = real token in cache
         self._pending: torch.Tensor | None = None  # [B] last sampled tokens, not yet in the cache
         self._knobs: RowKnobs | None = None
-        self._out: dict[asyncio.AbstractEventLoop | None, list[tuple[Emit, TokenChunk]]] = {}
+        self._out = Outbox()  # this step's chunks, handed over once per event loop after the step
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.steps = 0
@@ -185,7 +163,7 @@ class ContinuousBatcher:
         if matcher is None and params.response_format is not None:
             matcher = self.compile(params.response_format)
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-        row = _Row(list(prompt_ids), params, emit, gen, loop, matcher=matcher, adapter=adapter)
+        row = Row(list(prompt_ids), params, emit, gen, loop, matcher=matcher, adapter=adapter)
         self._ensure_thread()
         self._inbox.put(row)
         return Handle(row)
@@ -220,8 +198,8 @@ class ContinuousBatcher:
             self._thread = threading.Thread(target=self._loop, name="roost-generate", daemon=True)
             self._thread.start()
 
-    def _take_new(self) -> list[_Row]:
-        new: list[_Row] = []
+    def _take_new(self) -> list[Row]:
+        new: list[Row] = []
         if not self._rows:
             try:
                 new.append(self._inbox.get(timeout=0.05))
@@ -235,7 +213,7 @@ class ContinuousBatcher:
                 break
         return [r for r in new if not r.cancelled]
 
-    def _gather(self, new: list[_Row]) -> None:
+    def _gather(self, new: list[Row]) -> None:
         """An idle engine waits for the rest of a burst before its first prefill.
 
         A training step's requests arrive together but not at once: the swarm admits a window's
@@ -277,11 +255,11 @@ class ContinuousBatcher:
                     self.steps += 1
             except Exception as exc:  # never let one bad batch kill the loop
                 for row in new + self._rows:
-                    self._emit(row, TokenChunk([], [], finish_reason=f"error: {exc}"))
+                    self._out.add(row, TokenChunk([], [], finish_reason=f"error: {exc}"))
                 self._rows, self._cache, self._attn, self._pending, self._knobs = [], None, None, None, None
-            self._flush()
+            self._out.flush()
 
-    def _fusable(self, new: list[_Row]) -> bool:
+    def _fusable(self, new: list[Row]) -> bool:
         if len(self._rows) * (max(len(r.prompt_ids) for r in new) - 1) > self.fuse_pad_tokens:
             return False
         if not self.reuse_prompts:
@@ -289,7 +267,7 @@ class ContinuousBatcher:
         keys = {r.key for r in new}  # a prompt to reuse is better than any fusing
         return len(keys) == len(new) and not any(k in self.prompts for k in keys)
 
-    def _prefill(self, new: list[_Row]) -> None:
+    def _prefill(self, new: list[Row]) -> None:
         """New rows alone: their prompts prefilled, then spliced into the running batch.
 
         A prompt prefilled before with these weights (`self.prompts`), or twice in this batch
@@ -324,7 +302,7 @@ class ContinuousBatcher:
         self._splice(new, cache, attn)
         self._sample(logits, offset)
 
-    def _forward_prompts(self, rows: list[_Row]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+    def _forward_prompts(self, rows: list[Row]) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
         """One forward over the rows' prompts: (KV cache, attention [n, W], last-position logits [n, V]).
 
         When the prompts share a prefix of at least `min_shared_prefix` tokens (a chat
@@ -351,9 +329,7 @@ class ContinuousBatcher:
                     **cache_kwargs(self.model, cache),
                     use_cache=True,
                 )
-            for layer in cache.layers:
-                layer.keys = layer.keys.expand(len(prompts), -1, -1, -1).contiguous()
-                layer.values = layer.values.expand(len(prompts), -1, -1, -1).contiguous()
+            repeat_row(cache, len(prompts))
             ids, tail_attn = left_padded([p[shared:] for p in prompts])
             ids, tail_attn = ids.to(dev), tail_attn.to(dev)
             pos = shared + (tail_attn.cumsum(-1) - 1).clamp_min(0)
@@ -365,7 +341,7 @@ class ContinuousBatcher:
             )
         return returned_cache(out), attn, out.logits[:, -1, :]
 
-    def _scope(self, rows: list[_Row]) -> AbstractContextManager[Any]:
+    def _scope(self, rows: list[Row]) -> AbstractContextManager[Any]:
         """The context of a forward over `rows` (its batch, in order).
 
         No row names an adapter: nothing is entered (the model as is, no per-forward cost).
@@ -393,7 +369,7 @@ class ContinuousBatcher:
 
         The abort reaches each caller directly, not through the worker's per-step hand-over, which
         this thread must not touch (the worker flushes outside the lock)."""
-        ended: list[_Row] = []
+        ended: list[Row] = []
         with self._inbox.mutex:
             for row in self._inbox.queue:
                 if row.adapter == adapter and not row.cancelled:
@@ -404,37 +380,15 @@ class ContinuousBatcher:
         if doomed:
             self._drop(doomed)
         self.prompts.clear(adapter)
+        box = Outbox()
         for row in ended:
-            chunk = TokenChunk([], [], finish_reason="abort")
-            if row.loop is None:
-                row.emit(chunk)
-                continue
-            try:
-                row.loop.call_soon_threadsafe(row.emit, chunk)
-            except RuntimeError:  # the caller's loop closed
-                pass
+            box.add(row, TokenChunk([], [], finish_reason="abort"))
+        box.flush()
 
-    def _fused(self, new: list[_Row]) -> None:
+    def _fused(self, new: list[Row]) -> None:
         """Running rows decode their pending token while new rows prefill, in one forward."""
         assert self._cache is not None and self._attn is not None and self._pending is not None
-        dev = self._device()
-        b, n = len(self._rows), len(new)
-        new_ids, new_attn = left_padded([r.prompt_ids for r in new])
-        width = new_ids.shape[1]
-        ids = torch.zeros(b + n, width, dtype=torch.long, device=dev)
-        ids[:b, -1] = self._pending
-        ids[b:] = new_ids.to(dev)
-        step_attn = torch.zeros(b + n, width, dtype=torch.long, device=dev)
-        step_attn[:b, -1] = 1
-        step_attn[b:] = new_attn.to(dev)
-        pos = torch.zeros(b + n, width, dtype=torch.long, device=dev)
-        pos[:b, -1] = self._attn.sum(-1)
-        pos[b:] = (step_attn[b:].cumsum(-1) - 1).clamp_min(0)
-        old_width = self._attn.shape[1]
-        for layer in self._cache.layers:  # new rows join with an all-masked cache of the current width
-            layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(n, *layer.keys.shape[1:])], dim=0)
-            layer.values = torch.cat([layer.values, layer.values.new_zeros(n, *layer.values.shape[1:])], dim=0)
-        attn = torch.cat([torch.cat([self._attn, self._attn.new_zeros(n, old_width)], dim=0), step_attn], dim=1)
+        ids, pos, attn = fused_inputs(self._cache, self._attn, self._pending, [r.prompt_ids for r in new])
         with self._scope(self._rows + new):
             out = self.model(
                 input_ids=ids,
@@ -463,18 +417,14 @@ class ContinuousBatcher:
         self._cache, self._attn = returned_cache(out), attn
         self._sample(out.logits[:, -1, :], 0)
 
-    def _splice(self, new: list[_Row], cache: DynamicCache, attn: torch.Tensor) -> None:
+    def _splice(self, new: list[Row], cache: DynamicCache, attn: torch.Tensor) -> None:
         """Append newly prefilled rows to the running batch, left-padding the shorter side."""
         self._knobs = None
         if self._cache is None or not self._rows:
             self._rows, self._cache, self._attn = list(new), cache, attn
             return
         assert self._attn is not None
-        width = max(self._attn.shape[1], attn.shape[1])
-        for old_layer, new_layer in zip(self._cache.layers, cache.layers):
-            old_layer.keys = cat_left_padded(old_layer.keys, new_layer.keys, width)
-            old_layer.values = cat_left_padded(old_layer.values, new_layer.values, width)
-        self._attn = torch.cat([pad_left(self._attn, width), pad_left(attn, width)], dim=0)
+        self._attn = splice_rows(self._cache, self._attn, cache, attn)
         self._rows.extend(new)
 
     def _sampling_knobs(self, device: torch.device) -> RowKnobs:
@@ -517,61 +467,14 @@ class ContinuousBatcher:
             self._pending = torch.cat([self._pending, tokens])
         else:
             self._pending = tokens
-        tops: list[list[tuple[int, float]]] | None = None
+        tops = None
         if draw.top_ids is not None and draw.top_logprobs is not None:
-            tops = [list(zip(i, lp)) for i, lp in zip(draw.top_ids.tolist(), draw.top_logprobs.tolist())]
-        done: list[int] = []
-        for i, (r, tok, lp) in enumerate(zip(rows, tokens.tolist(), draw.logprobs.tolist())):
-            if r.cancelled:
-                done.append(offset + i)
-                continue
-            r.generated.append(tok)
-            self.tokens_out += 1
-            reason = self._finish_reason(r, tok)
-            k = r.params.top_logprobs
-            self._emit(
-                r,
-                TokenChunk(
-                    [tok], [lp], finish_reason=reason, top_logprobs=[tops[i][:k]] if k and tops is not None else None
-                ),
-            )
-            if reason is not None:
-                done.append(offset + i)
+            tops = list(zip(draw.top_ids.tolist(), draw.top_logprobs.tolist()))
+        ends = Ends(self.eos_ids, self.decode, self.max_positions)
+        done = [offset + i for i in append_tokens(rows, tokens.tolist(), draw.logprobs.tolist(), tops, ends, self._out)]
+        self.tokens_out += sum(1 for r in rows if not r.cancelled)
         if done:
             self._drop(done)
-
-    def _emit(self, row: _Row, chunk: TokenChunk) -> None:
-        self._out.setdefault(row.loop, []).append((row.emit, chunk))
-
-    def _flush(self) -> None:
-        """Hand this step's chunks over: one callback per event loop, direct calls otherwise."""
-        out, self._out = self._out, {}
-        for loop, items in out.items():
-            if loop is None:
-                _deliver(items)
-                continue
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # the caller's loop closed: nobody is listening any more
-                pass
-
-    def _finish_reason(self, r: _Row, tok: int) -> str | None:
-        if r.matcher is not None:
-            # the grammar allowed EOS, so it accepts: the completion is whole (ignore_eos or not)
-            if tok in self.eos_ids:
-                return "stop"
-            r.matcher.consume_token(tok)  # always in its mask; an error would leave only EOS allowed
-        if (tok in self.eos_ids and not r.params.ignore_eos) or tok in r.params.stop_token_ids:
-            return "stop"
-        if r.params.stop:
-            text = self.decode(r.generated)
-            if any(s and s in text for s in r.params.stop):
-                return "stop"
-        if len(r.generated) >= r.params.max_tokens:
-            return "length"
-        if len(r.prompt_ids) + len(r.generated) >= self.max_positions:
-            return "length"
-        return None
 
     def _drop(self, done: list[int]) -> None:
         gone = set(done)
@@ -582,18 +485,9 @@ class ContinuousBatcher:
             return
         assert self._cache is not None and self._attn is not None and self._pending is not None
         index = torch.tensor(keep, dtype=torch.long, device=self._attn.device)
-        self._cache.batch_select_indices(index)
-        self._attn = self._attn[index]
+        self._attn = select_rows(self._cache, self._attn, index)
         self._pending = self._pending[index]
         self._rows = [self._rows[i] for i in keep]
-        # drop the columns that are padding for every remaining row
-        live = self._attn.any(0)
-        if not bool(live.all()):
-            cols = live.nonzero().squeeze(-1)
-            for layer in self._cache.layers:
-                layer.keys = layer.keys.index_select(2, cols)
-                layer.values = layer.values.index_select(2, cols)
-            self._attn = self._attn.index_select(1, cols)
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device

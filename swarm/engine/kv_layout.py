@@ -72,3 +72,63 @@ def returned_cache(out: Any) -> Any:
     (reading the old name on a new output logs a deprecation warning)."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
+
+
+def select_rows(cache: Any, attn: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Keep the rows `index` of a batch's KV cache (in place) and of its mask `attn` [B, L], then drop
+    the columns that are padding for every row left (wherever they are: masked columns carry nothing,
+    and positions are explicit per row), so the cache stays as narrow as its live rows. The new mask."""
+    cache.batch_select_indices(index)
+    attn = attn[index]
+    live = attn.any(0)
+    if not bool(live.all()):
+        cols = live.nonzero().squeeze(-1)
+        for layer in cache.layers:
+            layer.keys = layer.keys.index_select(2, cols)
+            layer.values = layer.values.index_select(2, cols)
+        attn = attn.index_select(1, cols)
+    return attn
+
+
+def repeat_row(cache: Any, n: int) -> None:
+    """A one-row cache (a prefix shared by `n` prompts) copied to `n` rows, in place."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(n, -1, -1, -1).contiguous()
+        layer.values = layer.values.expand(n, -1, -1, -1).contiguous()
+
+
+def splice_rows(cache: Any, attn: torch.Tensor, new_cache: Any, new_attn: torch.Tensor) -> torch.Tensor:
+    """Append `new_cache`'s rows (newly prefilled) to `cache`'s in place, left-padding the narrower
+    side to the wider one's width. The joined mask."""
+    width = max(attn.shape[1], new_attn.shape[1])
+    for old_layer, new_layer in zip(cache.layers, new_cache.layers):
+        old_layer.keys = cat_left_padded(old_layer.keys, new_layer.keys, width)
+        old_layer.values = cat_left_padded(old_layer.values, new_layer.values, width)
+    return torch.cat([pad_left(attn, width), pad_left(new_attn, width)], dim=0)
+
+
+def fused_inputs(
+    cache: Any, attn: torch.Tensor, pending: torch.Tensor, prompts: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, positions, attention mask) of one forward in which the batch's `B` running rows feed
+    their pending token while `prompts` join it: the running rows' token sits in the step's last
+    column (their other columns masked), the new rows' left-padded prompts fill theirs, and the new
+    rows join `cache` (in place) with all-masked entries of its current width."""
+    dev = attn.device
+    b, n = attn.shape[0], len(prompts)
+    new_ids, new_attn = left_padded(prompts)
+    width = new_ids.shape[1]
+    ids = torch.zeros(b + n, width, dtype=torch.long, device=dev)
+    ids[:b, -1] = pending
+    ids[b:] = new_ids.to(dev)
+    step_attn = torch.zeros(b + n, width, dtype=torch.long, device=dev)
+    step_attn[:b, -1] = 1
+    step_attn[b:] = new_attn.to(dev)
+    pos = torch.zeros(b + n, width, dtype=torch.long, device=dev)
+    pos[:b, -1] = attn.sum(-1)
+    pos[b:] = (step_attn[b:].cumsum(-1) - 1).clamp_min(0)
+    for layer in cache.layers:
+        layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(n, *layer.keys.shape[1:])], dim=0)
+        layer.values = torch.cat([layer.values, layer.values.new_zeros(n, *layer.values.shape[1:])], dim=0)
+    joined = torch.cat([torch.cat([attn, attn.new_zeros(n, attn.shape[1])], dim=0), step_attn], dim=1)
+    return ids, pos, joined
