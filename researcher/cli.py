@@ -72,7 +72,7 @@ from swarm.children import signals_interrupt
 from swarm.client.cli import load_object
 
 if TYPE_CHECKING:
-    from researcher.graph import FirstRound
+    from researcher.plan_steps import FirstRound
 
 app = typer.Typer(
     cls=options_anywhere(flags=("--verbose", "-v", "--debug")),  # `researcher status 3 --debug` too
@@ -105,7 +105,7 @@ def _plan(cfg: StudyConfig) -> FirstRound:
     Asked before any study exists (a dry run, a pre-check), so an unreachable LLM fails within
     seconds here; inside a study the planner waits an endpoint out (ROOST_LLM_WAIT_S).
     """
-    from researcher.graph import first_round  # lazy: research extra (checked by require_research)
+    from researcher.plan_steps import first_round  # lazy: research extra (checked by require_research)
     from researcher.runner import make_planner  # lazy: research extra (checked by require_research)
 
     p = make_planner(cfg)
@@ -252,9 +252,9 @@ def study(
     """Plan a study of TOPIC, run its trials, analyse them and write a report."""
     require_research()
     from researcher import daemon as study_daemon  # lazy: research extra (checked above)
-    from researcher.graph import check_program  # lazy: research extra (checked above)
     from researcher.llm import llm_settings  # lazy: research extra (checked above)
     from researcher.llm_planner import LLMPlanner  # lazy: research extra (checked above)
+    from researcher.plan_steps import check_program  # lazy: research extra (checked above)
     from researcher.report import planner_description  # lazy: research extra (checked above)
     from researcher.runner import create_study, load_config  # lazy: research extra (checked above)
     from scheduler.manager import default_backends  # lazy: the store's SQLAlchemy models, on use only

@@ -21,7 +21,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from researcher.config import StudyConfig
-    from researcher.graph import FirstRound
+    from researcher.plan_steps import FirstRound
     from researcher.runner import Step
 
 console = Console()

@@ -23,8 +23,6 @@ wrong with the study, and `researcher resume` continues from the last checkpoint
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
@@ -33,13 +31,13 @@ from sqlmodel import Session, select
 
 from researcher import analysis as stats
 from researcher import shared_base
-from researcher.config import StudyConfig
 from researcher.context import StudyContext
-from researcher.experiment import Design, Frame, HypothesisSpec, swarm_train_flags
-from researcher.llm import BudgetExceeded, StructuredOutputError
-from researcher.planning import BudgetTooSmall, UnsupportedTopic, fit_to_budget
+from researcher.early_stop import early_stop, round_early_stop
+from researcher.experiment import Design, Frame, HypothesisSpec
+from researcher.llm import BudgetExceeded
+from researcher.plan_steps import PLANNING_STOPS, cannot_plan, check_program, plan_design
+from researcher.planning import BudgetTooSmall
 from researcher.report import write_report
-from researcher.sequential import halving_stops
 from store.models import Hypothesis, HypothesisStatus, StudyStatus, Trial, TrialStatus
 
 log = logging.getLogger(__name__)
@@ -101,71 +99,6 @@ def _planner(ctx: StudyContext, state: StudyState) -> Any:
     return p
 
 
-def _cannot_plan(p: Any, e: Exception) -> str:
-    """The stop reason when the planner cannot go on (one line in the report)."""
-    what = " ".join(str(e).split())
-    if isinstance(e, StructuredOutputError):
-        return (
-            f"the {p.name} planner gave no valid answer: {what} (hint: a stronger model via "
-            f"ROOST_LLM_MODEL, or --planner rules)"
-        )
-    return f"the {p.name} planner cannot plan this: {what}"
-
-
-PLANNING_STOPS = (StructuredOutputError, UnsupportedTopic)
-
-
-# ---------------------------------------------------------------- planning steps
-# What the planning nodes ask, without the rows they write: shared with `first_round`, so a
-# dry run plans exactly as the study would, not by a copy of the path that could drift.
-
-
-def plan_design(
-    p: Any, cfg: StudyConfig, frame: Frame, hyp: HypothesisSpec, trials_left: int | None
-) -> tuple[Design, str]:
-    """The planner's design fitted to the trials left, and what fitting cut ("" if nothing).
-
-    BudgetTooSmall when not even the smallest design fits.
-    """
-    return fit_to_budget(p.design(frame, hyp, cfg.defaults), trials_left)
-
-
-def check_program(cfg: StudyConfig, d: Design) -> None:
-    """ValueError when the trial program lacks a flag the design sets (only `swarm train`'s are known),
-    or, with --shared-base, when the design varies what policies of one server cannot."""
-    if cfg.uses_swarm_train:
-        d.check_program(swarm_train_flags())
-    if cfg.shared_base:
-        shared_base.check_design({*d.common, *(k for arm in d.arms for k in arm.knobs)})
-        shared_base.check_full_parameter([d.common, *(arm.knobs for arm in d.arms)])
-
-
-@dataclass(frozen=True)
-class FirstRound:
-    """What a dry run shows and a pre-check refuses on; a study keeps the same in its state."""
-
-    frame: Frame
-    hypothesis: HypothesisSpec
-    design: Design
-    note: str  # what fitting the design to the trial budget cut
-
-
-def first_round(p: Any, cfg: StudyConfig) -> FirstRound:
-    """The first round as frame → hypothesize → design would plan it, before any study exists.
-
-    Nothing is stored, and a planner that cannot go on raises (UnsupportedTopic,
-    StructuredOutputError, BudgetTooSmall, LLMUnreachable) where the nodes would end
-    the study, so the caller can refuse the topic up front. The trial program is not
-    checked: a dry run still shows a plan the program cannot run (`check_program`).
-    """
-    f = p.frame(cfg.topic, cfg.defaults)
-    hyp = p.hypothesize(cfg.topic, f, [])
-    if hyp is None:
-        raise UnsupportedTopic(f"the {p.name} planner has no hypothesis for this topic")
-    d, note = plan_design(p, cfg, f, hyp, cfg.budget.max_trials)
-    return FirstRound(f, hyp, d, note)
-
-
 # ---------------------------------------------------------------- nodes
 
 
@@ -178,7 +111,7 @@ def frame(ctx: StudyContext, state: StudyState) -> dict:
     except BudgetExceeded as e:
         return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used, "planner": p.name}
     except PLANNING_STOPS as e:
-        return {"route": "report", "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used, "planner": p.name}
+        return {"route": "report", "stop_reason": cannot_plan(p, e), "llm_tokens": p.tokens_used, "planner": p.name}
     return {
         "frame": f.model_dump(mode="json"),
         "round": 0,
@@ -216,7 +149,7 @@ def hypothesize(ctx: StudyContext, state: StudyState) -> dict:
         except BudgetExceeded as e:
             return {"route": "report", "stop_reason": str(e), "llm_tokens": p.tokens_used}
         except PLANNING_STOPS as e:
-            return {"route": "report", "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used}
+            return {"route": "report", "stop_reason": cannot_plan(p, e), "llm_tokens": p.tokens_used}
         if got is None:
             return {"route": "report", "llm_tokens": p.tokens_used}
         spec = got
@@ -262,7 +195,7 @@ def design(ctx: StudyContext, state: StudyState) -> dict:
     except BudgetTooSmall as e:
         return {"route": "report", "stop_reason": f"refused: {e}", "llm_tokens": p.tokens_used}
     except PLANNING_STOPS as e:
-        return {"route": "report", "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used}
+        return {"route": "report", "stop_reason": cannot_plan(p, e), "llm_tokens": p.tokens_used}
     except ValueError as e:
         return {"route": "report", "stop_reason": f"no valid design: {e}", "llm_tokens": p.tokens_used}
     with Session(ctx.engine, expire_on_commit=False) as s:  # trials and marker in one transaction
@@ -380,69 +313,6 @@ def monitor(ctx: StudyContext, state: StudyState) -> dict:
     return {**updates, "route": "analyze"}
 
 
-def round_early_stop(ctx: StudyContext, hypothesis_id: int) -> dict[str, Any]:
-    """A round's early-stopping record, kept on its hypothesis row (not in the graph state: `monitor`
-    may be re-run after its interrupt, and a rung must be judged once, not again on the arms left)."""
-    with Session(ctx.engine) as s:
-        row = s.get(Hypothesis, hypothesis_id)
-        got = dict((row.conclusion or {}).get("early_stop") or {}) if row is not None else {}
-    return {"rungs": [], "stopped": {}, "saved_steps": 0, "planned_steps": 0, **got}
-
-
-def early_stop(ctx: StudyContext, state: StudyState) -> bool:
-    """Successive halving at the rungs this round's trials have all reached (`Adaptive.early_stop`).
-
-    A rung is judged once, when every live trial of every live arm has reported that many
-    steps (trials that ended early aside): arms in the bottom half *and* clearly behind the
-    leader (`sequential.halving_stops`) have their trials cancelled, and the record (rungs
-    judged, arms stopped and why, trial-steps saved) goes on the hypothesis row. True when
-    an arm was stopped. Off with --shared-base, whose trials' metrics live in the study
-    server's folder.
-    """
-    a = ctx.cfg.adaptive
-    if not a.early_stop or ctx.cfg.shared_base or not state.get("design") or not state.get("hypothesis"):
-        return False
-    d, hid = state["design"], state["hypothesis"]["id"]
-    f = Frame.model_validate(state["frame"])
-    es = round_early_stop(ctx, hid)
-    trials = ctx.trials(state.get("trial_ids", []))
-    steps = int(d["steps"])
-    es["planned_steps"] = steps * len(trials)
-    changed = cut = False
-    dead = (TrialStatus.FAILED.value, TrialStatus.CANCELLED.value)
-    for i, rung in enumerate(a.rungs):
-        at = max(1, math.ceil(rung * steps))
-        if i in es["rungs"] or at >= steps:
-            continue
-        live = [t for t in trials if t.arm not in es["stopped"] and t.status not in dead]
-        rewards = {t.id: ctx.interim_rewards(t) for t in live}
-        if any(len(r) < at for r in rewards.values()):
-            break  # rungs are judged in order, each on every live trial
-        interim: dict[str, list[float]] = {}
-        for t in live:
-            v = stats.trial_metric(rewards[t.id][:at], f.metric, stats.metric_window(at))
-            if v is not None:
-                interim.setdefault(t.arm, []).append(v)
-        es["rungs"] = [*es["rungs"], i]
-        changed = True
-        for arm, why in halving_stops(interim, d["baseline"]).items():
-            es["stopped"] = {**es["stopped"], arm: f"stopped at step {at} of {steps}: {why}"}
-            going = (TrialStatus.PENDING.value, TrialStatus.RUNNING.value)
-            victims = [t for t in live if t.arm == arm and t.status in going]
-            es["saved_steps"] += sum(max(0, steps - len(rewards[t.id])) for t in victims)
-            ctx.launcher.cancel([t.id for t in victims if t.id is not None], es["stopped"][arm])
-            log.info("study %s: arm %s %s", ctx.study_id, arm, es["stopped"][arm])
-            cut = True
-    if changed:
-        with Session(ctx.engine, expire_on_commit=False) as s:
-            row = s.get(Hypothesis, hid)
-            if row is not None:
-                row.conclusion = {**(row.conclusion or {}), "early_stop": es}
-                s.add(row)
-                s.commit()
-    return cut
-
-
 def _earlier_look(state: StudyState) -> dict | None:
     """The history entry of the round this one gives more seeds (its earlier look), if any."""
     ext = state["hypothesis"].get("extends")
@@ -539,7 +409,7 @@ def decide(ctx: StudyContext, state: StudyState) -> dict:
     except BudgetExceeded as e:
         return {**updates, "stop_reason": str(e), "llm_tokens": p.tokens_used, "route": "report"}
     except PLANNING_STOPS as e:
-        return {**updates, "stop_reason": _cannot_plan(p, e), "llm_tokens": p.tokens_used, "route": "report"}
+        return {**updates, "stop_reason": cannot_plan(p, e), "llm_tokens": p.tokens_used, "route": "report"}
     history[-1]["notes"] = decision.notes
     updates["llm_tokens"] = p.tokens_used
     if decision.stop or not can_continue:

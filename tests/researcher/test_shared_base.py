@@ -12,7 +12,7 @@ from sqlmodel import Session, select
 from researcher import shared_base
 from researcher.config import StudyConfig
 from researcher.experiment import Arm, Design
-from researcher.graph import check_program
+from researcher.plan_steps import check_program
 from researcher.planning import PlanDefaults
 from researcher.runner import create_study, drive, make_context
 from store.models import Job, Trial
