@@ -92,6 +92,7 @@ def eval_command(
 
     if given is not None and model is not None and given != model:
         raise typer.BadParameter(f"two models named: {given} and --model {model}; give one", param_hint="--model")
+    where = "RUN_OR_MODEL" if given else "--model"  # what a refusal names: what the user typed
     given = given or model or default_model_dir()
     unknown = [t for t in task or [] if t not in list_tasks()]
     if unknown:
@@ -105,7 +106,7 @@ def eval_command(
             return
         model, initial = run_models(given)
     except RunFolderError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--model") from None
+        raise typer.BadParameter(str(exc), param_hint=where) from None
     if each_role:
         raise typer.BadParameter(f"{given} is not a team run: it has no roles to score alone", param_hint="--each-role")
     if baseline is None:  # a run folder (resolved to its last checkpoint) compares by itself
@@ -116,10 +117,10 @@ def eval_command(
             param_hint="--baseline",
         )
     for path in (model, initial) if baseline else (model,):
+        if not path.exists():
+            raise typer.BadParameter(f"{path} does not exist", param_hint=where)
         if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():  # a LoRA checkpoint
-            raise typer.BadParameter(
-                f"{path} is not a Hugging Face model directory (no config.json)", param_hint="--model"
-            )
+            raise typer.BadParameter(f"{path} is not a Hugging Face model directory (no config.json)", param_hint=where)
     names = task or run_tasks(given) or list_tasks()
     if not task and names != list_tasks():
         Console(stderr=True).print(f"tasks: {', '.join(names)}, the run's own (--task to choose)")

@@ -151,3 +151,14 @@ def test_a_run_folder_with_no_checkpoint_says_so(tmp_path, fake_run):
     said = " ".join(r.output.replace("│", " ").split())
     assert r.exit_code == 2 and "is a run folder with no checkpoint yet" in said
     assert not (tmp_path / "merged").exists()
+
+
+def test_a_path_that_is_not_there_is_named_as_the_user_gave_it(tmp_path):
+    """`swarm eval PATH` on a typo said "--model: ... no config.json": the argument as given, and that it is missing."""
+    from swarm.cli import app
+
+    missing = tmp_path / "nope"
+    for args, where in ((["eval", str(missing)], "RUN_OR_MODEL"), (["eval", "--model", str(missing)], "--model")):
+        r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+        said = " ".join(r.output.replace("│", " ").split())
+        assert r.exit_code == 2 and f"{where}: {missing} does not exist" in said, said
