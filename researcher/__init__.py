@@ -29,7 +29,7 @@ _LAZY = {
     "LLMPlanner": "researcher.llm_planner",
     "PlanDefaults": "researcher.planning",
     "RulesPlanner": "researcher.rules",
-    "ScriptedChatModel": "researcher.llm",
+    "ScriptedChatModel": "researcher.scripted_model",
     "StudyConfig": "researcher.config",
     "StudyEnded": "researcher.runner",
     "advance": "researcher.runner",
@@ -45,11 +45,12 @@ if _typing.TYPE_CHECKING:
     from researcher.analysis import analyze
     from researcher.config import Budget, StudyConfig
     from researcher.experiment import KNOBS, Arm, Design, ExperimentConfig, Frame, HypothesisSpec
-    from researcher.llm import ScriptedChatModel, model_requests_allowed, override_model
+    from researcher.llm import model_requests_allowed, override_model
     from researcher.llm_planner import LLMPlanner
     from researcher.planning import PlanDefaults
     from researcher.rules import RulesPlanner
     from researcher.runner import StudyEnded, advance, create_study, drive, stop_study
+    from researcher.scripted_model import ScriptedChatModel
 
 
 __getattr__ = _lazy_attributes(__name__, _LAZY)

@@ -1,4 +1,4 @@
-"""Chat models for the planner: LangChain's `ChatOpenAI`, a scripted model, and a kill switch.
+"""Chat models for the planner: LangChain's `ChatOpenAI` and a kill switch; structured answers.
 
 * `make_chat_model()`: `langchain-openai`'s `ChatOpenAI` on any OpenAI-compatible
   endpoint (vLLM, OpenAI, a proxy). Base URL, key and model come from the study's
@@ -6,9 +6,8 @@
   `ROOST_LLM_MODEL`, else the usual `OPENAI_BASE_URL` / `OPENAI_API_KEY` /
   `OPENAI_MODEL`. Each request has a timeout (`ROOST_LLM_TIMEOUT_S`); the client's
   own retries are off because `structured()` owns the backoff.
-* `ScriptedChatModel`: replies from a list or a function of the messages, for unit
-  tests. It also answers tool calls, so `with_structured_output` runs the same path
-  as against a real server.
+* `ScriptedChatModel` (researcher/scripted_model.py): replies from a list or a function of the
+  messages, for unit tests, through the same `structured()` path as a real server.
 * `override_model(...)` and the switch `model_requests_allowed(False)` (or env
   `ROOST_ALLOW_MODEL_REQUESTS=0`): with the switch off the real model raises
   `ModelRequestsForbidden` before any network I/O. The researcher's tests turn it off.
@@ -43,8 +42,7 @@ from typing import Any, Literal, TypeVar
 import openai
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.outputs import ChatResult
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 log = logging.getLogger(__name__)
@@ -175,70 +173,6 @@ def make_chat_model(
 
 
 # ---------------------------------------------------------------- the scripted model
-
-Reply = str | Callable[[list[BaseMessage]], str]
-
-
-class ScriptedChatModel(BaseChatModel):
-    """Replies from a script: a list (one entry per call; strings or functions of the
-    messages) or one function for every call. Records the messages of each call.
-
-    Bound to tools (what `with_structured_output` does), a reply that is a JSON object
-    comes back as a call of the first tool, anything else as an invalid tool call,
-    the way a tool-calling server answers.
-    """
-
-    script: Any  # list[Reply] | Callable[[list[BaseMessage]], str]
-    calls: list[list[BaseMessage]] = Field(default_factory=list)
-
-    @property
-    def _llm_type(self) -> str:
-        return "roost-scripted"
-
-    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> Any:
-        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
-
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: Any = None,
-        tools: list[dict] | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        i = len(self.calls)
-        self.calls.append(list(messages))
-        if callable(self.script):
-            reply: Reply = self.script
-        elif i < len(self.script):
-            reply = self.script[i]
-        else:
-            raise IndexError(f"scripted model has {len(self.script)} replies; call {i + 1} asked for more")
-        text = reply(list(messages)) if callable(reply) else reply
-        n_in = sum(len(str(m.content)) for m in messages) // 4
-        meta = {"input_tokens": n_in, "output_tokens": len(text) // 4 + 1, "total_tokens": n_in + len(text) // 4 + 1}
-        msg = AIMessage(content=text, usage_metadata=meta)  # type: ignore[arg-type]
-        if tools:
-            name, call_id = tools[0]["function"]["name"], f"call_{i}"
-            try:
-                args = json.loads(text)
-                if not isinstance(args, dict):
-                    raise ValueError(f"expected a JSON object, got {type(args).__name__}")
-                msg = AIMessage(
-                    content="",
-                    usage_metadata=meta,  # type: ignore[arg-type]
-                    tool_calls=[{"name": name, "args": args, "id": call_id, "type": "tool_call"}],
-                )
-            except ValueError as e:  # json.JSONDecodeError included
-                msg = AIMessage(
-                    content="",
-                    usage_metadata=meta,  # type: ignore[arg-type]
-                    invalid_tool_calls=[
-                        {"name": name, "args": text, "id": call_id, "error": str(e), "type": "invalid_tool_call"}
-                    ],
-                )
-        return ChatResult(generations=[ChatGeneration(message=msg)])
-
 
 # ---------------------------------------------------------------- structured answers
 

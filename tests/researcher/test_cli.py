@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import researcher.llm as llm
 from researcher.cli import app
+from researcher.scripted_model import ScriptedChatModel
 from store.models import Job, RunSummary, Study, Trial
 from store.schema import init_db
 
@@ -245,7 +246,7 @@ def test_an_unreachable_llm_endpoint_is_one_line_and_a_hint(monkeypatch, fake_pr
 
 def test_an_invalid_planner_answer_after_retries_is_one_line_and_a_hint(monkeypatch, fake_program):
     _llm_env(monkeypatch)
-    with llm.override_model(llm.ScriptedChatModel(script=lambda messages: "I think lr matters.")):
+    with llm.override_model(ScriptedChatModel(script=lambda messages: "I think lr matters.")):
         res = runner.invoke(app, ["study", TOPIC, "--dry-run"])
         assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
         assert "error: no valid Frame after 3 attempts" in res.output and "hint:" in res.output

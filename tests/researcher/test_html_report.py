@@ -23,12 +23,12 @@ from researcher.cli import app
 from researcher.config import StudyConfig
 from researcher.experiment import Frame, HypothesisSpec
 from researcher.html_report import RoundView, StudyView, arm_curves, inline, render_html
-from researcher.llm import ScriptedChatModel
 from researcher.llm_planner import LLMPlanner
 from researcher.planning import PlanDefaults
 from researcher.report import early_stop_savings
 from researcher.report_figures import holm_intervals
 from researcher.runner import create_study, drive, make_context
+from researcher.scripted_model import ScriptedChatModel
 from store.testing import MlflowServer
 
 TOPIC = "Does the learning rate matter for arithmetic? Compare 0 and 3e-4"

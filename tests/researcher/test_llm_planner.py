@@ -16,7 +16,6 @@ from researcher.experiment import Frame, HypothesisSpec
 from researcher.llm import (
     COMPACT_JSON,
     ModelRequestsForbidden,
-    ScriptedChatModel,
     StructuredOutputError,
     answer_token_limit,
     make_chat_model,
@@ -34,6 +33,7 @@ from researcher.llm_planner import (
 )
 from researcher.planning import BudgetTooSmall, PlanDefaults
 from researcher.runner import create_study, drive, make_context
+from researcher.scripted_model import ScriptedChatModel
 from store.models import Hypothesis, Study, Trial
 from store.schema import init_db
 
