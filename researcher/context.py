@@ -16,9 +16,10 @@ from typing import Any
 from sqlmodel import Session, select
 
 from researcher import tracking
-from researcher.analysis import curves_plot, metric_plot, trial_metric
+from researcher.analysis import trial_metric
 from researcher.config import StudyConfig
 from researcher.experiment import Frame
+from researcher.plots import curves_plot, metric_plot
 from researcher.trials import TrialLauncher, interim_rewards, read_summary, step_rewards, trial_dir
 from store.models import RunSummary, Study, StudyStatus, Trial, TrialStatus
 from store.types import utcnow
