@@ -147,3 +147,15 @@ def test_a_port_taken_before_the_child_binds_it_is_traded_for_another(tmp_path):
         with pytest.raises(ServerStartError, match="Address already in use"):
             fixed.start()
         assert fixed.starts == 1
+
+
+
+def test_an_earlier_starts_taken_port_does_not_retry_another_failure(tmp_path):
+    """The log is appended to across starts: an earlier start's "Address already in use" still in its last
+    lines must not make a server that fails for another reason start again on another port."""
+    crashing = HealthServer(tmp_path, delay=-1)  # exits at once, not for its port
+    crashing.log_path.write_text("==== start 1: an earlier server\nOSError: [Errno 98] Address already in use\n")
+    with pytest.raises(ServerStartError, match="exited"):
+        crashing.start()
+    assert crashing.starts == 1
+    assert "Address already in use" not in crashing.this_start_log()

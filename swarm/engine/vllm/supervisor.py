@@ -46,6 +46,8 @@ def control_client() -> httpx.Client:
 PORT_TAKEN = "Address already in use"
 #: starts of a child whose port was taken under it before the error is the caller's
 PORT_TRIES = 3
+#: the line each start writes to the log before its child's output (then the start's number and command)
+START_MARKER = "\n==== start "
 
 
 class ServerProcess:
@@ -116,7 +118,7 @@ class ServerProcess:
                 self._start_once()
                 return
             except ServerStartError as exc:
-                if self.fixed_port or attempt == PORT_TRIES or PORT_TAKEN not in self.log_tail():
+                if self.fixed_port or attempt == PORT_TRIES or PORT_TAKEN not in self.this_start_log():
                     raise
                 log.warning("%s: port %s was taken before it bound it: another port (%s)", self.label, self.port, exc)
                 self.stop()  # what the dead child started goes (vLLM's engine core); the next start picks a port
@@ -128,7 +130,7 @@ class ServerProcess:
         if self.starts and not self.fixed_port:
             self.port = children.free_port()  # the dead server's port may linger in TIME_WAIT
         with open(self.log_path, "ab") as out:
-            out.write(f"\n==== start {self.starts + 1}: {' '.join(self.command())}\n".encode())
+            out.write(f"{START_MARKER}{self.starts + 1}: {' '.join(self.command())}\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
                 self.command(),
@@ -163,6 +165,15 @@ class ServerProcess:
         proc, self.proc = self.proc, None
         if proc is not None:
             children.stop(proc, grace_s)
+
+    def this_start_log(self) -> str:
+        """What the last start wrote to the log (after its marker line): an earlier start's lines, such as
+        its own "Address already in use", say nothing about this one."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[text.rfind(START_MARKER) :] if START_MARKER in text else text
 
     def log_tail(self, lines: int = 25) -> str:
         try:
