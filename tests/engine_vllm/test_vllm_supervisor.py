@@ -149,7 +149,6 @@ def test_a_port_taken_before_the_child_binds_it_is_traded_for_another(tmp_path):
         assert fixed.starts == 1
 
 
-
 def test_an_earlier_starts_taken_port_does_not_retry_another_failure(tmp_path):
     """The log is appended to across starts: an earlier start's "Address already in use" still in its last
     lines must not make a server that fails for another reason start again on another port."""
