@@ -219,7 +219,8 @@ class Durability:
         self._future_window = self.buffer.max_window()
         replayed = self._inject(policy_version)
         log.info(
-            "buffer: %d episode(s) replayed, %d rolled back from lost steps, %d waiting, %d stale",
+            "buffer of %r: %d episode(s) replayed, %d rolled back from lost steps, %d waiting, %d stale",
+            self.config.served_model_name,  # a server of several policies says this once per policy
             replayed,
             rolled,
             sum(len(g.finished) for g in self.backlog),
