@@ -121,7 +121,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 def spy_args(out: Path) -> list[str]:
     """`py-spy record` writing collapsed stacks (active threads only) to `out`."""
-    spy = shutil.which("py-spy")
+    # this interpreter's venv first: `pip install py-spy` there puts it beside python, not on PATH
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if spy is None:
         raise SystemExit("--profile needs py-spy (pip install py-spy)")
     return [spy, "record", "--nonblocking", "--gil", "-r", "250", "-f", "raw", "-o", str(out)]
