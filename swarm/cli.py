@@ -216,8 +216,14 @@ def _train(spec: RunConfig, resume: bool) -> None:
         if ended := run_summary(spec.out):
             typer.echo(f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'failed')})", err=True)
         raise typer.Exit(1) from None
-    typer.echo(json.dumps({k: summary[k] for k in ("reward_first_mean", "reward_last_mean", "wall_s")}))
+    typer.echo(json.dumps(_shown(summary, "reward_first_mean", "reward_last_mean", "wall_s")))
     typer.echo(f"summary: {spec.out / 'summary.json'}")
+
+
+def _shown(summary: dict, *keys: str) -> dict:
+    """The summary's `keys` as `swarm train` prints them (one JSON line on stdout, for scripts): rewards to 4
+    places (a mean of 512 rewards printed 0.197265625); summary.json keeps every digit."""
+    return {k: round(summary[k], 4) if isinstance(summary[k], float) else summary[k] for k in keys}
 
 
 def _train_team(spec: RunConfig, resume: bool) -> None:
@@ -250,7 +256,7 @@ def _train_team(spec: RunConfig, resume: bool) -> None:
         json.dumps(
             {
                 "roles": {
-                    role: {k: r[k] for k in ("reward_first_mean", "reward_last_mean", "steps_done", "restarts")}
+                    role: _shown(r, "reward_first_mean", "reward_last_mean", "steps_done", "restarts")
                     for role, r in summary["roles"].items()
                 },
                 "wall_s": summary["wall_s"],
@@ -271,7 +277,7 @@ def _train_attached(spec: RunConfig) -> None:
     except (RuntimeError, TimeoutError, ValueError) as exc:
         typer.echo(f"swarm train: {exc}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(json.dumps({k: summary[k] for k in ("reward_first_mean", "reward_last_mean", "wall_s")}))
+    typer.echo(json.dumps(_shown(summary, "reward_first_mean", "reward_last_mean", "wall_s")))
     typer.echo(f"summary: {spec.out / 'summary.json'}")
 
 

@@ -45,3 +45,16 @@ def test_the_starting_line_names_the_wait_and_the_log() -> None:
     assert starting_line("torch", Path("r/logs"), team=True) == (
         "starting the servers (loading the model; their logs: r/logs)…"
     )
+
+
+def test_the_printed_summary_line_rounds_rewards_and_keeps_the_rest() -> None:
+    """`swarm train`'s stdout line (for scripts) printed a mean of 512 rewards as 0.197265625; summary.json
+    keeps every digit."""
+    from swarm.cli import _shown
+
+    summary = {"reward_first_mean": 0.197265625, "reward_last_mean": None, "wall_s": 11.3, "steps_done": 3}
+    assert _shown(summary, "reward_first_mean", "reward_last_mean", "steps_done") == {
+        "reward_first_mean": 0.1973,
+        "reward_last_mean": None,
+        "steps_done": 3,
+    }
