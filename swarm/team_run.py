@@ -76,6 +76,8 @@ def member_config(spec: RunConfig, member: Member, out: Path, port: int, resume:
     update: dict = {
         "host": "127.0.0.1",
         "port": port,
+        "ssl_certfile": None,  # loopback, as `swarm train`'s own server
+        "ssl_keyfile": None,
         "model_dir": member.model,
         "out_dir": out / SERVERS / member.name,
         "max_steps": None,  # this command stops the servers together once every role has its steps

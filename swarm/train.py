@@ -63,6 +63,8 @@ def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -
     update: dict = {
         "host": "127.0.0.1",
         "port": port,
+        "ssl_certfile": None,  # loopback: the run's own fleets, no certificate to trust
+        "ssl_keyfile": None,
         "out_dir": out / "server",
         "max_steps": spec.steps,
         "mlflow_run_name": spec.server.mlflow_run_name or f"{spec.name}-{out.name}",

@@ -31,6 +31,8 @@ ORCHESTRATED = frozenset(
     {
         "server.host",
         "server.port",
+        "server.ssl_certfile",
+        "server.ssl_keyfile",
         "server.public_url",
         "server.out_dir",
         "server.token",
@@ -246,7 +248,7 @@ class RunConfig(BaseModel):
 
 
 #: the server fields `swarm train` sets on every start (`run.yaml` shows this run's values; a repeat sets them anew)
-CHOSEN_BY_TRAIN = ("host", "port", "out_dir", "max_steps", "resume")
+CHOSEN_BY_TRAIN = ("host", "port", "ssl_certfile", "ssl_keyfile", "out_dir", "max_steps", "resume")
 #: what `run.yaml` records of each fleet `swarm train` derived from the run (the rest: fleet-*.yaml)
 FLEET_RECORD = ("url", "task", "workflow", "dataset", "n", "choices", "concurrency", "seed")
 

@@ -78,6 +78,12 @@ class ServerConfig(BaseModel):
     port: Annotated[int, Flag(studied=False)] = Field(
         8000, ge=0, le=65535, description="0 picks a free port (printed at start)"
     )
+    ssl_certfile: Annotated[Path | None, Flag(studied=False, default_text="none: plain HTTP")] = Field(
+        None, description="PEM certificate (chain): serve HTTPS, with --ssl-keyfile"
+    )
+    ssl_keyfile: Annotated[Path | None, Flag(studied=False, default_text="none")] = Field(
+        None, description="PEM private key of --ssl-certfile"
+    )
     public_url: Annotated[str | None, Flag(studied=False, default_text="the URL the claim came in on")] = Field(
         None, description="URL clients reach this server by (behind a proxy)"
     )
@@ -410,6 +416,20 @@ class ServerConfig(BaseModel):
             raise ValueError("--deterministic runs on-policy in lockstep: not with --max-staleness > 0")
         self.claims_during_step = False  # (a run's defaults set it on: overriding it here is the rule, not an error)
         return self
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            given, missing = (
+                ("--ssl-certfile", "--ssl-keyfile") if self.ssl_keyfile is None else ("--ssl-keyfile", "--ssl-certfile")
+            )
+            raise ValueError(f"{given} needs {missing}: HTTPS takes the certificate and its key")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """Whether the server answers HTTPS (`ssl_certfile` and `ssl_keyfile`)."""
+        return self.ssl_certfile is not None
 
     @model_validator(mode="after")
     def _one_quota_source(self) -> ServerConfig:

@@ -32,7 +32,7 @@ from swarm.server.access import ServerErrorCounter
 from swarm.server.access_log import ACCESS_LOG_FILE, AccessLogMiddleware
 from swarm.server.admin_routes import router as admin_router
 from swarm.server.anthropic_routes import router as anthropic_router
-from swarm.server.bootstrap import ensure_secrets, hold_out_dir
+from swarm.server.bootstrap import clear_text_note, ensure_secrets, hold_out_dir
 from swarm.server.errors import BodyLimitMiddleware, install_error_handlers
 from swarm.server.openai_routes import router as openai_router
 from swarm.server.policies import PolicyRouter
@@ -218,7 +218,8 @@ def serve(
             raise SystemExit(f"swarm serve: {exc}") from None
     sock = _bind(config.host, config.port)
     port = sock.getsockname()[1]
-    url = f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
+    scheme = "https" if config.tls else "http"
+    url = f"{scheme}://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
     describe(held, url=url)  # what a second server on this folder is told
     own_engine = engine is None
     engine = engine if engine is not None else make_engine(config)
@@ -231,9 +232,15 @@ def serve(
     swarm: Swarm = app.state.swarm
     server = HangupServer(
         uvicorn.Config(
-            app, log_level="warning", access_log=False, timeout_graceful_shutdown=10, http=json_error_protocol()
+            app,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=10,
+            http=json_error_protocol(),  # unparsable request: a JSON 400 too
+            ssl_certfile=config.ssl_certfile,
+            ssl_keyfile=config.ssl_keyfile,
         )
-    )  # unparsable request: a JSON 400 too
+    )
 
     def stop() -> None:
         server.should_exit = True
@@ -261,6 +268,8 @@ def serve(
     if "generated" in source.values():
         announce(f"  generated secrets saved to {config.out_dir / SECRETS_FILE} (mode 0600; reused on restart)")
     announce(f"  out dir:      {config.out_dir}")
+    if note := clear_text_note(config):
+        announce(f"  note: {note}")
     try:
         server.run(sockets=[sock])
     finally:

@@ -14,18 +14,22 @@ Any of them still missing after the above is taken from `out_dir/secrets.json`
 so a restarted server keeps its tokens and its secret: clients keep working and
 episode keys it signed before the restart still verify.
 
-The port is checked before any of that is written (`port_problem`): a start that
-cannot bind leaves no config.yaml or secrets.json behind and says why in one line.
+The port and the TLS certificate are checked before any of that is written (`port_problem`,
+`tls_problem`): a start that cannot bind or load them leaves no config.yaml or secrets.json behind
+and says why in one line. A server reachable from other machines without TLS is said to be
+(`clear_text_note`): its bearer tokens would cross the network readable.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import logging
 import os
 import secrets
 import socket
+import ssl
 import stat
 from pathlib import Path
 from typing import IO
@@ -158,6 +162,39 @@ def port_problem(host: str, port: int) -> str | None:
 
 
 # -- --quota -----------------------------------------------------------------------
+
+
+def tls_problem(config: ServerConfig) -> str | None:
+    """Why the server's certificate and key cannot serve HTTPS, in one line; None when they can (or no TLS)."""
+    if config.ssl_certfile is None or config.ssl_keyfile is None:
+        return None
+    for flag, path in (("--ssl-certfile", config.ssl_certfile), ("--ssl-keyfile", config.ssl_keyfile)):
+        if not Path(path).is_file():
+            return f"{flag} {path}: no such file"
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+    except (ssl.SSLError, OSError) as exc:
+        return (
+            f"cannot serve HTTPS with {config.ssl_certfile} and {config.ssl_keyfile}: {exc.strerror or exc} "
+            "(PEM files, the key matching the certificate, not encrypted)"
+        )
+    return None
+
+
+def clear_text_note(config: ServerConfig) -> str | None:
+    """A line for a server that other machines can reach over plain HTTP; None on loopback or with TLS."""
+    if config.tls:
+        return None
+    try:
+        loopback = ipaddress.ip_address(config.host).is_loopback
+    except ValueError:  # a host name: loopback only if it is localhost
+        loopback = config.host == "localhost"
+    if loopback:
+        return None
+    return (
+        f"plain HTTP on {config.host}: the tokens cross the network readable; serve HTTPS with "
+        "--ssl-certfile and --ssl-keyfile, or put a TLS proxy in front (--public-url)"
+    )
 
 
 def parse_quotas(items: list[str]) -> dict[str, float]:

@@ -26,7 +26,7 @@ import typer
 from swarm.children import quiet_progress_bars_off_terminal
 from swarm.config.options import build_config, config_options, require_extra, write_config
 from swarm.config.server import ServerConfig
-from swarm.server.bootstrap import hold_out_dir, parse_quotas, port_problem
+from swarm.server.bootstrap import hold_out_dir, parse_quotas, port_problem, tls_problem
 
 CONFIG_FILE = "config.yaml"
 
@@ -80,7 +80,7 @@ def serve_command(
         typer.echo(f"no model at {config.model_dir}: run `swarm model init` or pass --model PATH", err=True)
         raise typer.Exit(2)
     require_extra("server", "fastapi", "uvicorn", *(("torch", "transformers") if config.engine == "torch" else ()))
-    problem = port_problem(config.host, config.port)  # before anything is written: a failed start leaves nothing
+    problem = port_problem(config.host, config.port) or tls_problem(config)  # before anything is written
     if problem:
         typer.echo(f"swarm serve: {problem}", err=True)
         raise typer.Exit(1)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tls_certs import self_signed  # tests/kit, on sys.path
 
 
 def _refused(tmp_path: Path, *args: str) -> tuple[int, str]:
@@ -69,3 +70,23 @@ def test_a_checkpoint_that_does_not_fit_the_lora_settings_is_one_line_at_start(t
     )
     assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith(f"swarm serve: checkpoint {ckpt} holds a rank-4 adapter")
+
+
+def test_a_certificate_that_cannot_serve_https_is_one_line_and_nothing_is_written(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    key, cert = self_signed(tmp_path)
+    other_key, _ = self_signed(tmp_path, "other")
+    base = ["--engine", "fake", "--model", str(model_dir), "--port", "0"]
+    r = subprocess.run(  # a usage error (exit 2, the usage box), before anything is written
+        [sys.executable, "-m", "swarm", "serve", *base, "--ssl-certfile", str(cert), "--out", str(tmp_path / "serve")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ROOST_HOME": str(tmp_path / "home")},
+    )
+    said = " ".join(r.stderr.replace("│", " ").split())
+    assert r.returncode == 2 and "--ssl-certfile needs --ssl-keyfile" in said and "Traceback" not in said, said
+    assert not (tmp_path / "serve" / "config.yaml").exists()
+    code, line = _refused(tmp_path, *base, "--ssl-certfile", str(cert), "--ssl-keyfile", str(other_key))
+    assert code == 1 and f"cannot serve HTTPS with {cert}" in line, line
