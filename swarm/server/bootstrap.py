@@ -161,9 +161,6 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
-# -- --quota -----------------------------------------------------------------------
-
-
 def tls_problem(config: ServerConfig) -> str | None:
     """Why the server's certificate and key cannot serve HTTPS, in one line; None when they can (or no TLS)."""
     if config.ssl_certfile is None or config.ssl_keyfile is None:
@@ -172,7 +169,9 @@ def tls_problem(config: ServerConfig) -> str | None:
         if not Path(path).is_file():
             return f"{flag} {path}: no such file"
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        # an encrypted key fails here, not at OpenSSL's password prompt (a hang without a terminal)
+        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile, password=lambda: b"")
     except (ssl.SSLError, OSError) as exc:
         return (
             f"cannot serve HTTPS with {config.ssl_certfile} and {config.ssl_keyfile}: {exc.strerror or exc} "
@@ -195,6 +194,9 @@ def clear_text_note(config: ServerConfig) -> str | None:
         f"plain HTTP on {config.host}: the tokens cross the network readable; serve HTTPS with "
         "--ssl-certfile and --ssl-keyfile, or put a TLS proxy in front (--public-url)"
     )
+
+
+# -- --quota -----------------------------------------------------------------------
 
 
 def parse_quotas(items: list[str]) -> dict[str, float]:

@@ -79,3 +79,21 @@ def test_a_garbage_certificate_is_said(tmp_path: Path) -> None:
     junk.write_text("not a certificate")
     said = tls_problem(ServerConfig(ssl_certfile=junk, ssl_keyfile=junk))
     assert said is not None and said.startswith(f"cannot serve HTTPS with {junk}"), said
+
+
+def test_an_encrypted_key_is_said_not_prompted_for(tmp_path: Path) -> None:
+    """OpenSSL asks for the passphrase of an encrypted key on the terminal: without one, a server that hangs."""
+    from cryptography.hazmat.primitives import serialization
+
+    key, cert = self_signed(tmp_path)
+    loaded = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    locked = tmp_path / "locked.key"
+    locked.write_bytes(
+        loaded.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
+    said = tls_problem(ServerConfig(ssl_certfile=cert, ssl_keyfile=locked))
+    assert said is not None and said.startswith(f"cannot serve HTTPS with {cert} and {locked}"), said
