@@ -6,7 +6,6 @@ keeps one behaviour: a child runs in its own session (`start_new_session=True` a
 so `stop` ends it and whatever it started by process group, by PID, never by name; a server is
 ready when its status route answers with the token, not when its port opens; a child's log is
 appended to under a marker line, never truncated, so a resumed run keeps the earlier part's.
-
 """
 
 from __future__ import annotations
