@@ -158,6 +158,13 @@ def test_swarm_samples_is_the_ground_floor() -> None:
     assert _graph().get("store.paths", set()) == set()
 
 
+@pytest.mark.parametrize("module", ["store.paths", "store.ports"])
+def test_stdlib_only_modules_import_only_the_stdlib(module: str) -> None:
+    """store.ports is loaded by path in venvs without roost or its dependencies (tests/kit/full_install.py)."""
+    found = {name.partition(".")[0] for name, _, _ in _imports(module, MODULES[module])} - {"__future__"}
+    assert found <= set(sys.stdlib_module_names), f"{module} imports {sorted(found - set(sys.stdlib_module_names))}"
+
+
 #: swarm's sub-packages (and top-level modules), lowest first. A module may import its own
 #: sub-package and any sub-package of a lower layer; never one of its own layer or above.
 SWARM_LAYERS: list[set[str]] = [
