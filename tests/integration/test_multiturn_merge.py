@@ -8,44 +8,14 @@ import subprocess
 import sys
 
 import pytest
-
-from swarm.model.build import build_untrained
+from train_runs import SMALL, swarm_train  # tests/kit, on sys.path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_guess_trains_through_merged_samples(tmp_path):
-    model = build_untrained(tmp_path / "model", seed=0)
-    out = tmp_path / "run"
-    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "swarm",
-            "train",
-            "--task",
-            "guess",
-            "--model",
-            str(model),
-            "--steps",
-            "2",
-            "--group-size",
-            "2",
-            "--batch-groups",
-            "2",
-            "--concurrency",
-            "4",
-            "--no-mlflow",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    _, out = swarm_train(tmp_path, *SMALL, "--no-mlflow", task="guess", timeout=600)
+    model, env = tmp_path / "model", {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
     rows = [json.loads(line) for line in (out / "server" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     for row in rows:

@@ -10,52 +10,20 @@ import sys
 import pytest
 import torch
 from team_eval_kit import eval_team_run
-
-from swarm.model.build import build_untrained
+from train_runs import run_metrics, swarm_train  # tests/kit, on sys.path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _steps(out) -> list[dict]:
-    """The run's metrics rows (summary.json names the file; it holds no copy of them)."""
-    summary = json.loads((out / "summary.json").read_text())
-    return [json.loads(line) for line in (out / summary["metrics"]).read_text().splitlines()]
-
-
 def _train_arith(tmp_path, *args: str, task: str = "arith"):
     """`swarm train --task arith` (or `task`) for 2 steps on an untrained model under its own ROOST_HOME."""
-    model = build_untrained(tmp_path / "model", seed=0)
-    out = tmp_path / "run"
-    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "swarm",
-            "train",
-            "--task",
-            task,
-            "--model",
-            str(model),
-            "--steps",
-            "2",
-            *args,
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    return out
+    return swarm_train(tmp_path, *args, task=task)[1]
 
 
 def test_train_writes_summary_and_cleans_up(tmp_path):
     out = _train_arith(tmp_path, "--group-size", "2", "--batch-groups", "2", "--concurrency", "4")
     summary = json.loads((out / "summary.json").read_text())
-    steps = _steps(out)
+    steps = run_metrics(out)
     assert [s["step"] for s in steps] == [1, 2]
     assert all(0.0 <= s["reward_mean"] <= 1.0 for s in steps)
     assert summary["reward_first_mean"] is not None and summary["reward_last_mean"] is not None
@@ -91,7 +59,7 @@ def test_train_group_call_samples_each_group_in_one_call(tmp_path):
     )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["group_call"] is True and summary["config"]["group_size"] == 4  # choices per group
-    for step in _steps(out):  # 2 groups a step: 2 episodes, each one call of 4 choices, 8 samples
+    for step in run_metrics(out):  # 2 groups a step: 2 episodes, each one call of 4 choices, 8 samples
         assert (step["episodes"], step["calls"], step["samples"]) == (2, 8, 8)
 
 
@@ -101,7 +69,7 @@ def test_train_no_group_call_plays_an_episode_per_member(tmp_path):
     )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["group_call"] is False
-    for step in _steps(out):
+    for step in run_metrics(out):
         assert (step["episodes"], step["calls"], step["samples"]) == (4, 4, 4)
 
 
@@ -157,39 +125,10 @@ def test_train_on_cuda_without_a_gpu_is_refused_before_anything_starts(tmp_path)
 
 
 def test_train_a_task_mix_holds_the_shares_in_every_batch(tmp_path):
-    model = build_untrained(tmp_path / "model", seed=0)
-    out = tmp_path / "run"
-    env = {**os.environ, "ROOST_HOME": str(tmp_path / "home")}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "swarm",
-            "train",
-            "--task",
-            "arith=0.75+guess=0.25",
-            "--model",
-            str(model),
-            "--steps",
-            "2",
-            "--group-size",
-            "2",
-            "--batch-groups",
-            "4",
-            "--concurrency",
-            "8",
-            "--no-mlflow",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    args = ("--group-size", "2", "--batch-groups", "4", "--concurrency", "8", "--no-mlflow")
+    _, out = swarm_train(tmp_path, *args, task="arith=0.75+guess=0.25")
     summary = json.loads((out / "summary.json").read_text())
-    for step in _steps(out):  # the server's quotas: 3 arith groups and 1 guess group per batch
+    for step in run_metrics(out):  # the server's quotas: 3 arith groups and 1 guess group per batch
         assert (step["episodes/arith"], step["episodes/guess"]) == (6, 2), step
         assert 0.0 <= step["reward_mean/arith"] <= 1.0 and 0.0 <= step["reward_mean/guess"] <= 1.0
     assert set(summary["families"]) == {"arith", "guess"}

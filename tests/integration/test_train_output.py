@@ -6,14 +6,11 @@ One short run (2 steps, MLflow on) serves every test here.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from swarm.model.build import build_untrained
+from train_runs import SMALL, swarm_train  # tests/kit, on sys.path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -25,36 +22,7 @@ SERVER_NOISE = ("Loading weights", "Writing model shards", "past_key_values", "F
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
     tmp = tmp_path_factory.mktemp("train-output")
-    model = build_untrained(tmp / "model", seed=0)
-    out = tmp / "run"
-    env = {**os.environ, "ROOST_HOME": str(tmp / "home")}
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "swarm",
-            "train",
-            "--task",
-            "arith",
-            "--model",
-            str(model),
-            "--steps",
-            "2",
-            "--group-size",
-            "2",
-            "--batch-groups",
-            "2",
-            "--concurrency",
-            "4",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env=env,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    r, out = swarm_train(tmp, *SMALL, timeout=400)
     return r, out
 
 
