@@ -54,7 +54,7 @@ try:  # the options' models need numpy (researcher.analysis), which a client-onl
         format_duration,
         parse_duration,
     )
-    from researcher.experiment import MIN_SEEDS
+    from researcher.experiment import MIN_QUESTION, MIN_SEEDS
     from researcher.planning import PlanDefaults
 except ModuleNotFoundError as exc:  # `pip install roost` alone: one line naming the extra, as `swarm serve` does
     if exc.name is None or exc.name.partition(".")[0] in ("researcher", "swarm", "store", "scheduler"):
@@ -239,7 +239,7 @@ def study(
         rich_help_panel="running",
         show_default="./studies/study-N",
         file_okay=False,
-        help="folder for the study's HTML report (report.html), beside ROOST_HOME's copy",
+        help="folder for the study's HTML report (report.html), beside ROOST_HOME's copy; `resume` keeps it",
     ),
     trial_program: str = typer.Option(
         None,
@@ -260,9 +260,11 @@ def study(
     from scheduler.manager import default_backends  # lazy: the store's SQLAlchemy models, on use only
     from store.schema import init_db  # lazy: as above
 
-    if not topic.strip():  # the rules planner's "no knob in the topic" (a page of knobs) said too little
+    if len(topic.strip()) < MIN_QUESTION:  # the rules planner's "no knob in the topic" (a page) says too little
         raise typer.BadParameter(
-            'it is empty: say what to study, e.g. "Does lr 3e-4 beat 1e-4 on arith?"', param_hint="TOPIC"
+            f"{'it is empty' if not topic.strip() else f'{topic.strip()!r} is not a question'}: say what to study, "
+            'e.g. "Does lr 3e-4 beat 1e-4 on arith?"',
+            param_hint="TOPIC",
         )
     chosen = planner or ("llm" if llm_settings() else "rules")
     if chosen not in ("llm", "rules"):
@@ -313,7 +315,8 @@ def study(
             trial_program=shlex.split(trial_program) if trial_program else default_trial_program(),
             trial_time_limit_s=int(time_limit) if time_limit else config_field("trial_time_limit_s").default,
             poll_s=poll,
-            model_dir=model,
+            model_dir=_model_dir(model),
+            report_out=str(out.resolve()) if out is not None else None,
             trial_cpus=trial_cpus,
             trial_gpus=trial_gpus,
             partition=partition,
@@ -358,8 +361,7 @@ def study(
             embedded = init_model(embedded)
         cfg.model_dir = str(embedded)
     mark(ctx, CREATING)
-    sid = create_study(cfg)
-    mark(ctx, sid)
+    sid = create_study(cfg, on_created=lambda created: mark(ctx, created))
     study_dir = load_config(init_db(), sid).study_dir  # chosen by create_study (ROOST_HOME/studies/study-N)
     console.print(
         f"[bold]Study {sid}[/] (planner: {escape(planner_description(cfg))}; {cfg.backend} backend): {study_dir}"
@@ -381,6 +383,21 @@ def _topic_counts(topic: str) -> dict[str, int]:
         return topic_counts(topic)
     except UnsupportedTopic as e:
         raise typer.BadParameter(str(e), param_hint="TOPIC") from None
+
+
+def _model_dir(model: str | None) -> str | None:
+    """--model as an absolute path to a model directory, checked now: a relative one meant nothing to a
+    daemon started elsewhere, and a wrong one failed every trial (exit 2) while the study "completed"."""
+    if model is None:
+        return None
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise typer.BadParameter(f"{model} does not exist", param_hint="--model")
+    if not (path / "config.json").is_file():
+        raise typer.BadParameter(
+            f"{model} is not a Hugging Face model directory (no config.json)", param_hint="--model"
+        )
+    return str(path.resolve())
 
 
 def _topic_or_flag(ctx: typer.Context, name: str, value: int, named: dict[str, int]) -> int:
@@ -473,7 +490,12 @@ def resume(
 
     known_study(study_id)
     study_ctx = make_context(study_id)
-    if study_ctx.study().status == StudyStatus.FAILED.value:
+    status = study_ctx.study().status
+    if status in (StudyStatus.COMPLETED.value, StudyStatus.CANCELLED.value):  # as `stop` and `approve` say it
+        raise fail(
+            f"study {study_id} has ended ({status}): nothing to resume", f"its report: researcher report {study_id}"
+        )
+    if status == StudyStatus.FAILED.value:
         study_ctx.set_study_status(StudyStatus.ACTIVE)
     mark(ctx, DRIVING)
     if foreground:

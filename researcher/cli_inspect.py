@@ -86,7 +86,11 @@ def report(
         False, "--open", help="write the HTML report and open it in a browser (no browser: print its path)"
     ),
     out: Path = typer.Option(
-        None, "--out", show_default="./studies/study-N", file_okay=False, help="folder for report.html"
+        None,
+        "--out",
+        show_default="the study's --out, else ./studies/study-N",
+        file_okay=False,
+        help="folder for report.html",
     ),
 ) -> None:
     """Print the study's report (for an unfinished study: what it has so far), or write it as HTML."""
@@ -136,4 +140,5 @@ def daemon(interval: float = typer.Option(30.0, "--interval", help="seconds betw
 
     study_daemon.register(interval)
     console.print(f"researcher tick every {interval:g} s; Ctrl-C stops")
-    scheduler_daemon.run_daemon()
+    scheduler_daemon.run_daemon()  # returns on SIGINT or SIGTERM, once its threads have stopped
+    console.print("daemon stopped: running trials go on; active studies wait for the next `researcher daemon`")

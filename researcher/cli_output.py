@@ -124,9 +124,10 @@ def shown(path: Path) -> str:
 
 
 def export_html(study_id: int, out: Path | None = None) -> Path:
-    """The study's HTML report copied to OUT/report.html (default ./studies/study-N/), where the
-    user works, not only in ROOST_HOME; rendered from the study's state first when the study has
-    none yet (unfinished, or reported before the HTML existed). KeyError for an unknown study."""
+    """The study's HTML report copied to OUT/report.html (default: the study's --out, else
+    ./studies/study-N/), where the user works, not only in ROOST_HOME; rendered from the study's
+    state first when the study has none yet (unfinished, or reported before the HTML existed).
+    KeyError for an unknown study."""
     from researcher.graph import build_graph  # lazy: research extra (checked by the caller)
     from researcher.html_report import FILE_NAME, write  # lazy: research extra (checked by the caller)
     from researcher.report import study_view  # lazy: research extra (checked by the caller)
@@ -134,7 +135,9 @@ def export_html(study_id: int, out: Path | None = None) -> Path:
 
     ctx = make_context(study_id)
     st = ctx.study()
-    dest = (out if out is not None else Path("studies") / f"study-{study_id}") / FILE_NAME
+    if out is None:  # the study's own --out, kept for `resume` and `report --html`; else where the user is
+        out = Path(ctx.cfg.report_out) if ctx.cfg.report_out else Path("studies") / f"study-{study_id}"
+    dest = out / FILE_NAME
     src = Path(ctx.cfg.study_dir) / "report" / FILE_NAME
     if st.report and src.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)

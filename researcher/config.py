@@ -76,7 +76,7 @@ class Adaptive(BaseModel):
     max_seeds: int | None = Field(
         default=None,
         ge=3,
-        description="most seeds per arm a comparison reaches over its sequential looks; None: twice --seeds",
+        description="most seeds per arm a comparison reaches over its sequential looks; unset: twice --seeds",
     )
     spending: Literal["obrien-fleming", "pocock"] = Field(
         default="obrien-fleming", description="alpha-spending function across the looks of one comparison"
@@ -84,7 +84,7 @@ class Adaptive(BaseModel):
     precision: float | None = Field(
         default=None,
         gt=0,
-        description="no more seeds once every difference's 95 % interval is narrower than this; None: no target",
+        description="no more seeds once every difference's 95 % interval is narrower than this; unset: no target",
     )
     early_stop: bool = Field(
         default=False,
@@ -124,6 +124,10 @@ class StudyConfig(BaseModel):
     poll_s: float = Field(default=5.0, gt=0, description="seconds between checks in the foreground")
     study_dir: str = ""
     model_dir: str | None = Field(default=None, description="--model for every trial; None: embedded")
+    report_out: str | None = Field(
+        default=None,
+        description="--out: the folder of the study's report.html, kept for `resume`; None: ./studies/study-N",
+    )
     workflow: str | None = Field(
         default=None,
         description="--workflow module:function for every trial (your own agent); None: the built-in task's",

@@ -30,13 +30,15 @@ from swarm.config.run import ORCHESTRATED, RunConfig, parse_mix
 from swarm.tasks import list_tasks
 
 MIN_SEEDS = 3
+#: a question shorter than this says nothing a planner can frame ("lr" is a knob, not a question)
+MIN_QUESTION = 3
 
 Metric = Literal["final_reward", "reward_gain", "mean_reward"]
 Direction = Literal["greater", "less", "two-sided"]
 
 METRIC_HELP = {
-    "final_reward": "mean reward of the last {window} steps",
-    "reward_gain": "mean reward of the last {window} steps minus that of the first {window}",
+    "final_reward": "mean reward of the last {steps}",
+    "reward_gain": "mean reward of the last {steps} minus that of the first {steps}",
     "mean_reward": "mean reward over all steps",
 }
 
@@ -239,7 +241,7 @@ class Frame(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(min_length=3, description="the research question in one sentence")
+    question: str = Field(min_length=MIN_QUESTION, description="the research question in one sentence")
     task: str = Field(default="arith", description="built-in task the trials train on")
     metric: Metric = Field(default="final_reward", description="what one trial is scored by")
     metric_window: int = Field(default=5, ge=1, le=100, description="steps averaged by the metric")
@@ -265,7 +267,8 @@ class Frame(BaseModel):
         return ExperimentConfig._task(task)
 
     def metric_description(self) -> str:
-        return METRIC_HELP[self.metric].format(window=self.metric_window)
+        w = self.metric_window
+        return METRIC_HELP[self.metric].format(steps="step" if w == 1 else f"{w} steps")
 
 
 class HypothesisSpec(BaseModel):

@@ -125,8 +125,13 @@ def fit_to_budget(design: Design, max_trials: int | None) -> tuple[Design, str]:
     if max_trials < smallest:
         raise BudgetTooSmall(
             f"a trial budget of {max_trials} cannot cover even the smallest design "
-            f"(2 arms × {MIN_SEEDS} seeds = {smallest} trials; {arms} arms × {seeds} seeds "
-            f"= {arms * seeds} were planned)"
+            f"(2 arms × {MIN_SEEDS} seeds = {smallest} trials"
+            + (
+                ""
+                if (arms, seeds) == (2, MIN_SEEDS)
+                else f"; {arms} arms × {seeds} seeds = {arms * seeds} were planned"
+            )
+            + ")"
         )
     keep_arms = max(2, min(arms, max_trials // seeds))
     keep_seeds = min(seeds, max_trials // keep_arms)

@@ -178,6 +178,11 @@ def render_round(h: dict, report_dir: Path, planner: str = "?") -> str:
     return "\n".join(out)
 
 
+def _counts(by_status: dict[str, int]) -> str:
+    """ " (completed 4, running 2)", or nothing for a study without trials (it printed "0 ()")."""
+    return f" ({', '.join(f'{k.lower()} {v}' for k, v in sorted(by_status.items()))})" if by_status else ""
+
+
 def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
     study = ctx.study()
     frame = state.get("frame") or {}
@@ -190,14 +195,17 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
         f"# Study {study.id}: {study.question}",
         "",
         f"- Question: {frame.get('question', study.question)}",
-        f"- Task: `{frame.get('task', '?')}`; metric: {frame.get('metric', '?')} "
-        f"(window {frame.get('metric_window', '?')})",
+        f"- Task: `{frame['task']}`; metric: {frame.get('metric', '?')} (window {frame.get('metric_window', '?')})"
+        if frame
+        else "- Task and metric: not framed yet (the planner has not run)",
         f"- Planner: {planner_description(ctx.cfg)}; backend: {ctx.cfg.backend}; parallel trials: {ctx.cfg.parallel}",
-        f"- Trials: {len(trials)} ({', '.join(f'{k.lower()} {v}' for k, v in sorted(by_status.items()))}); "
+        f"- Trials: {len(trials)}{_counts(by_status)}; "
         f"CPU-hours {usage['cpu_hours']:.3f}; wall {_duration(study_wall_s(study))}; "
         f"LLM tokens {state.get('llm_tokens', 0)}",
         f"- MLflow: experiment `{experiment_name(study.id, study.name)}` "  # type: ignore[arg-type]
-        f"(id {study.mlflow_experiment_id}), parent run `{study.mlflow_run_id}`",
+        f"(id {study.mlflow_experiment_id}), parent run `{study.mlflow_run_id}`"
+        if study.mlflow_run_id
+        else "- MLflow: no parent run yet (started when the study is next driven)",
         f"- Generated {utcnow().strftime('%Y-%m-%d %H:%M UTC')}",
     ]
     if state.get("stop_reason"):

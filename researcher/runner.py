@@ -114,12 +114,13 @@ def _forget_checkpoints(engine: Any, study_id: int) -> None:
         saver.delete_thread(str(study_id))
 
 
-def create_study(cfg: StudyConfig, engine: Any = None) -> int:
+def create_study(cfg: StudyConfig, engine: Any = None, on_created: Callable[[int], None] | None = None) -> int:
     """The Study row (config stored), its directory and its MLflow parent run.
 
     The row and its config are one commit: a driver killed between two (SIGTERM while MLflow loads)
     left an ACTIVE study without a config that no command could read. A kill before the MLflow run
-    exists is mended by the next drive (`_ensure_study_run`)."""
+    exists is mended by the next drive (`_ensure_study_run`); `on_created` hears the id at once, so that
+    an interrupt while MLflow loads can name the study it leaves."""
     engine = engine or init_db()
     with Session(engine, expire_on_commit=False) as s:
         row = Study(
@@ -136,6 +137,8 @@ def create_study(cfg: StudyConfig, engine: Any = None) -> int:
         study_dir.mkdir(parents=True, exist_ok=True)
         row.config = cfg.model_copy(update={"study_dir": str(study_dir)}).model_dump(mode="json")
         s.commit()
+    if on_created is not None:
+        on_created(sid)
     _forget_checkpoints(engine, sid)
     _ensure_study_run(engine, sid)
     return sid

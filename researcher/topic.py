@@ -228,6 +228,13 @@ def check_scope(topic: str) -> list[str]:
         if m:
             raise UnsupportedTopic(f"the rules planner cannot study {what} (the topic says {m.group(0)!r}). {can}")
     knobs = [k for k in detect_knobs(topic) if k in KNOBS]
+    tasks = [name for name, pattern in TASK_WORDS.items() if re.search(pattern, t)]
+    if not knobs and len(tasks) > 1:  # "Does arith learn faster than guess?" read as no knob at all
+        raise UnsupportedTopic(
+            f"the topic names the tasks {' and '.join(tasks)}: the rules planner's task knob compares one task "
+            f'against a task mix ("Does a task mix of {"+".join(tasks)} beat {tasks[0]} alone?"), not tasks '
+            f"against each other (their rewards are on different scales). {can}"
+        )
     if not knobs:
         raise UnsupportedTopic(f"the rules planner found no knob it can vary in the topic. {can}")
     return knobs
@@ -252,9 +259,38 @@ def studied_and_fixed(topic: str, knobs: list[str]) -> tuple[str, dict[str, Any]
     t = topic.lower()
     setting = {name for at, name in mentions if SETTING_WORDS.search(t[:at])}
     studied = next((k for k in order if len(values[k]) >= 2), next((k for k in order if k not in setting), order[0]))
+    _refuse_a_second_comparison(studied, values)
+    _refuse_one_value_twice(topic, studied, values[studied])
     fixed = {
         k: v[0]
         for k, v in values.items()
         if k != studied and len(v) == 1 and (KNOBS[k].kind in ("float", "int") or k in ("advantage", "model"))
     }
     return studied, fixed
+
+
+def _refuse_a_second_comparison(studied: str, values: dict[str, list[Any]]) -> None:
+    """A second knob named with several values was dropped without a word ("Compare lr 0 and 3e-4 and group
+    size 4 and 16" planned lr alone). A study varies one knob; the user says which, or fixes the other.
+    (Only the knobs whose values are read unambiguously: `timeline_merge` reads "on" and "without" anywhere.)"""
+    other = [
+        k
+        for k, v in values.items()
+        if k != studied and len(v) >= 2 and (KNOBS[k].kind in ("float", "int") or k == "advantage")
+    ]
+    if other:
+        named = "; ".join(f"{k}: {', '.join(map(str, values[k]))}" for k in (studied, *other))
+        raise UnsupportedTopic(
+            f"the topic compares more than one knob ({named}); a study varies one: ask about one, and hold "
+            f'the others at one value ("with a group size of 4"), or run a study per knob'
+        )
+
+
+def _refuse_one_value_twice(topic: str, knob: str, values: list[Any]) -> None:
+    """ "Compare lr 3e-4 and 3e-4" became lr 0 against 3e-4 (one value named: its natural baseline) in silence."""
+    named = [v for _, v in _value_positions(topic, knob)] if knob in KNOBS else []
+    if len(values) == 1 and len(named) > 1:
+        raise UnsupportedTopic(
+            f"the topic names {knob} {values[0]} {len(named)} times and no other value: nothing to compare; "
+            f"name two values, or one to test against the planner's baseline"
+        )

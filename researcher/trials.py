@@ -263,8 +263,11 @@ class TrialLauncher:
 
         Jobs first, rows after, in separate transactions: a session holding a pending
         write while the job manager writes from another connection would wait on
-        SQLite's lock for the full busy timeout.
+        SQLite's lock for the full busy timeout. The jobs that have already exited (with no
+        daemon ticking, nothing recorded it) are reconciled first: a trial that finished before
+        the stop keeps its result instead of being called cancelled.
         """
+        self.refresh(trial_ids)
         with Session(self.engine) as s:
             live = [
                 (t.id, t.status) for t in (s.get(Trial, i) for i in trial_ids) if t is not None and t.status in LIVE

@@ -64,6 +64,12 @@ def test_an_empty_topic_is_a_usage_error():
         assert res.exit_code == 2 and "TOPIC: it is empty: say what to study" in out, out
 
 
+def test_a_topic_too_short_to_be_a_question_is_a_usage_error_not_a_traceback():
+    res = runner.invoke(app, ["study", " lr ", "--dry-run"])  # a ValidationError's traceback before
+    out = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 2 and "TOPIC: 'lr' is not a question: say what to study" in out, out
+
+
 def test_llm_planner_needs_a_configured_model():
     res = runner.invoke(app, ["study", TOPIC, "--planner", "llm", "--dry-run"])
     assert res.exit_code != 0 and "no LLM configured" in res.output
@@ -83,6 +89,91 @@ def test_status_shows_each_finished_trials_final_reward(fake_program):
     for row in rows:
         cells = [c.strip() for c in row.split("│")]
         assert cells[5] == f"{finals[int(cells[1])]:.3f}", row
+
+
+def test_a_model_that_is_not_one_is_refused_before_the_study_is_created(tmp_path, monkeypatch):
+    """A wrong --model made every trial exit 2 (its reason in each trial's stderr) and the study "completed"."""
+    monkeypatch.chdir(tmp_path)  # short paths: the error box wraps long ones
+    for model, said in (("nope", "does not exist"), (".", "no config.json")):
+        res = runner.invoke(app, ["study", TOPIC, "--model", model, "--background"])
+        out = " ".join(res.output.replace("│", " ").split())
+        assert res.exit_code == 2 and f"--model: {model}" in out and said in out, out
+    with Session(init_db()) as s:
+        assert s.exec(select(Study)).all() == []
+
+
+def test_relative_model_and_out_are_kept_absolute_for_the_daemon_and_resume(tmp_path, monkeypatch, fake_program):
+    """The trials and a resumed study run from wherever the daemon or `resume` starts: a relative --model
+    meant another folder there, and --out was forgotten (report.html went to ./studies/study-N)."""
+    from researcher.cli_output import export_html
+    from researcher.runner import load_config
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(
+        app,
+        ["study", TOPIC, "--model", "m", "--out", "rep", "--background", "--trial-program", " ".join(fake_program)],
+    )
+    assert res.exit_code == 0, res.output
+    cfg = load_config(init_db(), 1)
+    assert cfg.model_dir == str(tmp_path / "m") and cfg.report_out == str(tmp_path / "rep")
+    monkeypatch.chdir(tmp_path / "m")  # `researcher resume 1` from another folder
+    assert export_html(1) == tmp_path / "rep" / "report.html"
+
+
+def test_an_interrupt_while_mlflow_loads_names_the_study_it_leaves(monkeypatch, fake_program):
+    """The row is committed before the MLflow run is made (seconds of imports): an interrupt there said
+    only "`researcher status` lists it if it was", and its report printed `?`, `None` and "0 ()"."""
+    import researcher.runner
+
+    def interrupted(engine, study_id):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(researcher.runner, "_ensure_study_run", interrupted)
+    res = runner.invoke(app, ["study", TOPIC, "--background", "--trial-program", " ".join(fake_program)])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 130 and "study 1 was created" in out and "researcher resume 1" in out, out
+    report = runner.invoke(app, ["report", "1"]).output
+    assert "not framed yet" in report and "- Trials: 0;" in report and "no parent run yet" in report, report
+    assert "None" not in report and "`?`" not in report, report
+
+
+def test_stop_keeps_the_trials_that_finished_before_it(fake_program, monkeypatch):
+    """With no daemon ticking, a trial whose job had exited was still RUNNING in the store, and `stop`
+    marked it CANCELLED: its summary.json was there, its result left out of the report."""
+    monkeypatch.setenv("FAKE_TRIAL_SLEEP", "0")
+    res = runner.invoke(
+        app, ["study", TOPIC, "--background", "--steps", "5", "--trial-program", " ".join(fake_program)]
+    )
+    assert res.exit_code == 0, res.output
+    from researcher.daemon import tick
+    from scheduler.manager import JobManager
+    from scheduler.records import StoreSink
+
+    assert tick() == {1: "waiting"}  # launches the first trials; nothing ticks after it
+    engine = init_db()
+    with Session(engine) as s:
+        launched = {t.id for t in s.exec(select(Trial)).all() if t.status == "RUNNING"}
+    assert launched
+    mgr = JobManager(StoreSink(engine=engine))
+    for _ in range(300):  # the jobs exit; the trials' rows still say RUNNING
+        mgr.reconcile()
+        with Session(engine) as s:
+            jobs = s.exec(select(Job)).all()
+        if len(jobs) == len(launched) and {j.state for j in jobs} == {"COMPLETED"}:
+            break
+        time.sleep(0.2)
+    with Session(engine) as s:
+        assert {t.status for t in s.exec(select(Trial)).all() if t.id in launched} == {"RUNNING"}
+    res = runner.invoke(app, ["stop", "1"])
+    assert res.exit_code == 0, res.output
+    with Session(engine) as s:
+        status = {t.id: t.status for t in s.exec(select(Trial)).all()}
+    assert {status[i] for i in launched} == {"COMPLETED"}, status
+    assert set(status.values()) <= {"COMPLETED", "CANCELLED"}, status
+    report = runner.invoke(app, ["report", "1"]).output
+    assert f"completed {len(launched)}" in report, report  # "- Trials: 6 (cancelled 4, completed 2)"
 
 
 def test_study_status_report_and_stop(fake_program, monkeypatch):
@@ -126,6 +217,7 @@ def test_study_status_report_and_stop(fake_program, monkeypatch):
     for args, message in (
         (["stop", "1"], "study 1 has ended (CANCELLED): nothing to stop"),
         (["approve", "1"], "study 1 is not waiting for approval: it is CANCELLED"),
+        (["resume", "1"], "study 1 has ended (CANCELLED): nothing to resume"),  # exit 0, HTML rewritten, before
         (["stop", "7"], "no study 7"),
         (["resume", "7"], "no study 7"),
         (["status", "7"], "no study 7"),  # it was a usage error box, unlike the others

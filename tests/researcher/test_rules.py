@@ -103,6 +103,13 @@ def test_more_seeds_and_one_round_only():
         ("Does a bigger model help?", "name at least two values of model"),
         # one value kept, one past the range dropped: it compared 8 with the default 0 instead
         ("Does the LoRA rank matter? Compare 8 and 256", r"names 256 for lora_rank, outside .* \(\[0, 64\]\)"),
+        # tasks against each other read as "no knob" though the list below it showed `task`
+        ("Does arith learn faster than guess?", "task knob compares one task against a task mix"),
+        # the second comparison was dropped without a word: lr alone was planned
+        ("Compare lr 0 and 3e-4 and group size 4 and 16", r"more than one knob \(lr: 0.0, 0.0003; group_size: 4, 16\)"),
+        ("Does RLOO beat GRPO at lr 1e-4 and 3e-4?", "more than one knob"),
+        # one value twice became lr 0 against 3e-4 (its natural baseline) in silence
+        ("Compare lr 3e-4 and 3e-4", "names lr 0.0003 2 times and no other value"),
     ],
 )
 def test_topics_outside_its_knobs_are_refused_with_what_it_can_study(topic, says):
