@@ -80,7 +80,7 @@ class AnthropicRoute(AuthFirstRoute):
             except RequestValidationError as exc:
                 errors = list(exc.errors())
                 code = "invalid_json" if any(e.get("type") == "json_invalid" for e in errors) else "invalid_request"
-                return _error(400, describe_validation(errors), code)
+                return _error(400, describe_validation(errors, exc.body), code)
             except RecursionError:
                 return _error(400, "request body is nested too deeply", "invalid_json")
 

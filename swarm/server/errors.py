@@ -5,7 +5,10 @@ errors, unknown routes and bugs get the same shape. Every 4xx/5xx is
 `{"error": {"message", "type", "code"}}` (OpenAI's shape, so the `openai` package
 surfaces the message), and `code` is never null: domain errors carry theirs, the
 framework's get `HTTP_CODES`, validation `invalid_request` / `invalid_json`. Validation failures, including malformed
-JSON, are 400 (never 422): one status for "your request is wrong". Nothing a
+JSON, are 400 (never 422): one status for "your request is wrong". A body that is
+not a JSON object at all is said in words, not in pydantic's (`describe_validation`):
+"the request body is not valid JSON: Expecting value: line 1 column 9 (char 8)", "the
+request body must be a JSON object (send Content-Type: application/json)". Nothing a
 client sends may produce a 500; a 500 always means a server bug.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -129,9 +133,56 @@ def error_headers(status: int, exc: SwarmError | None = None) -> dict[str, str]:
     return _headers(status, _domain_headers(exc) if exc is not None else None)
 
 
-def describe_validation(errors: list[dict[str, Any]]) -> str:
-    """Pydantic's errors as one line (at most five), the body's own prefix left out."""
+#: pydantic's error types for a body that is no object at all (bytes FastAPI did not parse, or other JSON)
+_NOT_AN_OBJECT = frozenset({"model_attributes_type", "dict_type", "model_type"})
+_JSON_KINDS: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean"),
+    (int, "a number"),
+    (float, "a number"),
+    (str, "a string"),
+    (list, "an array"),
+)
+
+
+def describe_validation(errors: list[dict[str, Any]], raw: Any = None) -> str:
+    """Pydantic's errors as one line (at most five), the body's own prefix left out; a body that is not
+    a JSON object at all (unparsable, sent without its content type, empty) in words instead, since
+    "body: Input should be a valid dictionary" or "14: JSON decode error" tell a client nothing it can
+    fix. `raw` is the text FastAPI failed to parse, which places a JSON error at its line and column."""
+    for error in errors:
+        if (problem := body_problem(error, raw)) is not None:
+            return problem
     return errors_line(errors, lambda loc: ".".join(x for x in loc if x != "body") or "body") or "invalid request"
+
+
+def body_problem(error: Mapping[str, Any], raw: Any = None) -> str | None:
+    """What is wrong with the request body as a whole, in words; None for an error about one field."""
+    kind, loc = error.get("type"), tuple(error.get("loc", ()))
+    if kind == "json_invalid":
+        return f"the request body is not valid JSON: {_json_reason(error, raw)}"
+    if loc != ("body",):
+        return None
+    if kind == "missing":
+        return "the request body is empty: send a JSON object (Content-Type: application/json)"
+    if kind not in _NOT_AN_OBJECT:
+        return None
+    got = error.get("input")
+    if isinstance(got, (bytes, bytearray)):  # FastAPI parses JSON only when the content type says so
+        return "the request body must be a JSON object (send Content-Type: application/json)"
+    what = "null" if got is None else next((name for t, name in _JSON_KINDS if isinstance(got, t)), "something else")
+    return f"the request body must be a JSON object, not {what}"
+
+
+def _json_reason(error: Mapping[str, Any], raw: Any) -> str:
+    """The decoder's reason, at its line and column when the text is known (its offset otherwise)."""
+    loc = tuple(error.get("loc", ()))
+    pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    reason = str((error.get("ctx") or {}).get("error") or "JSON decode error")
+    if pos is None:
+        return reason
+    if isinstance(raw, str) and 0 <= pos <= len(raw):
+        return str(json.JSONDecodeError(reason, raw, pos))  # "<reason>: line L column C (char P)"
+    return f"{reason} (char {pos})"
 
 
 def body_model(request: Request) -> type[BaseModel] | None:
@@ -154,7 +205,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if (model := body_model(request)) is not None:  # an unknown key answered with the name meant
             errors = name_unknown_keys(errors, model, noun="field", under=("body",))
         code = "invalid_json" if any(e.get("type") == "json_invalid" for e in errors) else "invalid_request"
-        return error_response(400, describe_validation(errors), code)
+        return error_response(400, describe_validation(errors, exc.body), code)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -145,7 +145,7 @@ async def chat_completions(
     body.check_model(swarm.config.model_aliases)
     turn = ChatTurn(
         body.message_dicts(),
-        body.tools,
+        body.chat_tools(),
         body.tool_choice,
         body.to_sampling(),
         body.n or 1,

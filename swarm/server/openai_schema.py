@@ -2,14 +2,16 @@
 
 Unknown fields are accepted and ignored (OpenAI clients send many), except sampling knobs this
 server does not apply (`NOT_APPLIED`: penalties, logit_bias, top_k, min_p), which are refused unless
-neutral; the knobs we honour are validated (strict types: "8" is not 8; ranges; NaN) so a bad value
-is a 400, never an engine crash. Roost extensions: `return_token_ids` (vLLM's name) asks for
-`prompt_token_ids` and `token_ids` in the response. `to_sampling()` turns a body
-into the protocol-neutral `generation.Sampling`.
+neutral (`check_not_applied`, shared with `/v1/responses`); the knobs we honour are validated (strict
+types: "8" is not 8, "yes" is not true; ranges; NaN) so a bad value is a 400, never an engine crash.
+Function tool names must be unique (`check_tool_names`, shared with `/v1/responses`). Roost
+extensions: `return_token_ids` (vLLM's name) asks for `prompt_token_ids` and `token_ids` in the
+response. `to_sampling()` turns a body into the protocol-neutral `generation.Sampling`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +33,43 @@ NOT_APPLIED: dict[str, tuple[Any, ...]] = {
     "top_k": (0, -1),
     "min_p": (0, 0.0),
 }
+
+
+def check_not_applied(extra: Mapping[str, Any] | None) -> None:
+    """400 `unsupported_sampling` for a knob of `NOT_APPLIED` in `extra` (a body's unknown fields) set to
+    anything but its neutral value: served without it, the caller would believe its penalty applied and
+    nothing would say it did not. One check for every OpenAI-shaped route (chat, completions, responses)."""
+    extra = extra or {}
+    wrong = [
+        f"{k}={extra[k]!r}"
+        for k, neutral in NOT_APPLIED.items()
+        if extra.get(k) is not None and not any(extra[k] == v and type(extra[k]) is type(v) for v in neutral)
+    ]
+    if wrong:
+        raise InvalidRequest(
+            "unsupported_sampling",
+            f"{', '.join(wrong)}: not applied by this server, which samples from the policy's own distribution "
+            "(the one it trains on); leave it out or at its neutral value",
+        )
+
+
+def check_tool_names(tools: Sequence[Any] | None) -> None:
+    """400 `duplicate_tool` for two function tools of one name (chat's shape, `{"function": {"name"}}`):
+    the model calls a tool by its name, so the second one's description and schema could never be the
+    ones a call meant, and the template would show the model both. Malformed tools are left to the core."""
+    first: dict[str, int] = {}
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in first:
+            raise InvalidRequest(
+                "duplicate_tool",
+                f"tools[{i}]: a function named {name!r} is declared already (tools[{first[name]}]); "
+                "tool names must be unique",
+            )
+        first[name] = i
 
 
 def check_model(model: str | None, served: frozenset[str]) -> None:
@@ -62,9 +101,9 @@ class _Sampling(_Body):
     n: Count | None = Field(None, ge=1, le=128)
     seed: Count | None = Field(None, ge=-(1 << 63), lt=1 << 64)
     stop: str | list[str] | None = None
-    stream: bool | None = False
+    stream: Bool | None = False
     stream_options: dict[str, Any] | None = None
-    return_token_ids: bool | None = False
+    return_token_ids: Bool | None = False
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -75,26 +114,10 @@ class _Sampling(_Body):
     def check_model(self, served: frozenset[str]) -> None:
         check_model(self.model, served)
 
-    def check_not_applied(self) -> None:
-        """400 `unsupported_sampling` for a knob of `NOT_APPLIED` set to anything but its neutral value (served
-        without it before: the caller believed its penalty applied, and nothing said it did not)."""
-        extra = self.model_extra or {}
-        wrong = [
-            f"{k}={extra[k]!r}"
-            for k, neutral in NOT_APPLIED.items()
-            if extra.get(k) is not None and not any(extra[k] == v and type(extra[k]) is type(v) for v in neutral)
-        ]
-        if wrong:
-            raise InvalidRequest(
-                "unsupported_sampling",
-                f"{', '.join(wrong)}: not applied by this server, which samples from the policy's own distribution "
-                "(the one it trains on); leave it out or at its neutral value",
-            )
-
     def sampling(
         self, max_tokens: int | None, top_logprobs: int = 0, response_format: dict[str, Any] | None = None
     ) -> Sampling:
-        self.check_not_applied()
+        check_not_applied(self.model_extra)
         return Sampling(
             max_tokens=max_tokens,
             temperature=self.temperature,
@@ -118,11 +141,11 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = Field(None, ge=1)
-    logprobs: bool | None = False
+    logprobs: Bool | None = False
     top_logprobs: Count | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: Bool | None = None
     response_format: dict[str, Any] | None = None
 
     def to_sampling(self) -> Sampling:
@@ -136,6 +159,11 @@ class ChatCompletionRequest(_Sampling):
         if fmt is not None and fmt.get("type") == "json_schema" and not isinstance(fmt.get("json_schema"), dict):
             raise InvalidRequest("invalid_response_format", "response_format json_schema needs a json_schema object")
         return self.sampling(self.wants_max_tokens(), self.top_logprobs or 0, fmt)
+
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the core takes them, checked for duplicate names."""
+        check_tool_names(self.tools)
+        return self.tools
 
     def wants_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -161,7 +189,7 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: Count | Bool | None = Field(None, ge=0, le=20)
-    echo: bool | None = False
+    echo: Bool | None = False
     best_of: Count | None = Field(None, ge=1, le=1)
     suffix: str | None = None
 

@@ -119,7 +119,7 @@ async def responses(
     core = generation_core(request, swarm)
     ledger, agent = ledger_of(core), agent_tag(x_roost_agent)
     prior = ledger.conversation(ep, body.previous_response_id, agent) if body.previous_response_id else []
-    conversation = prior + body.input_messages()
+    conversation = prior + body.input_messages(prior)
     if not conversation:
         raise InvalidRequest("missing_input", "input must hold at least one message")
     turn = ChatTurn(

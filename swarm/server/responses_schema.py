@@ -14,29 +14,39 @@ Input items to chat messages:
                                                parts input_text / output_text / text joined
     {"type": "function_call", call_id, ...} -> a `tool_calls` entry of the assistant turn it follows
                                                (an output's message and its calls are one turn)
-    {"type": "function_call_output", ...}   -> {"role": "tool", "tool_call_id": call_id}
+    {"type": "function_call_output", ...}   -> {"role": "tool", "tool_call_id": call_id}; its call_id
+                                               must be a function_call's before it (in the input
+                                               or the previous response): 400 `unknown_call_id`
     {"type": "reasoning", ...}              -> accepted and ignored (the model has no reasoning items)
     images, files, item_reference, hosted tool calls -> 400 `unsupported_input_item` / `unsupported_content`
 
+A function_call's `arguments` are taken as the text they are, JSON or not, as chat takes its
+`tool_calls` (a model may write invalid JSON, and an agent sends its calls back as they came).
+
 Tools: `{"type": "function", name, description, parameters, strict}` only (hosted tools such as
-`web_search` are 400 `unsupported_tool`); `strict` is accepted and ignored. `text.format` is
-`text`, `json_object` or `json_schema` (`{name, schema, strict}`), mapped to OpenAI's
-`response_format`. Unknown top-level fields (`store`, `include`, `reasoning`, `truncation`,
-`prompt_cache_key`, ...) are accepted and ignored.
+`web_search` are 400 `unsupported_tool`), names unique (400 `duplicate_tool`, chat's check);
+`strict` is accepted and ignored. `text.format` is `text`, `json_object` or `json_schema`
+(`{name, schema, strict}`), mapped to OpenAI's `response_format`. Unknown top-level fields
+(`store`, `include`, `reasoning`, `truncation`, `prompt_cache_key`, ...) are accepted and
+ignored, except the sampling knobs chat refuses (`presence_penalty`, `frequency_penalty`, `top_k`,
+`logit_bias`, ...: 400 `unsupported_sampling` unless neutral, chat's own check): OpenAI's Responses
+API has none of them, but a client that sends one means it, and this server does not apply it.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from swarm.protocol import Count, Number
+from swarm.protocol import Bool, Count, Number
 from swarm.server.decoding import Choice, ToolCall
 from swarm.server.exceptions import InvalidRequest
 from swarm.server.generation import Sampling
+from swarm.server.openai_schema import check_not_applied, check_tool_names
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -57,14 +67,15 @@ class ResponsesRequest(_Body):
     temperature: Number | None = Field(None, ge=0, le=2)
     top_p: Number | None = Field(None, gt=0, le=1)
     seed: Count | None = Field(None, ge=-(1 << 63), lt=1 << 64)  # a Roost extension, as on chat
-    stream: bool | None = False
+    stream: Bool | None = False
     previous_response_id: str | None = Field(None, max_length=256)
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: Bool | None = None
     metadata: dict[str, Any] | None = None
 
     # -- to the core ------------------------------------------------------------
-    def input_messages(self) -> list[dict[str, Any]]:
-        """This request's input items as chat messages (instructions not included)."""
+    def input_messages(self, prior: Iterable[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+        """This request's input items as chat messages (instructions not included); `prior` is the
+        conversation of the previous response, whose calls a function_call_output may answer."""
         if self.input is None:
             if self.previous_response_id is None:
                 raise InvalidRequest("missing_input", "input is required (or a previous_response_id to continue)")
@@ -72,8 +83,9 @@ class ResponsesRequest(_Body):
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
         out: list[dict[str, Any]] = []
+        calls = call_ids(prior)
         for i, item in enumerate(self.input):
-            _add_item(out, item, i)
+            _add_item(out, item, i, calls)
         return out
 
     def system_messages(self) -> list[dict[str, Any]]:
@@ -101,6 +113,7 @@ class ResponsesRequest(_Body):
                 fn["description"] = t["description"]
             fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
             out.append({"type": "function", "function": fn})
+        check_tool_names(out)
         return out
 
     def chat_tool_choice(self) -> str | dict[str, Any] | None:
@@ -137,6 +150,8 @@ class ResponsesRequest(_Body):
         raise InvalidRequest("invalid_response_format", "text.format.type must be text, json_object or json_schema")
 
     def sampling(self) -> Sampling:
+        check_not_applied(self.model_extra)
+        self._check_no_logprobs()
         return Sampling(
             max_tokens=self.max_output_tokens,
             temperature=self.temperature,
@@ -144,6 +159,19 @@ class ResponsesRequest(_Body):
             seed=self.seed,
             response_format=self.response_format(),
         )
+
+    def _check_no_logprobs(self) -> None:
+        """400 for logprobs asked of this route (OpenAI's `top_logprobs`, or `include` naming
+        `message.output_text.logprobs`): it does not return them, and an answer without them would
+        read as if none were asked. Chat completions returns them."""
+        extra = self.model_extra or {}
+        include = extra.get("include") if isinstance(extra.get("include"), list) else []
+        if extra.get("top_logprobs") or "message.output_text.logprobs" in include:
+            raise InvalidRequest(
+                "unsupported_parameter",
+                "logprobs (top_logprobs, include message.output_text.logprobs) are not returned by /v1/responses "
+                "here; /v1/chat/completions returns them (logprobs: true, top_logprobs: N)",
+            )
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -165,7 +193,19 @@ def _text_of(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def _add_item(out: list[dict[str, Any]], item: Any, i: int) -> None:
+def call_ids(messages: Iterable[dict[str, Any]]) -> set[str]:
+    """The ids of the tool calls the assistant turns of `messages` made."""
+    return {
+        c["id"]
+        for m in messages
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+        if isinstance(c, dict) and isinstance(c.get("id"), str)
+    }
+
+
+def _add_item(out: list[dict[str, Any]], item: Any, i: int, calls: set[str]) -> None:
+    """Append input item `i` to `out`; `calls` holds the call ids made so far (a function_call adds its own)."""
     where = f"input[{i}]"
     if not isinstance(item, dict):
         raise InvalidRequest("invalid_input", f"{where}: an input item must be an object")
@@ -179,6 +219,7 @@ def _add_item(out: list[dict[str, Any]], item: Any, i: int) -> None:
         call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
         if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name and isinstance(args, str)):
             raise InvalidRequest("invalid_input", f"{where}: a function_call needs call_id, name and arguments (text)")
+        calls.add(call_id)
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
         if out and out[-1]["role"] == "assistant":  # the calls of one output join its message
             out[-1].setdefault("tool_calls", []).append(call)
@@ -188,6 +229,12 @@ def _add_item(out: list[dict[str, Any]], item: Any, i: int) -> None:
         call_id = item.get("call_id")
         if not isinstance(call_id, str) or not call_id:
             raise InvalidRequest("invalid_input", f"{where}: a function_call_output needs its call_id")
+        if call_id not in calls:  # the template would render a tool result answering no call
+            raise InvalidRequest(
+                "unknown_call_id",
+                f"{where}: function_call_output call_id {call_id!r} answers no function_call before it "
+                "(in the input or the previous response)",
+            )
         out.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(item.get("output"), where)})
     elif kind == "reasoning":
         return  # accepted and ignored: the model has no reasoning items to continue

@@ -183,6 +183,7 @@ def test_multi_turn_prompt_continues_exact_ids(make_server) -> None:
         ({"messages": MESSAGES, "presence_penalty": 0.5}, "unsupported_sampling"),
         ({"messages": MESSAGES, "logit_bias": {"5": 10}}, "unsupported_sampling"),
         ({"messages": MESSAGES, "frequency_penalty": -0.2}, "unsupported_sampling"),
+        ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}] * 2}, "duplicate_tool"),
     ],
 )
 def test_bad_chat_requests_are_400(server: RunningServer, body: dict, code: str) -> None:

@@ -161,6 +161,24 @@ def _error(r: httpx.Response) -> dict:
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, 400, "invalid_response_format"),
         ({"tool_choice": {"type": "function", "name": "nope"}, "tools": TOOLS}, 400, "invalid_tool_choice"),
         ({"input": None}, 400, "missing_input"),
+        # sampling knobs chat refuses (OpenAI's Responses has none of them): refused, never ignored
+        ({"presence_penalty": 1.0}, 400, "unsupported_sampling"),
+        ({"frequency_penalty": 0.5}, 400, "unsupported_sampling"),
+        ({"top_k": 5}, 400, "unsupported_sampling"),
+        ({"logit_bias": {"5": 3}}, 400, "unsupported_sampling"),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "hi"},
+                    {"type": "function_call_output", "call_id": "c9", "output": "1"},
+                ]
+            },
+            400,
+            "unknown_call_id",
+        ),
+        ({"tools": [TOOLS[0], TOOLS[0]]}, 400, "duplicate_tool"),
+        ({"stream": "yes"}, 400, "invalid_request"),
+        ({"parallel_tool_calls": "false"}, 400, "invalid_request"),
     ],
 )
 def test_bad_requests_are_4xx_with_a_code(srv: RunningServer, extra: dict, status: int, code: str) -> None:
@@ -184,3 +202,34 @@ def test_previous_response_is_per_episode(srv: RunningServer) -> None:
     with pytest.raises(openai.NotFoundError) as exc:
         _client(srv, b.api_key).responses.create(model=b.model, input="go on", previous_response_id=first.id)
     assert exc.value.body["code"] == "previous_response_not_found"
+
+
+@pytest.mark.parametrize(
+    "knob, extra",
+    [
+        ({"top_k": 5}, {}),
+        ({"tools": [TOOLS[0], TOOLS[0]]}, {"tools": [{"type": "function", "function": TOOLS[0]}] * 2}),
+    ],
+)
+def test_chat_and_responses_refuse_alike(srv: RunningServer, knob: dict, extra: dict) -> None:
+    """One check for both routes: the same code and the same message."""
+    ep = SwarmClient(srv.url, srv.token).claim("t-alike")
+    h = {"Authorization": f"Bearer {ep.api_key}"}
+    chat = {"model": ep.model, "messages": [{"role": "user", "content": "hi"}], **knob, **extra}
+    a = httpx.post(f"{srv.url}/v1/chat/completions", json=chat, headers=h, timeout=30)
+    b = httpx.post(f"{srv.url}/v1/responses", json={"model": ep.model, "input": "hi", **knob}, headers=h, timeout=30)
+    assert a.status_code == b.status_code == 400 and _error(a) == _error(b), (a.text, b.text)
+
+
+def test_arguments_that_are_not_json_are_served_as_on_chat(srv: RunningServer) -> None:
+    """Chat takes `tool_calls` arguments as text (a model may write broken JSON and agents send calls back
+    as they came), so this route does too; the output answering the call is matched by its call_id."""
+    ep = SwarmClient(srv.url, srv.token).claim("t-args")
+    call = {"type": "function_call", "call_id": "call_x", "name": "add", "arguments": "not json"}
+    items = [
+        {"role": "user", "content": QUESTION},
+        call,
+        {"type": "function_call_output", "call_id": "call_x", "output": "?"},
+    ]
+    r = _client(srv, ep.api_key).responses.create(model=ep.model, input=items, tools=TOOLS, max_output_tokens=8)
+    assert r.status in ("completed", "incomplete")

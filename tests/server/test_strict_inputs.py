@@ -84,6 +84,10 @@ def test_other_strict_fields(server: RunningServer) -> None:
         {"top_p": True},
         {"seed": "3"},
         {"top_logprobs": "2"},
+        {"stream": "yes"},
+        {"stream": 1},
+        {"parallel_tool_calls": "false"},
+        {"return_token_ids": "true"},
     ],
 )
 def test_openai_and_anthropic_knobs_are_strict(server: RunningServer, knob: dict) -> None:
@@ -199,3 +203,36 @@ def test_a_request_no_route_takes_names_the_routes_beside_it(make_server) -> Non
     r = httpx.delete(f"{u}/v1/chat/completions", headers=w)
     assert (r.status_code, r.json()["error"]["code"]) == (405, "method_not_allowed")
     assert r.json()["error"]["message"] == "DELETE /v1/chat/completions is not a route: /v1/chat/completions takes POST"
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses", "/swarm/v1/episodes"])
+def test_a_body_that_is_no_json_object_is_said_in_words(server: RunningServer, route: str) -> None:
+    """Not pydantic's "body: Input should be a valid dictionary" or "14: JSON decode error": what is wrong
+    with the body, and where in it."""
+    ep = _claim(server)
+    token = server.token if route.startswith("/swarm") else ep["api_key"]
+    auth = {"Authorization": f"Bearer {token}"}
+    cases = [
+        (
+            b'{"input": "hi"}',
+            auth,
+            "invalid_request",
+            "the request body must be a JSON object (send Content-Type: application/json)",
+        ),
+        (
+            b'{"input": "hi",\n "x": }',
+            _h(token),
+            "invalid_json",
+            "the request body is not valid JSON: Expecting value: line 2 column 7 (char 22)",
+        ),
+        (b"[1, 2]", _h(token), "invalid_request", "the request body must be a JSON object, not an array"),
+        (
+            b"",
+            _h(token),
+            "invalid_request",
+            "the request body is empty: send a JSON object (Content-Type: application/json)",
+        ),
+    ]
+    for content, headers, code, message in cases:
+        r = httpx.post(f"{server.url}{route}", content=content, headers=headers)
+        assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["message"]) == (400, code, message), content

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from swarm.server.exceptions import InvalidRequest
 from swarm.server.responses_schema import ResponsesRequest
@@ -68,6 +69,17 @@ def test_tools_choice_and_format() -> None:
         ({"input": "x", "tool_choice": {"type": "allowed_tools"}}, "invalid_tool_choice"),
         ({"input": "x", "text": {"format": {"type": "yaml"}}}, "invalid_response_format"),
         ({}, "missing_input"),
+        ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "5"}]}, "unknown_call_id"),
+        (  # an output answers a call made before it, never one after it
+            {
+                "input": [
+                    {"type": "function_call_output", "call_id": "call_1", "output": "5"},
+                    {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+                ]
+            },
+            "unknown_call_id",
+        ),
+        ({"input": "x", "tools": [{"type": "function", "name": "f"}] * 2}, "duplicate_tool"),
     ],
 )
 def test_bad_bodies_name_their_code(kw: dict, code: str) -> None:
@@ -78,3 +90,47 @@ def test_bad_bodies_name_their_code(kw: dict, code: str) -> None:
         req.chat_tool_choice()
         req.response_format()
     assert exc.value.code == code
+
+
+def test_an_output_may_answer_a_call_of_the_previous_response() -> None:
+    prior = [
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {}}]},
+    ]
+    req = _req(
+        previous_response_id="resp_1", input=[{"type": "function_call_output", "call_id": "call_1", "output": "5"}]
+    )
+    assert req.input_messages(prior) == [{"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+    with pytest.raises(InvalidRequest, match="answers no function_call") as exc:
+        req.input_messages()
+    assert exc.value.code == "unknown_call_id"
+
+
+def test_arguments_are_taken_as_text_as_chat_takes_them() -> None:
+    """A model may write arguments that are not JSON and an agent sends them back as they came."""
+    req = _req(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "not json"}])
+    assert req.input_messages()[0]["tool_calls"][0]["function"]["arguments"] == "not json"
+
+
+@pytest.mark.parametrize(
+    "knob", [{"presence_penalty": 1.0}, {"frequency_penalty": 0.5}, {"top_k": 5}, {"logit_bias": {"5": 3}}]
+)
+def test_sampling_knobs_chat_refuses_are_refused(knob: dict) -> None:
+    with pytest.raises(InvalidRequest, match="not applied by this server") as exc:
+        _req(input="x", **knob).sampling()
+    assert exc.value.code == "unsupported_sampling"
+    assert _req(input="x", presence_penalty=0, top_k=-1, logit_bias={}).sampling().max_tokens is None  # neutral
+
+
+@pytest.mark.parametrize("ask", [{"top_logprobs": 3}, {"include": ["message.output_text.logprobs"]}])
+def test_logprobs_are_refused_not_left_out_of_the_answer(ask: dict) -> None:
+    with pytest.raises(InvalidRequest, match="/v1/chat/completions returns them") as exc:
+        _req(input="x", **ask).sampling()
+    assert exc.value.code == "unsupported_parameter"
+    assert _req(input="x", top_logprobs=0, include=["reasoning.encrypted_content"]).sampling().max_tokens is None
+
+
+@pytest.mark.parametrize("flag", [{"stream": "yes"}, {"stream": 1}, {"parallel_tool_calls": "false"}])
+def test_flags_are_strict_booleans(flag: dict) -> None:
+    with pytest.raises(ValidationError):
+        _req(input="x", **flag)
