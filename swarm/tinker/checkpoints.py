@@ -62,11 +62,24 @@ def folder_name(model_id: str) -> str:
     return model_id.replace(":", "-")
 
 
+def model_id_ok(model_id: str) -> bool:
+    """A model id a save can be made under: its characters, and not `.` or `..` (a folder above)."""
+    return bool(_MODEL.match(model_id)) and set(model_id) != {"."}
+
+
+def run_folder(root: Path, model_id: str) -> Path | None:
+    """The folder of `model_id`'s saves; None for an id no save is made under, or one never saved."""
+    if not model_id_ok(model_id):
+        return None
+    folder = root / folder_name(model_id)
+    return folder if folder.is_dir() else None
+
+
 def parse(uri: str) -> TinkerPath:
     if not uri.startswith("tinker://"):
         raise PathError("invalid_path", f"{uri!r} is not a tinker:// path")
     parts = uri[len("tinker://") :].split("/")
-    if len(parts) != 3 or parts[1] not in KINDS or not _MODEL.match(parts[0]) or not _NAME.match(parts[2]):
+    if len(parts) != 3 or parts[1] not in KINDS or not model_id_ok(parts[0]) or not _NAME.match(parts[2]):
         raise PathError(
             "invalid_path",
             f"{uri!r}: expected tinker://MODEL_ID/weights/NAME or tinker://MODEL_ID/sampler_weights/NAME",
@@ -183,7 +196,9 @@ __all__ = [
     "folder_name",
     "listing",
     "load",
+    "model_id_ok",
     "parse",
     "read_meta",
+    "run_folder",
     "save",
 ]

@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from swarm.config.options import errors_line
 from swarm.tinker import schema as s
 from swarm.tinker.errors import TinkerError
 from swarm.tinker.futures import Outcome
-from swarm.tinker.validate import PROTO, check_adam, datums_of, parse_fwdbwd, sampling_params
+from swarm.tinker.validate import PROTO, check_adam, datums_of, parse_body, parse_fwdbwd, sampling_params
 from swarm.tinker.wire import MASK_LOGPROB, WireSequence, topk_arrays
 from swarm.tinker.wire import encode_forward_backward_output as encode_fb
 from swarm.tinker.wire import encode_sample_response as encode_sample
@@ -75,11 +74,7 @@ async def caller(
 
 
 async def body_of(request: Request, model: type[BaseModel]) -> Any:
-    raw = await request.body()
-    try:
-        return model.model_validate_json(raw or b"{}")
-    except ValidationError as exc:
-        raise TinkerError(400, "invalid_request", errors_line(exc.errors())) from None
+    return parse_body(await request.body(), model)
 
 
 def fingerprint(raw: bytes) -> str:
@@ -157,7 +152,7 @@ async def heartbeat(request: Request, svc: TinkerService = Depends(caller)) -> d
 
 @router.post("/sessions/{session_id}/finish")
 async def finish_session(session_id: str, svc: TinkerService = Depends(caller)) -> dict[str, Any]:
-    await svc.finish_session(session_id)  # its models' adapters are freed; their saves stay on disk
+    await svc.finish_session(session_id)  # its models' adapters are freed; their saves stay on disk (404 unknown)
     return {}
 
 
@@ -319,7 +314,7 @@ async def load_weights(request: Request, svc: TinkerService = Depends(caller)) -
 async def list_checkpoints(model_id: str, svc: TinkerService = Depends(caller)) -> dict[str, Any]:
     from swarm.tinker.checkpoints import listing  # lazy: torch
 
-    return {"checkpoints": listing(svc.root, model_id), "cursor": None}
+    return {"checkpoints": listing(svc.root, svc.training_run(model_id)), "cursor": None}
 
 
 # -- sampling -------------------------------------------------------------------------

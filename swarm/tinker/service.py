@@ -1,7 +1,8 @@
 """`TinkerService`: the Tinker API's state on a policy server: sessions (leases), training models
 (LoRA policies of the shared base), sampler snapshots, and the work each request queues.
 
-    session  create_session -> heartbeats; silent longer than the lease: expired, its models' claim gone
+    session  create_session -> heartbeats; silent longer than the lease: expired, its models freed as
+             when the SDK finishes it (a sweeper, while sessions live); their saves stay on disk
     model    create_model(base, rank) -> a policy `SESSION-train-N` on the base (the swarm trainer refuses it)
     request  forward_backward / optim_step / save / load -> a future in the model's lane (in order)
     sampler  save_weights_for_sampler -> a frozen snapshot policy `SESSION-train-N.NAME`: the SDK's
@@ -40,6 +41,7 @@ from swarm.tinker.errors import TinkerError
 from swarm.tinker.futures import FutureTable, Outcome, UserError
 
 SDK_HEARTBEAT_S = 10.0  # the tinker SDK heartbeats its session this often, whatever the server says
+LIVE, EXPIRED, FINISHED = "live", "expired", "finished"  # a session's states (never back to live)
 SNAPSHOTS_KEPT = 4  # sampler snapshots live at once (each an adapter and a Swarm); older ones reload on use
 POLICY_NAME_MAX = 64
 
@@ -67,9 +69,13 @@ class PolicyHooks(Protocol):
 
 @dataclass
 class Session:
+    """A session, kept after it ends so its ids answer why: 410 expired (the lease lapsed), 404
+    finished (the SDK closed it, and a retried finish is answered again)."""
+
     id: str
     last_seen: float = field(default_factory=time.monotonic)
     models: int = 0
+    state: str = LIVE
 
 
 @dataclass
@@ -105,44 +111,82 @@ class TinkerService:
         self.lease_s = max(lease_s, 3 * SDK_HEARTBEAT_S)  # the episode lease, but three heartbeats at least
         self.hooks = hooks
         self.lora = lora
-        self.futures = FutureTable()
+        self.futures = FutureTable(self.root / "futures.boots")  # the ledger: future_lost after a restart
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, Model] = {}
         self.samplers: dict[str, ckpt.TinkerPath | None] = {}  # sampling session -> its weights (None: base)
         self.snapshots: OrderedDict[str, PolicyEngine] = OrderedDict()  # tinker uri -> served snapshot
         self._snap_lock = asyncio.Lock()
+        self._sweeper: asyncio.Task[None] | None = None
 
     # -- sessions: leases -----------------------------------------------------------
     def create_session(self) -> str:
+        """A new session (called on the event loop); its lease is watched from now on."""
         sid = f"s{secrets.token_hex(4)}"
         self.sessions[sid] = Session(sid)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return sid
 
     def session(self, sid: str) -> Session:
-        """A live session, its lease renewed; 404 unknown (or of a server before a restart), 410 lapsed."""
+        """A live session, its lease renewed; 404 unknown or finished (or of a server before a
+        restart), 410 lapsed."""
         s = self.sessions.get(sid)
         if s is None:
             raise TinkerError(404, "session_not_found", f"no session {sid!r} on this server (it restarted?)")
-        if time.monotonic() - s.last_seen > self.lease_s:
-            raise TinkerError(
-                410,
-                "session_expired",
-                f"session {sid} sent no heartbeat for more than the lease ({self.lease_s:g}s): its models "
-                "are no longer held; load their last saved state into a new training client",
-            )
+        if s.state != LIVE or self._lapsed(s):
+            raise self._ended(s)
         s.last_seen = time.monotonic()
         return s
 
+    def _ended(self, s: Session) -> TinkerError:
+        """The refusal of a request to session `s`, which is not live: 404 finished, 410 expired."""
+        if s.state == FINISHED:
+            return TinkerError(404, "session_not_found", f"session {s.id} finished: the SDK closed it")
+        return TinkerError(
+            410,
+            "session_expired",
+            f"session {s.id} sent no heartbeat for more than the lease ({self.lease_s:g}s): its models "
+            "are no longer held; load their last saved state into a new training client",
+        )
+
+    def _lapsed(self, s: Session) -> bool:
+        return time.monotonic() - s.last_seen > self.lease_s
+
+    async def _sweep(self) -> None:
+        """While a session is live: every third of the lease (10 s at most), the lapsed ones expire.
+        A lapsed session is refused (410) at once; this frees what it held, which no request of its
+        client would otherwise do (its models served to the OpenAI routes, their adapters)."""
+        while any(s.state == LIVE for s in self.sessions.values()):
+            await asyncio.sleep(min(SDK_HEARTBEAT_S, self.lease_s / 3))
+            lapsed = [s for s in self.sessions.values() if s.state == LIVE and self._lapsed(s)]
+            for s in lapsed:
+                s.state = EXPIRED
+                log.info("tinker session %s expired (no heartbeat for %gs): its models are freed", s.id, self.lease_s)
+            await asyncio.gather(*(self._free_models(s.id) for s in lapsed))
+
     async def finish_session(self, sid: str) -> None:
-        """The SDK closed its session: its training models are removed (adapter, optimizer, their
-        `Swarm`), after the work already queued in their lanes; sampler snapshots stay served."""
-        if self.sessions.pop(sid, None) is None:
-            return
-        for model_id in [k for k, m in self.models.items() if m.session.id == sid]:
-            m = self.models.pop(model_id)
-            done = self.futures.submit(m.id, lambda: None)  # after the lane's earlier work
-            await self.futures.wait(done, 600)
-            await self.hooks.remove(m.policy.name)
+        """The SDK closed its session (404 unknown; a finish again is done already)."""
+        s = self.sessions.get(sid)
+        if s is None:
+            raise TinkerError(404, "session_not_found", f"no session {sid!r} on this server (it restarted?)")
+        if s.state != FINISHED:
+            s.state = FINISHED
+            await self._free_models(sid)
+
+    async def _free_models(self, sid: str) -> None:
+        """Session `sid`'s training models removed (adapter, optimizer, their `Swarm`: gone from the
+        OpenAI routes), each after the work already queued in its lane. Their saves stay on disk, and
+        sampler snapshots stay served (a tinker:// path any client may sample). A failure is logged:
+        the session's other models are freed all the same."""
+        models = [self.models.pop(k) for k in [k for k, m in self.models.items() if m.session.id == sid]]
+        for m in models:
+            try:
+                done = self.futures.submit(m.id, lambda: None)  # after the lane's earlier work
+                await self.futures.wait(done, 600)
+                await self.hooks.remove(m.policy.name)
+            except Exception:  # noqa: BLE001 - one model's failure must not keep the others held
+                log.exception("tinker model %s of session %s: not freed", m.id, sid)
 
     # -- models ---------------------------------------------------------------------
     def check_base(self, base_model: str | None) -> None:
@@ -168,6 +212,9 @@ class TinkerService:
             policy = await self.hooks.add(ckpt.folder_name(model_id), settings)
         except ValueError as exc:  # LoraError included: a rank wider than a layer
             raise TinkerError(400, "invalid_lora", str(exc)) from None
+        if session.state != LIVE:  # expired or finished while its policy was added: not kept
+            await self.hooks.remove(policy.name)
+            raise self._ended(session)
         model = Model(model_id, session, policy, rank)
         self.models[model_id] = model
         session.models += 1
@@ -184,6 +231,9 @@ class TinkerService:
                     f"{model_id!r} is a policy the swarm trainer trains from episodes; the primitives train "
                     "only models made by create_model (or loaded with create_training_client_from_state)",
                 )
+            owner = self.sessions.get(model_id.split(":", 1)[0])
+            if owner is not None and owner.state == EXPIRED:  # freed by its session's expiry: say so
+                raise self._ended(owner)
             raise TinkerError(404, "model_not_found", f"no training model {model_id!r} on this server")
         self.session(m.session.id)
         return m
@@ -240,6 +290,13 @@ class TinkerService:
         ckpt.save(m.policy, self.root, path, {"model_id": m.id, "rank": m.rank, "kind": kind, "name": name})
         return path
 
+    def training_run(self, model_id: str) -> str:
+        """`model_id` if its checkpoints can be listed: a model of this server, or one with saves on disk
+        (of an ended session, or of a process before a restart); 404 `model_not_found` else."""
+        if model_id not in self.models and ckpt.run_folder(self.root, model_id) is None:
+            raise TinkerError(404, "model_not_found", f"no training run {model_id!r} on this server (nor saves of it)")
+        return model_id
+
     def folder(self, uri: str) -> tuple[ckpt.TinkerPath, Path]:
         try:
             path = ckpt.parse(uri)
@@ -286,6 +343,10 @@ class TinkerService:
             return policy
 
     def create_sampler(self, sid: str, seq: int, base_model: str | None, model_path: str | None) -> str:
+        """A sampling session of `model_path`'s weights or of the base (the SDK demands one of the two:
+        400 without either, as its own client refuses it)."""
+        if not (base_model or model_path):
+            raise TinkerError(400, "invalid_request", "create_sampling_session needs base_model or model_path")
         self.session(sid)
         path = None
         if model_path:

@@ -1,6 +1,7 @@
 """What a Tinker request's body must be: every check that refuses it (400 with a stable code) before
 anything of it is queued, so a refused request applies nothing.
 
+    body = parse_body(raw, s.CreateModel)          # a JSON body; 400 invalid_request, one readable line
     req = parse_fwdbwd(raw, content_type)          # protobuf (the SDK) or JSON -> FwdBwdWire
     datums, config = datums_of(service, req)       # lengths, token ids, the loss and its inputs
     adam = check_adam(body.adam_params)            # finite, lr >= 0, betas in [0, 1), eps > 0
@@ -10,11 +11,12 @@ anything of it is queued, so a refused request applies nothing.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from swarm.config.options import errors_line
 from swarm.tinker import schema as s
 from swarm.tinker.errors import TinkerError
 from swarm.tinker.wire import FwdBwdWire, WireDatum, WireError, decode_forward_backward
@@ -26,6 +28,22 @@ PROTO = "application/x-protobuf"
 MAX_SAMPLES = 64
 MAX_TOPK = 20
 
+B = TypeVar("B", bound=BaseModel)
+
+
+def parse_body(raw: bytes, model: type[B]) -> B:
+    """A route's JSON body (empty: `{}`), or 400 `invalid_request` saying in one line what is wrong
+    (`model_id: Field required; ...`), never pydantic's dump of the input: every route's wording."""
+    try:
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        raise TinkerError(400, "invalid_request", errors_line(exc.errors())) from None
+
+
+def vocab_size(svc: TinkerService) -> int:
+    """The token ids a request may name are [0, this): the torch host's vocabulary (on either engine)."""
+    return int(svc.host.base.batcher.vocab_size)
+
 
 def parse_fwdbwd(raw: bytes, content_type: str) -> FwdBwdWire:
     if PROTO in content_type:
@@ -33,10 +51,7 @@ def parse_fwdbwd(raw: bytes, content_type: str) -> FwdBwdWire:
             return decode_forward_backward(raw)
         except WireError as exc:
             raise TinkerError(400, "invalid_protobuf", str(exc)) from None
-    try:
-        body = s.ForwardBackwardBody.model_validate_json(raw)
-    except ValidationError as exc:
-        raise TinkerError(400, "invalid_request", str(exc.errors()[:3])) from None
+    body = parse_body(raw, s.ForwardBackwardBody)
     fb = body.forward_backward_input
     return FwdBwdWire(
         model_id=body.model_id,
@@ -59,7 +74,7 @@ def datums_of(svc: TinkerService, req: FwdBwdWire) -> tuple[list[Any], dict[str,
     from swarm.algorithms.tinker_losses import LossInputError, check_inputs, loss_config  # lazy: torch
     from swarm.tinker.compute import Datum  # lazy: torch
 
-    vocab = svc.host.base.batcher.vocab_size
+    vocab = vocab_size(svc)
     try:
         config = loss_config(req.loss_fn, {k: v for k, v in req.config.items()})
         if not req.data:
@@ -109,6 +124,9 @@ def sampling_params(svc: TinkerService, body: s.Sample) -> Any:
         raise TinkerError(400, "invalid_length", f"the prompt must hold 1 to {svc.max_context - 1} tokens")
     if any(c.type != "encoded_text" for c in body.prompt.chunks):
         raise TinkerError(400, "unsupported_input", "only encoded_text chunks are supported")
+    vocab = vocab_size(svc)
+    if any(not 0 <= t < vocab for t in ids):  # refused here, not as the engine's error in the future
+        raise TinkerError(400, "invalid_token", f"prompt token ids must lie in [0, {vocab})")
     if sp.top_k not in (-1, 0):
         raise TinkerError(400, "unsupported_sampling_param", "top_k is not supported (use -1)")
     if not (math.isfinite(sp.temperature) and sp.temperature >= 0 and 0 < sp.top_p <= 1):
@@ -143,4 +161,4 @@ def sampling_params(svc: TinkerService, body: s.Sample) -> Any:
     )
 
 
-__all__ = ["check_adam", "datums_of", "parse_fwdbwd", "sampling_params"]
+__all__ = ["check_adam", "datums_of", "parse_body", "parse_fwdbwd", "sampling_params", "vocab_size"]

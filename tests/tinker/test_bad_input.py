@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from tinker_kit import TinkerHTTP, datum, fwdbwd, proto_fwdbwd
+from tinker_kit import TinkerHTTP, datum, fwdbwd, proto_fwdbwd, sample_body
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -138,3 +138,65 @@ def test_a_session_that_stops_heartbeating_loses_its_models(tinker_server: Any) 
     time.sleep(1.3)
     assert _code(t.post("forward_backward", fwdbwd(m, [datum(TOKENS, TARGETS)], seq=1))) == (410, "session_expired")
     assert _code(t.post("session_heartbeat", {"session_id": sid})) == (410, "session_expired")
+
+
+def test_malformed_bodies_are_one_readable_line(tinker_server: Any) -> None:
+    _, t = tinker_server()
+    every = ("forward_backward", "forward", "optim_step", "get_info", "create_model", "create_session", "asample")
+    cases: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+        (every[:-2] + every[-1:], {"json": {}}),
+        (every, {"content": b"{not json", "headers": {"Content-Type": "application/json"}}),
+        (every[:2], {"json": {"model_id": "x", "forward_backward_input": "garbage"}}),
+    ]
+    for routes, kw in cases:
+        for route in routes:
+            r = t.http.post(f"/api/v1/{route}", **kw)
+            assert _code(r) == (400, "invalid_request"), (route, kw)
+            message = r.json()["error"]["message"]
+            assert "'input'" not in message and "'url'" not in message and "[{" not in message, (route, message)
+    r = t.post("forward_backward", {})
+    assert r.json()["error"]["message"] == "model_id: Field required; forward_backward_input: Field required"
+    r = t.post("forward_backward", {"model_id": "x", "forward_backward_input": "garbage"})
+    assert r.json()["error"]["message"] == "forward_backward_input: Input should be an object"
+
+
+def test_an_out_of_vocabulary_prompt_is_refused_before_it_is_queued(tinker_server: Any) -> None:
+    srv, t = tinker_server()
+    sid = t.session()
+    sampler = t.ok(
+        "create_sampling_session", {"session_id": sid, "sampling_session_seq_id": 0, "base_model": "tiny-model"}
+    )
+    vocab = srv.app.state.tinker.host.base.batcher.vocab_size
+    for bad in ([5, 999999], [-1, 5], [vocab]):
+        body = sample_body(sampler["sampling_session_id"], bad, 1, False, max_tokens=2)
+        r = t.post("asample", body)
+        assert _code(r) == (400, "invalid_token"), bad
+        assert f"[0, {vocab})" in r.json()["error"]["message"]
+    ok = t.call("asample", sample_body(sampler["sampling_session_id"], [vocab - 1], 1, False, max_tokens=2))
+    assert len(ok["sequences"]) == 1
+
+
+def test_unknown_ids_and_missing_choices_are_4xx(tinker_server: Any) -> None:
+    _, t = tinker_server()
+    sid = t.session()
+    m = t.model(sid)
+    # futures: an id this server never issued is 404; one of its own still answers
+    real = t.ok("save_weights", {"model_id": m, "path": "one", "seq_id": 1})["request_id"]
+    t.result(real)
+    boot, n = real.split("-")
+    for rid in ("zzz", "", f"{boot}-{int(n) + 1000}", f"{boot}-0", "0123abcd-1", f"{real} "):
+        assert _code(t.post("retrieve_future", {"request_id": rid})) == (404, "future_not_found"), rid
+    # sessions: finishing one that never was is 404; a finish is answered again (the SDK retries)
+    assert _code(t.post("sessions/nope/finish", {"reason": {"type": "success"}})) == (404, "session_not_found")
+    # checkpoints: a run never made here (nor saved) is 404; a live model with saves lists them
+    assert _code(t.http.get("/api/v1/training_runs/nope/checkpoints")) == (404, "model_not_found")
+    assert _code(t.http.get("/api/v1/training_runs/%2E%2E/checkpoints")) == (404, "model_not_found")
+    assert len(t.http.get(f"/api/v1/training_runs/{m}/checkpoints").json()["checkpoints"]) == 1
+    # a sampling session of nothing: the SDK's own client refuses it too
+    r = t.post("create_sampling_session", {"session_id": sid, "sampling_session_seq_id": 0})
+    assert _code(r) == (400, "invalid_request")
+    # and a finished session's run still lists what it saved
+    assert t.post(f"sessions/{sid}/finish", {"reason": {"type": "success"}}).status_code == 200
+    assert t.post(f"sessions/{sid}/finish", {"reason": {"type": "success"}}).status_code == 200
+    assert _code(t.post("session_heartbeat", {"session_id": sid})) == (404, "session_not_found")
+    assert len(t.http.get(f"/api/v1/training_runs/{m}/checkpoints").json()["checkpoints"]) == 1

@@ -3,6 +3,7 @@ fetched in; the SDK's protobuf body is the JSON body's twin; a future of a kille
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -110,3 +111,28 @@ def test_kill9_a_saved_state_loads_again_and_the_future_in_flight_fails(model_di
     finally:
         proc.kill()
         proc.wait(30)
+
+
+def test_an_id_of_an_earlier_process_is_lost_any_other_unknown_one_is_404(tmp_path: Path) -> None:
+    from swarm.tinker.errors import TinkerError
+    from swarm.tinker.futures import FutureTable
+
+    ledger = tmp_path / "tinker" / "futures.boots"
+
+    async def issued_by_a_process() -> str:
+        return FutureTable(ledger).resolved({"ok": 1})
+
+    earlier = asyncio.run(issued_by_a_process())  # a process that issued an id, then stopped
+    now = FutureTable(ledger)  # the restarted one, on the same out dir
+
+    async def outcome(rid: str) -> Any:
+        try:
+            return await now.wait(rid, 0.01)
+        except TinkerError as exc:
+            return exc.status, exc.code
+
+    lost = asyncio.run(outcome(earlier))
+    assert lost.category == "server" and lost.error.startswith("future_lost")
+    never = ["zzz", "0123abcd-1", f"{now.boot}-1", earlier.replace("-1", "-x")]
+    assert [asyncio.run(outcome(rid)) for rid in never] == [(404, "future_not_found")] * 4
+    assert ledger.read_text().split() == [earlier.split("-")[0]]  # this one has issued nothing yet

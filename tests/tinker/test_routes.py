@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -135,3 +136,31 @@ def test_a_sampler_of_the_base_runs_no_adapter(tinker_server: Any) -> None:
     scored = t.call("forward", fwdbwd(fresh, [datum(TOKENS + gen["tokens"][:-1], TOKENS[1:] + gen["tokens"])]))
     tail = scored["loss_fn_outputs"][0]["logprobs"]["data"][-len(gen["tokens"]) :]
     assert tail == pytest.approx(gen["logprobs"], abs=1e-4)
+
+
+def test_an_expired_session_frees_its_models_as_a_finish_does(tinker_server: Any) -> None:
+    srv, t = tinker_server()
+    srv.app.state.tinker.lease_s = 1.0  # (the lease is the server's, three SDK heartbeats at least: 30 s)
+    auth = {"Authorization": f"Bearer {srv.token}"}
+    sid = t.session()
+    model_id = t.model(sid)
+    name = model_id.replace(":", "-")
+    kept = t.call("save_weights", {"model_id": model_id, "path": "kept", "seq_id": 1})["path"]
+    chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert t.http.post("/v1/chat/completions", headers=auth, json=chat).status_code == 200
+    deadline = time.monotonic() + 10
+    while name in srv.app.state.host.policies and time.monotonic() < deadline:  # no request: the sweeper frees it
+        time.sleep(0.1)
+    assert name not in srv.app.state.host.policies and name not in srv.app.state.policies.names()
+    assert name not in [m["id"] for m in t.http.get("/v1/models", headers=auth).json()["data"]]
+    r = t.http.post("/v1/chat/completions", headers=auth, json=chat)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    # the client is told why (410, as for its session), and what it saved stays loadable
+    r = t.post("get_info", {"model_id": model_id})
+    assert r.status_code == 410 and r.json()["error"]["code"] == "session_expired"
+    assert t.post("session_heartbeat", {"session_id": sid}).status_code == 410
+    out = t.call("load_weights", {"session_id": t.session(), "model_seq_id": 0, "path": kept})
+    assert out["path"] == kept
+    # the SDK's close after the expiry is answered, once and again (a retry)
+    assert t.post(f"sessions/{sid}/finish", {"reason": {"type": "success"}}).status_code == 200
+    assert t.post(f"sessions/{sid}/finish", {"reason": {"type": "success"}}).status_code == 200
