@@ -169,10 +169,15 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
     def message_dicts(self) -> list[dict[str, Any]]:
-        """Messages as the chat template wants them: content flattened to text."""
+        """Messages as the chat template wants them: content flattened to text, `developer` read as
+        `system` (as on /v1/responses). A role the templates do not know, or a turn without content
+        that must have some, is 400 `invalid_message`: a template renders any role string, so a typo
+        was trained on as a turn of its own."""
         out = []
-        for m in self.messages:
+        for i, m in enumerate(self.messages):
+            _check_message(i, m)
             d = m.model_dump(exclude_none=True)
+            d["role"] = CHAT_ROLES[m.role]
             content = m.content
             if isinstance(content, list):
                 texts = []
@@ -184,6 +189,19 @@ class ChatCompletionRequest(_Sampling):
             d["content"] = content or ""
             out.append(d)
         return out
+
+
+#: the roles a chat message may have, and the role the template sees
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+
+
+def _check_message(i: int, m: ChatMessage) -> None:
+    if m.role not in CHAT_ROLES:
+        raise InvalidRequest(
+            "invalid_message", f"messages[{i}].role: {m.role!r} is not a chat role ({', '.join(CHAT_ROLES)})"
+        )
+    if m.content is None and m.role != "assistant":  # an assistant turn may be tool calls alone
+        raise InvalidRequest("invalid_message", f"messages[{i}].content: a {m.role} message needs content")
 
 
 class CompletionRequest(_Sampling):

@@ -178,7 +178,11 @@ def test_multi_turn_prompt_continues_exact_ids(make_server) -> None:
         ({"messages": MESSAGES, "temperature": -1}, "invalid_request"),
         ({"messages": MESSAGES, "max_tokens": 0}, "invalid_request"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "unsupported_content"),
-        ({"messages": [{"role": "user"}], "stop": ["a"] * 17}, "invalid_stop"),
+        ({"messages": MESSAGES, "stop": ["a"] * 17}, "invalid_stop"),
+        # any role string was rendered as a turn of its own, a user turn without content as an empty one
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "invalid_message"),
+        ({"messages": [{"role": "user", "content": None}]}, "invalid_message"),
+        ({"messages": [{"role": "tool", "tool_call_id": "c"}]}, "invalid_message"),
         # sampled away from the policy's distribution: served as if absent before, nothing said
         ({"messages": MESSAGES, "presence_penalty": 0.5}, "unsupported_sampling"),
         ({"messages": MESSAGES, "logit_bias": {"5": 10}}, "unsupported_sampling"),
