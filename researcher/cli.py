@@ -257,6 +257,7 @@ def study(
     from researcher.plan_steps import check_program  # lazy: research extra (checked above)
     from researcher.report import planner_description  # lazy: research extra (checked above)
     from researcher.runner import create_study, load_config  # lazy: research extra (checked above)
+    from scheduler.daemon import running_daemon  # lazy: as below
     from scheduler.manager import default_backends  # lazy: the store's SQLAlchemy models, on use only
     from store.schema import init_db  # lazy: as above
 
@@ -369,6 +370,8 @@ def study(
     if not foreground:
         study_daemon.register()
         console.print(f"Left to the daemon (`researcher daemon`); follow with: researcher status {sid}")
+        if running_daemon() is None:
+            console.print("[yellow]no researcher daemon runs on this machine[/]: start one with `researcher daemon`")
         return
     mark(ctx, DRIVING)
     _drive_here(sid, options_of(ctx), out=out)

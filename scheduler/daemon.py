@@ -198,8 +198,7 @@ class Daemon:
         self._lock_fd: int | None = None
 
     def _take_lock(self) -> None:
-        key = hashlib.sha1(self.db_url.encode()).hexdigest()[:12]
-        path = Path(data_dir()) / "scheduler" / f"daemon-{key}.lock"
+        path = lock_path(self.db_url)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -243,6 +242,24 @@ class Daemon:
             os.close(self._lock_fd)
             self._lock_fd = None
         log.info("daemon stopped")
+
+
+def lock_path(db_url: str) -> Path:
+    """The lock file of the daemon serving `db_url` on this machine (it holds the daemon's pid)."""
+    key = hashlib.sha1(db_url.encode()).hexdigest()[:12]
+    return Path(data_dir()) / "scheduler" / f"daemon-{key}.lock"
+
+
+def running_daemon(db_url: str | None = None) -> int | None:
+    """The pid of the daemon serving the database on this machine, None when none runs. Read from its
+    lock file without touching the lock (a probe that took it could make a starting daemon fail); a
+    pid reused by another process reads as a daemon, which only leaves a warning unsaid."""
+    try:
+        pid = int(lock_path(database_url(db_url)).read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
 
 
 def run_daemon(

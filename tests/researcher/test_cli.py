@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -137,6 +138,23 @@ def test_an_interrupt_while_mlflow_loads_names_the_study_it_leaves(monkeypatch, 
     report = runner.invoke(app, ["report", "1"]).output
     assert "not framed yet" in report and "- Trials: 0;" in report and "no parent run yet" in report, report
     assert "None" not in report and "`?`" not in report, report
+
+
+def test_a_background_study_says_when_no_daemon_will_drive_it(fake_program):
+    """It said "left to the daemon" with none running: the study then waited, silently, for ever."""
+    from scheduler.daemon import lock_path, running_daemon
+    from store.db import database_url
+
+    args = ["study", TOPIC, "--background", "--trial-program", " ".join(fake_program)]
+    assert running_daemon() is None
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "no researcher daemon runs on this machine" in res.output, res.output
+    path = lock_path(database_url(None))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(os.getpid()))  # as a live daemon's lock file holds its pid
+    assert running_daemon() == os.getpid()
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and "no researcher daemon" not in res.output, res.output
 
 
 def test_stop_keeps_the_trials_that_finished_before_it(fake_program, monkeypatch):
