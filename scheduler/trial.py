@@ -115,7 +115,38 @@ def trial_state(jobs: Sequence[JobRecord]) -> TrialState:
     if not bad:
         return TrialState(JobState.COMPLETED)
     first = next((r for r in bad if r.state != JobState.CANCELLED), bad[0])
-    return TrialState(first.state, first.reason)
+    said = last_error(first.stderr_path) if first.state == JobState.FAILED else None
+    return TrialState(first.state, f"{first.reason}: {said}" if first.reason and said else first.reason or said)
+
+
+BOX = "│╭╮╰╯─┃━┏┓┗┛ "  # rich's error panels (typer's usage errors)
+TAIL_BYTES = 8192
+
+
+def last_error(stderr_path: str | None, limit: int = 300) -> str | None:
+    """What a failed job said last on stderr: the text of its last error panel (typer's usage errors,
+    wrapped over lines) or its last line (a traceback's exception, `swarm train: --model: ...`).
+    "exit code 2" alone sent the user to the job's files for the reason."""
+    try:
+        with open(stderr_path or "", "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - TAIL_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    lines = [line.rstrip() for line in lines if line.strip(BOX)]
+    if not lines:
+        return None
+    if lines[-1].lstrip().startswith("│"):  # the panel's rows, last one up
+        rows: list[str] = []
+        for line in reversed(lines):
+            if not line.lstrip().startswith("│"):
+                break
+            rows.insert(0, line.strip(BOX))
+        text = " ".join(rows)
+    else:
+        text = lines[-1].strip()
+    return text[:limit] + ("…" if len(text) > limit else "")
 
 
 def poll_trials(manager: JobManager, keys: Iterable[str]) -> dict[str, TrialState]:

@@ -19,7 +19,7 @@ from scheduler.manager import JobManager
 from scheduler.records import JobRecord, JobSink, MemorySink, StoreSink
 from scheduler.slurm import SlurmBackend
 from scheduler.spec import ENV_JOB_ID
-from scheduler.trial import TrialShape, poll_trials, submit_trial, trial_jobs, trial_state
+from scheduler.trial import TrialShape, last_error, poll_trials, submit_trial, trial_jobs, trial_state
 from store.models import JobState
 
 
@@ -222,7 +222,8 @@ def test_trial_state_takes_the_jobs_together(states: list[JobState], expected: J
 
 def test_poll_trials_reconciles_and_reads_one_state(mgr: JobManager, tmp_path: Path) -> None:
     ok = TrialShape(key="trial-5", jobs=[job_spec(tmp_path, "ok", command=["true"])])
-    bad = TrialShape(key="trial-6", jobs=[job_spec(tmp_path, "bad", command=["bash", "-c", "exit 3"])])
+    said = "echo starting >&2; echo 'swarm train: --model: /x does not exist' >&2; exit 3"
+    bad = TrialShape(key="trial-6", jobs=[job_spec(tmp_path, "bad", command=["bash", "-c", said])])
     submit_trial(mgr, ok)
     submit_trial(mgr, bad)
 
@@ -232,4 +233,28 @@ def test_poll_trials_reconciles_and_reads_one_state(mgr: JobManager, tmp_path: P
 
     states = wait_for(done, 30, what="trials done")
     assert states["trial-5"].state == JobState.COMPLETED  # type: ignore[index]
-    assert (states["trial-6"].state, states["trial-6"].reason) == (JobState.FAILED, "exit code 3")  # type: ignore[index]
+    assert (states["trial-6"].state, states["trial-6"].reason) == (  # type: ignore[index]
+        JobState.FAILED,
+        "exit code 3: swarm train: --model: /x does not exist",  # the job's last words: its reason
+    )
+
+
+def test_the_last_error_of_a_job_is_its_panel_or_its_last_line(tmp_path: Path) -> None:
+    panel = tmp_path / "panel"
+    panel.write_text(
+        "Usage: swarm train [OPTIONS]\n"
+        "Try 'swarm train --help' for help.\n"
+        "╭─ Error ─────────────────────────╮\n"
+        "│ Invalid value for --lr: -1 is    │\n"
+        "│ less than 0                      │\n"
+        "╰──────────────────────────────────╯\n"
+    )
+    assert last_error(str(panel)) == "Invalid value for --lr: -1 is less than 0"
+    trace = tmp_path / "trace"
+    trace.write_text("Traceback (most recent call last):\n  File 'x.py', line 1\nKeyError: 'task_id'\n\n")
+    assert last_error(str(trace)) == "KeyError: 'task_id'"
+    (tmp_path / "empty").write_text("")
+    assert last_error(str(tmp_path / "empty")) is None and last_error(str(tmp_path / "none")) is None
+    assert last_error(None) is None
+    (tmp_path / "long").write_text("x" * 1000)
+    assert last_error(str(tmp_path / "long")) == "x" * 300 + "…"
