@@ -32,11 +32,13 @@ from swarm.children import quiet_progress_bars_off_terminal
 from swarm.client.cli import client_command
 from swarm.config.options import config_options, require_extra
 from swarm.config.run import ORCHESTRATED, RunConfig
-from swarm.inspect import find_episode, render_html, render_list, render_terminal, select_episodes
+from swarm.inspect import inspect_command
+from swarm.kept_files import RunUnchanged
 from swarm.model.eval_cli import eval_command
 from swarm.model.presets import PRESETS, UnknownPreset, get_preset
 from swarm.model.recipe import matches
 from swarm.model.version import BUILD_VERSION, built_version
+from swarm.output_paths import require_output
 from swarm.plugins import mount_plugins, needs_plugins
 from swarm.run_checks import Problems, prepare
 from swarm.run_layout import run_summary
@@ -130,6 +132,7 @@ def model_export(
     ),
 ) -> None:
     """Export a run's policy as a whole Hugging Face model: a LoRA adapter merged into the base it records."""
+    require_output(merge, "--merge", folder=True)  # before the model loads, not after it (mkdir's traceback)
     require_extra("server", "torch", "transformers", "peft")
     quiet_progress_bars_off_terminal()  # before transformers loads, below
     from swarm.model.evaluate import RunFolderError  # lazy: with export's imports
@@ -213,9 +216,20 @@ def _train(spec: RunConfig, resume: bool) -> None:
         summary = run(spec, resume=resume)
     except (RuntimeError, TimeoutError) as exc:
         typer.echo(f"swarm train: {exc}", err=True)
-        if ended := run_summary(spec.out):
+        if isinstance(exc, RunUnchanged):  # its summary.json is the earlier run's, not this start's
+            typer.echo(f"swarm train: {exc.note}", err=True)
+        elif ended := run_summary(spec.out):
             typer.echo(f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'failed')})", err=True)
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: everything is stopped and summary.json written
+        ended = run_summary(spec.out) or {}
+        typer.echo(
+            f"\nswarm train: interrupted after {ended.get('steps_done', '?')} of {spec.steps} steps; "
+            f"`swarm train --out {spec.out} --resume` goes on from its last checkpoint; "
+            f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'interrupted')})",
+            err=True,
+        )
+        raise typer.Exit(130) from None
     typer.echo(json.dumps(_shown(summary, "reward_first_mean", "reward_last_mean", "wall_s")))
     typer.echo(f"summary: {spec.out / 'summary.json'}")
 
@@ -281,50 +295,7 @@ def _train_attached(spec: RunConfig) -> None:
     typer.echo(f"summary: {spec.out / 'summary.json'}")
 
 
-@app.command("inspect")
-def inspect_command(
-    run_dir: Path = typer.Argument(
-        ..., help="a `swarm train --out` or `swarm serve --out` folder, or its rollouts.jsonl itself"
-    ),
-    episode: str = typer.Option(
-        None, "--episode", "-e", help="episode id", show_default="the last recorded (that passes the filters)"
-    ),
-    list_: bool = typer.Option(False, "--list", "-l", help="list the episodes (that pass the filters) instead"),
-    filters: list[str] = typer.Option(
-        None,
-        "--filter",
-        "-f",
-        help="FIELD OP VALUE, repeatable (all must hold): "
-        "fields episode_id task_id task_family group_id reward status policy_version "
-        "calls; ops = != > >= < <= ~ (contains); e.g. 'reward>0' task_family=arith",
-    ),
-    limit: int = typer.Option(50, "--limit", min=1, help="rows of --list (the most recent)"),
-    model: Path = typer.Option(
-        None, "--model", help="tokenizer dir", show_default="the run's model, else the embedded one"
-    ),
-    html_out: Path = typer.Option(None, "--html", help="also write a standalone HTML page here"),
-) -> None:
-    """Show a recorded episode token by token (text, id, loss mask, logprob, agent), or list episodes."""
-    try:
-        if list_:
-            render_list(select_episodes(run_dir, filters), limit)
-            return
-        ep = find_episode(run_dir, episode, filters)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--filter") from None
-    except (FileNotFoundError, KeyError) as exc:
-        raise typer.BadParameter(str(exc).strip('"'), param_hint="RUN_DIR / --episode") from None
-    require_extra("server", "transformers")
-    from swarm.chat.tokenizers import load_tokenizer  # lazy: transformers takes seconds to import
-
-    tok_dir = model or (Path(ep["model_dir"]) if ep.get("model_dir") else default_model_dir())
-    tok = load_tokenizer(tok_dir)
-    decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
-    render_terminal(ep, decode)
-    if html_out:
-        html_out.write_text(render_html(ep, decode))
-        typer.echo(f"wrote {html_out}")
-
+app.command("inspect")(inspect_command)  # swarm/inspect.py: after train, where `swarm --help` lists it
 
 unwrap_help(app)  # every command's help wraps to the terminal (store/help_text.py)
 _mounted: list[str] | None = None

@@ -37,9 +37,22 @@ from swarm.config.train import TrainConfig
 from swarm.run_layout import server_address
 from swarm.server.admin_schema import LiveConfigUpdate
 
+#: exit status of a request the server refused, by HTTP status: 2 where the command line can fix it (a bad
+#: value, a wrong token, a name the server does not know), as for typer's own usage errors; 1 otherwise
+#: (the server's state refuses it now, 409/429; it failed, 5xx; it could not be reached)
+FIX_THE_COMMAND = (400, 401, 403, 404)
+
+EXIT_CODES = (
+    "Exit status: 0 done; 2 the command line was refused, here or by the server (a bad value 400, a wrong token "
+    "401/403, a policy or name it does not know 404): fix the command; 1 the server could not do it (its state, "
+    "409/429; a failure, 5xx) or could not be reached."
+)
+
+
 app = typer.Typer(
     cls=options_anywhere(with_value=("--url", "--admin-token", "--server", "--timeout")),
     help="Operate a running swarm server: live config, pause/resume, checkpoint, stop.",
+    epilog=EXIT_CODES,
     no_args_is_help=True,
     add_completion=False,
 )
@@ -48,11 +61,14 @@ ALIASES = {"kl": "kl_coef", "temp": "temperature", "B": "batch_groups", "batch-g
 
 
 class _Ctx:
-    def __init__(self, url: str, token: str | None, timeout: float, policy: str | None = None) -> None:
+    def __init__(
+        self, url: str, token: str | None, timeout: float, policy: str | None = None, token_from: str = "--admin-token"
+    ) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
         self.policy = policy
+        self.token_from = token_from  # where the token came from, for a refusal of it
 
     def call(self, method: str, path: str, body: Any = None) -> dict:
         if not self.token:  # checked here, not in the callback, so `--help` of every command works without one
@@ -79,9 +95,24 @@ class _Ctx:
             data = {"raw": r.text[:2000]}
         if r.status_code >= 400:
             err = data.get("error", {}) if isinstance(data, dict) else {}
-            typer.echo(f"{r.status_code} {err.get('code') or ''}: {err.get('message') or data}", err=True)
-            raise typer.Exit(2 if r.status_code in (400, 401, 403) else 1)
+            typer.echo(f"{r.status_code} {err.get('code') or ''}: {self.refusal(r.status_code, err) or data}", err=True)
+            raise typer.Exit(2 if r.status_code in FIX_THE_COMMAND else 1)
         return data
+
+    def refusal(self, status: int, err: dict) -> str | None:
+        """The server's message, said in ctl's terms where ctl knows more: it always sends the admin token
+        (the server's `status` route, open to workers too, calls a wrong one "neither token"), and a server
+        without policies (`policies: []` in its 404) serves only its model when `--policy` names another."""
+        if status == 401:
+            return (
+                f"the admin token ({self.token_from}) is not this server's: the one it was started with "
+                "(swarm serve --admin-token) or its OUT/secrets.json (swarm ctl --server OUT reads it)"
+            )
+        if status == 404 and err.get("code") == "model_not_found" and self.policy and err.get("policies") == []:
+            return (
+                f"no policy {self.policy!r}: this server has no policies (started without --policy); leave --policy out"
+            )
+        return err.get("message")
 
 
 #: `--policy` after the command too (`swarm ctl status --policy b`), as well as before it
@@ -167,6 +198,8 @@ def main(
         None, "--policy", help="the policy to operate, on a server of several (default: its first)"
     ),
 ) -> None:
+    from_env = ctx.get_parameter_source("admin_token") == ParameterSource.ENVIRONMENT
+    token_from = "ROOST_ADMIN_TOKEN" if from_env else "--admin-token"
     if server is not None:  # `swarm train` picks a free port and generates the tokens: they are in its folder
         if ctx.get_parameter_source("url") == ParameterSource.COMMANDLINE:
             raise typer.BadParameter("give --url or --server, not both", param_hint="--server")
@@ -175,9 +208,10 @@ def main(
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--server") from None
         url = address.url
-        if ctx.get_parameter_source("admin_token") != ParameterSource.COMMANDLINE:
-            admin_token = address.admin_token or admin_token
-    ctx.obj = _Ctx(url, admin_token, timeout, policy)
+        if ctx.get_parameter_source("admin_token") != ParameterSource.COMMANDLINE and address.admin_token:
+            admin_token = address.admin_token
+            token_from = f"the secrets.json of {server}"
+    ctx.obj = _Ctx(url, admin_token, timeout, policy, token_from)
 
 
 @app.command("get")
@@ -188,7 +222,12 @@ def get(ctx: typer.Context, policy: str = _POLICY) -> None:
 
 def _settings_help() -> str:
     """Every live setting, from the server's own request model (so a new one is listed without an edit here)."""
-    lines = ["Change live settings (KEY=VALUE ..., or --key VALUE). The settings:", ""]
+    lines = [
+        "Change live settings (lr, temperature, quotas...): KEY=VALUE ... or --key VALUE.",
+        "",
+        "The settings:",
+        "",
+    ]
     lines += [f"- {name}: {info.description or ''}" for name, info in LiveConfigUpdate.model_fields.items()]
     aliases = ", ".join(f"{a}={n}" for a, n in ALIASES.items())
     return "\n".join([*lines, "", f"Aliases: {aliases}; quota.FAMILY=SHARE sets one family's share."])

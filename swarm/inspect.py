@@ -22,10 +22,14 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from store.paths import default_model_dir
+from swarm.config.options import require_extra
+from swarm.output_paths import require_output, write_output
 from swarm.run_layout import role_folders
 from swarm.timeline import Call, Segment, merge, merge_stats
 
@@ -53,16 +57,42 @@ def rollout_log(run_dir: Path) -> Path:
     )
 
 
-def iter_episodes(run_dir: Path) -> Iterator[dict]:
+class NoEpisode(KeyError):
+    """No recorded episode is the one asked for. A KeyError, as before, that prints its message as it
+    is (a KeyError's own str() is the repr of its message: quotes around a sentence)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def iter_episodes(run_dir: Path, unreadable: list[int] | None = None) -> Iterator[dict]:
+    """The episodes of the rollout log, in the order they finished. A line that is no JSON object (a torn
+    last line after a crash, a corrupt one) is skipped, its number added to `unreadable`: a reader
+    told "no episode" must be able to learn that the log held lines it could not read."""
     path = rollout_log(run_dir)
-    with path.open() as f:
-        for line in f:
+    with path.open(errors="replace") as f:
+        for number, line in enumerate(f, 1):
             line = line.strip()
-            if line:
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line after a crash
+            if not line:
+                continue
+            try:
+                ep = json.loads(line)
+            except json.JSONDecodeError:
+                ep = None
+            if isinstance(ep, dict):
+                yield ep
+            elif unreadable is not None:
+                unreadable.append(number)
+
+
+def unreadable_note(run_dir: Path, lines: list[int]) -> str:
+    """`2 lines of OUT/rollouts.jsonl skipped as unreadable (lines 4, 9)`: what `iter_episodes` skipped."""
+    shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+    many = len(lines) > 1
+    return (
+        f"{len(lines)} line{'s' if many else ''} of {rollout_log(run_dir)} skipped as unreadable "
+        f"(line{'s' if many else ''} {shown})"
+    )
 
 
 _OPS: dict[str, Callable[[object, str], bool]] = {
@@ -106,24 +136,30 @@ def parse_filter(text: str) -> Callable[[dict], bool]:
     raise ValueError(f"expected FIELD OP VALUE (ops: {' '.join(_OPS)}), got {text!r}")
 
 
-def select_episodes(run_dir: Path, filters: list[str] | None = None) -> list[dict]:
-    """The recorded episodes that pass every filter, in the order they finished."""
+def select_episodes(run_dir: Path, filters: list[str] | None = None, unreadable: list[int] | None = None) -> list[dict]:
+    """The recorded episodes that pass every filter, in the order they finished (`unreadable`: as
+    `iter_episodes`)."""
     checks = [parse_filter(f) for f in filters or ()]
-    return [ep for ep in iter_episodes(run_dir) if all(check(ep) for check in checks)]
+    return [ep for ep in iter_episodes(run_dir, unreadable) if all(check(ep) for check in checks)]
 
 
-def find_episode(run_dir: Path, episode_id: str | None, filters: list[str] | None = None) -> dict:
-    """That episode, or the last one that passes the filters."""
+def find_episode(
+    run_dir: Path, episode_id: str | None, filters: list[str] | None = None, unreadable: list[int] | None = None
+) -> dict:
+    """That episode, or the last one that passes the filters; NoEpisode, saying how many lines of the
+    log could not be read, when there is none."""
     last = None
     checks = [parse_filter(f) for f in filters or ()]
-    for ep in iter_episodes(run_dir):
+    skipped = [] if unreadable is None else unreadable
+    for ep in iter_episodes(run_dir, skipped):
         if (episode_id is None or ep.get("episode_id") == episode_id) and all(c(ep) for c in checks):
             last = ep
             if episode_id is not None:
                 return ep
     if last is None:
         what = f"episode {episode_id!r}" if episode_id else "no episode" + (" matches the filters" if checks else "")
-        raise KeyError(f"{what} not found in {run_dir}" if episode_id else f"{what} in {run_dir}")
+        said = f"{what} not found in {run_dir}" if episode_id else f"{what} in {run_dir}"
+        raise NoEpisode(said + (f"; {unreadable_note(run_dir, skipped)}" if skipped else ""))
     return last
 
 
@@ -280,3 +316,81 @@ def render_html(ep: dict, decode: Callable[[list[int]], str]) -> str:
         parts.append("</div>")
     parts.append("</body></html>")
     return "".join(parts)
+
+
+#: what a folder holds to decode with: one of these (a Hugging Face tokenizer's files)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def tokenizer_problem(path: Path) -> str | None:
+    """Why `path` has no tokenizer to decode with, or None. Said before transformers is asked, whose
+    answer for a folder that is not there is about Hugging Face repo ids."""
+    if not path.exists():
+        return f"{path} does not exist"
+    if not path.is_dir() or not any((path / name).is_file() for name in TOKENIZER_FILES):
+        return f"{path} holds no tokenizer (no {' or '.join(TOKENIZER_FILES[:2])})"
+    return None
+
+
+def _tokenizer_dir(model: Path | None, ep: dict) -> Path:
+    """The folder to decode `ep` with: --model, else the model its run recorded, else the embedded one;
+    a one-line refusal naming --model when it has no tokenizer."""
+    recorded = ep.get("model_dir")
+    found = model or (Path(recorded) if recorded else default_model_dir())
+    if (problem := tokenizer_problem(found)) is not None:
+        whose = "the run's model" if recorded else "the embedded model (the run recorded none)"
+        said = problem if model else f"{whose}: {problem}; give --model DIR, a folder with its tokenizer"
+        raise typer.BadParameter(said, param_hint="--model")
+    return found
+
+
+def inspect_command(
+    run_dir: Path = typer.Argument(
+        ..., help="a `swarm train --out` or `swarm serve --out` folder, or its rollouts.jsonl itself"
+    ),
+    episode: str = typer.Option(
+        None, "--episode", "-e", help="episode id", show_default="the last recorded (that passes the filters)"
+    ),
+    list_: bool = typer.Option(False, "--list", "-l", help="list the episodes (that pass the filters) instead"),
+    filters: list[str] = typer.Option(
+        None,
+        "--filter",
+        "-f",
+        help="FIELD OP VALUE, repeatable (all must hold): "
+        "fields episode_id task_id task_family group_id reward status policy_version "
+        "calls; ops = != > >= < <= ~ (contains); e.g. 'reward>0' task_family=arith",
+    ),
+    limit: int = typer.Option(50, "--limit", min=1, help="rows of --list (the most recent)"),
+    model: Path = typer.Option(
+        None, "--model", help="tokenizer dir", show_default="the run's model, else the embedded one"
+    ),
+    html_out: Path = typer.Option(None, "--html", help="also write a standalone HTML page here"),
+) -> None:
+    """Show a recorded episode token by token (text, id, loss mask, logprob, agent), or list episodes."""
+    require_output(html_out, "--html")  # the paths given are checked before the log is read
+    if model is not None and (problem := tokenizer_problem(model)) is not None:
+        raise typer.BadParameter(problem, param_hint="--model")
+    unreadable: list[int] = []
+    try:
+        if list_:
+            render_list(select_episodes(run_dir, filters, unreadable), limit)
+        else:
+            ep = find_episode(run_dir, episode, filters, unreadable)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--filter") from None
+    except (FileNotFoundError, KeyError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="RUN_DIR / --episode") from None
+    if unreadable:
+        typer.echo(f"swarm inspect: {unreadable_note(run_dir, unreadable)}", err=True)
+    if list_:
+        return
+    tok_dir = _tokenizer_dir(model, ep)
+    require_extra("server", "transformers")
+    from swarm.chat.tokenizers import load_tokenizer  # lazy: transformers takes seconds to import
+
+    tok = load_tokenizer(tok_dir)
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
+    render_terminal(ep, decode)
+    if html_out:
+        write_output(html_out, render_html(ep, decode))
+        typer.echo(f"wrote {html_out}")

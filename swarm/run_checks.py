@@ -3,8 +3,11 @@
 A run that would fail on its inputs fails here, before a folder, a server or an MLflow run
 exists: every problem found is one line naming the flag (`Problems`), all of them at once.
 Checked: the model directory, the workflow (importable, callable), the dataset (given,
-the task's, or a `dataset` function beside the workflow; importable, callable), the output
-folder (a folder, creatable, its earlier run), `--resume` (something to resume, steps left),
+the task's, or a `dataset` function beside the workflow; importable, callable, and its first
+tasks dicts with a `task_id`), the output folder (a folder, creatable, its earlier run, not a
+`swarm serve` folder), `--resume` (something to resume, steps left, and the checkpoint it loads
+of the kind the settings train: a LoRA adapter of their rank and alpha, or every weight of a model
+of the same shape, as the server would check it only once started),
 `--vllm-python` when given, `--device cuda` on a machine without CUDA, a `--lora-rank` wider than
 a layer of the model (swarm/model/widths.py), and `--teacher`
 (swarm/model/teacher.py).
@@ -13,7 +16,8 @@ The run folder follows one set of rules (the README's "The run folder" and each 
 header say the same):
 
 * a folder holding a run is never mixed with another: `--resume` continues it, `--fresh`
-  replaces it, anything else is refused with those choices;
+  replaces it, anything else is refused with those choices; a `swarm serve` out folder is
+  refused whatever the flags (neither would make it a run's);
 * `swarm train --config OUT/run.yaml` (a run's own file, no `--out`) repeats that run into the
   first sibling folder holding no run, OUT-2, OUT-3, ... (said on stderr);
 * a folder whose run ended before its first step (summary.json `status: failed` or
@@ -33,7 +37,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -41,11 +45,12 @@ from typing import IO, Any
 from store.paths import default_model_dir
 from swarm.config.options import build_config, load_config_file
 from swarm.config.run import RunConfig, sibling
-from swarm.config.server import ServerConfig
 from swarm.folder_lock import FolderInUse, hold_folder
-from swarm.model.widths import rank_problem
-from swarm.run_layout import RUN_FILE, run_summary
+from swarm.model.widths import lora_problems
+from swarm.resume_checks import resume_problems
+from swarm.run_layout import RUN_FILE, SERVER_FILE, run_summary
 from swarm.server.bootstrap import SERVER_LOCK
+from swarm.server.recovery import BUFFER_FILE
 
 #: the server's per-step metrics, relative to the run folder (summary.json points here)
 METRICS = "server/metrics.jsonl"
@@ -63,6 +68,11 @@ RUN_ENTRIES = (
     "servers",
     CURSORS,
 )  # servers/: a --team run's
+#: what a `swarm serve --out` folder holds at its top and a run folder never does (its server's are in server/)
+SERVE_ENTRIES = (SERVER_FILE, SERVER_LOCK, BUFFER_FILE, "checkpoints")
+#: how many tasks of a workflow's dataset are made and looked at before the run starts (the fleet makes them
+#: all: a large dataset is not made twice, and a task without its `task_id` is mostly every task)
+DATASET_PROBE = 16
 
 
 class Problems(Exception):
@@ -164,20 +174,6 @@ def _load(spec: str, flag: str) -> tuple[Any, str | None]:
     return obj, None
 
 
-def lora_problems(server: ServerConfig) -> list[str]:
-    """A LoRA rank wider than a target layer, from the model's config.json (the engine would refuse it
-    only once a server had started); one line per policy that has one."""
-    if server.policies:
-        ranked = [(f"policy {p.name}: ", server.for_policy(p).lora) for p in server.policies]
-    else:
-        ranked = [("", server.lora)]
-    found = []
-    for prefix, lora in ranked:
-        if problem := rank_problem(Path(server.model_dir), lora):
-            found.append(f"--lora-rank: {prefix}{problem}")
-    return found
-
-
 def input_problems(spec: RunConfig) -> list[str]:
     """What would fail in the server or in every client: the model, the workflow, the dataset."""
     found: list[str] = []
@@ -220,17 +216,51 @@ def input_problems(spec: RunConfig) -> list[str]:
                 f"--dataset: none given and {module!r} has no dataset(seed, size) function beside "
                 f"{spec.workflow}: give --dataset module:function or --task NAME"
             )
+        else:
+            loaded["--dataset"] = beside
+    if spec.task is None and "--dataset" in loaded:  # a --task's own dataset is built in
+        name = spec.dataset or f"{spec.workflow.partition(':')[0]}:dataset"
+        if problem := dataset_problem(loaded["--dataset"], name, spec.server.seed * 1000, spec.dataset_size):
+            found.append(problem)
     return found
 
 
+def dataset_problem(make: Callable, name: str, seed: int, size: int) -> str | None:
+    """What is wrong with the tasks `make(seed, size)` returns (its first `DATASET_PROBE`, with the first
+    fleet's seed), as every fleet thread would meet it on its first job: each died of it and the run
+    waited for the fleet to end before it failed."""
+    size = min(size, DATASET_PROBE)
+    try:
+        tasks = make(seed, size)
+        first = list(tasks)[:DATASET_PROBE]
+    except Exception as exc:  # noqa: BLE001 - any error of user code is the problem to report
+        said = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return f"--dataset: {name}({seed}, {size}) raised {said}"
+    if not first:
+        return f"--dataset: {name}({seed}, {size}) returned no task"
+    for i, task in enumerate(first):
+        if not isinstance(task, Mapping):
+            return f"--dataset: task {i} of {name} is a {type(task).__name__} (every task is a dict with a task_id)"
+        if "task_id" not in task:
+            return f"--dataset: task {i} of {name} has no 'task_id' (every task is a dict with a task_id)"
+    return None
+
+
 def out_problems(out: Path, resume: bool) -> list[str]:
-    """What is wrong with `out` itself: not a folder, not creatable, nothing to resume."""
+    """What is wrong with `out` itself: not a folder, not creatable, a `swarm serve` folder, nothing to resume."""
     if out.exists() and not out.is_dir():
         return [f"--out: {out} is a file, not a folder"]
     if not out.exists():
         parent = next(p for p in out.absolute().parents if p.exists())
+        if not parent.is_dir():
+            return [f"--out: cannot create {out}: {parent} is a file, not a folder"]
         if not os.access(parent, os.W_OK | os.X_OK):
             return [f"--out: cannot create {out}: {parent} is not writable"]
+    if served := [name for name in SERVE_ENTRIES if (out / name).exists()]:
+        return [
+            f"--out: {out} is the out folder of a `swarm serve` ({', '.join(served)}), not a run's: a run folder "
+            "is never mixed with another run; choose another --out"
+        ]
     if resume and not previous_run(out):
         return [f"--resume: nothing to resume in {out}"]
     return []
@@ -290,12 +320,13 @@ class HeldRun:
     out: Path
     file: IO[str]
     made: bool  # the folder was made for this run
+    lock_made: bool = False  # and its run.lock (a folder refused keeps none: a `swarm serve` folder, say)
 
     @classmethod
     def take(cls, out: Path) -> HeldRun:
-        made = not out.exists()
+        made, lock_made = not out.exists(), not (out / RUN_LOCK).exists()
         try:
-            return cls(out, hold_folder(out, RUN_LOCK, "swarm train"), made)
+            return cls(out, hold_folder(out, RUN_LOCK, "swarm train"), made, lock_made)
         except FolderInUse as exc:
             raise Problems(
                 [
@@ -305,10 +336,12 @@ class HeldRun:
             ) from None
 
     def release(self) -> None:
-        """Let go; a folder made for a run refused after all (a `--team` or `--attach` check) goes too."""
+        """Let go of a run refused after all (a `--team` or `--attach` check): a lock file or folder made
+        for it goes too."""
+        if self.lock_made:
+            (self.out / RUN_LOCK).unlink(missing_ok=True)
         self.file.close()
-        if self.made and [p.name for p in self.out.iterdir()] == [RUN_LOCK]:
-            (self.out / RUN_LOCK).unlink()
+        if self.made and not any(self.out.iterdir()):
             self.out.rmdir()
 
 
@@ -354,6 +387,8 @@ def prepare(
         config_file = out / RUN_FILE  # the run's own settings; flags given now go on top
     spec: RunConfig = build_config(RunConfig, {**overrides, "out": out}, config_file, defaults=RunConfig())
     found += input_problems(spec)
+    if resume:
+        found += resume_problems(spec, out)
     if resume and not found and steps_done(out) >= spec.steps:
         done = steps_done(out)
         found.append(f"--steps: the run in {out} already has {done} step{'s' * (done != 1)}; ask for more with --steps")
@@ -372,14 +407,17 @@ def prepare(
 __all__ = [
     "METRICS",
     "CURSORS",
+    "DATASET_PROBE",
     "HeldRun",
     "MetricsTail",
     "Problems",
     "RUN_ENTRIES",
     "RUN_FILE",
     "RUN_LOCK",
+    "SERVE_ENTRIES",
     "choose_out",
     "clear_run",
+    "dataset_problem",
     "ended_before_training",
     "input_problems",
     "left_running",

@@ -11,7 +11,8 @@ tokens, writes the run's settings (`run.yaml`, from `RunConfig` in
 swarm/config/run.py) and each process's own (`server.yaml`, `fleet-*.yaml`),
 starts them with `--config`, shows progress from the server's metrics, stops
 everything by PID when the target step is reached (or on Ctrl-C), and writes
-`summary.json` (also when the run fails: `status: failed`, and its MLflow run FAILED).
+`summary.json` (also when the run fails: `status: failed`, and its MLflow run FAILED; a `--resume` whose
+server never comes up leaves the earlier run's run.yaml and summary.json as they were: `KeptFiles`).
 `run.yaml` records what ran (the port, the server's group size...) and `swarm train
 --config OUT/run.yaml` repeats the run, into a fresh sibling folder (swarm/run_checks.py
 chooses the folder and checks every input before anything starts).
@@ -40,9 +41,11 @@ from swarm.children import log_tail, open_log, signals_interrupt, stop, swarm_co
 from swarm.config.fleet import FleetConfig
 from swarm.config.options import write_config
 from swarm.config.policies import PolicySpec
+from swarm.config.run import SHARED_BASE_RANK as SHARED_BASE_RANK  # swarm/team_run.py takes it from here
 from swarm.config.run import RunConfig, tracking_params, write_run_file
 from swarm.config.server import ServerConfig
 from swarm.fleet_alerts import FleetAlerts
+from swarm.kept_files import KeptFiles, RunUnchanged
 from swarm.run_checks import CURSORS, METRICS, RUN_FILE, MetricsTail, previous_run, read_metrics
 from swarm.run_layout import SERVER_FILE
 from swarm.run_summary import ServerStopped, ended, summarize, summarize_policies, write_summary
@@ -77,13 +80,8 @@ def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -
         update.update(quotas={_family(name): share for name, share in mix.items()}, quota_schedule=None)
     if spec.roles:  # --shared-base: a LoRA policy per role on the one base
         update["policies"] = [PolicySpec(name=role) for role in spec.roles]
-        if not spec.server.lora.enabled and spec.server.engine in ("torch", "vllm"):
-            update["lora"] = spec.server.lora.model_copy(update={"rank": SHARED_BASE_RANK})
+        update["lora"] = spec.trained_lora
     return spec.server.model_copy(update=update)
-
-
-#: the LoRA rank of `--shared-base` policies when the run gives none (policies on one base are adapters)
-SHARED_BASE_RANK = 8
 
 
 def metric_files(spec: RunConfig, out: Path) -> dict[str, Path]:
@@ -148,7 +146,8 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
 
     On a failure (a dead server or fleet, a timeout, Ctrl-C) every process is stopped, summary.json
     says `status: failed` (or `interrupted`, or `stopped` for a server stopped cleanly) with the error,
-    the MLflow run is marked FAILED (KILLED), and the error is raised again."""
+    the MLflow run is marked FAILED (KILLED), and the error is raised again. A start over an earlier run
+    (`--resume`) that fails before its server is up leaves that run as it was and raises `RunUnchanged`."""
     out = spec.out.resolve()
     spec = spec.model_copy(update={"out": out})  # run.yaml records the folder the run really used
     out.mkdir(parents=True, exist_ok=True)
@@ -164,6 +163,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
         console.print(
             f"--shared-base: the roles train LoRA adapters of rank {served.lora.rank} (--lora-rank to change)"
         )
+    kept = KeptFiles.take(out, KEPT)  # what a start that fails before its server is up puts back
     write_run_file(out, spec, served, {})  # --resume finds it even when the server never starts
     server_file = write_config(out / "server.yaml", served)
     keep_tokens(served.out_dir, token, admin)  # `swarm ctl --server OUT` finds them there
@@ -175,6 +175,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     t0 = time.monotonic()
     procs: dict[Path, subprocess.Popen] = {}  # its log -> a process we started
     alerts: FleetAlerts | None = None  # the fleets' failure lines, once they run
+    up = False  # the server answered: from then on the run's files are this start's
     try:
         with signals_interrupt():  # SIGTERM (a scheduler's cancel), SIGHUP: the cleanup below still runs
             try:
@@ -189,6 +190,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                 with console.status(starting_line(spec.server.engine, server_log)):  # a terminal's spinner
                     timeout = start_timeout(spec.server.engine)
                     url = wait_serving(served.out_dir / SERVER_FILE, token, server, server_log, timeout)
+                up = True
                 fleets = dict(fleet_configs(spec, url))
                 write_run_file(out, spec, served.model_copy(update={"port": urlsplit(url).port}), fleets)
                 console.print(
@@ -205,7 +207,12 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
                 if alerts is not None:
                     alerts.say(console)  # what the fleets said after the last look
     except BaseException as exc:
-        _record_failure(out, spec, time.monotonic() - t0, exc)
+        if not up:
+            kept.restore()
+        if up or kept.summary is None:
+            _record_failure(out, spec, time.monotonic() - t0, exc)
+        elif isinstance(exc, Exception):
+            raise RunUnchanged(str(exc), out, kept.status) from exc
         raise
     wall = time.monotonic() - t0
     summary = (
@@ -221,6 +228,10 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
             finish_mlflow_run(summary["mlflow"], tracking_params(spec), "FINISHED")
     write_summary(out, summary)
     return summary
+
+
+#: what a start rewrites of an earlier run in its folder before its server is up (relative to OUT)
+KEPT = (RUN_FILE, "server.yaml", "summary.json", f"server/{MODEL_FILE}")
 
 
 def _hand_over_mlflow(spec: RunConfig, served: ServerConfig, out: Path) -> None:
@@ -451,5 +462,6 @@ def follow(
                     f"{', '.join(map(str, clients))}\n{first.name}:\n{log_tail(first)}"
                 )
             if time.monotonic() - t0 > spec.timeout_s:
-                raise TimeoutError(f"training did not reach {spec.steps} steps in {spec.timeout_s:.0f}s")
+                steps = f"{spec.steps} step{'s' * (spec.steps != 1)}"
+                raise TimeoutError(f"training did not reach {steps} in {spec.timeout_s:.0f}s")
             time.sleep(0.5)

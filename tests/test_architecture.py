@@ -171,8 +171,18 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.samples"},  # the ground floor: calls and training samples
     {"swarm.algorithms", "swarm.timeline"},  # the pure cores
     # built-in tasks; the wire protocol's bodies; one TLS context; the child processes a run starts; where a
-    # run folder keeps each policy or role (read by eval and inspect); one process per folder (its lock)
-    {"swarm.tasks", "swarm.protocol", "swarm.tls", "swarm.children", "swarm.run_layout", "swarm.folder_lock"},
+    # run folder keeps each policy or role (read by eval and inspect); one process per folder (its lock); an
+    # output path a command was given, checked before its work (eval --json, export --merge, inspect --html)
+    {
+        "swarm.tasks",
+        "swarm.protocol",
+        "swarm.tls",
+        "swarm.children",
+        "swarm.run_layout",
+        "swarm.folder_lock",
+        "swarm.output_paths",
+        "swarm.kept_files",
+    },
     {"swarm.config"},  # every settings model and the option derivation
     {"swarm.chat"},  # tool-call parsing, shared by the model package and the server
     {"swarm.engine"},  # models behind one interface
@@ -181,6 +191,7 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.tinker"},  # the Tinker-compatible API: primitives on policies of the base (the server mounts it)
     {"swarm.server"},  # the swarm server
     # what `swarm train` checks before it starts anything, and its folder rules; its fleets' failure lines
+    {"swarm.resume_checks"},  # what a resumed run's checkpoint can take
     {"swarm.run_checks", "swarm.fleet_alerts"},
     {"swarm.run_summary"},  # a run's summary.json, however it ran (train, --attach, --team)
     {"swarm.testing", "swarm.train", "swarm.inspect", "swarm.ctl", "swarm.plugins"},  # what drives a server

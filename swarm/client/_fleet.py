@@ -10,9 +10,11 @@ it, to threads that are running them. A workflow exception aborts that episode,
 is counted, and the job is retried (up to `max_attempts`, so the group can still
 complete); the last attempt aborts without releasing the slot, so the group
 completes one smaller instead of waiting forever. The fleet never dies of a
-workflow error; it stops when the server says it is stopping (on any response,
-a workflow's model call included: `SwarmClient.stopping`) or is gone, when
-`stop` is set, after `epochs`, or after `max_episodes` jobs.
+workflow error (an error of the fleet itself, such as a task without its `task_id`,
+ends the thread that meets it, and the fleet raises `FleetCrashed` once every thread
+has); it stops when the server says it is stopping (on any response, a workflow's
+model call included: `SwarmClient.stopping`) or is gone, when `stop` is set, after
+`epochs`, or after `max_episodes` jobs.
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ class _Fleet:
         self.stats = FleetStats()
         self.lock = threading.Lock()
         self.kinds: set[str] = set()  # of failures already shown (`_first_of_kind`)
+        self.crashes: list[Exception] = []  # what ended a thread (`guarded_worker`)
 
     def next_job(self) -> tuple[int, dict, int | None] | None:
         """(job number, task, its claim ticket when ordered): numbered by the cursor, which a restarted
@@ -192,6 +195,20 @@ class _Fleet:
             except SwarmError as exc:  # cancelled while waiting (stop was set)
                 if not self.stop.is_set():
                     self._error(str(exc))
+
+    def guarded_worker(self) -> None:
+        """`worker`, its thread's end recorded when an error outside the workflow ends it (a task without its
+        `task_id`): the first one with its traceback, and `run_fleet` raises once every thread has ended so,
+        for a process exiting 0 after all of them had died read as a fleet done with its dataset."""
+        try:
+            self.worker()
+        except Exception as exc:
+            with self.lock:
+                self.crashes.append(exc)
+                first = len(self.crashes) == 1
+            self._error(f"fleet thread died: {type(exc).__name__}: {exc}"[:500])
+            if first:
+                log.error("a fleet thread died: %s: %s", type(exc).__name__, exc, exc_info=exc)
 
     def _halt(self, why: str) -> None:
         with self.lock:  # a reason to halt outranks running out of jobs
@@ -264,6 +281,9 @@ class _Fleet:
                     with self.lock:
                         self.stats.rewards.append(ep.result.reward)
                     self._note(finished=1)
+                elif self.stop.is_set():  # the stop gave its open episodes back: not the workflow's doing
+                    ep._abort_quietly("client stopping")
+                    return False  # pending for a restart, as a workflow interrupted by the stop
                 else:
                     ep._abort_quietly("workflow returned None without finishing the episode")
                     self._first_of_kind("None", NONE_TEXT.format(task=task_id))  # before _note: it shows it
@@ -322,7 +342,9 @@ def run_fleet(
         choices,
         ordered,
     )
-    threads = [threading.Thread(target=fleet.worker, name=f"fleet-{i}", daemon=True) for i in range(concurrency)]
+    threads = [
+        threading.Thread(target=fleet.guarded_worker, name=f"fleet-{i}", daemon=True) for i in range(concurrency)
+    ]
     for t in threads:
         t.start()
     try:
@@ -335,7 +357,17 @@ def run_fleet(
     if stop.is_set():
         fleet._stopped("stop")
     fleet.stats.elapsed = time.time() - fleet.stats.started_at
+    if len(fleet.crashes) == len(threads):
+        first = fleet.crashes[0]
+        raise FleetCrashed(
+            f"every fleet thread died ({len(threads)}), the first of {type(first).__name__}: {first}"
+        ) from first
     return fleet.stats
+
+
+class FleetCrashed(RuntimeError):
+    """Every thread of a fleet ended on an error of its own, not of the workflow (a task without its
+    `task_id`): nothing more would be played, and its process must not exit as a fleet done with its dataset."""
 
 
 #: After Ctrl-C, how long the fleet waits for its workflows to notice before it exits anyway.

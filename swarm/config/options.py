@@ -300,13 +300,16 @@ def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     tree[path[-1]] = value
 
 
-def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """`top` over `base`, recursing into mappings present in both."""
+def deep_merge(base: dict[str, Any], top: dict[str, Any], keep_set: bool = False) -> dict[str, Any]:
+    """`top` over `base`, recursing into mappings present in both. `keep_set`: a mapping of `top` does not
+    replace a value of `base` that is set but no mapping (a config file's `server: 5` under the flags'
+    `server: {group_size: 2}`): it stays for the model to refuse, as it is without a flag, instead of the
+    flags' settings hiding it."""
     out = dict(base)
     for key, value in top.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
+            out[key] = deep_merge(out[key], value, keep_set)
+        elif not (keep_set and isinstance(value, dict) and out.get(key) is not None):
             out[key] = value
     return out
 
@@ -352,12 +355,38 @@ def errors_line(
     return "; ".join(parts)
 
 
-def describe_error(exc: ValidationError, model: type[BaseModel], defaults: BaseModel | None = None) -> str:
-    """A pydantic error as the user typed it: `--lease-seconds: Input should be greater than 0`."""
+def describe_error(
+    exc: ValidationError,
+    model: type[BaseModel],
+    defaults: BaseModel | None = None,
+    file: Mapping[str, Any] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> str:
+    """A pydantic error as the user typed it: `--lease-seconds: Input should be greater than 0` for a flag,
+    `server.train.lr: ...` for a value of the config file `file` that no flag of `flags` replaced (its
+    flag would send the user to a command line that never held it)."""
     names = flag_names(model, defaults)
     errors = name_unknown_keys(list(exc.errors()), model)
+
+    def place(loc: tuple[str, ...]) -> str:
+        if file is not None and _holds(file, loc) and not _holds(flags or {}, loc):
+            return ".".join(loc)
+        return names.get(loc) or ".".join(loc)
+
     # a whole-model check (empty loc) names its flags in its own words: no "RunConfig: " before them
-    return errors_line(errors, lambda loc: names.get(loc) or ".".join(loc), most=None)
+    return errors_line(errors, place, most=None)
+
+
+def _holds(tree: Any, loc: tuple[str, ...]) -> bool:
+    """Whether settings `tree` (a config file's, the flags') give a value at `loc` (pydantic's error place)."""
+    for part in loc:
+        if isinstance(tree, Mapping) and part in tree:
+            tree = tree[part]
+        elif isinstance(tree, list) and part.isdigit() and int(part) < len(tree):
+            tree = tree[int(part)]
+        else:
+            return False
+    return True
 
 
 def build_config(
@@ -368,17 +397,19 @@ def build_config(
 ) -> Any:
     """The model from `defaults`, then the file, then the flags; a CLI error naming the setting."""
     data: dict[str, Any] = defaults.model_dump(mode="json") if defaults is not None else {}
+    file: dict[str, Any] | None = None
     try:
         if config_file is not None:
-            data = deep_merge(data, load_config_file(config_file))
+            file = load_config_file(config_file)
+            data = deep_merge(data, file)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from None
-    data = deep_merge(data, overrides)
+    data = deep_merge(data, overrides, keep_set=True)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise typer.BadParameter(
-            describe_error(exc, model, defaults), param_hint="--config" if config_file else None
+            describe_error(exc, model, defaults, file, overrides), param_hint="--config" if config_file else None
         ) from None
 
 

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from swarm.config.fleet import FleetConfig
+from swarm.config.lora import LoraSettings
 from swarm.config.options import Flag, deep_merge, dump_config
 from swarm.config.policies import check_name
 from swarm.config.server import ServerConfig
@@ -26,6 +27,8 @@ from swarm.tasks import get_task, list_tasks
 
 #: the record in a run file of what the processes ran with (`run_file_text`); ignored on input
 RAN = "ran"
+#: the LoRA rank of `--shared-base` policies when the run gives none (policies on one base are adapters)
+SHARED_BASE_RANK = 8
 #: `swarm train` chooses these itself (a free port, tokens, the run's folders, the step count).
 ORCHESTRATED = frozenset(
     {
@@ -226,6 +229,16 @@ class RunConfig(BaseModel):
         return get_task(next(iter(self.mix))).roles if self.shared_base else ()
 
     @property
+    def trained_lora(self) -> LoraSettings:
+        """The LoRA settings the run's server trains with: `--shared-base` roles are adapters (rank
+        `SHARED_BASE_RANK` unless given) where the engine runs policies on one base. Both the server's start
+        and the `--resume` check before it read this, so the two never disagree."""
+        lora = self.server.lora
+        if self.shared_base and not lora.enabled and self.server.engine in ("torch", "vllm"):
+            return lora.model_copy(update={"rank": SHARED_BASE_RANK})
+        return lora
+
+    @property
     def grouped(self) -> bool:
         """Whether each group is one episode with one n-choice call (`group_call`, or its default)."""
         if self.group_call is not None:
@@ -319,8 +332,9 @@ def run_file_text(spec: RunConfig, server: ServerConfig, fleets: dict[str, Fleet
 def write_run_file(out: Path, spec: RunConfig, server: ServerConfig, fleets: dict[str, FleetConfig]) -> Path:
     """`out/run.yaml` (`run_file_text`), replaced whole: a run killed while writing it leaves the old one.
 
-    Written before the server starts (no fleets yet: their URL is the port the server binds), so a run
-    whose server never started can be resumed, and again with the fleets once it has said its URL."""
+    Written before the server starts (no fleets yet: their URL is the port the server binds), so a first
+    run whose server never started can be resumed, and again with the fleets once it has said its URL.
+    A start that fails before its server is up puts an earlier run's file back (swarm/train.py)."""
     path, tmp = out / RUN_FILE, out / f".{RUN_FILE}.tmp"
     tmp.write_text(run_file_text(spec, server, fleets))
     tmp.replace(path)
@@ -333,6 +347,7 @@ __all__ = [
     "ORCHESTRATED",
     "RAN",
     "RunConfig",
+    "SHARED_BASE_RANK",
     "parse_mix",
     "run_file_text",
     "sibling",

@@ -20,6 +20,7 @@ from store.paths import default_model_dir
 from swarm.children import quiet_progress_bars_off_terminal
 from swarm.config.options import require_extra
 from swarm.config.run import parse_mix
+from swarm.output_paths import require_output, write_output
 from swarm.run_layout import RUN_FILE
 from swarm.tasks import list_tasks
 
@@ -85,6 +86,7 @@ def eval_command(
     A team run's folder (`--task duet --shared-base`, `--team`) is scored on its team task, each role's
     checkpoint playing its part, a row per role; --each-role adds each role trained alone.
     """
+    require_output(json_out, "--json")  # before the evaluation: its minutes are not lost to a bad path
     require_extra("server", "torch", "transformers")
     quiet_progress_bars_off_terminal()  # "Loading weights" per model: noise in a log
     from swarm.model.evaluate import Loaded, RunFolderError, comparison_table, evaluate, run_models  # lazy: torch
@@ -159,7 +161,7 @@ def _score(runs: list[tuple], kind: str, score: Callable[[Any, str, float], list
 def _show(table: Table, results: list[dict], json_out: Path | None) -> None:
     Console().print(table)
     if json_out:
-        json_out.write_text(json.dumps(results, indent=2))
+        write_output(json_out, json.dumps(results, indent=2))
 
 
 def _eval_team(

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from swarm.config.lora import ALL_LINEAR, LoraSettings, rank_too_wide
+from swarm.config.server import ServerConfig
 
 #: model types whose attention and MLP projections are q/k/v/o and gate/up/down, shaped as below
 DECODERS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -61,4 +62,18 @@ def rank_problem(model_dir: Path, settings: LoraSettings) -> str | None:
     return rank_too_wide(settings.rank, name, *widths[name])
 
 
-__all__ = ["DECODERS", "projection_widths", "rank_problem"]
+def lora_problems(server: ServerConfig) -> list[str]:
+    """A LoRA rank wider than a target layer, from the model's config.json (the engine would refuse it
+    only once a server had started, `swarm serve` after writing its config.yaml); one line per policy."""
+    if server.policies:
+        ranked = [(f"policy {p.name}: ", server.for_policy(p).lora) for p in server.policies]
+    else:
+        ranked = [("", server.lora)]
+    return [
+        f"--lora-rank: {prefix}{problem}"
+        for prefix, lora in ranked
+        if (problem := rank_problem(Path(server.model_dir), lora))
+    ]
+
+
+__all__ = ["DECODERS", "lora_problems", "projection_widths", "rank_problem"]

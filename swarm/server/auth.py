@@ -61,7 +61,7 @@ def _is_worker(swarm: Swarm, token: str) -> bool:
 async def worker(request: Request, authorization: str | None = Header(None)) -> Swarm:
     swarm = current_swarm(request)
     if not _is_worker(swarm, bearer(authorization)):
-        raise Unauthorized("invalid_token", "invalid worker token")
+        raise Unauthorized("invalid_token", "the token is neither this server's worker token nor its admin token")
     return swarm
 
 
@@ -73,8 +73,14 @@ async def admin(
     swarm = current_swarm(request)
     token = bearer(authorization)
     if not same_secret(token, swarm.config.admin_token):
-        kind = Forbidden if same_secret(token, swarm.config.token) else Unauthorized
-        raise kind("admin_only", "admin token required")
+        if same_secret(token, swarm.config.token):  # known, not allowed
+            raise Forbidden(
+                "admin_only", "admin token required: this is the worker token, which may not operate the server"
+            )
+        raise Unauthorized(
+            "admin_only",
+            "the admin token is not this server's (swarm ctl --admin-token, or the server's OUT/secrets.json)",
+        )
     return policies(request).by_model(policy) if policy is not None else swarm
 
 

@@ -26,6 +26,7 @@ import typer
 from swarm.children import quiet_progress_bars_off_terminal
 from swarm.config.options import build_config, config_options, require_extra, write_config
 from swarm.config.server import ServerConfig
+from swarm.model.widths import lora_problems
 from swarm.server.bootstrap import hold_out_dir, parse_quotas, port_problem, tls_problem
 
 CONFIG_FILE = "config.yaml"
@@ -90,6 +91,9 @@ def serve_command(
         if problem := device_problem(config.device):
             typer.echo(f"swarm serve: {problem}", err=True)
             raise typer.Exit(2)
+    if found := lora_problems(config):  # before config.yaml is written: a refused start leaves no settings
+        typer.echo(f"swarm serve: {found[0]}", err=True)
+        raise typer.Exit(2)
     held = hold_out_dir(config.out_dir)  # before its config is written over: one server per folder
     write_config(Path(config.out_dir) / CONFIG_FILE, config)
     quiet_progress_bars_off_terminal()  # under `swarm train` the output is a log: "Writing model shards" per checkpoint

@@ -49,13 +49,19 @@ class PolicyRouter:
         for swarm in self.swarms.values():
             if name in swarm.config.model_aliases:
                 return swarm
+        served = ", ".join(self.served())
         if name in self.removed:
-            raise NotFound("model_not_found", f"policy {name!r} was removed; served: {', '.join(self.swarms)}")
+            raise NotFound("model_not_found", f"policy {name!r} was removed; served: {served}")
         raise NotFound(
             "model_not_found",
-            f"model {name!r} is not served here; served: {', '.join(self.swarms)}",
-            details={"models": self.names()},
+            f"model {name!r} is not served here; served: {served}",
+            details={"models": self.served(), "policies": [n for n in self.swarms if n]},  # [] : none named
         )
+
+    def served(self) -> list[str]:
+        """The names a request may use, one per policy: a server without policies keeps its one under ""
+        (which "served: " listed as nothing), and serves it by its model name."""
+        return [name or swarm.config.served_model_name for name, swarm in self.swarms.items()]
 
     def owner(self, episode_id: str) -> Swarm:
         """The policy whose registry holds `episode_id` (open, recently closed, or in its buffer)."""

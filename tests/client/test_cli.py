@@ -61,6 +61,20 @@ def test_custom_workflow_with_env_token(server: RunningServer, tmp_path: Path, m
     assert server.swarm.counters["finished"] == 4
 
 
+def test_a_fleet_whose_every_thread_dies_exits_non_zero(
+    server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "no_ids.py").write_text(
+        "def dataset(seed, size):\n    return [{'q': i} for i in range(size)]\n"
+        "def play(task, episode):\n    return 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = CliRunner().invoke(
+        app, ["--url", server.url, "--token", server.token, "--workflow", "no_ids:play", "--concurrency", "2", "-q"]
+    )
+    assert r.exit_code != 0 and "every fleet thread died (2)" in str(r.exception), r.output
+
+
 @pytest.mark.parametrize("args", [["--workflow", "no_such_module:f"], ["--task", "nope"], [], ["--workflow", "json"]])
 def test_bad_options(server: RunningServer, args: list[str]) -> None:
     r = CliRunner().invoke(app, ["--url", server.url, "--token", "t", *args])

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from swarm.client import FleetStats, SwarmClient, run_fleet
+from swarm.client._fleet import FleetCrashed
 from swarm.engine.fake import FakeEngine
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -90,6 +91,14 @@ def test_workflow_errors_are_counted_and_groups_still_complete(make_server) -> N
     assert all('test_fleet.py", line' in text for text in stats.first_of_kind)  # where in the workflow
 
 
+def test_a_fleet_whose_every_thread_dies_raises_instead_of_ending_as_done(server) -> None:
+    """A task without its `task_id` ends every thread that takes one: the fleet used to return as if done
+    with its dataset, and its process exit 0 (`swarm train` then waited a minute before it failed)."""
+    client = SwarmClient(server.url, server.token)
+    with pytest.raises(FleetCrashed, match=r"every fleet thread died \(3\), the first of KeyError: 'task_id'"):
+        run_fleet(client, chat_workflow, [{"q": i} for i in range(4)], n=2, concurrency=3, epochs=1)
+
+
 def test_a_workflow_returning_none_unfinished_is_said_once(make_server) -> None:
     srv = make_server(group_size=2, batch_groups=1)
 
@@ -99,6 +108,25 @@ def test_a_workflow_returning_none_unfinished_is_said_once(make_server) -> None:
     stats = run_fleet(SwarmClient(srv.url, srv.token), forgetful, _dataset(2), n=2, concurrency=2, epochs=1)
     assert stats.aborted == 4 and stats.finished == 0
     assert len(stats.first_of_kind) == 1 and "returned None without finishing the episode" in stats.first_of_kind[0]
+
+
+def test_an_episode_given_back_by_the_stop_is_not_blamed_on_its_workflow(make_server) -> None:
+    """Ctrl-C gives the open episodes back while their workflows run; one whose model call had returned
+    then returned its reward to an aborted episode, and the fleet said "workflow returned None without
+    finishing the episode" about the built-in arith workflow."""
+    srv = make_server(group_size=2, batch_groups=1)
+    stop = threading.Event()
+    client = SwarmClient(srv.url, srv.token)
+
+    def played_then_stopped(task: dict, episode) -> float:
+        chat_workflow(task, episode)
+        stop.set()
+        client.abort_open("client interrupted")  # as the fleet's Ctrl-C handler does (`_give_back`)
+        assert episode.done and episode.result is None
+        return 1.0
+
+    stats = run_fleet(client, played_then_stopped, _dataset(2), n=2, concurrency=2, stop=stop)
+    assert stats.stopped_by == "stop" and stats.first_of_kind == [] and stats.finished == 0, stats
 
 
 def test_fleet_stops_when_server_stops(make_server) -> None:

@@ -87,6 +87,35 @@ def test_lora_run_checkpoints_resumes_exports_and_evaluates(tmp_path):
     assert roles == {"initial", "trained"}
 
 
+def test_a_resume_its_checkpoint_cannot_take_leaves_the_run_as_it_was(tmp_path):
+    """A `--resume` with settings the checkpoint cannot take used to be saved into run.yaml and mark the
+    finished run failed, and a plain `--resume` then failed the same way: refused before anything starts
+    where it can be checked, and where only the server can tell, the run's files are put back."""
+    model = build_untrained(tmp_path / "model", seed=0)
+    out = tmp_path / "run"
+    r = _train(tmp_path, model, out, "--steps", "2", "--lora-rank", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    kept = ("run.yaml", "summary.json", "server.yaml")
+    before = {name: (out / name).read_text() for name in kept}
+    log = (out / "logs" / "server.log").read_text()
+    r = _train(tmp_path, model, out, "--steps", "3", "--resume", "--lora-rank", "8")
+    assert r.returncode == 2, r.stdout + r.stderr
+    [line] = [line for line in r.stderr.splitlines() if line.startswith("swarm train: ")]
+    assert "trains a LoRA adapter of rank 4, alpha 16" in line and "--lora-rank 4 --lora-alpha 16" in line
+    assert {name: (out / name).read_text() for name in kept} == before
+    assert (out / "logs" / "server.log").read_text() == log  # no server started
+    # other target layers: only the server finds them out; it refuses them and the run stays as it was
+    r = _train(tmp_path, model, out, "--steps", "3", "--resume", "--lora-targets", "q_proj")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "wraps other layers" in r.stderr and "is as it was before this start" in r.stderr
+    assert "(status: finished)" in r.stderr
+    assert {name: (out / name).read_text() for name in kept} == before
+    r = _train(tmp_path, model, out, "--steps", "3", "--resume")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps_done"] == 3
+
+
 def test_lora_rank_wider_than_the_model_is_refused_with_the_reason(tmp_path):
     model = build_untrained(tmp_path / "model", seed=0)
     r = _train(tmp_path, model, tmp_path / "run", "--steps", "1", "--lora-rank", "4096")

@@ -139,6 +139,13 @@ def test_train_checks_every_input_before_starting_anything(tmp_path: Path) -> No
     assert r.returncode == 2
     assert "not callable" in r.stderr and "cannot import 'nope_module'" in r.stderr, r.stderr
     assert not (tmp_path / "run").exists()
+    (tmp_path / "no_ids.py").write_text(PLAY + DATASET.replace('"task_id"', '"id"'))
+    r = _swarm("train", "--workflow", "no_ids:play", "--out", str(tmp_path / "run"), cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr  # every fleet thread died of it, a minute before the run failed
+    assert r.stderr.splitlines() == [
+        "swarm train: --dataset: task 0 of no_ids:dataset has no 'task_id' (every task is a dict with a task_id)"
+    ]
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.integration

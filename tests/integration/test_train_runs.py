@@ -51,18 +51,37 @@ def test_train_refuses_a_folder_that_holds_a_run(tmp_path: Path) -> None:
     assert r.returncode == 2 and "nothing to resume" in r.stderr
 
 
+def test_train_refuses_a_serve_folder_and_a_folder_under_a_file(tmp_path: Path) -> None:
+    served = tmp_path / "served"  # what `swarm serve --out served` leaves: no run.yaml, its server's files on top
+    (served / "checkpoints").mkdir(parents=True)
+    (served / "server.json").write_text("{}")
+    (served / "buffer.sqlite").write_text("")
+    for flags in ([], ["--fresh"], ["--resume"]):
+        r = subprocess.run([*SWARM, "train", "--out", str(served), *flags], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "out folder of a `swarm serve` (server.json, buffer.sqlite, checkpoints)" in r.stderr
+        assert "never mixed with another run" in r.stderr
+    assert sorted(p.name for p in served.iterdir()) == ["buffer.sqlite", "checkpoints", "server.json"]
+    (tmp_path / "afile").write_text("")
+    r = subprocess.run(
+        [*SWARM, "train", "--out", str(tmp_path / "afile" / "sub")], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and f"{tmp_path / 'afile'} is a file, not a folder" in r.stderr, r.stderr
+
+
 def _endless_run(tmp_path: Path) -> tuple[Path, list[str], subprocess.Popen]:
     """A `swarm train` (fake engine) that goes on until stopped, in a session of its own: (out, args, driver)."""
     out, model_dir = tmp_path / "run", build_untrained(tmp_path / "model", seed=0)
     args = ["train", "--engine", "fake", "--model", str(model_dir), "--steps", "100000", "--out", str(out)]
-    driver = subprocess.Popen(
-        [*SWARM, *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, **_mark(tmp_path)},  # inherited by the server and the clients it starts
-        preexec_fn=hangup_default,  # as from a terminal, also when the tests themselves run under nohup
-    )
+    with (tmp_path / "driver.log").open("w") as log:  # the driver keeps its own copy of the file
+        driver = subprocess.Popen(
+            [*SWARM, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **_mark(tmp_path)},  # inherited by the server and the clients it starts
+            preexec_fn=hangup_default,  # as from a terminal, also when the tests themselves run under nohup
+        )
     return out, args, driver
 
 
@@ -313,6 +332,8 @@ def test_a_hangup_or_terminate_stops_the_whole_run_and_says_interrupted(tmp_path
         assert driver.wait(timeout=90) != 0
         summary = json.loads((out / "summary.json").read_text())
         assert summary["status"] == "interrupted" and summary["steps_done"] >= 1, summary
+        said = " ".join((tmp_path / "driver.log").read_text().split())  # it ended without a word before
+        assert f"interrupted after {summary['steps_done']} of 100000 steps" in said and "--resume" in said, said
         assert marked(_mark(tmp_path)) == []  # its server and client stopped with it
         assert json.loads((out / "client-state" / "client0.json").read_text())["next"] > 0  # its own cursor
     finally:

@@ -266,6 +266,39 @@ def test_ctl_commands(server: RunningServer) -> None:
     wait_until(lambda: server.swarm.stopping)
 
 
+def test_ctl_says_what_was_refused_and_exits_by_one_rule(server: RunningServer, monkeypatch) -> None:
+    """A wrong admin token read "invalid worker token" (status) or "admin token required" (the admin routes),
+    and `--policy` on a server without policies listed "served: " and nothing. Exit status: 2 for what the
+    command line can fix (400, 401, 403, 404), 1 for what the server cannot do now (409)."""
+    monkeypatch.delenv("ROOST_ADMIN_TOKEN", raising=False)
+
+    def ctl(*args: str, token: str | None = None, env: dict | None = None) -> tuple[int, str]:
+        given = ["--admin-token", token] if token else []
+        r = CliRunner().invoke(cli_app, ["ctl", "--url", server.url, *given, *args], env=env)
+        return r.exit_code, r.output
+
+    wrong = "the admin token (--admin-token) is not this server's"
+    for command in ("status", "get", "pause", "stop"):
+        code, said = ctl(command, token="nope")
+        assert code == 2 and wrong in said and "worker token" not in said, said
+    code, said = ctl("get", env={"ROOST_ADMIN_TOKEN": "nope"})
+    assert code == 2 and "the admin token (ROOST_ADMIN_TOKEN) is not this server's" in said, said
+    code, said = ctl("get", token=server.token)
+    assert code == 2 and "403 admin_only: admin token required: this is the worker token" in said, said
+    code, said = ctl("--policy", "foo", "get", token=server.admin_token)
+    assert code == 2 and "no policy 'foo': this server has no policies (started without --policy)" in said, said
+    code, said = ctl("policy", "add", "critic", token=server.admin_token)
+    assert code == 1 and "409 not_a_policy_server" in said, said
+    assert not server.swarm.stopping and not server.swarm.control.paused
+
+
+def test_the_server_says_which_token_it_refused(server: RunningServer) -> None:
+    r = httpx.get(f"{server.url}/swarm/v1/status", headers=_h("nope"))
+    assert r.json()["error"]["message"] == "the token is neither this server's worker token nor its admin token"
+    r = httpx.get(f"{server.url}/swarm/v1/admin/config", headers=_h("nope"))
+    assert r.status_code == 401 and "the admin token is not this server's" in r.json()["error"]["message"]
+
+
 def test_ctl_finds_a_server_by_its_folder(server: RunningServer, tmp_path, monkeypatch) -> None:
     """`swarm train` picks the port and generates the tokens: --server reads them from the run's folder."""
     monkeypatch.delenv("ROOST_ADMIN_TOKEN", raising=False)
@@ -340,3 +373,11 @@ def test_a_corrupt_live_file_is_set_aside(model_dir, tmp_path) -> None:
     with _restart(model_dir, out) as srv:
         assert srv.swarm.trainer.config.lr > 0 and not srv.swarm.control.paused
     assert (out / "live_config.json.invalid").is_file() and not (out / "live_config.json").exists()
+
+
+def test_an_unknown_policy_on_a_server_without_policies_names_the_model_it_serves(server: RunningServer) -> None:
+    """Its one policy is kept under "": the 404 said "served: " and nothing."""
+    r = httpx.post(f"{server.url}/swarm/v1/episodes", json={"task_id": "t", "policy": "foo"}, headers=_h(server.token))
+    served = server.swarm.config.served_model_name
+    assert r.status_code == 404 and r.json()["error"]["message"].endswith(f"served: {served}"), r.text
+    assert r.json()["error"]["models"] == [served]

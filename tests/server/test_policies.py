@@ -176,8 +176,8 @@ def test_ctl_names_the_policy_before_or_after_its_command(policy_server: Running
     assert srv.app.state.policies.swarms["planner"].control.describe().live["lr"] != 2e-5
     r = ctl("--policy", "planner", "status", "--policy", "executor")
     assert r.exit_code == 2 and "two policies named" in r.output
-    r = ctl("status", "--policy", "nobody")
-    assert r.exit_code == 1 and "model_not_found" in r.output
+    r = ctl("status", "--policy", "nobody")  # a name the command line can fix: 2, as a bad value (it was 1)
+    assert r.exit_code == 2 and "model_not_found" in r.output and "served: planner, executor" in r.output
     # `policy add`'s keys are ctl's own (lora_rank): a misspelt one is named here, nothing is added
     r = ctl("policy", "add", "critic", "lora_rnak=8")
     said = " ".join(r.output.replace("│", " ").split())  # rich's error box, unwrapped

@@ -54,6 +54,12 @@ def test_serve_without_a_model_says_so_in_one_line(tmp_path: Path) -> None:
     assert code == 2 and line.startswith(f"no model at {tmp_path / 'nothing'}"), line
 
 
+def test_a_lora_rank_wider_than_the_layers_is_one_line_and_nothing_is_written(tmp_path: Path, model_dir: Path) -> None:
+    """Refused by the engine once the server had written config.yaml and secrets.json into its folder."""
+    code, line = _refused(tmp_path, "--model", str(model_dir), "--lora-rank", "100000", "--port", "0", "--no-mlflow")
+    assert code == 2 and line.startswith("swarm serve: --lora-rank: LoRA rank 100000 is larger than"), line
+
+
 def test_a_checkpoint_that_does_not_fit_the_lora_settings_is_one_line_at_start(tmp_path: Path, model_dir: Path) -> None:
     """A policy's folder holds a rank-4 adapter and the server is started with rank 8: resuming it cannot
     work, and the reason is the line printed (it was a trace through create_app and the engine's load)."""

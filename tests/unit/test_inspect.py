@@ -142,3 +142,47 @@ def test_agent_rewards_shown_per_sample(tmp_path):
     ep = {"episode_id": "ep-t", "task_id": "t1", "reward": 0.5, "agent_rewards": {"b": 0.0}, "calls": calls}
     page = render_html(ep, lambda ids: str(ids))
     assert page.count("reward 0.5") == 2 and page.count("reward 0.0") == 1  # header + sample a; sample b
+
+
+def _inspect(*args: str):
+    from typer.testing import CliRunner
+
+    from swarm.cli import app
+
+    r = CliRunner().invoke(app, ["inspect", *args], env={"COLUMNS": "300"})
+    return r, " ".join(r.output.replace("│", " ").split())  # rich's error box, unwrapped
+
+
+def test_bad_paths_are_refused_in_one_line_naming_the_option(tmp_path):
+    """--html to a folder or into a missing folder's file, --model that is not there: tracebacks before."""
+    _write_rollouts(tmp_path / "rollouts.jsonl")
+    r, said = _inspect(str(tmp_path), "--html", str(tmp_path))
+    assert r.exit_code == 2 and f"Invalid value for --html: {tmp_path} is a folder" in said, r.output
+    r, said = _inspect(str(tmp_path), "--model", "/nonexistent")
+    assert r.exit_code == 2 and "Invalid value for --model: /nonexistent does not exist" in said, r.output
+    r, said = _inspect(str(tmp_path), "--model", str(tmp_path))
+    assert r.exit_code == 2 and "holds no tokenizer" in said, r.output
+    recorded = tmp_path / "gone"  # the run's model, moved away since: --model is named as the way out
+    (tmp_path / "rollouts.jsonl").write_text(json.dumps({"episode_id": "e", "model_dir": str(recorded), "calls": []}))
+    r, said = _inspect(str(tmp_path))
+    assert r.exit_code == 2 and f"the run's model: {recorded} does not exist; give --model DIR" in said, r.output
+
+
+def test_no_episode_is_said_without_quotes_and_unreadable_lines_are_counted(tmp_path):
+    from swarm.inspect import NoEpisode
+
+    _write_rollouts(tmp_path / "rollouts.jsonl")  # two episodes and a torn last line
+    r, said = _inspect(str(tmp_path), "-f", "reward>5")
+    assert r.exit_code == 2 and f"--episode: no episode matches the filters in {tmp_path};" in said, r.output
+    assert f"1 line of {tmp_path / 'rollouts.jsonl'} skipped as unreadable (line 3)" in said
+    unreadable: list[int] = []
+    try:
+        find_episode(tmp_path, "nope", unreadable=unreadable)
+    except NoEpisode as exc:
+        assert str(exc).startswith(f"episode 'nope' not found in {tmp_path}")
+    else:
+        raise AssertionError("no such episode")
+    assert unreadable == [3]
+    (tmp_path / "rollouts.jsonl").write_text("not json\n[1, 2]\n{torn\n")  # no JSON object at all
+    r, said = _inspect(str(tmp_path), "--list")
+    assert r.exit_code == 0 and "3 lines of" in said and "(lines 1, 2, 3)" in said, r.output
