@@ -56,7 +56,8 @@ class FleetStats:
     policy_version: int = 0  # of the latest claim
     started_at: float = field(default_factory=time.time)
     elapsed: float = 0.0
-    stopped_by: str | None = None  # epochs | max_episodes | stop | server | unreachable | unauthorized
+    stopped_by: str | None = None  # epochs | max_episodes | stop | server | unreachable | unauthorized | failing
+    failing_streak: int = 0  # workflow failures (and None returns) since the last finished episode
 
     @property
     def reward_mean(self) -> float:
@@ -116,8 +117,10 @@ class _Fleet:
         cursor: JobCursor | None = None,
         choices: int = 1,
         ordered: bool = False,
+        max_failures_in_a_row: int = 0,
     ) -> None:
         self.client = client
+        self.max_failures_in_a_row = max_failures_in_a_row
         self.turnstile = Turnstile() if ordered else None  # claims in hand-out order (`_turnstile.py`)
         self.choices = choices
         self.workflow = workflow
@@ -158,6 +161,13 @@ class _Fleet:
         with self.lock:
             for k, v in counts.items():
                 setattr(self.stats, k, getattr(self.stats, k) + v)
+            streak = self.stats.failing_streak = (
+                0
+                if counts.get("finished")
+                else self.stats.failing_streak + (counts.get("failed", 0) or counts.get("aborted", 0))
+            )
+        if self.max_failures_in_a_row and streak >= self.max_failures_in_a_row:
+            self._halt("failing")  # a workflow that fails on every task: not an hour of aborted episodes
         if self.progress is not None:
             try:
                 self.progress(self.stats)
@@ -307,6 +317,7 @@ def run_fleet(
     cursor: JobCursor | None = None,
     choices: int = 1,
     ordered: bool = False,
+    max_failures_in_a_row: int = 0,
 ) -> FleetStats:
     """Run `workflow(task, episode) -> reward | None` over `dataset`, each task `n` times.
 
@@ -323,6 +334,8 @@ def run_fleet(
     (a deterministic run): claims go in hand-out order, one at a time (`_turnstile.py`).
     Lost episodes (404/409: the lease moved on or the server restarted; or the
     server unreachable mid-episode) are re-played without counting an attempt.
+    `max_failures_in_a_row=k` (k > 0): k workflow failures (or None returns) with no episode finished
+    between them stop the fleet (`stopped_by="failing"`): a workflow that fails on every task.
     """
     if n < 1 or concurrency < 1 or choices < 1:
         raise ValueError("n, concurrency and choices must be >= 1")
@@ -341,6 +354,7 @@ def run_fleet(
         cursor,
         choices,
         ordered,
+        max_failures_in_a_row,
     )
     threads = [
         threading.Thread(target=fleet.guarded_worker, name=f"fleet-{i}", daemon=True) for i in range(concurrency)

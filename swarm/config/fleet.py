@@ -60,6 +60,12 @@ class FleetConfig(BaseModel):
         None, ge=1, description="passes over the dataset"
     )
     max_attempts: int = Field(3, ge=1, description="tries per job when a workflow fails")
+    max_failures_in_a_row: int = Field(
+        200,
+        ge=0,
+        description="stop the fleet (exit 3) after this many workflow failures in a row, no episode finished "
+        "between them: a workflow that fails on every task; 0: never",
+    )
     retries: int = Field(6, ge=0, description="retries of a request on connection errors")
     reconnect_s: float = Field(
         120.0, ge=0.0, description="once connected, keep reconnecting this long (server restarts)"

@@ -75,6 +75,20 @@ def test_a_fleet_whose_every_thread_dies_exits_non_zero(
     assert r.exit_code != 0 and "every fleet thread died (2)" in str(r.exception), r.output
 
 
+def test_a_workflow_failing_on_every_task_stops_the_fleet_with_exit_3(
+    server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "broken.py").write_text(
+        "def dataset(seed, size):\n    return [{'task_id': f't{i}'} for i in range(size)]\n"
+        "def play(task, episode):\n    raise KeyError('x')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["--url", server.url, "--token", server.token, "--workflow", "broken:play", "--concurrency", "2"]
+    r = CliRunner().invoke(app, [*args, "--max-failures-in-a-row", "4", "-q"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 3 and "the workflow failed 4 times in a row, no episode finished" in said, r.output
+
+
 @pytest.mark.parametrize("args", [["--workflow", "no_such_module:f"], ["--task", "nope"], [], ["--workflow", "json"]])
 def test_bad_options(server: RunningServer, args: list[str]) -> None:
     r = CliRunner().invoke(app, ["--url", server.url, "--token", "t", *args])

@@ -99,6 +99,37 @@ def test_a_fleet_whose_every_thread_dies_raises_instead_of_ending_as_done(server
         run_fleet(client, chat_workflow, [{"q": i} for i in range(4)], n=2, concurrency=3, epochs=1)
 
 
+def test_a_workflow_failing_on_every_task_stops_the_fleet(make_server) -> None:
+    """It went on until the run's timeout (an hour by default), aborting every episode. A streak is broken
+    by a finished episode: failures between successes never stop it."""
+    srv = make_server(group_size=2, batch_groups=1)
+
+    def broken(task: dict, episode) -> float:
+        raise RuntimeError("always broken")
+
+    stats = run_fleet(
+        SwarmClient(srv.url, srv.token), broken, _dataset(50), n=2, concurrency=2, max_failures_in_a_row=6
+    )
+    assert stats.stopped_by == "failing" and stats.failing_streak >= 6 and stats.finished == 0, stats
+    assert stats.failed < 12  # stopped at the streak, not after the dataset (300 attempts)
+    calls = {"n": 0}
+    lock = threading.Lock()
+
+    def every_other(task: dict, episode) -> float:
+        with lock:
+            calls["n"] += 1
+            k = calls["n"]
+        if k % 2:
+            raise ValueError("sometimes broken")
+        chat_workflow(task, episode)
+        return 1.0
+
+    stats = run_fleet(
+        SwarmClient(srv.url, srv.token), every_other, _dataset(4), n=2, concurrency=1, epochs=1, max_failures_in_a_row=2
+    )
+    assert stats.stopped_by == "epochs" and stats.finished == 8, stats
+
+
 def test_a_workflow_returning_none_unfinished_is_said_once(make_server) -> None:
     srv = make_server(group_size=2, batch_groups=1)
 
