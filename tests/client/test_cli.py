@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -61,30 +62,30 @@ def test_custom_workflow_with_env_token(server: RunningServer, tmp_path: Path, m
     assert server.swarm.counters["finished"] == 4
 
 
+def _fleet_of(server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, task: str, play: str) -> Any:
+    """`swarm client` (2 workers, quiet) on a workflow module whose dataset's tasks are `task` (an
+    expression of i) and whose `play` body is `play`: the CliRunner's result. The module's name is the
+    test's folder's (a module imported once stays in sys.modules: another test's `flow` would be it)."""
+    name = f"flow_{tmp_path.name}".replace("-", "_")
+    (tmp_path / f"{name}.py").write_text(
+        f"def dataset(seed, size):\n    return [{task} for i in range(size)]\ndef play(task, episode):\n    {play}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["--url", server.url, "--token", server.token, "--workflow", f"{name}:play", "--concurrency", "2", "-q"]
+    return CliRunner().invoke(app, [*args, "--max-failures-in-a-row", "4"])
+
+
 def test_a_fleet_whose_every_thread_dies_exits_non_zero(
     server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "no_ids.py").write_text(
-        "def dataset(seed, size):\n    return [{'q': i} for i in range(size)]\n"
-        "def play(task, episode):\n    return 1.0\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    r = CliRunner().invoke(
-        app, ["--url", server.url, "--token", server.token, "--workflow", "no_ids:play", "--concurrency", "2", "-q"]
-    )
+    r = _fleet_of(server, tmp_path, monkeypatch, "{'q': i}", "return 1.0")
     assert r.exit_code != 0 and "every fleet thread died (2)" in str(r.exception), r.output
 
 
 def test_a_workflow_failing_on_every_task_stops_the_fleet_with_exit_3(
     server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "broken.py").write_text(
-        "def dataset(seed, size):\n    return [{'task_id': f't{i}'} for i in range(size)]\n"
-        "def play(task, episode):\n    raise KeyError('x')\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    args = ["--url", server.url, "--token", server.token, "--workflow", "broken:play", "--concurrency", "2"]
-    r = CliRunner().invoke(app, [*args, "--max-failures-in-a-row", "4", "-q"])
+    r = _fleet_of(server, tmp_path, monkeypatch, "{'task_id': f't{i}'}", "raise KeyError('x')")
     said = " ".join(r.output.split())
     assert r.exit_code == 3 and "the workflow failed 4 times in a row, no episode finished" in said, r.output
 
