@@ -113,6 +113,7 @@ def team_fleets(spec: RunConfig, urls: dict[str, str]) -> dict[str, FleetConfig]
             concurrency=per_client,
             seed=spec.server.seed * 1000 + i,
             dataset_size=spec.dataset_size,
+            failure_streak=spec.failure_streak,
             team=team,
             reconnect_s=300.0,  # a restarted server takes a while to answer again (a torch load, the replay)
         )

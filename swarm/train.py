@@ -112,6 +112,7 @@ def fleet_configs(spec: RunConfig, url: str) -> list[tuple[str, FleetConfig]]:
                         concurrency=per_client,
                         seed=spec.server.seed * 1000 + i,
                         dataset_size=spec.dataset_size,
+                        failure_streak=spec.failure_streak,
                         team=",".join(spec.roles) or None,
                         deterministic=spec.server.deterministic,
                     ),

@@ -117,10 +117,10 @@ class _Fleet:
         cursor: JobCursor | None = None,
         choices: int = 1,
         ordered: bool = False,
-        max_failures_in_a_row: int = 0,
+        failure_streak: int = 0,
     ) -> None:
         self.client = client
-        self.max_failures_in_a_row = max_failures_in_a_row
+        self.failure_streak = failure_streak
         self.turnstile = Turnstile() if ordered else None  # claims in hand-out order (`_turnstile.py`)
         self.choices = choices
         self.workflow = workflow
@@ -166,7 +166,7 @@ class _Fleet:
                 if counts.get("finished")
                 else self.stats.failing_streak + (counts.get("failed", 0) or counts.get("aborted", 0))
             )
-        if self.max_failures_in_a_row and streak >= self.max_failures_in_a_row:
+        if self.failure_streak and streak >= self.failure_streak:
             self._halt("failing")  # a workflow that fails on every task: not an hour of aborted episodes
         if self.progress is not None:
             try:
@@ -317,7 +317,7 @@ def run_fleet(
     cursor: JobCursor | None = None,
     choices: int = 1,
     ordered: bool = False,
-    max_failures_in_a_row: int = 0,
+    failure_streak: int = 0,
 ) -> FleetStats:
     """Run `workflow(task, episode) -> reward | None` over `dataset`, each task `n` times.
 
@@ -334,7 +334,7 @@ def run_fleet(
     (a deterministic run): claims go in hand-out order, one at a time (`_turnstile.py`).
     Lost episodes (404/409: the lease moved on or the server restarted; or the
     server unreachable mid-episode) are re-played without counting an attempt.
-    `max_failures_in_a_row=k` (k > 0): k workflow failures (or None returns) with no episode finished
+    `failure_streak=k` (k > 0): k workflow failures (or None returns) with no episode finished
     between them stop the fleet (`stopped_by="failing"`): a workflow that fails on every task.
     """
     if n < 1 or concurrency < 1 or choices < 1:
@@ -354,7 +354,7 @@ def run_fleet(
         cursor,
         choices,
         ordered,
-        max_failures_in_a_row,
+        failure_streak,
     )
     threads = [
         threading.Thread(target=fleet.guarded_worker, name=f"fleet-{i}", daemon=True) for i in range(concurrency)

@@ -156,7 +156,7 @@ def client_command(
                     cursor=cursor,
                     choices=cfg.choices,
                     ordered=cfg.deterministic,
-                    max_failures_in_a_row=cfg.max_failures_in_a_row,
+                    failure_streak=cfg.failure_streak,
                 )
         console.print(
             f"{stats.finished} finished, {stats.failed} failed, {stats.aborted} aborted, "
@@ -171,7 +171,7 @@ def client_command(
             console.print(
                 f"[red]stopped[/red]: the workflow failed {stats.failing_streak} times in a row, no episode "
                 "finished between them (its first failure of each kind is above, with its traceback); "
-                "--max-failures-in-a-row 0 never stops"
+                "--failure-streak 0 never stops"
             )
             raise typer.Exit(3)
 

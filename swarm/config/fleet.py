@@ -60,7 +60,7 @@ class FleetConfig(BaseModel):
         None, ge=1, description="passes over the dataset"
     )
     max_attempts: int = Field(3, ge=1, description="tries per job when a workflow fails")
-    max_failures_in_a_row: int = Field(
+    failure_streak: int = Field(
         200,
         ge=0,
         description="stop the fleet (exit 3) after this many workflow failures in a row, no episode finished "

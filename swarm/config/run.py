@@ -122,6 +122,9 @@ class RunConfig(BaseModel):
     dataset_size: Annotated[int, Flag(studied=False, panel="task and fleet")] = Field(
         100_000, ge=1, description="tasks drawn per fleet"
     )
+    failure_streak: Annotated[int, Flag(studied=False, panel="task and fleet")] = Field(
+        200, ge=0, description="failures in a row that stop the run (0: never)"
+    )
     group_call: Annotated[
         bool | None, Flag(default_text="on for built-in tasks that support it (arith)", panel="task and fleet")
     ] = Field(

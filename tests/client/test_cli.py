@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def _fleet_of(server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyP
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     args = ["--url", server.url, "--token", server.token, "--workflow", f"{name}:play", "--concurrency", "2", "-q"]
-    return CliRunner().invoke(app, [*args, "--max-failures-in-a-row", "4"])
+    return CliRunner().invoke(app, [*args, "--failure-streak", "4"])
 
 
 def test_a_fleet_whose_every_thread_dies_exits_non_zero(
@@ -87,7 +88,8 @@ def test_a_workflow_failing_on_every_task_stops_the_fleet_with_exit_3(
 ) -> None:
     r = _fleet_of(server, tmp_path, monkeypatch, "{'task_id': f't{i}'}", "raise KeyError('x')")
     said = " ".join(r.output.split())
-    assert r.exit_code == 3 and "the workflow failed 4 times in a row, no episode finished" in said, r.output
+    # 4, or 5 when the other worker's failure lands before the stop is seen
+    assert r.exit_code == 3 and re.search(r"the workflow failed [45] times in a row, no episode finished", said), said
 
 
 @pytest.mark.parametrize("args", [["--workflow", "no_such_module:f"], ["--task", "nope"], [], ["--workflow", "json"]])

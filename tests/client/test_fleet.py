@@ -107,9 +107,7 @@ def test_a_workflow_failing_on_every_task_stops_the_fleet(make_server) -> None:
     def broken(task: dict, episode) -> float:
         raise RuntimeError("always broken")
 
-    stats = run_fleet(
-        SwarmClient(srv.url, srv.token), broken, _dataset(50), n=2, concurrency=2, max_failures_in_a_row=6
-    )
+    stats = run_fleet(SwarmClient(srv.url, srv.token), broken, _dataset(50), n=2, concurrency=2, failure_streak=6)
     assert stats.stopped_by == "failing" and stats.failing_streak >= 6 and stats.finished == 0, stats
     assert stats.failed < 12  # stopped at the streak, not after the dataset (300 attempts)
     calls = {"n": 0}
@@ -125,7 +123,7 @@ def test_a_workflow_failing_on_every_task_stops_the_fleet(make_server) -> None:
         return 1.0
 
     stats = run_fleet(
-        SwarmClient(srv.url, srv.token), every_other, _dataset(4), n=2, concurrency=1, epochs=1, max_failures_in_a_row=2
+        SwarmClient(srv.url, srv.token), every_other, _dataset(4), n=2, concurrency=1, epochs=1, failure_streak=2
     )
     assert stats.stopped_by == "epochs" and stats.finished == 8, stats
 

@@ -58,3 +58,13 @@ def test_the_printed_summary_line_rounds_rewards_and_keeps_the_rest() -> None:
         "reward_last_mean": None,
         "steps_done": 3,
     }
+
+
+def test_every_fleet_of_a_run_stops_at_its_failure_streak() -> None:
+    """`--failure-streak` was a `swarm client` flag alone: README offered it to `swarm train`."""
+    from swarm.train import fleet_configs
+
+    spec = RunConfig(task="arith+guess", clients=2, failure_streak=5)
+    fleets = fleet_configs(spec, "http://127.0.0.1:1")
+    assert len(fleets) == 4 and {f.failure_streak for _, f in fleets} == {5}
+    assert RunConfig().failure_streak == 200

@@ -178,10 +178,11 @@ def test_a_role_alone_on_its_model_is_the_servers_model_name(models: tuple[Path,
 
 def test_the_team_fleet_routes_each_role_to_its_server(models: tuple[Path, Path]) -> None:
     a, b = models
-    spec = RunConfig(task="duet", team=f"planner={a},executor={b}", clients=2, concurrency=8)
+    spec = RunConfig(task="duet", team=f"planner={a},executor={b}", clients=2, concurrency=8, failure_streak=7)
     fleets = team_fleets(spec, {"planner": "http://127.0.0.1:1", "executor": "http://127.0.0.1:2"})
     assert list(fleets) == ["client0", "client1"]
     fleet = fleets["client0"]
+    assert fleet.failure_streak == 7  # `swarm train --failure-streak` reaches every fleet
     assert fleet.team == "planner=http://127.0.0.1:1,executor=http://127.0.0.1:2" and fleet.concurrency == 4
     client = _client(fleet, fleet.url, "tok")
     assert isinstance(client, TeamClient)
