@@ -4,7 +4,8 @@ Copy this file, change the prompt and the reward, and train on it:
 
     swarm model init                                  # the embedded tiny model (once)
     swarm serve --token secret &                      # a swarm server that trains it
-    swarm client --token secret --workflow examples.arith_openai:workflow --n 8 -c 8
+    swarm client --token secret --workflow examples.arith_openai:workflow --n 8 -c 8   # until Ctrl-C
+    # (--epochs 1: one pass over the dataset and it exits)
 
 `swarm client` takes the tasks from `dataset(seed, size)` beside the workflow,
 claims an episode per task and attempt, hands `workflow` an episode whose

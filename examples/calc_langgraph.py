@@ -1,6 +1,7 @@
 """The calc tool agent as a LangGraph ReAct agent: `create_react_agent` + `ChatOpenAI` + `@tool`.
 
-    swarm client --token secret --workflow examples.calc_langgraph:workflow --n 8 -c 8
+    swarm client --token secret --workflow examples.calc_langgraph:workflow --n 8 -c 8   # until Ctrl-C
+    # (--epochs 1: one pass over the dataset and it exits)
     swarm train --workflow examples.calc_langgraph:workflow --dataset examples.calc_openai:dataset
 
 Nothing here knows about RL: the agent is built per episode with a `ChatOpenAI`

@@ -1,6 +1,7 @@
 """A tool-calling agent written with nothing but the plain OpenAI client.
 
-    swarm client --token secret --workflow examples.calc_openai:workflow --n 8 -c 8
+    swarm client --token secret --workflow examples.calc_openai:workflow --n 8 -c 8   # until Ctrl-C
+    # (--epochs 1: one pass over the dataset and it exits)
     swarm train --workflow examples.calc_openai:workflow      # or the built-in: swarm train --task calc
 
 The model gets "What is 47*85?" and a `multiply(a, b)` function (OpenAI function

@@ -1,6 +1,7 @@
 """A multi-turn agent with environment feedback, written with the plain OpenAI client.
 
-    swarm client --token secret --workflow examples.guess_openai:workflow --n 8 -c 8
+    swarm client --token secret --workflow examples.guess_openai:workflow --n 8 -c 8   # until Ctrl-C
+    # (--epochs 1: one pass over the dataset and it exits)
 
 The environment thinks of a number; each turn the model guesses and the
 environment answers "Higher." or "Lower." as the next user message. The whole

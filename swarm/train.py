@@ -84,6 +84,15 @@ def server_config(spec: RunConfig, out: Path, port: int, resume: bool = False) -
     return spec.server.model_copy(update=update)
 
 
+def absolute_paths(server: ServerConfig) -> ServerConfig:
+    """The model and a local teacher as absolute paths: `swarm train --config OUT/run.yaml` repeats a run
+    from any folder, where `--teacher runs/train` named nothing (a URL teacher is left as it is)."""
+    update: dict[str, object] = {"model_dir": Path(server.model_dir).absolute()}
+    if server.teacher and not server.teacher.startswith(("http://", "https://")):
+        update["teacher"] = str(Path(server.teacher).absolute())
+    return server.model_copy(update=update)
+
+
 def metric_files(spec: RunConfig, out: Path) -> dict[str, Path]:
     """Each trained policy's metrics: {"": server/metrics.jsonl}, or one per role with --shared-base."""
     if not spec.roles:
@@ -150,7 +159,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     the MLflow run is marked FAILED (KILLED), and the error is raised again. A start over an earlier run
     (`--resume`) that fails before its server is up leaves that run as it was and raises `RunUnchanged`."""
     out = spec.out.resolve()
-    spec = spec.model_copy(update={"out": out})  # run.yaml records the folder the run really used
+    spec = spec.model_copy(update={"out": out, "server": absolute_paths(spec.server)})  # what run.yaml records
     out.mkdir(parents=True, exist_ok=True)
     if not resume and previous_run(out):
         raise RuntimeError(f"{out} holds an earlier run: resume it or clear it first")

@@ -12,10 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from swarm.algorithms.choices import Advantage, LossAgg
 from swarm.config.quotas import QuotaPhase, check_quotas, check_schedule
+from swarm.config.server import ServerConfig
+from swarm.config.train import TrainConfig
 from swarm.protocol import Count, Number
+
+
+def start_time_settings() -> frozenset[str]:
+    """The server's and its training's settings by field name (those of `LiveConfigUpdate` aside)."""
+    return frozenset(ServerConfig.model_fields) | frozenset(TrainConfig.model_fields)
+
 
 TRAIN_KEYS = ("lr", "kl_coef", "entropy_coef", "clip_eps", "max_grad_norm", "advantage", "loss_agg", "ppo_epochs")
 WINDOW_KEYS = ("temperature", "default_temperature", "batch_groups", "quotas", "quota_schedule")
@@ -42,6 +51,22 @@ class LiveConfigUpdate(BaseModel):
     batch_groups: Count | None = Field(None, ge=1, le=100_000, description="B: groups per step")
     quotas: dict[str, Number] | None = Field(None, description="family -> share; null: no quotas")
     quota_schedule: list[QuotaPhase] | None = Field(None, description="quotas over steps; null: none")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _start_time_settings(cls, data: Any) -> Any:
+        """A setting of the server that is not live (`distill_coef`, `group_size`) is said as such: the
+        unknown-field message offered the nearest live name (`kl_coef`), another knob altogether."""
+        if isinstance(data, dict):
+            fixed = sorted(k for k in data if k not in cls.model_fields and k in start_time_settings())
+            if fixed:
+                raise PydanticCustomError(
+                    "start_time_setting",
+                    "{keys}: set when the server starts (swarm serve --{flag} ..., or its config file), not on a "
+                    "running server; the live settings: " + ", ".join(cls.model_fields),
+                    {"keys": ", ".join(fixed), "flag": fixed[0].replace("_", "-")},
+                )
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> LiveConfigUpdate:

@@ -381,3 +381,13 @@ def test_an_unknown_policy_on_a_server_without_policies_names_the_model_it_serve
     served = server.swarm.config.served_model_name
     assert r.status_code == 404 and r.json()["error"]["message"].endswith(f"served: {served}"), r.text
     assert r.json()["error"]["models"] == [served]
+
+
+def test_a_start_time_setting_set_live_is_said_as_such(server: RunningServer) -> None:
+    """`swarm ctl set distill_coef=1` read "not a field; did you mean 'kl_coef'?": another knob altogether."""
+    r = _set(server, {"distill_coef": 1.0})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "distill_coef: set when the server starts" in message, r.text
+    assert "swarm serve --distill-coef" in message and "kl_coef" in message  # the live ones are listed
+    r = _set(server, {"lrr": 1e-4})
+    assert r.status_code == 400 and "did you mean 'lr'?" in r.json()["error"]["message"], r.text  # a typo still

@@ -68,3 +68,16 @@ def test_every_fleet_of_a_run_stops_at_its_failure_streak() -> None:
     fleets = fleet_configs(spec, "http://127.0.0.1:1")
     assert len(fleets) == 4 and {f.failure_streak for _, f in fleets} == {5}
     assert RunConfig().failure_streak == 200
+
+
+def test_run_yaml_records_the_model_and_a_local_teacher_as_absolute_paths(tmp_path, monkeypatch) -> None:
+    """`swarm train --config OUT/run.yaml` from another folder: `teacher: runs/train` named nothing there."""
+    from swarm.config.server import ServerConfig
+    from swarm.train import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    server = ServerConfig(model_dir=Path("m"), teacher="runs/train", train={"distill_coef": 1.0})
+    fixed = absolute_paths(server)
+    assert fixed.model_dir == tmp_path / "m" and fixed.teacher == str(tmp_path / "runs" / "train")
+    url = ServerConfig(model_dir=Path("m"), teacher="http://127.0.0.1:1/v1", train={"distill_coef": 1.0})
+    assert absolute_paths(url).teacher == "http://127.0.0.1:1/v1"
