@@ -70,9 +70,11 @@ class FleetConfig(BaseModel):
     reconnect_s: float = Field(
         120.0, ge=0.0, description="once connected, keep reconnecting this long (server restarts)"
     )
-    state: Annotated[
-        Path | None, Flag(default_text="ROOST_HOME/client-state/<url+workflow+dataset+seed+policy>.json")
-    ] = Field(None, description="dataset cursor file, so a restart continues where it stopped")
+    state: Annotated[Path | None, Flag(default_text="ROOST_HOME/client-state/<key>.json")] = Field(
+        None,
+        description="dataset cursor file, so a restart continues where it stopped (by default one per url, "
+        "workflow, dataset, seed and policy)",
+    )
 
 
 __all__ = ["FleetConfig"]
