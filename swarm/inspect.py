@@ -333,14 +333,17 @@ def tokenizer_problem(path: Path) -> str | None:
 
 
 def _tokenizer_dir(model: Path | None, ep: dict) -> Path:
-    """The folder to decode `ep` with: --model, else the model its run recorded, else the embedded one;
-    a one-line refusal naming --model when it has no tokenizer."""
+    """The folder to decode `ep` with: --model (checked before the log was read), else the model its run
+    recorded, else the embedded one; a one-line refusal naming --model when that has no tokenizer."""
+    if model is not None:
+        return model
     recorded = ep.get("model_dir")
-    found = model or (Path(recorded) if recorded else default_model_dir())
+    found = Path(recorded) if recorded else default_model_dir()
     if (problem := tokenizer_problem(found)) is not None:
         whose = "the run's model" if recorded else "the embedded model (the run recorded none)"
-        said = problem if model else f"{whose}: {problem}; give --model DIR, a folder with its tokenizer"
-        raise typer.BadParameter(said, param_hint="--model")
+        raise typer.BadParameter(
+            f"{whose}: {problem}; give --model DIR, a folder with its tokenizer", param_hint="--model"
+        )
     return found
 
 

@@ -47,6 +47,7 @@ from swarm.config.options import build_config, load_config_file
 from swarm.config.run import RunConfig, sibling
 from swarm.folder_lock import FolderInUse, hold_folder
 from swarm.model.widths import lora_problems
+from swarm.output_paths import output_problem
 from swarm.resume_checks import resume_problems
 from swarm.run_layout import RUN_FILE, SERVER_FILE, run_summary
 from swarm.server.bootstrap import SERVER_LOCK
@@ -248,14 +249,8 @@ def dataset_problem(make: Callable, name: str, seed: int, size: int) -> str | No
 
 def out_problems(out: Path, resume: bool) -> list[str]:
     """What is wrong with `out` itself: not a folder, not creatable, a `swarm serve` folder, nothing to resume."""
-    if out.exists() and not out.is_dir():
-        return [f"--out: {out} is a file, not a folder"]
-    if not out.exists():
-        parent = next(p for p in out.absolute().parents if p.exists())
-        if not parent.is_dir():
-            return [f"--out: cannot create {out}: {parent} is a file, not a folder"]
-        if not os.access(parent, os.W_OK | os.X_OK):
-            return [f"--out: cannot create {out}: {parent} is not writable"]
+    if (problem := output_problem(out, folder=True)) is not None:  # a file, or a folder it cannot make
+        return [f"--out: {problem}"]
     if served := [name for name in SERVE_ENTRIES if (out / name).exists()]:
         return [
             f"--out: {out} is the out folder of a `swarm serve` ({', '.join(served)}), not a run's: a run folder "

@@ -161,11 +161,11 @@ class _Fleet:
         with self.lock:
             for k, v in counts.items():
                 setattr(self.stats, k, getattr(self.stats, k) + v)
-            streak = self.stats.failing_streak = (
-                0
-                if counts.get("finished")
-                else self.stats.failing_streak + (counts.get("failed", 0) or counts.get("aborted", 0))
-            )
+            if counts.get("finished"):
+                self.stats.failing_streak = 0
+            else:  # a failure counts `failed` and `aborted` both: once; a None return `aborted` alone
+                self.stats.failing_streak += counts.get("failed", 0) or counts.get("aborted", 0)
+            streak = self.stats.failing_streak
         if self.failure_streak and streak >= self.failure_streak:
             self._halt("failing")  # a workflow that fails on every task: not an hour of aborted episodes
         if self.progress is not None:

@@ -49,13 +49,13 @@ class PolicyRouter:
         for swarm in self.swarms.values():
             if name in swarm.config.model_aliases:
                 return swarm
-        served = ", ".join(self.served())
+        served = self.served()
         if name in self.removed:
-            raise NotFound("model_not_found", f"policy {name!r} was removed; served: {served}")
+            raise NotFound("model_not_found", f"policy {name!r} was removed; served: {', '.join(served)}")
         raise NotFound(
             "model_not_found",
-            f"model {name!r} is not served here; served: {served}",
-            details={"models": self.served(), "policies": [n for n in self.swarms if n]},  # [] : none named
+            f"model {name!r} is not served here; served: {', '.join(served)}",
+            details={"models": served, "policies": [n for n in self.swarms if n]},  # [] : none named
         )
 
     def served(self) -> list[str]:
