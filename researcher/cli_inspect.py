@@ -26,6 +26,10 @@ def status(study_id: int = typer.Argument(None, show_default="every study")) -> 
     from store.schema import init_db  # lazy: the store alone; the runner's import (langgraph, ~2.5 s) is not needed
 
     engine = init_db()
+    if study_id is not None:  # its trials whose jobs exited since its driver last looked
+        from researcher.trials import reconcile_running  # lazy: the scheduler, only for one study
+
+        reconcile_running(engine, study_id)
     with Session(engine) as s:
         if study_id is None:
             studies = s.exec(select(Study).order_by(Study.id)).all()  # type: ignore[arg-type]

@@ -12,7 +12,6 @@ lock); a tick that finds the lock taken simply skips.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import re
@@ -34,6 +33,7 @@ from researcher.context import StudyContext
 from researcher.graph import build_graph
 from researcher.llm import make_chat_model
 from researcher.llm_planner import LLMPlanner
+from researcher.locks import study_lock
 from researcher.report import write_report
 from researcher.rules import RulesPlanner
 from researcher.trials import TrialLauncher
@@ -205,24 +205,6 @@ class Step:
 
     state: str  # done | waiting | approval | busy | inactive
     detail: dict
-
-
-@contextlib.contextmanager
-def study_lock(study_id: int, blocking: bool = False) -> Iterator[bool]:
-    path = data_dir() / "researcher" / "locks" / f"study-{study_id}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield True
-    finally:
-        os.close(fd)
 
 
 def _classify(snapshot: Any) -> Step:

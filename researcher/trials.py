@@ -301,3 +301,35 @@ class TrialLauncher:
                 cpu += hours * int(j.spec.get("cpus", 1) or 1)
                 gpu += hours * int(j.spec.get("gpus", 0) or 0)
         return {"cpu_hours": cpu, "gpu_hours": gpu}
+
+
+def reconcile_running(engine: Engine, study_id: int) -> bool:
+    """Record the study's trials whose jobs have exited, unless the study's driver is at it.
+
+    What `researcher status` calls: without it a trial stayed RUNNING until the daemon's next
+    tick (30 s by default), or for good where nothing drives the study (its foreground
+    `researcher study` was interrupted, no daemon runs). The refresh is the driver's own, under
+    the driver's lock taken without waiting: a driver that holds it is reconciling already.
+    Whether it ran.
+    """
+    from researcher.locks import study_lock  # lazy: only when a trial runs
+    from scheduler.records import StoreSink  # lazy: as above
+
+    with Session(engine) as s:
+        study = s.get(Study, study_id)
+        if study is None:
+            return False
+        ids = [
+            t.id
+            for t in s.exec(select(Trial).where(Trial.study_id == study_id)).all()  # type: ignore[arg-type]
+            if t.id is not None and t.status == TrialStatus.RUNNING.value
+        ]
+        config = study.config
+    if not ids:
+        return False
+    with study_lock(study_id) as held:
+        if not held:
+            return False
+        cfg = StudyConfig.model_validate(config)
+        TrialLauncher(engine, JobManager(StoreSink(engine=engine)), cfg, study_id).refresh(ids)
+    return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from sqlmodel import Session, select
@@ -243,6 +244,34 @@ def test_study_status_report_and_stop(fake_program, monkeypatch):
         res = runner.invoke(app, args, env={"COLUMNS": "200"})
         assert res.exit_code == 1 and message in res.output, (args, res.output)
     assert runner.invoke(app, ["report", "1"]).output == report  # refused: nothing rewritten
+
+
+def test_status_records_trials_whose_jobs_exited_since_the_driver_last_looked(fake_program):
+    """`status N` showed RUNNING until the daemon's next tick (or for good, with nothing driving the study)."""
+    res = runner.invoke(
+        app, ["study", TOPIC, "--background", "--steps", "5", "--trial-program", " ".join(fake_program)]
+    )
+    assert res.exit_code == 0, res.output
+    from researcher.daemon import tick
+
+    assert tick() == {1: "waiting"}  # launches the first trials; no tick after this one
+    engine = init_db()
+    with Session(engine) as s:
+        launched = [t.id for t in s.exec(select(Trial)).all() if t.status == "RUNNING"]
+    assert launched
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # each job's wrapper writes exit.json beside its logs as it ends
+        with Session(engine) as s:
+            logs = [Path(j.stdout_path or "") for j in s.exec(select(Job)).all()]
+        if len(logs) == len(launched) and all((p.parent / "exit.json").exists() for p in logs):
+            break
+        time.sleep(0.2)
+    res = runner.invoke(app, ["status", "1"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    with Session(engine) as s:
+        status = {t.id: t.status for t in s.exec(select(Trial)).all()}
+    assert {status[i] for i in launched} == {"COMPLETED"}, status
+    assert "RUNNING" not in res.output and "COMPLETED" in res.output, res.output
 
 
 def test_a_completed_study_is_not_stopped_or_approved_and_its_report_stays(fake_program):
