@@ -188,6 +188,9 @@ class FinishResponse(_Response):
     group_id: str
     policy_version: int
     step: int
+    #: `agent_rewards` tags no call of the episode carried: they applied to nothing (a typo, or an agent
+    #: that did not act this time; not an error, which would lose the episode's samples)
+    unmatched_agents: list[str] = Field(default_factory=list)
 
 
 class AbortRequest(_Request):

@@ -13,7 +13,7 @@ Never imports torch or transformers: a client machine needs neither.
 from swarm.client._async import AsyncEpisode, AsyncSwarmClient
 from swarm.client._client import Episode, SwarmClient
 from swarm.client._fleet import FleetStats, run_fleet
-from swarm.client._retry import ServerStopping, SwarmAPIError, SwarmError, SwarmUnavailable
+from swarm.client._retry import InvalidReward, ServerStopping, SwarmAPIError, SwarmError, SwarmUnavailable
 from swarm.client._team import TeamClient, TeamEpisode, TeamError
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "AsyncSwarmClient",
     "Episode",
     "FleetStats",
+    "InvalidReward",
     "ServerStopping",
     "SwarmAPIError",
     "SwarmClient",

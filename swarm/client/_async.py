@@ -12,7 +12,6 @@ Same retry rules as the sync client (`_retry.Policy`), the server's stop include
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -24,7 +23,7 @@ import httpx
 
 from swarm.client._client import EpisodeBase, _status_path
 from swarm.client._heartbeat import AsyncHeartbeats
-from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError, amark_stopping
+from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError, amark_stopping, worker_token
 from swarm.protocol import API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
 
 
@@ -45,7 +44,7 @@ class AsyncSwarmClient:
         model: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self.token = token or os.environ.get("ROOST_TOKEN") or ""
+        self.token = worker_token(token)
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
         #: the policy episodes are claimed for on a server of several (`--policy`); None: its first
@@ -170,10 +169,7 @@ class AsyncEpisode(EpisodeBase):
         except SwarmAPIError as exc:
             self._gone(exc)
             raise
-        self.result = FinishResponse.model_validate(data)
-        self.done = True
-        self._untrack()
-        return self.result
+        return self._finished(data)
 
     async def abort(self, reason: str | None = None, release: bool = True) -> None:
         try:

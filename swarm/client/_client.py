@@ -20,11 +20,11 @@ marked `lost`. No torch here.
 
 from __future__ import annotations
 
-import os
+import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cached_property, partial
 from typing import Any
@@ -38,15 +38,20 @@ from swarm.client._retry import (
     STOPPED_MESSAGE,
     TRANSIENT,
     Attempts,
+    InvalidReward,
     Policy,
     ServerStopping,
     SwarmAPIError,
     SwarmError,
     amark_stopping,
+    finite,
     mark_stopping,
+    worker_token,
 )
 from swarm.protocol import AGENT_HEADER, API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse
 from swarm.tls import tls_context
+
+log = logging.getLogger(__name__)
 
 #: Connection pools shared by a client's episodes' OpenAI calls (see `SwarmClient.openai_http`).
 OPENAI_POOLS = 16
@@ -74,7 +79,7 @@ class SwarmClient:
         502/503/504 this long (a restart) beyond `max_retries`. `heartbeats`: renew the lease of
         every open episode from a background thread (every third of the lease, or `heartbeat_s`)."""
         self.url = url.rstrip("/")
-        self.token = token or os.environ.get("ROOST_TOKEN") or ""
+        self.token = worker_token(token)
         self.timeout = timeout
         self.claim_wait_s = max(0.0, min(claim_wait_s, timeout / 2, 30.0))  # long poll per claim request
         #: the policy episodes are claimed for on a server of several (`--policy`); None: its first
@@ -268,6 +273,17 @@ class SwarmClient:
         self.close()
 
 
+_UNMATCHED_SAID: set[tuple[str, ...]] = set()
+
+
+def _numbers(values: Mapping[str, Any] | None, where: str) -> dict[str, float]:
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise InvalidReward(f"{where} must be a dict of names to numbers, got {values!r}")
+    return {k: finite(v, f"{where}[{k!r}]") for k, v in values.items()}
+
+
 class EpisodeBase:
     """What sync and async episodes share: identity, the OpenAI endpoint, and its clients."""
 
@@ -341,17 +357,19 @@ class EpisodeBase:
     @staticmethod
     def _finish_body(reward: float, metrics: dict[str, float] | None, agent_rewards: dict[str, float] | None) -> dict:
         return {
-            "reward": reward,
-            "metrics": metrics or {},
-            "agent_rewards": agent_rewards,
+            "reward": finite(reward, "reward"),
+            "metrics": _numbers(metrics, "metrics"),
+            "agent_rewards": _numbers(agent_rewards, "agent_rewards") if agent_rewards is not None else None,
             "idempotency_key": uuid.uuid4().hex,
         }
 
     @staticmethod
     def _choices_body(rewards: Sequence[float], metrics: dict[str, float] | None) -> dict:
+        if isinstance(rewards, str | bytes) or not isinstance(rewards, Sequence):
+            raise InvalidReward(f"choice rewards must be a list of numbers, one per choice, got {rewards!r}")
         return {
-            "choice_rewards": [float(r) for r in rewards],
-            "metrics": metrics or {},
+            "choice_rewards": [finite(r, f"choice reward [{i}]") for i, r in enumerate(rewards)],
+            "metrics": _numbers(metrics, "metrics"),
             "idempotency_key": uuid.uuid4().hex,
         }
 
@@ -361,6 +379,21 @@ class EpisodeBase:
         client = self.__dict__.pop("async_openai", None)
         if client is not None:
             await client.close()
+
+    def _finished(self, data: Any) -> FinishResponse:
+        self.result = FinishResponse.model_validate(data)
+        self.done = True
+        self._untrack()
+        unmatched = tuple(self.result.unmatched_agents)
+        if unmatched and unmatched not in _UNMATCHED_SAID:  # once per process and set of tags: fleets repeat it
+            _UNMATCHED_SAID.add(unmatched)
+            log.warning(
+                "episode %s: agent_rewards for %s applied to nothing: no call of the episode carried that "
+                "agent tag (a typo, or an agent that did not act); said once",
+                self.id,
+                ", ".join(map(repr, unmatched)),
+            )
+        return self.result
 
     def _untrack(self) -> None:
         """Stop heartbeats for this episode (finished, aborted, lost or closed)."""
@@ -421,10 +454,7 @@ class Episode(EpisodeBase):
         except SwarmAPIError as exc:
             self._gone(exc)
             raise
-        self.result = FinishResponse.model_validate(data)
-        self.done = True
-        self._untrack()
-        return self.result
+        return self._finished(data)
 
     def abort(self, reason: str | None = None, release: bool = True) -> None:
         """Give the episode up; nothing of it is trained. `release=False`: do not retry its slot."""

@@ -56,7 +56,8 @@ class FleetStats:
     policy_version: int = 0  # of the latest claim
     started_at: float = field(default_factory=time.time)
     elapsed: float = 0.0
-    stopped_by: str | None = None  # epochs | max_episodes | stop | server | unreachable | unauthorized | failing
+    #: epochs | max_episodes | stop | server | unreachable | unauthorized | refused (its policy is gone) | failing
+    stopped_by: str | None = None
     failing_streak: int = 0  # workflow failures (and None returns) since the last finished episode
 
     @property
@@ -202,6 +203,10 @@ class _Fleet:
                 self._error(f"{task.get('task_id')}: {exc}")
                 if exc.status_code in (401, 403):
                     self._halt("unauthorized")  # no job can succeed with this token
+                elif exc.status_code == 404:  # its policy is gone (`swarm ctl policy remove`, a restart without it):
+                    self._halt("refused")  # every claim would be refused at once, hundreds a second, for good
+                else:  # counted towards --failure-streak: claims refused on every task end the fleet too
+                    self._note(failed=1)
             except SwarmError as exc:  # cancelled while waiting (stop was set)
                 if not self.stop.is_set():
                     self._error(str(exc))
@@ -263,7 +268,7 @@ class _Fleet:
                         elif isinstance(reward, Mapping):  # a team's reward per role
                             ep.finish(reward)
                         else:
-                            ep.finish(float(reward))
+                            ep.finish(reward)  # a number: a string or NaN is InvalidReward, said as such
                 except ServerStopping:
                     raise
                 except Exception as exc:

@@ -17,6 +17,10 @@ hold a fleet up for minutes).
 
 from __future__ import annotations
 
+import logging
+import math
+import numbers
+import os
 import random
 import threading
 import time
@@ -37,9 +41,34 @@ TRANSIENT = (
     httpx.RemoteProtocolError,
 )
 
+log = logging.getLogger(__name__)
+
 
 class SwarmError(Exception):
     """Base of the client's errors."""
+
+
+class InvalidReward(SwarmError, ValueError):
+    """A reward or metric that is no finite number: said here, before anything is sent."""
+
+
+def finite(value: Any, where: str) -> float:
+    """A reward or metric as the wire takes it: a finite real number (numpy's scalars too). NaN used to
+    fail inside httpx's JSON encoder ("Out of range float values are not JSON compliant"), naming no
+    reward; a string was turned into a number by the fleet, which the server refuses."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise InvalidReward(f"{where} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def worker_token(token: str | None) -> str:
+    """The token a client sends: the argument, else ROOST_TOKEN; none is an error at construction.
+
+    Without one every request failed deep in httpx (`Illegal header value b'Bearer '`)."""
+    token = token or os.environ.get("ROOST_TOKEN") or ""
+    if not token.strip():
+        raise SwarmError("no token: pass token=... or set ROOST_TOKEN (the server's --token)")
+    return token
 
 
 class SwarmAPIError(SwarmError):
@@ -183,6 +212,8 @@ class Attempts:
         """None: `r` is the answer; else the delay before the next try (or raise)."""
         self.attempt += 1
         self.owner._connected = self.owner._connected or r.status_code < 500
+        if r.status_code < 500:
+            self._back()
         if r.status_code >= 500 and self.since is None:
             self.since = time.monotonic()
         if is_stopping(r):
@@ -200,7 +231,30 @@ class Attempts:
         self.since = self.since if self.since is not None else time.monotonic()
         if self.owner.stopping_event.is_set():  # gone after saying it stops: no restart to wait for
             raise ServerStopping(STOPPED_MESSAGE) from exc
-        return self.policy.on_error(exc, self.attempt, self._reconnecting())
+        delay = self.policy.on_error(exc, self.attempt, self._reconnecting())
+        if self.owner._connected:
+            self._gone(exc)
+        return delay
+
+    def _gone(self, exc: Exception) -> None:
+        """Said once an outage, by whichever request meets it first: a fleet's progress stood still, its
+        spinner spinning, until `reconnect_s` ran out (and nothing at all went to a log)."""
+        if getattr(self.owner, "_down_since", None) is None:
+            self.owner._down_since = time.monotonic()
+            wait = self.policy.reconnect_s
+            log.warning(
+                "server %s unreachable (%s); retrying%s",
+                getattr(self.owner, "url", "?"),
+                type(exc).__name__,
+                f" for up to {wait:g} s (reconnect_s)" if wait else "",
+            )
+
+    def _back(self) -> None:
+        down = getattr(self.owner, "_down_since", None)
+        if down is not None:
+            self.owner._down_since = None
+            url = getattr(self.owner, "url", "?")
+            log.warning("server %s reachable again after %.1f s", url, time.monotonic() - down)
 
     def _reconnecting(self) -> float | None:
         return self.since if self.owner._connected else None

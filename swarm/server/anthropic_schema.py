@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from swarm.protocol import Count, Number
 from swarm.server.exceptions import InvalidRequest
+from swarm.server.openai_schema import check_tools, unanswered_tool_result
 
 MAX_STOP = 16
 
@@ -160,6 +161,13 @@ class MessagesRequest(_Body):
                 "unsupported_prefill",
                 "the last message must be the user's: continuing a prefilled assistant turn is not supported",
             )
+        unanswered = unanswered_tool_result(out)
+        if unanswered is not None:
+            raise InvalidRequest(
+                "unknown_tool_use_id",
+                f"a tool_result's tool_use_id {unanswered[1]!r} answers no tool_use block of an assistant "
+                "turn before it",
+            )
         return out
 
     def openai_tools(self) -> list[dict[str, Any]] | None:
@@ -180,6 +188,7 @@ class MessagesRequest(_Body):
             if t.description:
                 fn["description"] = t.description
             out.append({"type": "function", "function": fn})
+        check_tools(out)  # chat's check: unique names
         return out
 
     def openai_tool_choice(self) -> str | dict[str, Any] | None:

@@ -48,9 +48,16 @@ def episode_of(request: Request, key: str, episode_id: str | None = None) -> Epi
     return router.owner(key_id).registry.authorize(key, episode_id)
 
 
-def bearer(authorization: str | None) -> str:
+#: what a route's Bearer token is, for the message when it is missing
+EPISODE_KEY = "the episode's api_key"
+WORKER_TOKEN = "this server's worker token"
+ADMIN_TOKEN = "this server's admin token"
+CALLER = "an episode's api_key, or the worker token for a call outside any episode"
+
+
+def bearer(authorization: str | None, wanted: str = EPISODE_KEY) -> str:
     if not authorization or not authorization.startswith("Bearer ") or not authorization[7:].strip():
-        raise Unauthorized("missing_api_key", "missing Bearer token (the episode's api_key)")
+        raise Unauthorized("missing_api_key", f"missing Bearer token ({wanted})")
     return authorization[7:].strip()
 
 
@@ -60,7 +67,7 @@ def _is_worker(swarm: Swarm, token: str) -> bool:
 
 async def worker(request: Request, authorization: str | None = Header(None)) -> Swarm:
     swarm = current_swarm(request)
-    if not _is_worker(swarm, bearer(authorization)):
+    if not _is_worker(swarm, bearer(authorization, WORKER_TOKEN)):
         raise Unauthorized("invalid_token", "the token is neither this server's worker token nor its admin token")
     return swarm
 
@@ -71,7 +78,7 @@ async def admin(
     policy: str | None = Query(None, description="the policy of a server of several (default: the first)"),
 ) -> Swarm:
     swarm = current_swarm(request)
-    token = bearer(authorization)
+    token = bearer(authorization, ADMIN_TOKEN)
     if not same_secret(token, swarm.config.admin_token):
         if same_secret(token, swarm.config.token):  # known, not allowed
             raise Forbidden(
@@ -131,12 +138,12 @@ def generation_swarm(request: Request, ep: Episode | None, model: str | None) ->
 
 
 async def generation_caller(request: Request, authorization: str | None = Header(None)) -> Episode | None:
-    return caller_of(request, bearer(authorization))
+    return caller_of(request, bearer(authorization, CALLER))
 
 
 async def any_caller(request: Request, authorization: str | None = Header(None)) -> Swarm:
     swarm = current_swarm(request)
-    token = bearer(authorization)
+    token = bearer(authorization, CALLER)
     if not _is_worker(swarm, token):
         swarm.registry.signer.verify(token)  # raises InvalidKey
     return swarm

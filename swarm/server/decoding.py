@@ -20,7 +20,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from swarm.chat.tool_parsers import CallPiece, ContentPiece, Piece, ToolParser
@@ -53,6 +53,9 @@ class Choice:
     top_logprobs: TopLogprobs  # per id; [] each when not asked for (or the engine gave none)
     policy_version: int = 0
     dropped_tool_calls: int = 0  # calls parsed past `max_calls` (parallel_tool_calls: false), not in the reply
+    #: where in `text` each call was made (its length then), so the Responses API orders text and calls
+    #: as a stream sends them; empty: every call after all of the text
+    call_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -105,6 +108,7 @@ class ChoiceRun:
         self.calls: list[ToolCall] = []
         self.max_calls = max_calls  # None: every parsed call is replied
         self.dropped = 0
+        self.offsets: list[int] = []  # len(content) at each call
         self.version = 0
         if self.tools is not None and prefill:
             self._pieces(self.tools.feed(prefill), [])  # a forced call's start: held by the parser
@@ -121,18 +125,28 @@ class ChoiceRun:
         return ([TextDelta(self.index, visible, kept, lps, kept_tops)] if visible or kept else []) + events
 
     def _pieces(self, pieces: list[Piece], events: list[ChoiceEvent]) -> str:
-        visible = ""
+        """The visible text before this batch's first call (the caller sends it first, with the batch's
+        ids); its calls, and any text after one, go to `events` in the order the model wrote them."""
+        lead = ""
+        called = False
         for p in pieces:
             if isinstance(p, ContentPiece):
-                visible += p.text
+                self.content += p.text
+                if not called:
+                    lead += p.text
+                elif events and isinstance(events[-1], TextDelta):
+                    events[-1].text += p.text
+                elif p.text:
+                    events.append(TextDelta(self.index, p.text, [], [], []))
             elif isinstance(p, CallPiece) and self.max_calls is not None and len(self.calls) >= self.max_calls:
                 self.dropped += 1  # parallel_tool_calls: false and no grammar held it to one
             elif isinstance(p, CallPiece):
                 call = ToolCall(new_tool_call_id(), p.call.name, p.call.arguments)
                 events.append(ToolCallDelta(self.index, len(self.calls), call))
                 self.calls.append(call)
-        self.content += visible
-        return visible
+                self.offsets.append(len(self.content))
+                called = True
+        return lead
 
     def finish(self, engine_reason: str) -> list[ChoiceEvent]:
         events: list[ChoiceEvent] = []
@@ -161,6 +175,7 @@ class ChoiceRun:
             self.tops,
             self.version,
             self.dropped,
+            self.offsets,
         )
         return events + [Finished(self.index, choice)]
 

@@ -45,6 +45,7 @@ class Episode:
     claim_key: str | None = None
     finish_key: str | None = None
     finish_response: dict | None = None
+    finish_body: dict | None = None  # the finish's request less its key: a retry must match it (None: recovered)
     reward: float | None = None
     drift: int = 0  # calls whose re-rendered prompt would have tokenized differently
     # a finish being committed (group commit): retries with its key wait for it, nothing else may act

@@ -185,6 +185,19 @@ def _json_reason(error: Mapping[str, Any], raw: Any) -> str:
     return f"{reason} (char {pos})"
 
 
+#: FastAPI's 400 for a body its JSON decoder failed on with anything but a JSONDecodeError
+FASTAPI_BODY_ERROR = "There was an error parsing the body"
+
+
+def unparsed_body(cause: BaseException | None) -> str:
+    """That failure in words, as `body_problem` says a JSON syntax error."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the request body is not UTF-8 text (byte {cause.start}): send JSON encoded as UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the request body is nested too deeply"
+    return f"the request body could not be read as JSON ({type(cause).__name__ if cause else 'unknown error'})"
+
+
 def body_model(request: Request) -> type[BaseModel] | None:
     """The pydantic model of the matched route's body, when it has exactly one."""
     route = request.scope.get("route")
@@ -214,6 +227,8 @@ def install_error_handlers(app: FastAPI) -> None:
         message = str(exc.detail)
         if exc.status_code == 405 or (exc.status_code == 404 and request.scope.get("route") is None):  # no route
             message = no_route(request, (headers or {}).get("Allow"))
+        if exc.status_code == 400 and message == FASTAPI_BODY_ERROR:  # its words for what JSON's decoder raised
+            message, code = unparsed_body(exc.__cause__), "invalid_json"
         return error_response(exc.status_code, message, code, headers)
 
     @app.exception_handler(RecursionError)
@@ -254,7 +269,7 @@ def no_route(request: Request, allow: str | None = None, shown: int = 8) -> str:
         f"{method} {path} is not a route of this server"
         + (f": {hint}" if hint else "")
         + (f"; under {top}: {listed}" if near else "")
-        + " (all of them: GET /openapi.json)"
+        + " (every route this server has: GET /openapi.json)"
     )
 
 

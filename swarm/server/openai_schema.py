@@ -4,7 +4,7 @@ Unknown fields are accepted and ignored (OpenAI clients send many), except sampl
 server does not apply (`NOT_APPLIED`: penalties, logit_bias, top_k, min_p), which are refused unless
 neutral (`check_not_applied`, shared with `/v1/responses`); the knobs we honour are validated (strict
 types: "8" is not 8, "yes" is not true; ranges; NaN) so a bad value is a 400, never an engine crash.
-Function tool names must be unique (`check_tool_names`, shared with `/v1/responses`). Roost
+Tools must be well-formed functions of unique names (`check_tools`, shared with `/v1/responses`). Roost
 extensions: `return_token_ids` (vLLM's name) asks for `prompt_token_ids` and `token_ids` in the
 response. `to_sampling()` turns a body into the protocol-neutral `generation.Sampling`.
 """
@@ -53,16 +53,29 @@ def check_not_applied(extra: Mapping[str, Any] | None) -> None:
         )
 
 
-def check_tool_names(tools: Sequence[Any] | None) -> None:
-    """400 `duplicate_tool` for two function tools of one name (chat's shape, `{"function": {"name"}}`):
-    the model calls a tool by its name, so the second one's description and schema could never be the
-    ones a call meant, and the template would show the model both. Malformed tools are left to the core."""
+def check_tools(tools: Sequence[Any] | None) -> None:
+    """400 for tools the model could not be shown as sent (chat's shape, `{"type": "function",
+    "function": {"name", "parameters"}}`): `unsupported_tool` for another type, `invalid_tool` for a
+    function without a name or with a schema that is no object, `duplicate_tool` for two functions of
+    one name (the model calls a tool by its name, so the second one could never be the one a call
+    meant). The template used to leave a malformed tool out without a word: the agent believed the
+    model saw it."""
     first: dict[str, int] = {}
     for i, tool in enumerate(tools or []):
-        fn = tool.get("function") if isinstance(tool, dict) else None
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise InvalidRequest(
+                "unsupported_tool",
+                f"tools[{i}]: tools of type {kind!r} are not supported; declare "
+                '{"type": "function", "function": {"name": ..., "parameters": {...}}}',
+            )
+        fn = tool.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
-        if not isinstance(name, str):
-            continue
+        if not isinstance(name, str) or not name or len(name) > 128:
+            raise InvalidRequest("invalid_tool", f"tools[{i}]: a function tool needs a name (1-128 characters)")
+        params = fn.get("parameters")  # type: ignore[union-attr]
+        if params is not None and not isinstance(params, dict):
+            raise InvalidRequest("invalid_tool", f"tools[{i}] ({name}): parameters must be a JSON schema object")
         if name in first:
             raise InvalidRequest(
                 "duplicate_tool",
@@ -161,8 +174,8 @@ class ChatCompletionRequest(_Sampling):
         return self.sampling(self.wants_max_tokens(), self.top_logprobs or 0, fmt)
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
-        """The tools as the core takes them, checked for duplicate names."""
-        check_tool_names(self.tools)
+        """The tools as the core takes them, checked (`check_tools`)."""
+        check_tools(self.tools)
         return self.tools
 
     def wants_max_tokens(self) -> int | None:
@@ -188,6 +201,13 @@ class ChatCompletionRequest(_Sampling):
                 content = "".join(texts)
             d["content"] = content or ""
             out.append(d)
+        unanswered = unanswered_tool_result(out)
+        if unanswered is not None:
+            i, call_id = unanswered
+            raise InvalidRequest(
+                "unknown_call_id",
+                f"messages[{i}].tool_call_id: {call_id!r} answers no tool call of an assistant message before it",
+            )
         return out
 
 
@@ -202,6 +222,19 @@ def _check_message(i: int, m: ChatMessage) -> None:
         )
     if m.content is None and m.role != "assistant":  # an assistant turn may be tool calls alone
         raise InvalidRequest("invalid_message", f"messages[{i}].content: a {m.role} message needs content")
+
+
+def unanswered_tool_result(messages: Sequence[Mapping[str, Any]]) -> tuple[int, Any] | None:
+    """(index, id) of the first tool message whose `tool_call_id` answers no assistant tool call
+    before it, else None: the template would render a result of no call, which the model is then
+    trained to read (OpenAI refuses such a conversation too). Shared by chat and `/v1/messages`."""
+    called: set[Any] = set()
+    for i, m in enumerate(messages):
+        if m.get("role") == "assistant":
+            called.update(c.get("id") for c in m.get("tool_calls") or () if isinstance(c, Mapping))
+        elif m.get("role") == "tool" and m.get("tool_call_id") not in called:
+            return i, m.get("tool_call_id")
+    return None
 
 
 class CompletionRequest(_Sampling):

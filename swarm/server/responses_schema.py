@@ -46,7 +46,7 @@ from swarm.protocol import Bool, Count, Number
 from swarm.server.decoding import Choice, ToolCall
 from swarm.server.exceptions import InvalidRequest
 from swarm.server.generation import Sampling
-from swarm.server.openai_schema import check_not_applied, check_tool_names
+from swarm.server.openai_schema import check_not_applied, check_tools
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
@@ -113,7 +113,7 @@ class ResponsesRequest(_Body):
                 fn["description"] = t["description"]
             fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
             out.append({"type": "function", "function": fn})
-        check_tool_names(out)
+        check_tools(out)
         return out
 
     def chat_tool_choice(self) -> str | dict[str, Any] | None:
@@ -252,10 +252,17 @@ def new_id(prefix: str) -> str:
 
 
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """`status` "in_progress" (a stream's opening item, no content yet), "completed", or "incomplete"
+    (the text a token limit cut)."""
     content = (
-        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" else []
     )
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def cut_short(finish_reason: str | None) -> bool:
+    """Whether generation ended before the model did (the response is "incomplete")."""
+    return finish_reason in ("length", "abort")
 
 
 def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
@@ -270,9 +277,21 @@ def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[s
 
 
 def output_items(choice: Choice) -> list[dict[str, Any]]:
-    """A finished choice's output: its text as a message (if any, or if nothing else), then its calls."""
-    items = [message_item(new_id("msg"), choice.text)] if choice.text or not choice.tool_calls else []
-    return items + [call_item(new_id("fc"), c) for c in choice.tool_calls]
+    """A finished choice's output in the order a stream sends it: text and calls as the model wrote
+    them, each stretch of text a message (an empty one when there is nothing at all). A message the
+    token limit cut is "incomplete", as the response is."""
+    text, items, at = choice.text, [], 0
+    offsets = choice.call_offsets or [len(text)] * len(choice.tool_calls)
+    for call, offset in zip(choice.tool_calls, offsets):
+        if text[at:offset]:
+            items.append(message_item(new_id("msg"), text[at:offset]))
+        items.append(call_item(new_id("fc"), call))
+        at = offset
+    if text[at:] or not items:
+        items.append(message_item(new_id("msg"), text[at:]))
+    if cut_short(choice.finish_reason) and items[-1]["type"] == "message":
+        items[-1]["status"] = "incomplete"
+    return items
 
 
 def assistant_message(choice: Choice) -> dict[str, Any]:
@@ -299,7 +318,7 @@ def response_object(
     policy_version: int | None = None,
 ) -> dict[str, Any]:
     """OpenAI's `response` object; `status` "in_progress" for the stream's first events."""
-    incomplete = status == "completed" and finish_reason in ("length", "abort")
+    incomplete = status == "completed" and cut_short(finish_reason)
     fmt = (body.text or {}).get("format") or {"type": "text"}
     out: dict[str, Any] = {
         "id": rid,

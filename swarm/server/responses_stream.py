@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from swarm.server.decoding import ToolCall
-from swarm.server.responses_schema import call_item, message_item, new_id
+from swarm.server.responses_schema import call_item, cut_short, message_item, new_id
 
 
 class ResponseStream:
@@ -65,11 +65,11 @@ class ResponseStream:
         self.text += delta
         return out + self._event("response.output_text.delta", **self._where(), delta=delta, logprobs=[])
 
-    def _close_text(self) -> str:
+    def _close_text(self, status: str = "completed") -> str:
         if self.text_item is None:
             return ""
         where, text = self._where(), self.text
-        done = message_item(self.text_item["id"], text)
+        done = message_item(self.text_item["id"], text, status)
         out = self._event("response.output_text.done", **where, text=text, logprobs=[])
         out += self._event("response.content_part.done", **where, part=done["content"][0])
         out += self._event("response.output_item.done", output_index=where["output_index"], item=done)
@@ -99,7 +99,7 @@ class ResponseStream:
             out += self._event("response.output_item.added", output_index=0, item=added)
             self.items.append(message_item(item_id, ""))
             out += self._event("response.output_item.done", output_index=0, item=self.items[0])
-        out += self._close_text()
+        out += self._close_text("incomplete" if cut_short(finish_reason) else "completed")  # the limit cut it
         response = self.head("completed", self.items, finish_reason, usage)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         return out + self._event(kind, response=response)

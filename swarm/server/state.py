@@ -45,7 +45,7 @@ from swarm.server.checkpoint import Checkpointer
 from swarm.server.control import LiveControl
 from swarm.server.counters import Counters
 from swarm.server.episodes import Episode, EpisodeRegistry, KeySigner
-from swarm.server.exceptions import InvalidRequest, Refused, SwarmError, Unavailable
+from swarm.server.exceptions import Conflict, InvalidRequest, Refused, SwarmError, Unavailable
 from swarm.server.generation_context import GenerationContext, GenerationLimits, context_length, engine_tokenizer
 from swarm.server.leases import LeaseKeeper
 from swarm.server.lockstep import Lockstep
@@ -99,6 +99,8 @@ class Swarm:
         if self.tracking is not None:
             metrics = TeeLog(metrics, self.tracking)
         self.trainer = Trainer(engine, self.batcher, self.gate, config.train, metrics, teacher=self.teacher)
+        if self.out_dir.parent.name == "policies":  # one of several (`for_policy`): its log lines say which
+            self.trainer.label = f"{config.model_name} "
         # --deterministic: episodes' places (their calls' seeds) and each batch's fixed order
         self.lockstep = Lockstep(config.seed) if config.deterministic else None
         # the settings in force, live changes, pause/resume, per-family quotas
@@ -286,17 +288,25 @@ class Swarm:
         lease cannot lapse. The bookkeeping runs in its own task, so a client that hangs
         up mid-commit cannot leave a durable row half-recorded.
         """
-        if ep.state == "finished" and req.idempotency_key and req.idempotency_key == ep.finish_key:
+        body = req.model_dump(exclude={"idempotency_key"})
+        replay = bool(req.idempotency_key) and req.idempotency_key == ep.finish_key
+        if replay and ep.finish_body is not None and body != ep.finish_body:
+            raise Conflict(
+                "idempotency_key_reused",
+                f"idempotency key {req.idempotency_key!r} finished this episode with another body "
+                f"(reward {ep.finish_body.get('reward')}); a retry sends the same body",
+            )
+        if ep.state == "finished" and replay:
             self.counters.add("finish_replays")
             return FinishResponse.model_validate(ep.finish_response)
         pending = ep.finishing
-        if pending is not None and req.idempotency_key and req.idempotency_key == ep.finish_key:
+        if pending is not None and replay:
             self.counters.add("finish_replays")
             return await asyncio.shield(pending)
         self.registry.require_open(ep)
         if self.sealed:  # the last checkpoint's counters must match the buffer: a restart re-plays this one
             raise Unavailable("stopping", "the server is taking its last checkpoint; this episode was not recorded")
-        ep.finish_key = req.idempotency_key
+        ep.finish_key, ep.finish_body = req.idempotency_key, body
         ep.finishing = asyncio.get_running_loop().create_task(self._finish(ep, req, ep.lease_expires_at))
         ep.finishing.add_done_callback(_retrieved)  # its caller may have hung up: no "never retrieved"
         ep.lease_expires_at = math.inf  # the sweeper leaves it alone while it commits
@@ -307,7 +317,7 @@ class Swarm:
             return await self._commit_finish(ep, req)
         except BaseException:
             ep.lease_expires_at = max(lease, time.time() + self.config.lease_seconds)
-            ep.finish_key = None
+            ep.finish_key = ep.finish_body = None
             raise
         finally:
             ep.finishing = None
@@ -351,6 +361,7 @@ class Swarm:
             group_id=ep.group_id,
             policy_version=self.engine.policy_version,
             step=self.trainer.step,
+            unmatched_agents=sorted(set(req.agent_rewards or ()) - {c.agent for c in calls}),
         )
         await self.durability.persist(ep, req, finished, response)  # on disk before the ack (else Unavailable)
         if self.config.log_rollouts:

@@ -194,6 +194,7 @@ class Trainer:
     ) -> None:
         self.engine = engine
         self.teacher = teacher  # on-policy distillation: scores each batch's tokens before its step
+        self.label = ""  # "NAME " for one policy of several: its log lines name it
         self.batcher = batcher
         self.gate = gate
         self.config = train_config  # replaced by live control between steps; a running step keeps its own
@@ -299,7 +300,8 @@ class Trainer:
                 self.metrics.write(record)
                 await self.step_recorded.publish(self.step, record)
                 log.info(
-                    "step %d: reward %.3f over %d episodes, %d samples, %.2fs",
+                    "%sstep %d: reward %.3f over %d episodes, %d samples, %.2fs",
+                    self.label,
                     self.step,
                     record["reward_mean"],
                     record["episodes"],

@@ -338,6 +338,8 @@ async def get_sampler(sampler_id: str, svc: TinkerService = Depends(caller)) -> 
 @router.post("/asample")
 async def asample(request: Request, svc: TinkerService = Depends(caller)) -> dict[str, Any]:
     body = await body_of(request, s.Sample)
+    if not (body.sampling_session_id or body.model_path or body.base_model):  # it sampled the base, unasked
+        raise TinkerError(400, "invalid_request", "asample needs sampling_session_id, model_path or base_model")
     path = svc.sampler_path(body.sampling_session_id, body.model_path)  # 404 before anything is queued
     if path is None and body.sampling_session_id is None:
         svc.check_base(body.base_model or svc.base_names[0])

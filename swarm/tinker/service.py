@@ -201,7 +201,9 @@ class TinkerService:
         model_id = f"{sid}:train:{seq}"
         if model_id in self.models:
             return self.models[model_id]  # the SDK retried a create that went through
-        if rank <= 0:
+        if rank < 0:
+            raise TinkerError(400, "invalid_request", f"lora_config.rank must be >= 1 (a LoRA rank), got {rank}")
+        if rank == 0:
             raise TinkerError(
                 400,
                 "full_finetune_unsupported",

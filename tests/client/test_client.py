@@ -141,3 +141,54 @@ def test_async_client(server: RunningServer) -> None:
             return status.counters["finished"], server.swarm.registry.get(ep2.id).state
 
     assert asyncio.run(go()) == (1, "aborted")
+
+
+def test_a_client_without_a_token_says_so_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request failed deep in httpx before: `Illegal header value b'Bearer '`."""
+    from swarm.client import AsyncSwarmClient, SwarmError
+
+    monkeypatch.delenv("ROOST_TOKEN", raising=False)
+    for cls in (SwarmClient, AsyncSwarmClient):
+        with pytest.raises(SwarmError, match=r"no token: pass token=\.\.\. or set ROOST_TOKEN"):
+            cls("http://127.0.0.1:9")
+    monkeypatch.setenv("ROOST_TOKEN", "from-env")
+    assert SwarmClient("http://127.0.0.1:9").token == "from-env"
+
+
+def test_a_reward_that_is_no_finite_number_is_said_before_anything_is_sent() -> None:
+    """NaN failed inside httpx's JSON encoder ("Out of range float values are not JSON compliant")."""
+    from swarm.client import InvalidReward
+    from swarm.client._client import EpisodeBase
+
+    for body, message in (
+        (lambda: EpisodeBase._finish_body(float("nan"), None, None), "reward must be a finite number, got nan"),
+        (lambda: EpisodeBase._finish_body("0.5", None, None), "reward must be a finite number, got '0.5'"),
+        (lambda: EpisodeBase._finish_body(True, None, None), "reward must be a finite number, got True"),
+        (lambda: EpisodeBase._finish_body(1.0, {"len": float("inf")}, None), r"metrics\['len'\] must be a finite"),
+        (lambda: EpisodeBase._finish_body(1.0, None, {"a": None}), r"agent_rewards\['a'\] must be a finite"),
+        (lambda: EpisodeBase._choices_body([1.0, "a"], None), r"choice reward \[1\] must be a finite number"),
+        (lambda: EpisodeBase._choices_body("ab", None), "choice rewards must be a list of numbers"),
+    ):
+        with pytest.raises(InvalidReward, match=message):
+            body()
+    import numpy as np
+
+    sent = EpisodeBase._finish_body(np.float32(0.5), {"n": np.int64(3)}, None)  # numpy's scalars are numbers
+    assert sent["reward"] == 0.5 and sent["metrics"] == {"n": 3.0} and json.dumps(sent)
+
+
+def test_agent_rewards_for_a_tag_no_call_carried_are_said(server: RunningServer, caplog) -> None:
+    """A typo in a tag trained every agent on the episode's reward, without a word. Not an error (an
+    agent that did not act this time would lose the episode): the answer names them, the SDK warns once."""
+    client = SwarmClient(server.url, server.token)
+    for _ in range(2):
+        ep = client.claim("t-agents")
+        ep.openai_client(agent="alice").chat.completions.create(
+            model=ep.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        with caplog.at_level("WARNING", logger="swarm.client._client"):
+            result = ep.finish(0.0, agent_rewards={"alice": 1.0, "carol": 1.0})
+        assert result.unmatched_agents == ["carol"] and result.samples == 1
+    said = [r.getMessage() for r in caplog.records if "applied to nothing" in r.getMessage()]
+    assert len(said) == 1 and "agent_rewards for 'carol' applied to nothing" in said[0], said
+    client.close()

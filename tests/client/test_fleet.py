@@ -192,9 +192,19 @@ def test_fake_engine_slow_generation_and_concurrency(make_server, model_dir) -> 
 @pytest.mark.parametrize("bad", [0, -1])
 def test_bad_arguments(bad: int) -> None:
     with pytest.raises(ValueError):
-        run_fleet(SwarmClient("http://127.0.0.1:9"), chat_workflow, [], n=bad)
+        run_fleet(SwarmClient("http://127.0.0.1:9", "t"), chat_workflow, [], n=bad)
 
 
 def test_wrong_token_halts_the_fleet(server) -> None:
     stats = run_fleet(SwarmClient(server.url, "wrong"), chat_workflow, _dataset(3), n=2, concurrency=2)
     assert stats.stopped_by == "unauthorized" and stats.finished == 0 and "401" in stats.errors[0]
+
+
+def test_a_policy_that_is_gone_halts_the_fleet(server) -> None:
+    """After `swarm ctl policy remove`, its fleet sent ~370 claims a second, each a 404, for good."""
+    t0 = time.monotonic()
+    client = SwarmClient(server.url, server.token, model="removed")
+    stats = run_fleet(client, chat_workflow, _dataset(50), n=2, concurrency=4, epochs=None)
+    assert stats.stopped_by == "refused" and stats.finished == 0 and time.monotonic() - t0 < 10
+    assert "404" in stats.errors[0] and "model_not_found" in stats.errors[0], stats.errors
+    assert len(stats.errors) <= 4  # one refusal per thread at most, not one per job of the dataset

@@ -48,7 +48,8 @@ def test_job_cursor_persists_and_replays_exactly_the_lost_jobs(tmp_path: Path) -
     assert json.loads(path.read_text())["pending"] == [] and JobCursor(3, 2, 1, path).take() is None
 
 
-def test_client_reconnects_across_a_server_restart(model_dir: Path, tmp_path: Path) -> None:
+def test_client_reconnects_across_a_server_restart(model_dir: Path, tmp_path: Path, caplog) -> None:
+    caplog.set_level("WARNING", logger="swarm.client._retry")
     port = free_port()
     config = ServerConfig(
         engine="fake",
@@ -83,6 +84,9 @@ def test_client_reconnects_across_a_server_restart(model_dir: Path, tmp_path: Pa
         srv2 = stack.enter_context(running_server(config, FakeEngine(model_dir), port=port))
         t.join(30)
         assert result["waited"] >= 0.8 and result["status"].groups[0].finished == 1
+        said = [r.getMessage() for r in caplog.records]  # the outage said as it starts and ends, once each
+        assert sum("unreachable (ConnectError); retrying for up to 30 s" in m for m in said) == 1, said
+        assert sum("reachable again after" in m for m in said) == 1, said
         with pytest.raises(SwarmAPIError) as err:  # the open episode died with the old process
             open_ep.finish(1.0)
         assert err.value.status_code == 404 and open_ep.lost

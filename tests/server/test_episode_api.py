@@ -54,6 +54,10 @@ def test_finish_is_idempotent_by_key(server: RunningServer) -> None:
     assert other.status_code == 409 and other.json()["error"]["code"] == "episode_finished"
     assert _post(server, ep, "abort").status_code == 409
     assert _post(server, ep, "heartbeat").status_code == 409
+    # the key with another body: it answered 200 with the first reward, and the caller never knew
+    reused = _post(server, ep, "finish", {"reward": 0.0, "idempotency_key": "k1"})
+    assert reused.status_code == 409 and reused.json()["error"]["code"] == "idempotency_key_reused"
+    assert "finished this episode with another body (reward 0.25)" in reused.json()["error"]["message"]
 
 
 def test_abort_then_status(server: RunningServer) -> None:

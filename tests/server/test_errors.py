@@ -68,7 +68,20 @@ def test_deeply_nested_json(server: RunningServer) -> None:
     raw = b'{"task_id": "t", "metadata": {"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
     r = httpx.post(f"{server.url}/swarm/v1/episodes", content=raw, headers=_h(server.token))
     _assert_error(r, 400)
+    assert r.json()["error"] == {**r.json()["error"], "code": "invalid_json"}
+    assert "nested too deeply" in r.json()["error"]["message"]  # was FastAPI's "error parsing the body"
     _alive(server)
+
+
+def test_a_body_that_is_not_utf8_is_said_as_such(server: RunningServer) -> None:
+    r = httpx.post(
+        f"{server.url}/swarm/v1/episodes",
+        content=b'{"task_id": "' + bytes([0xFF, 0xFE]) + b'"}',
+        headers={**_h(server.token), "Content-Type": "application/json"},
+    )
+    _assert_error(r, 400)
+    assert r.json()["error"]["code"] == "invalid_json"
+    assert "not UTF-8 text (byte 13)" in r.json()["error"]["message"], r.json()
 
 
 def test_lone_surrogate_in_messages(server: RunningServer) -> None:

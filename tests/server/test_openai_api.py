@@ -188,6 +188,16 @@ def test_multi_turn_prompt_continues_exact_ids(make_server) -> None:
         ({"messages": MESSAGES, "logit_bias": {"5": 10}}, "unsupported_sampling"),
         ({"messages": MESSAGES, "frequency_penalty": -0.2}, "unsupported_sampling"),
         ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}] * 2}, "duplicate_tool"),
+        # malformed tools were left out of the prompt without a word: the agent believed the model saw them
+        ({"messages": MESSAGES, "tools": [{"x": 1}]}, "unsupported_tool"),
+        ({"messages": MESSAGES, "tools": [{"type": "web_search"}]}, "unsupported_tool"),
+        ({"messages": MESSAGES, "tools": [{"type": "function", "function": {}}]}, "invalid_tool"),
+        (
+            {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "a", "parameters": "x"}}]},
+            "invalid_tool",
+        ),
+        # a tool result answering no call the model made
+        ({"messages": [*MESSAGES, {"role": "tool", "tool_call_id": "zzz", "content": "4"}]}, "unknown_call_id"),
     ],
 )
 def test_bad_chat_requests_are_400(server: RunningServer, body: dict, code: str) -> None:

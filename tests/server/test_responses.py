@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from tool_agent import agent_script, check_one_sample, finish_and_sample, run_tool
+from tool_agent import agent_script, check_one_sample, finish_and_sample, run_tool, tool_call_text
 
 from swarm.client import SwarmClient
 from swarm.engine.fake import FakeEngine
@@ -116,6 +116,35 @@ def test_streamed_episode_with_previous_response_id(srv: RunningServer) -> None:
     recorded, samples = finish_and_sample(srv, ep)
     assert len(recorded) == 3 and len(samples) == 1
     check_one_sample(srv, recorded, samples[0])
+
+
+@pytest.mark.parametrize("limit", [None, 40])
+def test_text_after_a_call_comes_in_the_order_a_stream_sends_it(make_server: Any, model_dir: Any, limit) -> None:
+    """Text the model writes after a call (a second call the token limit cut, say) was put before the
+    call without streaming and after it with; and a message the limit cut was "completed"."""
+    engine = FakeEngine(model_dir, chunk_tokens=2)
+    engine.script = lambda ids: "Adding.\n" + tool_call_text("add", '{"a": 1, "b": 2}') + "\nThen I will go on " * 8
+    srv = make_server(engine=engine)
+    ep = SwarmClient(srv.url, srv.token).claim("t-order")
+    oc = _client(srv, ep.api_key)
+    kw: dict[str, Any] = {"model": ep.model, "input": "1 + 2?", "tools": TOOLS[:1]}
+    if limit:
+        kw["max_output_tokens"] = limit
+    plain = oc.responses.create(**kw)
+    with oc.responses.stream(**kw) as stream:  # the SDK's final response is response.completed's only
+        streamed = [e.response for e in stream if e.type in ("response.completed", "response.incomplete")][-1]
+
+    def shape(r: Any) -> list[tuple]:
+        return [(o.type, o.status, o.content[0].text if o.type == "message" else o.arguments) for o in r.output]
+
+    last = "incomplete" if limit else "completed"
+    assert [s[:2] for s in shape(plain)] == [
+        ("message", "completed"),
+        ("function_call", "completed"),
+        ("message", last),
+    ]
+    assert shape(streamed) == shape(plain) and plain.status == streamed.status == last
+    assert shape(plain)[0][2] == "Adding." and shape(plain)[2][2].startswith("Then I")
 
 
 def test_json_schema_text_format(make_server: Any, model_dir: Any) -> None:

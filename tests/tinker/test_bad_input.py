@@ -95,6 +95,11 @@ def test_unknown_things_are_404(tinker_server: Any) -> None:
     assert _code(t.post("load_weights", {**load, "path": "tinker://../../etc/weights/x"})) == (400, "invalid_path")
     r = t.post("create_model", {**body, "base_model": "tiny-model", "lora_config": {"rank": 0}})
     assert _code(r) == (400, "full_finetune_unsupported")
+    r = t.post("create_model", {**body, "base_model": "tiny-model", "lora_config": {"rank": -3}})
+    assert _code(r) == (400, "invalid_request") and "rank must be >= 1" in r.text  # was the rank-0 message
+    # nothing named to sample: it sampled the base unasked (create_sampling_session says 400 already)
+    r = t.post("asample", {"prompt": sample["prompt"], "sampling_params": {"max_tokens": 2}})
+    assert _code(r) == (400, "invalid_request") and "sampling_session_id, model_path or base_model" in r.text
 
 
 def test_keys(tinker_server: Any) -> None:

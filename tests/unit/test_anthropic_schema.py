@@ -85,21 +85,32 @@ def test_tool_episode_translates_to_openai_messages_in_order() -> None:
 
 
 def test_tool_result_error_and_only_results() -> None:
-    req = _req(
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": "x", "content": "boom", "is_error": True},
-                    {"type": "tool_result", "tool_use_id": "y"},
-                ],
-            }
-        ]
-    )
-    assert req.openai_messages() == [
+    calls = [{"type": "tool_use", "id": i, "name": "f", "input": {}} for i in ("x", "y")]
+    results = [
+        {"type": "tool_result", "tool_use_id": "x", "content": "boom", "is_error": True},
+        {"type": "tool_result", "tool_use_id": "y"},
+    ]
+    req = _req(messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": calls}])
+    req = _req(messages=[*req.messages, {"role": "user", "content": results}])
+    assert req.openai_messages()[2:] == [
         {"role": "tool", "tool_call_id": "x", "content": "Error: boom"},
         {"role": "tool", "tool_call_id": "y", "content": ""},
     ]
+
+
+def test_a_tool_result_answering_no_tool_use_is_refused() -> None:
+    """It was rendered as the result of a call the model never made, and trained on."""
+    req = _req(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_nope"}]}])
+    with pytest.raises(InvalidRequest) as exc:
+        req.openai_messages()
+    assert exc.value.code == "unknown_tool_use_id" and "'toolu_nope' answers no tool_use block" in str(exc.value)
+
+
+def test_two_tools_of_one_name_are_refused() -> None:
+    tool = {"name": "a", "input_schema": {"type": "object"}}
+    with pytest.raises(InvalidRequest) as exc:
+        _req(messages=[{"role": "user", "content": "hi"}], tools=[tool, tool]).openai_tools()
+    assert exc.value.code == "duplicate_tool"
 
 
 @pytest.mark.parametrize(
