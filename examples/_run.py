@@ -1,9 +1,9 @@
 """The command line every example shares: run its workflow through a swarm server as a small fleet.
 
-    python examples/arith_openai.py --token $SWARM_TOKEN [--url URL] [--size 64] [-n 8]
+    python examples/arith_openai.py [--token TOKEN] [--url URL] [--size 64] [-n 8]
 
 Kept out of the example files so each of them is only what a user copies: the dataset and the
-workflow, written against the plain OpenAI client.
+workflow, written against the plain OpenAI client. Without --token the client reads ROOST_TOKEN.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def run_example(
 
     parser = argparse.ArgumentParser(description=f"run the {task_family} workflow through a swarm server")
     parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--token", required=True)
+    parser.add_argument("--token", default=None, help="the server's --token (default: $ROOST_TOKEN)")
     parser.add_argument("--size", type=int, default=64, help="tasks in the dataset")
     parser.add_argument("-n", type=int, default=8, help="attempts per task (the group size)")
     args = parser.parse_args()

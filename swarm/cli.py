@@ -219,6 +219,12 @@ def _train(spec: RunConfig, resume: bool) -> None:
         if isinstance(exc, RunUnchanged):  # its summary.json is the earlier run's, not this start's
             typer.echo(f"swarm train: {exc.note}", err=True)
         elif ended := run_summary(spec.out):
+            if ended.get("steps_done"):  # what it trained is not lost: said as Ctrl-C's line says it
+                typer.echo(
+                    f"swarm train: `swarm train --out {spec.out} --resume` goes on from its last checkpoint "
+                    "(the steps after it are trained again)",
+                    err=True,
+                )
             typer.echo(f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'failed')})", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: everything is stopped and summary.json written

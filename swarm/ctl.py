@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from rich.markup import escape
 
 from store.options_anywhere import ParameterSource, options_anywhere
 from swarm.config.train import TrainConfig
-from swarm.run_layout import server_address
+from swarm.run_layout import ServerAddress, server_address
 from swarm.server.admin_schema import LiveConfigUpdate
 
 #: exit status of a request the server refused, by HTTP status: 2 where the command line can fix it (a bad
@@ -60,6 +61,17 @@ app = typer.Typer(
 ALIASES = {"kl": "kl_coef", "temp": "temperature", "B": "batch_groups", "batch-groups": "batch_groups"}
 
 
+def alive(pid: int) -> bool:
+    """Whether a process of that number exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class _Ctx:
     def __init__(
         self, url: str, token: str | None, timeout: float, policy: str | None = None, token_from: str = "--admin-token"
@@ -69,11 +81,16 @@ class _Ctx:
         self.timeout = timeout
         self.policy = policy
         self.token_from = token_from  # where the token came from, for a refusal of it
+        self.address: ServerAddress | None = None  # with --server: the folder it was read from
 
     def call(self, method: str, path: str, body: Any = None) -> dict:
         if not self.token:  # checked here, not in the callback, so `--help` of every command works without one
+            held = ""
+            if self.address is not None:
+                held = f"; {self.address.folder}/secrets.json holds none (a server given its tokens keeps them)"
             raise typer.BadParameter(
-                "an admin token is required (--admin-token or ROOST_ADMIN_TOKEN)", param_hint="--admin-token"
+                "an admin token is required (--admin-token or ROOST_ADMIN_TOKEN)" + held,
+                param_hint="--admin-token",
             )
         import httpx  # lazy: `swarm --help` mounts this CLI and should not pay for an HTTP stack
 
@@ -87,7 +104,9 @@ class _Ctx:
                 headers={"Authorization": f"Bearer {self.token}"},
             )
         except httpx.HTTPError as exc:
-            typer.echo(f"cannot reach {self.url}: {exc}", err=True)
+            pid = self.address.pid if self.address else None
+            gone = f" (its server, pid {pid}, is not running: its run has ended)" if pid and not alive(pid) else ""
+            typer.echo(f"cannot reach {self.url}: {exc}{gone}", err=True)
             raise typer.Exit(1) from None
         try:
             data = r.json()
@@ -193,7 +212,7 @@ def main(
         file_okay=False,
         help="the server's out folder, or a `swarm train` run folder: its URL and generated admin token from there",
     ),
-    timeout: float = typer.Option(30.0, "--timeout", help="seconds per request"),
+    timeout: float = typer.Option(30.0, "--timeout", min=0.1, help="seconds per request"),
     policy: str = typer.Option(
         None, "--policy", help="the policy to operate, on a server of several (default: its first)"
     ),
@@ -212,6 +231,7 @@ def main(
             admin_token = address.admin_token
             token_from = f"the secrets.json of {server}"
     ctx.obj = _Ctx(url, admin_token, timeout, policy, token_from)
+    ctx.obj.address = address if server is not None else None
 
 
 @app.command("get")

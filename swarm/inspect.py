@@ -381,8 +381,11 @@ def inspect_command(
             ep = find_episode(run_dir, episode, filters, unreadable)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--filter") from None
-    except (FileNotFoundError, KeyError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="RUN_DIR / --episode") from None
+    except FileNotFoundError as exc:  # the folder: no log in it, or one per policy
+        raise typer.BadParameter(str(exc), param_hint="RUN_DIR") from None
+    except KeyError as exc:  # no episode of that id (or none matching the filters)
+        hint = "--episode" if episode else "--filter" if filters else "RUN_DIR"
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
     if unreadable:
         typer.echo(f"swarm inspect: {unreadable_note(run_dir, unreadable)}", err=True)
     if list_:

@@ -32,9 +32,7 @@ The folder's files are named here (`RUN_FILE`, `METRICS`, `RUN_ENTRIES`), and it
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping
@@ -52,6 +50,7 @@ from swarm.resume_checks import resume_problems
 from swarm.run_layout import RUN_FILE, SERVER_FILE, run_summary
 from swarm.server.bootstrap import SERVER_LOCK
 from swarm.server.recovery import BUFFER_FILE
+from swarm.user_code import load
 
 #: the server's per-step metrics, relative to the run folder (summary.json points here)
 METRICS = "server/metrics.jsonl"
@@ -155,21 +154,10 @@ def ended_before_training(out: Path) -> bool:
 
 
 def _load(spec: str, flag: str) -> tuple[Any, str | None]:
-    """`module:attr` -> (the object, None) or (None, the problem), importing as `swarm client` does
-    (the current directory importable)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        return None, f"{flag}: expected module:function, got {spec!r}"
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any error importing user code is the problem to report
-        return None, f"{flag}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            return None, f"{flag}: {module_name!r} has no attribute {attr!r}"
-        obj = getattr(obj, part)
+    """`module:attr` -> (the callable, None) or (None, the problem), imported as `swarm client` imports it."""
+    obj, problem = load(spec)
+    if problem is not None:
+        return None, f"{flag}: {problem}"
     if not callable(obj):
         return None, f"{flag}: {spec} is not callable (it is a {type(obj).__name__})"
     return obj, None

@@ -63,6 +63,7 @@ class ServerAddress:
     url: str
     token: str | None
     admin_token: str | None
+    pid: int | None = None  # the process that wrote server.json (gone once its run has ended)
 
 
 def server_address(folder: Path) -> ServerAddress:
@@ -73,7 +74,8 @@ def server_address(folder: Path) -> ServerAddress:
     if not (folder / SERVER_FILE).exists() and (folder / "server" / SERVER_FILE).exists():
         folder = folder / "server"
     try:
-        url = json.loads((folder / SERVER_FILE).read_text())["url"]
+        written = json.loads((folder / SERVER_FILE).read_text())
+        url = written["url"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         team = sorted(p.name for p in (folder / "servers").glob("*") if (p / SERVER_FILE).exists())
         if team:  # a --team run: a server per model
@@ -92,6 +94,7 @@ def server_address(folder: Path) -> ServerAddress:
         url,
         secrets.get("token") or os.environ.get("ROOST_TOKEN"),
         secrets.get("admin_token") or os.environ.get("ROOST_ADMIN_TOKEN"),
+        written.get("pid") if isinstance(written.get("pid"), int) else None,
     )
 
 

@@ -159,7 +159,10 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     the MLflow run is marked FAILED (KILLED), and the error is raised again. A start over an earlier run
     (`--resume`) that fails before its server is up leaves that run as it was and raises `RunUnchanged`."""
     out = spec.out.resolve()
-    spec = spec.model_copy(update={"out": out, "server": absolute_paths(spec.server)})  # what run.yaml records
+    given_rank = spec.server.lora.rank
+    # what run.yaml records: the paths absolute, the LoRA the roles of a --shared-base run train (it said rank 0)
+    server = absolute_paths(spec.server).model_copy(update={"lora": spec.trained_lora})
+    spec = spec.model_copy(update={"out": out, "server": server})
     out.mkdir(parents=True, exist_ok=True)
     if not resume and previous_run(out):
         raise RuntimeError(f"{out} holds an earlier run: resume it or clear it first")
@@ -168,11 +171,12 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
     if done >= spec.steps:
         raise RuntimeError(f"the run in {out} already has {done} steps; ask for more with --steps")
     token, admin = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
-    served = server_config(spec, out, 0, resume)  # port 0: the server binds a free one and says which
-    if spec.roles and served.lora.rank != spec.server.lora.rank:
+    if spec.roles and spec.server.lora.rank != given_rank:
         console.print(
-            f"--shared-base: the roles train LoRA adapters of rank {served.lora.rank} (--lora-rank to change)"
+            f"--shared-base: the roles train LoRA adapters of rank {spec.server.lora.rank} (roles of one base "
+            "cannot be full-parameter; --lora-rank r > 0 to change it)"
         )
+    served = server_config(spec, out, 0, resume)  # port 0: the server binds a free one and says which
     kept = KeptFiles.take(out, KEPT)  # what a start that fails before its server is up puts back
     write_run_file(out, spec, served, {})  # --resume finds it even when the server never starts
     server_file = write_config(out / "server.yaml", served)

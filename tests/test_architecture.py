@@ -172,7 +172,8 @@ SWARM_LAYERS: list[set[str]] = [
     {"swarm.algorithms", "swarm.timeline"},  # the pure cores
     # built-in tasks; the wire protocol's bodies; one TLS context; the child processes a run starts; where a
     # run folder keeps each policy or role (read by eval and inspect); one process per folder (its lock); an
-    # output path a command was given, checked before its work (eval --json, export --merge, inspect --html)
+    # output path a command was given, checked before its work (eval --json, export --merge, inspect --html);
+    # the user's own code a --workflow or --dataset names, imported
     {
         "swarm.tasks",
         "swarm.protocol",
@@ -182,6 +183,7 @@ SWARM_LAYERS: list[set[str]] = [
         "swarm.folder_lock",
         "swarm.output_paths",
         "swarm.kept_files",
+        "swarm.user_code",
     },
     {"swarm.config"},  # every settings model and the option derivation
     {"swarm.chat"},  # tool-call parsing, shared by the model package and the server

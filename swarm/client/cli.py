@@ -13,8 +13,6 @@ Never imports torch.
 
 from __future__ import annotations
 
-import importlib
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -34,24 +32,14 @@ from swarm.config.fleet import FleetConfig
 from swarm.config.options import build_config, config_options
 from swarm.folder_lock import FolderInUse, hold_folder
 from swarm.tasks import get_task
+from swarm.user_code import load
 
 
 def load_object(spec: str) -> Any:
-    """`package.module:attr.sub` -> the object (a clear error for a bad spec)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise typer.BadParameter(f"expected module:function, got {spec!r}")
-    if "" not in sys.path and os.getcwd() not in sys.path:  # importable from here, as `python -m` does
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise typer.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise typer.BadParameter(f"{module_name!r} has no attribute {attr!r}") from None
+    """`package.module:attr.sub` -> the object (a usage error saying what is wrong, not a traceback)."""
+    obj, problem = load(spec)
+    if problem is not None:
+        raise typer.BadParameter(problem)
     return obj
 
 
@@ -135,6 +123,13 @@ def client_command(
             except SwarmError as exc:
                 console.print(f"[red]cannot use {url}[/red]: {exc}")
                 raise typer.Exit(1) from None
+            if cfg.choices > 1 and status.group_size != 1:  # its groups were k choices x group-size episodes
+                console.print(
+                    f"[red]--choices {cfg.choices}[/red] samples a task's group in one call, so the server's "
+                    f"group size must be 1; this one's is {status.group_size} (swarm serve --group-size 1, or "
+                    "leave --choices out)"
+                )
+                raise typer.Exit(2)
             if status.group_size != n:
                 console.print(
                     f"[yellow]note[/yellow]: the server's group size is {status.group_size}; "
@@ -165,7 +160,7 @@ def client_command(
         )
         for err in stats.errors[-3:]:
             console.print(f"  [red]error[/red] {err}")
-        if stats.stopped_by in ("unreachable", "unauthorized"):
+        if stats.stopped_by in ("unreachable", "unauthorized", "refused"):
             raise typer.Exit(1)
         if stats.stopped_by == "failing":
             console.print(

@@ -44,7 +44,9 @@ class PolicySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="the policy's name: requests pick it as `model`, claims as `policy`")
-    lora: LoraSettings | None = Field(None, description="its adapter; default: the server's --lora-* settings")
+    lora: LoraSettings | None = Field(
+        None, description="its adapter: the fields given here over the server's --lora-* settings"
+    )
     train: dict[str, Any] = Field(
         default_factory=dict, description="TrainConfig fields that differ from the server's (lr, kl_coef...)"
     )

@@ -94,7 +94,9 @@ class ServerConfig(BaseModel):
         None, description="name served on /v1/models"
     )
     engine: EngineName = Field(
-        EngineName.torch, description="generation/training engine (fake: no model, for tests and benchmarks)"
+        EngineName.torch,
+        description="generation/training engine (fake: random tokens through the model's tokenizer, "
+        "no weights run, no learning; for tests and benchmarks)",
     )
     device: Annotated[str | None, Flag(studied=False, default_text="cuda if available, else cpu")] = Field(
         None, description="torch device"
@@ -130,7 +132,9 @@ class ServerConfig(BaseModel):
         default_factory=_default_out_dir, description="metrics, checkpoints, rollouts, config.yaml"
     )
     resume: Annotated[bool, Flag(studied=False)] = Field(
-        True, description="resume from out_dir/checkpoints/latest when present"
+        True,
+        description="resume from out_dir/checkpoints/latest when present (`swarm serve --no-resume` refuses "
+        "a folder that holds a trained run: give a fresh --out)",
     )
 
     token: Annotated[str | None, Flag(envvar="ROOST_TOKEN", studied=False, default_text="generated and printed")] = (
@@ -336,7 +340,7 @@ class ServerConfig(BaseModel):
                 "policies: several policies on one base run in the torch and vllm engines, "
                 f"not --engine {self.engine.value}"
             )
-        full = [p.name for p in self.policies if not (p.lora or self.lora).enabled]
+        full = [p.name for p in self.policies if not self.policy_lora(p).enabled]
         if full and self.engine in (EngineName.torch, EngineName.vllm):
             raise ValueError(
                 f"policies {', '.join(full)}: policies that share a base train LoRA adapters, and a "
@@ -344,7 +348,7 @@ class ServerConfig(BaseModel):
                 "(or a `lora:` per policy), or serve a full-parameter policy on a server of its own"
             )
         if self.engine == EngineName.vllm:  # each vLLM process (replica) serves every policy's adapters
-            wide = [p.name for p in self.policies if (p.lora or self.lora).rank > LORA_RANKS[-1]]
+            wide = [p.name for p in self.policies if self.policy_lora(p).rank > LORA_RANKS[-1]]
             if wide:
                 raise ValueError(f"policies {', '.join(wide)}: vLLM serves adapters of rank at most {LORA_RANKS[-1]}")
         for p in self.policies:
@@ -353,6 +357,13 @@ class ServerConfig(BaseModel):
             except ValidationError as exc:  # one line: the knob and what is wrong with it
                 raise ValueError(f"policy {p.name}: {errors_line(exc.errors())}") from None
         return self
+
+    def policy_lora(self, spec: PolicySpec) -> LoraSettings:
+        """A policy's LoRA settings: the server's, with the fields its `lora` gives. Whole, they replaced
+        the server's: `lora_alpha=32` alone was a rank-0 (full-parameter) policy, refused as such."""
+        if spec.lora is None:
+            return self.lora
+        return LoraSettings(**{**self.lora.model_dump(), **spec.lora.model_dump(exclude_unset=True)})
 
     def for_policy(self, spec: PolicySpec) -> ServerConfig:
         """The config of one policy's own `Swarm`: the server's, with the spec's differences, its name
@@ -370,7 +381,7 @@ class ServerConfig(BaseModel):
                 "model_name": spec.name,
                 "served_model_names": None,
                 "out_dir": Path(self.out_dir) / "policies" / spec.name,
-                "lora": spec.lora or self.lora,
+                "lora": self.policy_lora(spec),
                 "train": TrainConfig(**{**self.train.model_dump(), **spec.train}),
                 "mlflow_run_name": f"{run}-{spec.name}" if run else spec.name,
             }

@@ -57,6 +57,7 @@ class LocalOpenAI:
         self.named = dict(named or {})
         self.temperature = None if temperature is None else float(temperature)
         self.calls = 0
+        self._episode = threading.local()  # the item the calling thread plays (`bind`)
         self._cv = threading.Condition()
         self._pending: list[dict] = []
         self._live = 0
@@ -78,6 +79,7 @@ class LocalOpenAI:
             "max_tokens": max_tokens,
             "tools": tools,
             "temperature": temperature if self.temperature is None else self.temperature,
+            "episode": getattr(self._episode, "index", 0),
             "done": threading.Event(),
         }
         with self._cv:
@@ -87,6 +89,10 @@ class LocalOpenAI:
         if "error" in request:
             raise request["error"]
         return request["response"]
+
+    def bind(self, index: int) -> None:
+        """The calling thread plays item `index`: its calls take that place in every batch."""
+        self._episode.index = index
 
     def episode_done(self) -> None:
         with self._cv:
@@ -101,7 +107,9 @@ class LocalOpenAI:
                 self._cv.wait_for(lambda: len(self._pending) >= self._live)
                 if self._live == 0:
                     return
-                batch, self._pending = self._pending, []
+                # in item order, not in the order the threads happened to call: a batch's rows draw their
+                # samples in row order, so `--seed` repeats only if every batch is the same batch
+                batch, self._pending = sorted(self._pending, key=lambda r: r["episode"]), []
             by_model: dict[str, list[dict]] = {}
             for request in batch:  # one `generate` per model the waiting calls name
                 by_model.setdefault(request["model"] if request["model"] in self.named else "", []).append(request)
@@ -185,6 +193,7 @@ def run_workflows(client: LocalOpenAI, workflow, items: list[dict], episode: Cal
     make = episode or (lambda: SimpleNamespace(openai=client, model="local"))
 
     def play(i: int) -> None:
+        client.bind(i)
         try:
             got = workflow(items[i], make())
             rewards[i] = got if isinstance(got, dict) else float(got)
@@ -282,10 +291,12 @@ def run_models(path: Path) -> tuple[Path, Path | None]:
     for server_dir in (path / "server", path):
         policies = server_dir / "policies"
         if policies.is_dir() and (server_dir / "config.yaml").is_file():  # a server of several policies
-            names = sorted(p.name for p in policies.iterdir() if (p / "checkpoints").is_dir())
+            names = sorted(p.name for p in policies.iterdir() if p.is_dir())
+            ready = [n for n in names if (policies / n / "checkpoints").is_dir()]
+            listed = ", ".join(n if n in ready else f"{n} (no checkpoint yet)" for n in names) or "none yet"
             raise RunFolderError(
-                f"{path} trained several policies ({', '.join(names) or 'none checkpointed yet'}): "
-                f"evaluate one of them, e.g. --model {policies / (names[0] if names else 'NAME')}"
+                f"{path} trained several policies ({listed}): name one of their folders instead, "
+                f"e.g. {policies / (ready or names or ['NAME'])[0]}"
             )
         if (server_dir / "checkpoints").is_dir() and (server_dir / "config.yaml").is_file():
             checkpoint = latest_checkpoint(server_dir / "checkpoints")

@@ -35,11 +35,15 @@ async def set_config(body: LiveConfigUpdate, swarm: Swarm = Depends(admin)) -> L
 
 @router.post("/pause", response_model=AdminResponse)
 async def pause(swarm: Swarm = Depends(admin)) -> AdminResponse:
+    if swarm.control.paused:  # idempotent, and said so
+        return AdminResponse(message="already paused: new claims get 429 until resume", step=swarm.trainer.step)
     swarm.control.pause()
     return AdminResponse(message="paused: new claims get 429 until resume", step=swarm.trainer.step)
 
 
 @router.post("/resume", response_model=AdminResponse)
 async def resume(swarm: Swarm = Depends(admin)) -> AdminResponse:
+    if not swarm.control.paused:
+        return AdminResponse(message="not paused: nothing to resume", step=swarm.trainer.step)
     swarm.control.resume()
     return AdminResponse(message="resumed", step=swarm.trainer.step)

@@ -18,6 +18,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import IO, Any
 
 from fastapi import FastAPI
@@ -139,6 +140,19 @@ def create_app(config: ServerConfig, engine: Any) -> FastAPI:
             config = config.with_secrets()  # one set for every policy: one key verifies anywhere
         swarms = {p.name: Swarm(config.for_policy(p), engine.policy(p.name)) for p in config.policies}
         host = engine
+        unserved = sorted(
+            d.name for d in (Path(config.out_dir) / "policies").glob("*") if d.is_dir() and d.name not in swarms
+        )
+        if unserved:  # added live (`swarm ctl policy add`, the Tinker API) before a restart, or left out
+            log.warning(
+                "%d polic%s under %s/policies not in this start's list, not served: %s%s (a policy added live "
+                "does not come back with a restart; `swarm ctl policy add NAME` serves one again from its checkpoint)",
+                len(unserved),
+                "y" if len(unserved) == 1 else "ies",
+                config.out_dir,
+                ", ".join(unserved[:5]),
+                f" and {len(unserved) - 5} more" if len(unserved) > 5 else "",
+            )
     else:
         swarms = {"": Swarm(config, engine)}
         host = None

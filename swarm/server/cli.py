@@ -32,6 +32,19 @@ from swarm.server.bootstrap import hold_out_dir, parse_quotas, port_problem, tls
 CONFIG_FILE = "config.yaml"
 
 
+def earlier_run(out: Path) -> str | None:
+    """What of a trained run `out` holds (its metrics rows, its checkpoints), in words; None if nothing."""
+    for folder in [out, *sorted((out / "policies").glob("*"))]:
+        metrics = folder / "metrics.jsonl"
+        rows = sum(1 for line in metrics.open() if line.strip()) if metrics.is_file() else 0
+        if rows:
+            return f"{rows} step(s) in {metrics.relative_to(out)}"
+        checkpoints = folder / "checkpoints"
+        if checkpoints.is_dir() and any(checkpoints.iterdir()):
+            return f"checkpoints in {checkpoints.relative_to(out)}"
+    return None
+
+
 @config_options(ServerConfig)
 def serve_command(
     overrides: dict[str, Any],
@@ -93,6 +106,14 @@ def serve_command(
             raise typer.Exit(2)
     if found := lora_problems(config):  # before config.yaml is written: a refused start leaves no settings
         typer.echo(f"swarm serve: {found[0]}", err=True)
+        raise typer.Exit(2)
+    if not config.resume and (earlier := earlier_run(Path(config.out_dir))):
+        typer.echo(
+            f"swarm serve: --no-resume: {config.out_dir} holds an earlier run ({earlier}); a fresh one there would "
+            "mix its checkpoints, metrics and rollouts with that run's: give another --out, clear it, or leave "
+            "--no-resume out to continue it",
+            err=True,
+        )
         raise typer.Exit(2)
     held = hold_out_dir(config.out_dir)  # before its config is written over: one server per folder
     write_config(Path(config.out_dir) / CONFIG_FILE, config)

@@ -144,3 +144,23 @@ def test_default_cursors_differ_by_policy() -> None:
     runs: they shared one default cursor, and now the second would be refused."""
     paths = {default_state_path("http://h:1", "task:arith", 0, "arith", p) for p in (None, "a", "b")}
     assert len(paths) == 3
+
+
+def test_a_workflow_file_that_does_not_compile_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SyntaxError was a 65-line traceback (only ImportError was caught); `swarm train` said it in a line."""
+    (tmp_path / "broken_flow.py").write_text("def play(task, episode)\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = CliRunner().invoke(app, ["--url", "http://127.0.0.1:9", "--token", "t", "--workflow", "broken_flow:play"])
+    out = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 2 and "cannot import 'broken_flow': SyntaxError" in out, r.output
+    assert "Traceback" not in r.output
+
+
+def test_choices_against_a_server_whose_groups_are_several_episodes_is_refused(server: RunningServer) -> None:
+    """Its help says the server's group size is then 1; nothing checked it, and each group trained k x n samples."""
+    assert server.swarm.config.group_size > 1
+    args = ["--url", server.url, "--token", server.token, "--task", "arith", "--choices", "4", "-q"]
+    r = CliRunner().invoke(app, args)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2 and "the server's group size must be 1; this one's is" in out, r.output
+    assert server.swarm.counters["claims"] == 0

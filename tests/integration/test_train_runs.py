@@ -120,6 +120,21 @@ def test_a_run_still_going_is_refused_even_with_fresh_or_resume(tmp_path: Path) 
         first.wait(timeout=60)
 
 
+def test_a_server_killed_mid_run_ends_with_how_to_resume(tmp_path: Path) -> None:
+    """`kill -9` of its server: the run failed with "server stopped after N of M steps" and no word that
+    `--resume` goes on from its last checkpoint, as Ctrl-C's line says."""
+    out, args, driver = _endless_run(tmp_path)
+    try:
+        _until(lambda: len(_text(out / "server" / "metrics.jsonl").splitlines()) >= 2, driver)
+        os.kill(json.loads((out / "server" / "server.json").read_text())["pid"], signal.SIGKILL)
+        assert driver.wait(timeout=60) == 1
+    finally:
+        kill_marked(_mark(tmp_path))
+    said = " ".join((tmp_path / "driver.log").read_text().split())
+    assert "server stopped after" in said and "(exit code -9)" in said, said[-2000:]
+    assert f"`swarm train --out {out} --resume` goes on from its last checkpoint" in said, said[-2000:]
+
+
 def test_fresh_removes_only_what_a_run_wrote(tmp_path: Path) -> None:
     for name in ("server", "logs"):
         (tmp_path / name).mkdir()

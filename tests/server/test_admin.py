@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import httpx
 import pytest
@@ -212,6 +213,8 @@ def test_pause_and_resume(server: RunningServer) -> None:
     ep = _episode(server, "a")
     r = httpx.post(f"{server.url}/swarm/v1/admin/pause", headers=_h(server.admin_token))
     assert r.status_code == 200 and r.json()["ok"]
+    again = httpx.post(f"{server.url}/swarm/v1/admin/pause", headers=_h(server.admin_token)).json()
+    assert again["ok"] and again["message"].startswith("already paused")  # said so; no second event
     r = _claim(server, "b")
     assert r.status_code == 429 and r.json()["error"]["code"] == "paused" and r.headers["retry-after"]
     _call(server, ep)  # running episodes carry on
@@ -219,6 +222,8 @@ def test_pause_and_resume(server: RunningServer) -> None:
     status = httpx.get(f"{server.url}/swarm/v1/status", headers=_h(server.token)).json()
     assert status["paused"] is True
     assert httpx.post(f"{server.url}/swarm/v1/admin/resume", headers=_h(server.admin_token)).status_code == 200
+    again = httpx.post(f"{server.url}/swarm/v1/admin/resume", headers=_h(server.admin_token)).json()
+    assert again["ok"] and again["message"] == "not paused: nothing to resume"
     assert _claim(server, "b").status_code == 200
     events = [json.loads(x)["event"] for x in (server.swarm.out_dir / "events.jsonl").read_text().splitlines()]
     assert events == ["paused", "resumed"]
@@ -317,6 +322,17 @@ def test_ctl_finds_a_server_by_its_folder(server: RunningServer, tmp_path, monke
     r = runner.invoke(cli_app, ["ctl", "--server", str(tmp_path), "status"])
     out = " ".join(r.output.replace("│", " ").split())
     assert r.exit_code == 2 and "is not the out folder of a started `swarm serve`" in out
+    # a server given its tokens on its command line keeps them out of secrets.json: said so
+    (run / "server" / "secrets.json").write_text("{}")
+    r = runner.invoke(cli_app, ["ctl", "--server", str(run), "status"], env={"COLUMNS": "300"})
+    out = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 2 and "secrets.json holds none (a server given its tokens keeps them)" in out, out
+    # a run that has ended: its server.json names a process that is gone
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (run / "server" / "server.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": ended.pid}))
+    r = runner.invoke(cli_app, ["ctl", "--server", str(run), "--admin-token", "a", "status"])
+    assert r.exit_code == 1 and f"(its server, pid {ended.pid}, is not running: its run has ended)" in r.output
 
 
 # -- restarts ---------------------------------------------------------------------------

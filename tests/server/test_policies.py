@@ -269,3 +269,13 @@ def test_two_lora_policies_train_apart_on_one_base(model_dir: Path, tmp_path: Pa
         assert "lora_rank=8" in r.json()["error"]["message"] and "under a new name" in r.json()["error"]["message"]
         r = httpx.post(url, json={"name": "b", "lora": {"rank": 8}}, headers=_admin(srv), timeout=60)
         assert r.status_code == 200 and r.json()["step"] == 1, r.text
+
+
+def test_a_policy_folder_left_out_of_a_start_is_said(model_dir: Path, tmp_path: Path, caplog) -> None:
+    """A restart with the first start's flags dropped the policies added live without a word."""
+    (tmp_path / "out" / "policies" / "added-live").mkdir(parents=True)
+    config = _config(model_dir, tmp_path, [{"name": "planner"}])
+    with caplog.at_level("WARNING", logger="swarm.server"), running_server(config, _fake_host(config)):
+        pass
+    said = [r.getMessage() for r in caplog.records if "not in this start's list" in r.getMessage()]
+    assert len(said) == 1 and "1 policy under" in said[0] and "not served: added-live (" in said[0], said

@@ -96,3 +96,15 @@ def test_a_certificate_that_cannot_serve_https_is_one_line_and_nothing_is_writte
     assert not (tmp_path / "serve" / "config.yaml").exists()
     code, line = _refused(tmp_path, *base, "--ssl-certfile", str(cert), "--ssl-keyfile", str(other_key))
     assert code == 1 and f"cannot serve HTTPS with {cert}" in line, line
+
+
+def test_no_resume_on_a_folder_holding_a_run_is_refused(tmp_path: Path, model_dir: Path) -> None:
+    """It started afresh there: the earlier run's metrics moved aside, its rollouts appended to, its
+    checkpoints overwritten where the step numbers met, with one warning about discarded episodes."""
+    base = ["--engine", "fake", "--model", str(model_dir), "--port", "0", "--no-resume"]
+    (tmp_path / "serve" / "policies" / "p" / "checkpoints" / "step_000001").mkdir(parents=True)
+    code, line = _refused(tmp_path, *base)
+    assert code == 2 and "holds an earlier run (checkpoints in policies/p/checkpoints)" in line, line
+    (tmp_path / "serve" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    code, line = _refused(tmp_path, *base)
+    assert code == 2 and "(2 step(s) in metrics.jsonl)" in line and "give another --out" in line, line

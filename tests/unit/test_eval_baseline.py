@@ -129,6 +129,11 @@ def test_run_models_of_a_run_with_several_policies(tmp_path, fake_run):
     (server / "config.yaml").write_text(yaml.safe_dump({"model_dir": str(initial), "out_dir": "x"}))
     with pytest.raises(RunFolderError, match=r"several policies \(executor, planner\)"):
         run_models(tmp_path / "run")
+    (server / "policies" / "late").mkdir()  # added live, no checkpoint yet: listed too, marked
+    with pytest.raises(RunFolderError) as exc:  # `swarm eval` and `swarm model export` say it alike: no --model
+        run_models(tmp_path / "run")
+    assert "(executor, late (no checkpoint yet), planner): name one of their folders instead, e.g. " in str(exc.value)
+    assert "--model" not in str(exc.value)
     policy = server / "policies" / "planner"
     assert run_models(policy) == ((policy / "checkpoints" / "step_000002").resolve(), initial)
     assert run_models(policy / "checkpoints" / "step_000002") == (policy / "checkpoints" / "step_000002", initial)

@@ -173,7 +173,7 @@ def test_no_episode_is_said_without_quotes_and_unreadable_lines_are_counted(tmp_
 
     _write_rollouts(tmp_path / "rollouts.jsonl")  # two episodes and a torn last line
     r, said = _inspect(str(tmp_path), "-f", "reward>5")
-    assert r.exit_code == 2 and f"--episode: no episode matches the filters in {tmp_path};" in said, r.output
+    assert r.exit_code == 2 and f"--filter: no episode matches the filters in {tmp_path};" in said, r.output
     assert f"1 line of {tmp_path / 'rollouts.jsonl'} skipped as unreadable (line 3)" in said
     unreadable: list[int] = []
     try:

@@ -353,3 +353,20 @@ def test_config_fields_flags_and_knobs():
     for bad in ({"rank": -1}, {"alpha": 0}, {"dropout": 1.0}, {"targets": ""}, {"targets": "all-linear,q_proj"}):
         with pytest.raises(ValueError):
             LoraSettings.model_validate(bad)
+
+
+def test_a_policys_lora_fields_add_to_the_servers():
+    """`lora: {alpha: 32}` replaced the server's settings whole: a rank-0 (full-parameter) policy, refused as
+    such (`swarm ctl policy add foo lora_alpha=32`), and `lora: {rank: 4}` dropped the server's alpha."""
+    from swarm.config.policies import PolicySpec
+
+    cfg = ServerConfig(
+        engine="fake", lora=LoraSettings(rank=8, alpha=32.0), policies=[PolicySpec(name="p", lora={"rank": 4})]
+    )
+    assert cfg.for_policy(cfg.policies[0]).lora == LoraSettings(rank=4, alpha=32.0)
+    alone = PolicySpec.model_validate({"name": "q", "lora": {"alpha": 64}})
+    assert cfg.policy_lora(alone) == LoraSettings(rank=8, alpha=64.0)
+    torch_cfg = dict(engine="torch", lora=LoraSettings(rank=8))
+    ServerConfig(**torch_cfg, policies=[alone])  # was "a full-parameter policy would change the base"
+    with pytest.raises(ValueError, match="full-parameter policy"):
+        ServerConfig(**torch_cfg, policies=[PolicySpec.model_validate({"name": "f", "lora": {"rank": 0}})])
