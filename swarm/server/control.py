@@ -164,6 +164,9 @@ class LiveControl:
         changes = req.changes()
         current = self.values()
         changed = {k: {"old": _plain(current.get(k)), "new": _plain(v)} for k, v in changes.items()}
+        for entry in changed.values():  # set to what it was: said so, not reported as a change
+            if entry["old"] == entry["new"]:
+                entry["unchanged"] = True
         train = {k: v for k, v in changes.items() if k in TRAIN_KEYS}
         window = {k: v for k, v in changes.items() if k in WINDOW_KEYS}
         if train:

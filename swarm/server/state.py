@@ -472,7 +472,7 @@ class Swarm:
         self.stopping = True
         self.trainer.halt()  # no step after this one (an overlapped window may be ready already)
         self.wake_claims()
-        log.info("stopping: %s", reason)
+        log.info("%sstopping: %s", self.trainer.label, reason)
         self._stop_task = asyncio.get_running_loop().create_task(self._stop())
 
     async def _stop(self) -> None:

@@ -251,6 +251,8 @@ def test_ctl_commands(server: RunningServer) -> None:
     r = ctl("set", "--lr", "2e-4", "--temperature=0.7", "--quota.math", "1", "--url", server.url)
     assert r.exit_code == 0, r.output
     assert server.swarm.config.temperature == 0.7 and server.swarm.control.book.quotas == {"math": 1}
+    changed = json.loads(ctl("set", "lr=2e-4", "temperature=0.5").output)["changed"]  # lr is 2e-4 already
+    assert changed["lr"]["unchanged"] is True and "unchanged" not in changed["temperature"], changed
     r = ctl("set", "--lr")
     assert r.exit_code == 2 and "--lr needs a value: --lr VALUE, or lr=VALUE" in r.output
     assert ctl("get", token="wrong").exit_code == 2
