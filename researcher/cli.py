@@ -314,7 +314,8 @@ def study(
                 deadline=parse_deadline(deadline),
             ),
             trial_program=shlex.split(trial_program) if trial_program else default_trial_program(),
-            trial_time_limit_s=int(time_limit) if time_limit else config_field("trial_time_limit_s").default,
+            # 0 became the default hour in silence (`if time_limit`); it is refused as 0.5 is
+            trial_time_limit_s=config_field("trial_time_limit_s").default if time_limit is None else int(time_limit),
             poll_s=poll,
             model_dir=_model_dir(model),
             report_out=str(out.resolve()) if out is not None else None,

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from researcher.cli_errors import fail, require_research
 from researcher.cli_output import console, export_html, open_in_browser, shown
+from swarm.output_paths import require_output
 
 
 def status(study_id: int = typer.Argument(None, show_default="every study")) -> None:
@@ -100,6 +101,8 @@ def report(
     """Print the study's report (for an unfinished study: what it has so far), or write it as HTML."""
     require_research()
     known_study(study_id)
+    if as_html or open_it:  # the folder checked before the study is loaded: a traceback from the copy before
+        require_output(out, "--out", folder=True)
     from researcher.graph import build_graph  # lazy: research extra (checked above)
     from researcher.report import render  # lazy: research extra (checked above)
     from researcher.runner import checkpointer, make_context  # lazy: research extra (checked above)
@@ -136,13 +139,20 @@ def stop(study_id: int = typer.Argument(...)) -> None:
     console.print(f"study {study_id} stopped; report: {path}")
 
 
-def daemon(interval: float = typer.Option(30.0, "--interval", help="seconds between study ticks")) -> None:
+def daemon(
+    interval: float = typer.Option(30.0, "--interval", min=0.1, help="seconds between study ticks"),
+) -> None:
     """Run the scheduler daemon with the researcher's tick: every active study advances."""
     require_research()
     from researcher import daemon as study_daemon  # lazy: research extra (checked above)
     from scheduler import daemon as scheduler_daemon  # lazy: research extra (checked above)
 
+    if (pid := scheduler_daemon.running_daemon()) is not None:  # said before "tick every", not as a traceback
+        raise fail(f"a daemon (pid {pid}) already serves this database", "one is enough: it advances every study")
     study_daemon.register(interval)
     console.print(f"researcher tick every {interval:g} s; Ctrl-C stops")
-    scheduler_daemon.run_daemon()  # returns on SIGINT or SIGTERM, once its threads have stopped
+    try:
+        scheduler_daemon.run_daemon()  # returns on SIGINT or SIGTERM, once its threads have stopped
+    except scheduler_daemon.DaemonAlreadyRunning as exc:  # one started between the check and the lock
+        raise fail(str(exc), "one is enough: it advances every study") from None
     console.print("daemon stopped: running trials go on; active studies wait for the next `researcher daemon`")

@@ -82,11 +82,13 @@ def deadline_param(value: str | None) -> str | None:
     """Typer callback: checked when given, so a typo fails before any planning."""
     if value:
         try:
-            parse_deadline(value)
+            when = parse_deadline(value)
         except ValueError:
             raise typer.BadParameter(
                 f"not a time or a duration: {value!r} (use e.g. 2030-01-31T18:00, 90m, 6h)"
             ) from None
+        if when is not None and when <= datetime.now(UTC):  # a study that could launch nothing, "completed"
+            raise typer.BadParameter(f"{value} has passed already: give a time to come, or a duration (6h)")
     return value
 
 

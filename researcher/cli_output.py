@@ -151,12 +151,18 @@ def export_html(study_id: int, out: Path | None = None) -> Path:
 
 def show_report_path(study_id: int, out: Path | None = None) -> None:
     from researcher.runner import make_context  # lazy: research extra (checked by require_research)
+    from store.models import StudyStatus, TrialStatus  # lazy: as above
 
     ctx = make_context(study_id)
     study = ctx.study()
+    color = "red" if study.status == StudyStatus.FAILED.value else "green"
     console.print(
-        f"[bold green]Study {study_id} {study.status.lower()}[/]; report: {ctx.cfg.study_dir}/report/report.md"
+        f"[bold {color}]Study {study_id} {study.status.lower()}[/]; report: {ctx.cfg.study_dir}/report/report.md"
     )
+    if study.status == StudyStatus.FAILED.value:  # every trial failed: the first one's reason, not only "failed"
+        reasons = [t.config.get("reason") for t in ctx.trials() if t.status == TrialStatus.FAILED.value]
+        if reason := next((r for r in reasons if r), None):
+            console.print(f"[red]every trial failed[/]; the first: {escape(str(reason))}", soft_wrap=True)
     html = export_html(study_id, out)
     console.print(f"HTML report: {shown(html)} (open it with: researcher report {study_id} --open)", soft_wrap=True)
     if study.report:

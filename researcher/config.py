@@ -149,12 +149,29 @@ class StudyConfig(BaseModel):
     prompt_versions: dict[str, int] = Field(default_factory=dict)
 
     @model_validator(mode="after")
+    def _consistent(self) -> StudyConfig:
+        """Options that would be dropped or bent in silence are refused with the reason."""
+        if self.dataset and not self.workflow:  # trials ran the built-in task's own dataset
+            raise ValueError("--dataset feeds a --workflow of yours: give the --workflow too (a task has its own)")
+        max_seeds = self.adaptive.max_seeds
+        if max_seeds is not None and max_seeds < self.defaults.seeds:
+            raise ValueError(
+                f"--max-seeds {max_seeds} is fewer than --seeds {self.defaults.seeds}: the first look has those"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _deterministic(self) -> StudyConfig:
         """Resolve the default: `swarm train --deterministic` makes a trial reproducible (docs/researcher-statistics.md,
         "Reproducible trials"), so a study of such trials pairs them; trials as policies of one shared server
         interleave in its batches and never are."""
         if self.deterministic and self.shared_base:
             raise ValueError("--deterministic: trials sharing one server (--shared-base) are not reproducible")
+        if self.adaptive.early_stop and self.shared_base:  # it was switched off in silence
+            raise ValueError(
+                "--early-stop: trials sharing one server (--shared-base) keep their metrics in its folder, "
+                "which early stopping does not read yet; leave one of them out"
+            )
         if self.deterministic is None:
             self.deterministic = self.uses_swarm_train and not self.shared_base
         return self

@@ -73,8 +73,8 @@ def conclusion_sentence(result: dict) -> str:
         overlap = "overlap" if c["ci_overlap"] else "do not overlap"
         if sig:
             lines.append(
-                f"**{worse} is worse than {better}**: {result.get('metric', 'metric')} differs by "
-                f"{_num(abs(c['diff']))} (95 % CI of the difference [{_num(c['diff_ci_low'])}, "
+                f"**{worse} is worse than {better}**: {result.get('metric', 'metric')} of {c['arm']} minus "
+                f"{c['baseline']} is {_num(c['diff'])} (95 % CI [{_num(c['diff_ci_low'])}, "
                 f"{_num(c['diff_ci_high'])}], Hedges' g {_num(c['hedges_g'], 2)}, "
                 f"{test} p {_p(c['p'])}, Holm-adjusted {_p(p_adj)}); the arms' 95 % CIs {overlap}."
             )
@@ -198,7 +198,8 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
         f"- Task: `{frame['task']}`; metric: {frame.get('metric', '?')} (window {frame.get('metric_window', '?')})"
         if frame
         else "- Task and metric: not framed yet (the planner has not run)",
-        f"- Planner: {planner_description(ctx.cfg)}; backend: {ctx.cfg.backend}; parallel trials: {ctx.cfg.parallel}",
+        f"- Planner: {planner_description(ctx.cfg)}; backend: {ctx.cfg.backend}; parallel trials: {ctx.cfg.parallel}"
+        + (SHARED_BASE_NOTE if ctx.cfg.shared_base else ""),
         f"- Trials: {len(trials)}{_counts(by_status)}; "
         f"CPU-hours {usage['cpu_hours']:.3f}; wall {_duration(study_wall_s(study))}; "
         f"LLM tokens {state.get('llm_tokens', 0)}",
@@ -381,7 +382,11 @@ def study_view(ctx: StudyContext, state: dict) -> StudyView:
         frame=state.get("frame") or {},
         planner=planner_description(ctx.cfg),
         facts=[
-            ("Backend", f"{ctx.cfg.backend}; parallel trials {ctx.cfg.parallel}"),
+            (
+                "Backend",
+                f"{ctx.cfg.backend}; parallel trials {ctx.cfg.parallel}"
+                + (SHARED_BASE_NOTE if ctx.cfg.shared_base else ""),
+            ),
             (
                 "Cost",
                 f"CPU-hours {usage['cpu_hours']:.3f}; wall {_duration(study_wall_s(study))}; "
@@ -408,6 +413,13 @@ def study_view(ctx: StudyContext, state: dict) -> StudyView:
     )
 
 
+#: what a --shared-base study's trials were, said where its report names how they ran
+SHARED_BASE_NOTE = (
+    "; --shared-base: each trial a LoRA adapter (a policy) of one server's base model, every trial of a round "
+    "at once unless --parallel says otherwise, its lr scaled by --lora-lr-scale"
+)
+
+
 def write_report(ctx: StudyContext, state: dict) -> Path:
     """Write the markdown, upload it with its plots and summary, close the study (idempotent)."""
     report_dir = Path(ctx.cfg.study_dir) / "report"
@@ -424,7 +436,12 @@ def write_report(ctx: StudyContext, state: dict) -> Path:
         # the reward first: MLflow's run page lists a run's metrics in the order they were first logged
         tracking.log_reward_curves(study.mlflow_run_id, html_report.arm_curves(view))
         tracking.log_summary(study.mlflow_run_id, *summary_metrics(ctx, state))
-        tracking.finish_study_run(study.mlflow_run_id, "FINISHED")
     status = StudyStatus.CANCELLED if study.status == StudyStatus.CANCELLED.value else StudyStatus.COMPLETED
+    ended = {t.status for t in ctx.trials()}
+    all_failed = TrialStatus.FAILED.value in ended and TrialStatus.COMPLETED.value not in ended
+    if status == StudyStatus.COMPLETED and all_failed:
+        status = StudyStatus.FAILED  # every trial that ran failed: it "completed", the cause unseen
+    if study.mlflow_run_id:
+        tracking.finish_study_run(study.mlflow_run_id, "FAILED" if status == StudyStatus.FAILED else "FINISHED")
     ctx.set_study_status(status, report=text, finished_at=utcnow())
     return path

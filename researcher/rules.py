@@ -115,8 +115,8 @@ class RulesPlanner:
             return None
         knob = frame.knobs[0]
         values = detect_values(topic, knob)
-        if len(values) == 1 and (outside := out_of_range(topic, knob)):
-            # one value kept and another dropped: the study would compare it with a default instead
+        if len(values) <= 1 and (outside := out_of_range(topic, knob)):
+            # a value dropped: the study would compare the one kept (or the defaults) instead of what was asked
             raise UnsupportedTopic(
                 f"the topic names {', '.join(outside)} for {knob}, outside the range a study may use "
                 f"({KNOBS[knob].range_text()}); name values within it"

@@ -140,7 +140,8 @@ def create_study(cfg: StudyConfig, engine: Any = None, on_created: Callable[[int
     if on_created is not None:
         on_created(sid)
     _forget_checkpoints(engine, sid)
-    _ensure_study_run(engine, sid)
+    with study_lock(sid, blocking=True):  # a daemon's tick of the new study makes it too: one of them does
+        _ensure_study_run(engine, sid)
     return sid
 
 

@@ -94,11 +94,25 @@ def reconcile_tick() -> None:
 # ---------------------------------------------------------------- the APScheduler instance
 
 
-def make_scheduler(db_url: str | None = None) -> BackgroundScheduler:
-    """A BackgroundScheduler whose job store is the project database (not started)."""
+class _StoreOnly(BackgroundScheduler):
+    """A scheduler that reads and writes the job store and runs nothing, ever.
+
+    Started paused it runs nothing, but APScheduler 3's loop runs `_process_jobs` once more after
+    `shutdown()` (the state is then STOPPED, which it does not treat as paused): a due job was handed to
+    the executor just shut down, and every `researcher study --background` or daemon restart logged
+    "Error submitting job ... cannot schedule new futures after shutdown" with a traceback."""
+
+    def _process_jobs(self) -> None:
+        return None
+
+
+def make_scheduler(db_url: str | None = None, store_only: bool = False) -> BackgroundScheduler:
+    """A BackgroundScheduler whose job store is the project database (not started); `store_only`: one
+    that only edits the store (`_with_scheduler`), never a job."""
     engine = get_engine(database_url(db_url))
     store = SQLAlchemyJobStore(engine=engine, tablename=JOBSTORE_TABLE)
-    return BackgroundScheduler(jobstores={"default": store}, job_defaults=dict(JOB_DEFAULTS), timezone="UTC")
+    cls = _StoreOnly if store_only else BackgroundScheduler
+    return cls(jobstores={"default": store}, job_defaults=dict(JOB_DEFAULTS), timezone="UTC")
 
 
 def _with_scheduler(db_url: str | None, scheduler: BackgroundScheduler | None, fn: Any) -> Any:
@@ -110,7 +124,7 @@ def _with_scheduler(db_url: str | None, scheduler: BackgroundScheduler | None, f
     """
     if scheduler is not None:
         return fn(scheduler)
-    temp = make_scheduler(db_url)
+    temp = make_scheduler(db_url, store_only=True)
     temp.start(paused=True)
     try:
         return fn(temp)

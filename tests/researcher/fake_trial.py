@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,8 @@ with open(out.parent / "starts.log", "a") as f:
 time.sleep(float(os.environ.get("FAKE_TRIAL_SLEEP", "0")))
 if os.environ.get("FAKE_TRIAL_FAIL_ARM") and str(args.lr) == os.environ["FAKE_TRIAL_FAIL_ARM"]:
     raise SystemExit(3)
+if os.environ.get("FAKE_TRIAL_FAIL_ALL"):  # as a model folder without weights fails every trial
+    sys.exit("OSError: no model.safetensors in the model folder")
 rng = random.Random(args.seed * 7919 + int(args.lr * 1e6))
 gain = min(1.0, args.lr / 3e-4) * 0.5
 steps = [

@@ -393,3 +393,59 @@ def test_an_invalid_planner_answer_after_retries_is_one_line_and_a_hint(monkeypa
         res = runner.invoke(app, ["study", TOPIC, "--steps", "2", "--trial-program", " ".join(fake_program)])
     assert res.exit_code == 0 and "Stopped early:** the llm planner gave no valid answer" in res.output
     assert "Planner: llm (model `some-model`" in _studies()[0].report
+
+
+def test_daemon_and_report_refusals_are_lines_not_tracebacks(fake_program):
+    """A second daemon printed "tick every" then a DaemonAlreadyRunning traceback; --interval 0 a ValueError
+    from the scheduler; `report --html --out` into what cannot hold it a FileNotFoundError from the copy."""
+    from scheduler.daemon import lock_path
+    from store.db import database_url
+
+    res = runner.invoke(app, ["daemon", "--interval", "0"], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "--interval" in res.output, res.output
+    lock = lock_path(database_url())
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.write_text(str(os.getpid()))  # as a running daemon leaves it
+    res = runner.invoke(app, ["daemon"], env={"COLUMNS": "200"})
+    assert res.exit_code == 1 and f"a daemon (pid {os.getpid()}) already serves this database" in res.output
+    assert "tick every" not in res.output and "Traceback" not in res.output
+    lock.unlink()
+    res = runner.invoke(
+        app, ["study", TOPIC, "--steps", "5", "--poll", "0.2", "--trial-program", " ".join(fake_program)]
+    )
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["report", "1", "--html", "--out", "/proc/nope"], env={"COLUMNS": "200"})
+    out = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 2 and "cannot create /proc/nope" in out, res.output
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--trial-time-limit", "0"], "trial_time_limit_s"),  # became the default hour in silence
+        (["--deadline", "2020-01-01T00:00"], "has passed already"),  # a study that launched nothing, "completed"
+        (["--max-seeds", "3", "--seeds", "4"], "--max-seeds 3 is fewer than --seeds 4"),
+        (["--dataset", "foo:bar"], "--dataset feeds a --workflow of yours"),  # trials ran the task's own
+        (["--early-stop", "--shared-base"], "--early-stop: trials sharing one server"),  # switched off in silence
+    ],
+)
+def test_options_that_were_bent_or_dropped_in_silence_are_refused(args, says):
+    res = runner.invoke(app, ["study", TOPIC, "--dry-run", *args], env={"COLUMNS": "200"})
+    out = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 2 and says in out, res.output
+
+
+def test_a_study_whose_every_trial_failed_is_failed_and_says_why(fake_program, monkeypatch):
+    """It was COMPLETED, "too few seeds to say", and each trial's note said only its exit code."""
+    monkeypatch.setenv("FAKE_TRIAL_FAIL_ALL", "1")
+    res = runner.invoke(
+        app,
+        ["study", TOPIC, "--steps", "5", "--poll", "0.2", "--trial-program", " ".join(fake_program)],
+        env={"COLUMNS": "300"},
+    )
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "Study 1 failed" in out and "every trial failed; the first: " in out, res.output
+    assert "no model.safetensors in the model folder" in out, res.output
+    with Session(init_db()) as s:
+        assert s.get(Study, 1).status == "FAILED"

@@ -103,6 +103,9 @@ def test_more_seeds_and_one_round_only():
         ("Does a bigger model help?", "name at least two values of model"),
         # one value kept, one past the range dropped: it compared 8 with the default 0 instead
         ("Does the LoRA rank matter? Compare 8 and 256", r"names 256 for lora_rank, outside .* \(\[0, 64\]\)"),
+        # the only value past the range: it planned the knob's default arms (lr 0 vs 3e-4; group size 4, 8, 16)
+        ("Does lr 5 help?", r"names 5 for lr, outside the range"),
+        ("Does group size 0 help?", r"names 0 for group_size, outside the range"),
         # tasks against each other read as "no knob" though the list below it showed `task`
         ("Does arith learn faster than guess?", "task knob compares one task against a task mix"),
         # the second comparison was dropped without a word: lr alone was planned

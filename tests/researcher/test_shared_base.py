@@ -15,7 +15,7 @@ from researcher.experiment import Arm, Design
 from researcher.plan_steps import check_program
 from researcher.planning import PlanDefaults
 from researcher.runner import create_study, drive, make_context
-from store.models import Job, Trial
+from store.models import Job, Study, Trial
 from store.schema import init_db
 from swarm.model.build import build_untrained
 
@@ -89,3 +89,6 @@ def test_shared_base_study_runs_every_trial_as_a_policy_of_one_server(tmp_path: 
         assert summary["attached"]["policy"] == f"t{t.id:04d}" and summary["steps_done"] == 2
         assert summary["config"]["seed"] == t.seed
         assert len((served / "policies" / f"t{t.id:04d}" / "metrics.jsonl").read_text().splitlines()) == 2
+    with Session(init_db()) as s:  # the report says what its trials were: it read as full fine-tuning
+        report = s.get(Study, sid).report
+    assert "--shared-base: each trial a LoRA adapter (a policy) of one server's base model" in report, report[:2000]

@@ -45,6 +45,22 @@ def test_register_tick_persists_and_validates(db_url: str) -> None:
     assert list_ticks(db_url=db_url) == []
 
 
+def test_editing_the_store_runs_no_due_job(db_url: str, tmp_path: Path, caplog) -> None:
+    """The paused scheduler that registers a tick ran `_process_jobs` once more after its shutdown: a due job
+    went to the executor just shut down ("Error submitting job ... cannot schedule new futures after shutdown",
+    a traceback on every `researcher study --background`), or ran from the CLI's process."""
+    import time
+
+    out = tmp_path / "ticks.txt"
+    register_tick("due", "sched_ticks:touch", 0.05, kwargs={"path": str(out)}, db_url=db_url)
+    time.sleep(0.3)  # due now, with no daemon to run it
+    with caplog.at_level("ERROR", logger="apscheduler"):
+        for i in range(5):
+            register_tick(f"other-{i}", "sched_ticks:touch", 60, kwargs={"path": "/dev/null"}, db_url=db_url)
+    assert not [r for r in caplog.records if "Error submitting job" in r.getMessage()], caplog.text
+    assert not out.exists()  # only a daemon runs ticks
+
+
 def test_daemon_runs_registered_ticks_and_reconcile(db_url: str, tmp_path: Path) -> None:
     out = tmp_path / "ticks.txt"
     daemon = Daemon(db_url, interval_s=0.2)
