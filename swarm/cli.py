@@ -218,26 +218,39 @@ def _train(spec: RunConfig, resume: bool) -> None:
         typer.echo(f"swarm train: {exc}", err=True)
         if isinstance(exc, RunUnchanged):  # its summary.json is the earlier run's, not this start's
             typer.echo(f"swarm train: {exc.note}", err=True)
-        elif ended := run_summary(spec.out):
-            if ended.get("steps_done"):  # what it trained is not lost: said as Ctrl-C's line says it
-                typer.echo(
-                    f"swarm train: `swarm train --out {spec.out} --resume` goes on from its last checkpoint "
-                    "(the steps after it are trained again)",
-                    err=True,
-                )
-            typer.echo(f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'failed')})", err=True)
-        raise typer.Exit(1) from None
+            raise typer.Exit(1) from None
+        raise _failed(spec) from None
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: everything is stopped and summary.json written
-        ended = run_summary(spec.out) or {}
-        typer.echo(
-            f"\nswarm train: interrupted after {ended.get('steps_done', '?')} of {spec.steps} steps; "
-            f"`swarm train --out {spec.out} --resume` goes on from its last checkpoint; "
-            f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'interrupted')})",
-            err=True,
-        )
-        raise typer.Exit(130) from None
+        raise _interrupted(spec) from None
     typer.echo(json.dumps(_shown(summary, "reward_first_mean", "reward_last_mean", "wall_s")))
     typer.echo(f"summary: {spec.out / 'summary.json'}")
+
+
+def _failed(spec: RunConfig) -> typer.Exit:
+    """The lines after a failed run's error: how `--resume` goes on when it trained steps, its summary."""
+    if ended := run_summary(spec.out):
+        if ended.get("steps_done") or any(r.get("steps_done") for r in (ended.get("roles") or {}).values()):
+            typer.echo(
+                f"swarm train: `swarm train --out {spec.out} --resume` goes on from its last checkpoint "
+                "(the steps after it are trained again)",
+                err=True,
+            )
+        typer.echo(f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'failed')})", err=True)
+    return typer.Exit(1)
+
+
+def _interrupted(spec: RunConfig) -> typer.Exit:
+    """Ctrl-C, SIGTERM, SIGHUP: everything is stopped and summary.json written; how far it got, how it goes on."""
+    ended = run_summary(spec.out) or {}
+    roles = [r.get("steps_done", 0) for r in (ended.get("roles") or {}).values()]  # a --team run's
+    done = ended.get("steps_done", min(roles, default="?"))
+    typer.echo(
+        f"\nswarm train: interrupted after {done} of {spec.steps} steps; "
+        f"`swarm train --out {spec.out} --resume` goes on from its last checkpoint; "
+        f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'interrupted')})",
+        err=True,
+    )
+    return typer.Exit(130)
 
 
 def _shown(summary: dict, *keys: str) -> dict:
@@ -269,9 +282,9 @@ def _train_team(spec: RunConfig, resume: bool) -> None:
         summary = run_team(spec, resume)
     except (RuntimeError, TimeoutError) as exc:
         typer.echo(f"swarm train: {exc}", err=True)
-        if ended := run_summary(spec.out):
-            typer.echo(f"summary: {spec.out / 'summary.json'} (status: {ended.get('status', 'failed')})", err=True)
-        raise typer.Exit(1) from None
+        raise _failed(spec) from None
+    except KeyboardInterrupt:  # it exited 130 without a word
+        raise _interrupted(spec) from None
     typer.echo(
         json.dumps(
             {

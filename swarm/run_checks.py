@@ -42,12 +42,12 @@ from typing import IO, Any
 
 from store.paths import default_model_dir
 from swarm.config.options import build_config, load_config_file
-from swarm.config.run import RunConfig, sibling
+from swarm.config.run import RunConfig, parse_mix, sibling
 from swarm.folder_lock import FolderInUse, hold_folder
 from swarm.model.widths import lora_problems
 from swarm.output_paths import output_problem
 from swarm.resume_checks import resume_problems
-from swarm.run_layout import RUN_FILE, SERVER_FILE, run_summary
+from swarm.run_layout import RUN_FILE, SERVER_FILE, role_folders, run_summary
 from swarm.server.bootstrap import SERVER_LOCK
 from swarm.server.recovery import BUFFER_FILE
 from swarm.user_code import load
@@ -143,14 +143,24 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def steps_done(out: Path) -> int:
-    """The steps the run in `out` has trained: its metrics rows."""
-    return len(read_metrics(Path(out) / METRICS))
+    """The steps the run in `out` has trained: its metrics rows; a run of several policies or servers
+    (`--shared-base`, `--team`), its slowest one's, as its summary counts them."""
+    return min(map(len, _metrics_rows(Path(out))), default=0)
+
+
+def _metrics_rows(out: Path) -> list[list[dict]]:
+    """Each trained policy's metrics rows: the run's server's, or each role's where it has several."""
+    files = [out / METRICS] if (out / METRICS).is_file() else []
+    files += [f / "metrics.jsonl" for f in role_folders(out) if (f / "metrics.jsonl").is_file()]
+    return [read_metrics(f) for f in files]
 
 
 def ended_before_training(out: Path) -> bool:
     """Whether the run in `out` failed or was interrupted before its first step (its summary says so):
-    such a folder holds nothing worth keeping but its logs, and the next run into it replaces it."""
-    return _status(Path(out)) in ("failed", "interrupted") and steps_done(out) == 0
+    such a folder holds nothing worth keeping but its logs, and the next run into it replaces it. A step
+    any of its policies or servers trained counts (a --team or --shared-base run keeps one file each,
+    which went unread: such a run interrupted after its steps was replaced as one that had none)."""
+    return _status(Path(out)) in ("failed", "interrupted") and not any(_metrics_rows(Path(out)))
 
 
 def _load(spec: str, flag: str) -> tuple[Any, str | None]:
@@ -354,6 +364,24 @@ def left_running(out: Path) -> list[str]:
     return found
 
 
+def task_change(earlier: Any, given: Any, out: Path) -> list[str]:
+    """A `--resume` that names another task than its run trained: the run went on as another one (a mix
+    resumed as `--task arith` trained arith alone, its summary saying arith of every step). A team's
+    resume refuses another team the same way."""
+    if not given or not earlier:
+        return []
+    try:
+        same = parse_mix(str(earlier)) == parse_mix(str(given))
+    except ValueError:
+        return []  # a bad --task is said by the config's own check
+    if same:
+        return []
+    return [
+        f"--task: the run in {out} trains {earlier}; resume it with that task (or without --task), "
+        f"or start another run for {given}"
+    ]
+
+
 def prepare(
     overrides: dict[str, Any], config_file: Path | None, resume: bool, fresh: bool
 ) -> tuple[RunConfig, list[str], HeldRun]:
@@ -368,6 +396,7 @@ def prepare(
     found += out_problems(out, resume)
     if resume and config_file is None and (out / RUN_FILE).exists():
         config_file = out / RUN_FILE  # the run's own settings; flags given now go on top
+        found += task_change(load_config_file(config_file).get("task"), overrides.get("task"), out)
     spec: RunConfig = build_config(RunConfig, {**overrides, "out": out}, config_file, defaults=RunConfig())
     found += input_problems(spec)
     if resume:

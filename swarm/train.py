@@ -229,9 +229,7 @@ def run(spec: RunConfig, resume: bool = False) -> dict:
             raise RunUnchanged(str(exc), out, kept.status) from exc
         raise
     wall = time.monotonic() - t0
-    summary = (
-        summarize_policies(spec, metrics, wall) if spec.roles else summarize(read_metrics(out / METRICS), wall, spec)
-    )
+    summary = trained_summary(spec, out, wall)
     run_file = out / "server" / MLFLOW_RUN_FILE
     if run_file.exists():  # the server logged the run's params and the final model itself (no MLflow here)
         summary["mlflow"] = json.loads(run_file.read_text())
@@ -319,9 +317,17 @@ def _logged_model(path: Path) -> str | None:
     return None
 
 
+def trained_summary(spec: RunConfig, out: Path, wall_s: float) -> dict:
+    """What the run trained, ended or not: a --shared-base run's roles each from their own metrics (a failed
+    or interrupted one was read from the server's file, which it has none of: "0 steps", no `policies`)."""
+    if spec.roles:
+        return summarize_policies(spec, metric_files(spec, out), wall_s)
+    return summarize(read_metrics(out / METRICS), wall_s, spec)
+
+
 def _record_failure(out: Path, spec: RunConfig, wall_s: float, exc: BaseException) -> None:
     """summary.json of a run that did not reach its steps, and its MLflow run marked as ended badly."""
-    summary = {**summarize(read_metrics(out / METRICS), wall_s, spec), **ended(exc)}
+    summary = {**trained_summary(spec, out, wall_s), **ended(exc)}
     run_file = out / "server" / MLFLOW_RUN_FILE
     if run_file.exists():
         summary["mlflow"] = json.loads(run_file.read_text())

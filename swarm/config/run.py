@@ -65,11 +65,8 @@ def parse_mix(task: str) -> dict[str, float]:
     if not all(parts):
         raise ValueError(f"empty task name in {task!r}")
     named = [p.partition("=") for p in parts]
-    with_share = [sep == "=" for _, sep, _ in named]
-    if any(with_share) and not all(with_share):
-        raise ValueError(f"give a share for every task of the mix or for none: {task!r}")
     mix: dict[str, float] = {}
-    for name, sep, share in named:
+    for name, sep, share in named:  # each task and share first: "arith=abc" is a bad share, not a missing one
         if name not in list_tasks():
             raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(list_tasks())}")
         if name in mix:
@@ -81,6 +78,9 @@ def parse_mix(task: str) -> dict[str, float]:
         if not value > 0 or value == float("inf"):
             raise ValueError(f"share of {name!r} must be a positive number, got {share!r}")
         mix[name] = value
+    with_share = [sep == "=" for _, sep, _ in named]
+    if any(with_share) and not all(with_share):
+        raise ValueError(f"give a share for every task of the mix or for none: {task!r}")
     total = sum(mix.values())
     return {k: v / total for k, v in mix.items()}
 
@@ -94,7 +94,7 @@ class RunConfig(BaseModel):
     task: Annotated[str | None, Flag(default_text="arith, unless --workflow is given", panel="task and fleet")] = Field(
         None,
         description="built-in task (arith | guess | ...), or a mix: arith+guess (equal shares of each "
-        "batch) or arith=0.75+guess=0.25",
+        "batch) or arith=0.75+guess=0.25 (shares are relative: arith=3+guess=1 is the same mix)",
     )
     workflow: Annotated[str | None, Flag(studied=False, panel="task and fleet")] = Field(
         None,
@@ -190,6 +190,11 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
+        if self.server.teacher and (self.shared_base or self.team):  # the server refused it after the run began
+            raise ValueError(
+                f"--teacher: a run of several policies ({'--shared-base' if self.shared_base else '--team'}) "
+                "cannot distill yet; distill one model, without it"
+            )
         if self.server.group_size < 2:
             raise ValueError("--group-size must be at least 2: a group baseline needs two episodes")
         if self.workflow is not None and self.task is not None and len(parse_mix(self.task)) > 1:

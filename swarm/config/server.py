@@ -413,6 +413,9 @@ class ServerConfig(BaseModel):
             )
         if self.train.teacher_temperature != 1.0 and not self.teacher:
             raise ValueError("--teacher-temperature: give --teacher MODEL_DIR to distill from")
+        if self.train.distill_mode != DistillMode.sampled and not self.teacher:  # accepted in silence before
+            mode = self.train.distill_mode.value
+            raise ValueError(f"--distill-mode {mode}: give --teacher MODEL_DIR to distill from")
         if self.teacher and self.policies:
             raise ValueError("--teacher: a server of several policies cannot distill yet; serve the student alone")
         return self

@@ -298,10 +298,16 @@ def run_models(path: Path) -> tuple[Path, Path | None]:
                 f"{path} trained several policies ({listed}): name one of their folders instead, "
                 f"e.g. {policies / (ready or names or ['NAME'])[0]}"
             )
-        if (server_dir / "checkpoints").is_dir() and (server_dir / "config.yaml").is_file():
+        if (server_dir / "checkpoints").is_dir() and (server_dir / "config.yaml").is_file():  # one model
             checkpoint = latest_checkpoint(server_dir / "checkpoints")
             if checkpoint is not None:
                 return checkpoint, initial_model(server_dir)
+    servers = sorted(p.name for p in (path / "servers").glob("*") if (p / "config.yaml").is_file())
+    if servers and not (path / "config.json").is_file():  # a --team run: a server per model
+        raise RunFolderError(
+            f"{path} trained a team, a server per model ({', '.join(servers)}): name one of their folders "
+            f"instead, e.g. {path / 'servers' / servers[0]}"
+        )
     if (path / "checkpoints").is_dir() and path.parent.name == "policies":  # OUT/server/policies/NAME
         checkpoint = latest_checkpoint(path / "checkpoints")
         if checkpoint is not None:

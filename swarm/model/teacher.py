@@ -146,6 +146,13 @@ def _check_url(spec: str, tokenizer: Any, timeout: float) -> TeacherInfo:
     try:
         with httpx.Client(base_url=base, headers=_headers(), timeout=timeout) as client:
             r = client.get("/v1/models")
+            if r.status_code in (401, 403):  # a swarm serve's worker token, or the provider's key
+                why = (
+                    f"its key in {API_KEY_ENV} is not accepted"
+                    if os.environ.get(API_KEY_ENV)
+                    else (f"set {API_KEY_ENV} to its key (a swarm serve's worker token)")
+                )
+                raise TeacherError(f"{base}/v1/models answered {r.status_code}: {why}")
             if r.status_code != 200:
                 raise TeacherError(f"{base}/v1/models answered {r.status_code}")
             models = [m.get("id") for m in r.json().get("data", []) if isinstance(m, dict)]

@@ -79,6 +79,13 @@ def test_a_url_without_prompt_logprobs_is_refused_in_one_line(server, tokenizer,
     assert "prompt logprobs" in message and "unsupported_echo" in message
     with pytest.raises(TeacherError, match="cannot reach"):
         check_teacher("http://127.0.0.1:9", tokenizer, timeout=2)
+    # a 401 names the variable its key goes in ("answered 401" alone before)
+    monkeypatch.delenv(API_KEY_ENV)
+    with pytest.raises(TeacherError, match=f"answered 401: set {API_KEY_ENV} to its key"):
+        check_teacher(server.url, tokenizer)
+    monkeypatch.setenv(API_KEY_ENV, "wrong")
+    with pytest.raises(TeacherError, match=f"answered 401: its key in {API_KEY_ENV} is not accepted"):
+        check_teacher(server.url, tokenizer)
 
 
 def test_a_local_teacher_with_another_tokenizer_is_refused(model_dir, tokenizer, tmp_path: Path) -> None:

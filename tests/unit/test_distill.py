@@ -266,6 +266,8 @@ def test_teacher_temperature_needs_a_local_teacher() -> None:
         ServerConfig(teacher="http://127.0.0.1:9/v1", train=TrainConfig(distill_coef=1.0, teacher_temperature=0.7))
     with pytest.raises(ValueError, match="--teacher MODEL_DIR"):
         ServerConfig(train=TrainConfig(teacher_temperature=0.7))
+    with pytest.raises(ValueError, match="--distill-mode full: give --teacher MODEL_DIR"):  # accepted in silence
+        ServerConfig(train=TrainConfig(distill_mode="full"))
     for bad in (0.0, -1.0, 11.0):
         with pytest.raises(ValueError, match="teacher_temperature"):
             TrainConfig(teacher_temperature=bad)

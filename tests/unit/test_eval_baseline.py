@@ -167,3 +167,16 @@ def test_a_path_that_is_not_there_is_named_as_the_user_gave_it(tmp_path):
         r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
         said = " ".join(r.output.replace("│", " ").split())
         assert r.exit_code == 2 and f"{where}: {missing} does not exist" in said, said
+
+
+def test_a_team_run_folder_names_its_servers(tmp_path):
+    """Given as --teacher (or to eval, export), a --team run's folder failed mid-sentence: "has no tokenizer:
+    Couldn't instantiate the backend tokenizer from one of:"."""
+    from swarm.model.evaluate import RunFolderError, run_models
+
+    for role in ("executor", "planner"):
+        (tmp_path / "team" / "servers" / role).mkdir(parents=True)
+        (tmp_path / "team" / "servers" / role / "config.yaml").write_text("model_dir: x\n")
+    with pytest.raises(RunFolderError) as exc:
+        run_models(tmp_path / "team")
+    assert "trained a team, a server per model (executor, planner): name one of their folders instead" in str(exc.value)

@@ -157,3 +157,74 @@ def test_the_timeout_says_one_step(tmp_path) -> None:
     alerts = SimpleNamespace(say=lambda console: None)
     with pytest.raises(TimeoutError, match=r"did not reach 1 step in 1s"):
         follow(spec, "", "", running, {"": tmp_path / "m.jsonl"}, time.monotonic() - 5, {tmp_path: running}, alerts)
+
+
+@pytest.mark.parametrize("where", ["server/policies/{role}", "servers/{role}"])  # --shared-base, --team
+def test_an_interrupted_run_of_several_policies_keeps_its_steps(tmp_path, where) -> None:
+    """Read from server/metrics.jsonl alone, such a run interrupted after its steps "ended before its first
+    step", and the same command again replaced it: its steps and checkpoints deleted."""
+    from swarm.run_checks import ended_before_training, steps_done
+
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "interrupted"}))
+    assert ended_before_training(tmp_path) and steps_done(tmp_path) == 0
+    for role, rows in (("planner", 3), ("executor", 2)):
+        folder = tmp_path / where.format(role=role)
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1}) + "\n" for i in range(rows)))
+    assert not ended_before_training(tmp_path) and steps_done(tmp_path) == 2  # the slowest role's
+
+
+def test_a_failed_or_interrupted_shared_base_run_is_summarised_per_role(tmp_path) -> None:
+    """Its summary said 0 steps, `metrics: server/metrics.jsonl` (a file it has none of), no `policies`."""
+    from swarm.train import trained_summary
+
+    spec = RunConfig(task="duet", shared_base=True, out=tmp_path, steps=10)
+    for role in spec.roles:
+        folder = tmp_path / "server" / "policies" / role
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": i + 1, "reward_mean": 0.5}) + "\n" for i in range(3))
+        )
+    summary = trained_summary(spec, tmp_path, 1.0)
+    assert summary["steps_done"] == 3 and set(summary["policies"]) == set(spec.roles), summary
+    assert all(str(p).startswith("server/policies/") for p in summary["metrics"].values())
+
+
+@pytest.mark.parametrize("several", [{"shared_base": True}, {"team": "planner=embedded,executor=embedded"}])
+def test_a_teacher_for_several_policies_is_refused_before_anything_starts(tmp_path, several) -> None:
+    """The server refused it after the folder and the server were made: exit 1, a run `failed`."""
+    with pytest.raises(ValueError, match="--teacher: a run of several policies .* cannot distill yet"):
+        RunConfig(
+            task="duet",
+            out=tmp_path / "run",
+            server={"teacher": str(tmp_path), "train": {"distill_coef": 1.0}},
+            **several,
+        )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "task, says",
+    [
+        ("arith=abc+guess", "share of 'arith' is not a number: 'abc'"),  # was "give a share for every task"
+        ("arith==0.5+guess", "share of 'arith' is not a number: '=0.5'"),
+        ("arith=1+guess", "give a share for every task of the mix or for none"),
+        ("arith=0+guess=1", "share of 'arith' must be a positive number"),
+    ],
+)
+def test_a_mix_says_what_is_wrong_with_it(task, says) -> None:
+    from swarm.config.run import parse_mix
+
+    with pytest.raises(ValueError, match=says.replace("(", r"\(")):
+        parse_mix(task)
+    assert parse_mix("arith=3+guess=1") == {"arith": 0.75, "guess": 0.25}  # shares are relative
+
+
+def test_a_resume_that_names_another_task_is_refused(tmp_path) -> None:
+    """A mix resumed as `--task arith` went on as arith alone, its summary saying arith of every step."""
+    from swarm.run_checks import task_change
+
+    assert task_change("arith=0.75+guess=0.25", None, tmp_path) == []
+    assert task_change("arith=0.75+guess=0.25", "arith=3+guess=1", tmp_path) == []  # the same mix
+    (line,) = task_change("arith=0.75+guess=0.25", "arith", tmp_path)
+    assert line.startswith(f"--task: the run in {tmp_path} trains arith=0.75+guess=0.25; resume it with that task")
