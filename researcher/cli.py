@@ -463,8 +463,13 @@ def approve(
 
     status = known_study(study_id)
     if status != StudyStatus.PAUSED.value:  # only a plan waiting at --approve takes an answer
+        from researcher.runner import load_config  # lazy: as above
+        from store.schema import init_db  # lazy: as above
+
+        asks = status == StudyStatus.ACTIVE.value and load_config(init_db(), study_id).approve
         raise fail(
-            f"study {study_id} is not waiting for approval: it is {status}",
+            f"study {study_id} is not waiting for approval: it is {status}"
+            + (", its plan not made yet (the daemon's next tick, or `researcher resume`, makes it)" if asks else ""),
             f"a study started with --approve waits for one; see it with: researcher status {study_id}",
         )
     answer = {"approved": not reject}

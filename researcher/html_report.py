@@ -243,8 +243,11 @@ def render_html(view: StudyView) -> str:
         summary += f"<li>Why the study ended there: {inline(view.rounds[-1].notes)}</li>"
     stopped = f"<p><strong>Stopped early:</strong> {inline(view.stop_reason)}</p>" if view.stop_reason else ""
     trials = _table(
-        ["trial", "arm", "seed", "status", "MLflow run", "note"],
-        [[html.escape(str(t[k])) for k in ("id", "arm", "seed", "status", "run", "note")] for t in view.trials],
+        ["trial", "arm", "seed", "status", "final reward", "MLflow run", "note"],
+        [
+            [html.escape(str(t.get(k, "–"))) for k in ("id", "arm", "seed", "status", "final", "run", "note")]
+            for t in view.trials
+        ],
     )
     body = [
         f"<h1>{html.escape(title)}</h1>",

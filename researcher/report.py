@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from researcher import html_report, tracking
-from researcher.analysis import TOO_FEW, verdict_rule
+from researcher.analysis import TOO_FEW, trial_metric, verdict_rule
 from researcher.config import StudyConfig
 from researcher.context import StudyContext
 from researcher.html_report import RoundView, StudyView
@@ -227,13 +227,26 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
         lines += ["No round was analysed.", ""]
     for h in history:
         lines.append(render_round(h, report_dir, ctx.cfg.planner))
-    lines += ["## Trials", "", "| trial | arm | seed | status | MLflow run | note |", "|---:|---|---:|---|---|---|"]
+    lines += [
+        "## Trials",
+        "",
+        "| trial | arm | seed | status | final reward | MLflow run | note |",
+        "|---:|---|---:|---|---:|---|---|",
+    ]
     for t in trials:
         lines.append(
-            f"| {t.id} | {t.arm} | {t.seed} | {t.status} | {t.mlflow_run_id or '–'} | "
+            f"| {t.id} | {t.arm} | {t.seed} | {t.status} | {trial_final(ctx, t)} | {t.mlflow_run_id or '–'} | "
             f"{trial_note(ctx, t).replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def trial_final(ctx: StudyContext, trial: Any) -> str:
+    """A finished trial's final reward as the analysis scores it (the table of a stopped or unfinished
+    study showed statuses alone: "what it has so far" had no number)."""
+    summary = ctx.summary(trial) if trial.status == TrialStatus.COMPLETED.value else None
+    value = trial_metric(step_rewards(summary)[1], "final_reward") if summary else None
+    return "–" if value is None else f"{value:.3f}"
 
 
 def trial_note(ctx: StudyContext, trial: Any) -> str:
@@ -405,6 +418,7 @@ def study_view(ctx: StudyContext, state: dict) -> StudyView:
                 "arm": t.arm,
                 "seed": t.seed,
                 "status": t.status,
+                "final": trial_final(ctx, t),
                 "run": t.mlflow_run_id or "–",
                 "note": trial_note(ctx, t),
             }

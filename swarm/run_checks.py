@@ -264,15 +264,18 @@ def choose_out(
 ) -> tuple[Path, str | None, list[str]]:
     """(the folder the run goes to, a note to print, problems) by the rules in the module docstring."""
     earlier = previous_run(requested)
-    if not earlier or resume or fresh:
+    if not earlier or resume:
         return requested, None, []
     own_file = config_file is not None and config_file.resolve().parent == requested.resolve()
-    if own_file and not out_given:
+    if own_file and not out_given:  # a repeat never clears the run it repeats, --fresh or not (it did)
         n = 2
         while previous_run(sibling(requested, n)):
             n += 1
         out = sibling(requested, n)
-        return out, f"repeating the run of {requested} into {out} (--out DIR chooses the folder)", []
+        kept = "; --fresh clears only a folder named with --out, never the run repeated" if fresh else ""
+        return out, f"repeating the run of {requested} into {out} (--out DIR chooses the folder{kept})", []
+    if fresh:
+        return requested, None, []
     status = _status(requested)
     if ended_before_training(requested):
         return (

@@ -449,3 +449,15 @@ def test_a_study_whose_every_trial_failed_is_failed_and_says_why(fake_program, m
     assert "no model.safetensors in the model folder" in out, res.output
     with Session(init_db()) as s:
         assert s.get(Study, 1).status == "FAILED"
+
+
+def test_approving_a_study_whose_plan_is_not_made_yet_says_so(fake_program):
+    """It said "not waiting for approval: it is ACTIVE" and "a study started with --approve waits for one",
+    which this study was started with."""
+    res = runner.invoke(
+        app, ["study", TOPIC, "--approve", "--background", "--steps", "5", "--trial-program", " ".join(fake_program)]
+    )
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["approve", "1", "--reject"], env={"COLUMNS": "300"})
+    out = " ".join(res.output.split())
+    assert res.exit_code == 1 and "it is ACTIVE, its plan not made yet" in out, res.output

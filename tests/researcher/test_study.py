@@ -50,6 +50,9 @@ def test_rules_study_end_to_end(fake_program):
     assert "**lr=0 is worse than lr=0.0003**" in text and "do not overlap" in text
     # the difference with the sign its interval has (it said "differs by 0.25" beside a CI of [-0.35, -0.15])
     assert "final_reward of lr=0.0003 minus lr=0 is 0." in text, text
+    # each finished trial's final reward in the trials table (a stopped study's showed statuses alone)
+    scored = [line for line in text.splitlines() if line.startswith("| ") and "| COMPLETED | 0." in line]
+    assert len(scored) == 6, text[-1500:]
     assert "- Planner: rules;" in text and "Planned by the rules planner." in text
     assert re.search(r"CPU-hours \d+\.\d{3}; wall \d+:\d\d:\d\d;", text), text[:800]
     assert "*Verdict rule.* Each treatment is compared" in text and "95 % t-interval" in text

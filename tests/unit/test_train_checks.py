@@ -228,3 +228,16 @@ def test_a_resume_that_names_another_task_is_refused(tmp_path) -> None:
     assert task_change("arith=0.75+guess=0.25", "arith=3+guess=1", tmp_path) == []  # the same mix
     (line,) = task_change("arith=0.75+guess=0.25", "arith", tmp_path)
     assert line.startswith(f"--task: the run in {tmp_path} trains arith=0.75+guess=0.25; resume it with that task")
+
+
+def test_a_fresh_repeat_of_a_runs_own_file_never_clears_that_run(tmp_path) -> None:
+    """`swarm train --config OUT/run.yaml --fresh` deleted OUT, the run it repeats, logs included."""
+    from swarm.run_checks import choose_out
+
+    out = tmp_path / "d1"
+    (out / "server").mkdir(parents=True)
+    (out / "run.yaml").write_text("task: arith\n")
+    (out / "summary.json").write_text(json.dumps({"status": "finished"}))
+    chosen, note, problems = choose_out(out, out / "run.yaml", False, False, True)
+    assert chosen == tmp_path / "d1-2" and problems == [] and "--fresh clears only a folder named with --out" in note
+    assert choose_out(out, out / "run.yaml", True, False, True)[0] == out  # named with --out: --fresh replaces it
