@@ -399,7 +399,8 @@ def prepare(
     found += out_problems(out, resume)
     if resume and config_file is None and (out / RUN_FILE).exists():
         config_file = out / RUN_FILE  # the run's own settings; flags given now go on top
-        found += task_change(load_config_file(config_file).get("task"), overrides.get("task"), out)
+        if not overrides.get("team"):  # a --team start on a single run is refused as such (team_checks)
+            found += task_change(load_config_file(config_file).get("task"), overrides.get("task"), out)
     spec: RunConfig = build_config(RunConfig, {**overrides, "out": out}, config_file, defaults=RunConfig())
     found += input_problems(spec)
     if resume:
