@@ -59,6 +59,7 @@ class AsyncSwarmClient:
             event_hooks={"response": [partial(amark_stopping, stopping=self.stopping_event)]},
         )
         self._connected = False
+        self._down_since: float | None = None  # when an outage began (`Attempts` says it once)
         self._heartbeats = AsyncHeartbeats(self._http, heartbeat_s) if heartbeats else None
 
     async def request(

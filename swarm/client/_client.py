@@ -91,6 +91,7 @@ class SwarmClient:
         self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport, event_hooks=self._hooks)
         self._closed = threading.Event()
         self._connected = False  # reached the server once: connection errors now mean "reconnect"
+        self._down_since: float | None = None  # when an outage began (`Attempts` says it once)
         self._heartbeats = Heartbeats(self._http, self._closed, heartbeat_s) if heartbeats else None
         self._pools: list[httpx.Client] = []  # for the episodes' OpenAI calls (`openai_http`)
         self._pools_lock = threading.Lock()

@@ -239,22 +239,21 @@ class Attempts:
     def _gone(self, exc: Exception) -> None:
         """Said once an outage, by whichever request meets it first: a fleet's progress stood still, its
         spinner spinning, until `reconnect_s` ran out (and nothing at all went to a log)."""
-        if getattr(self.owner, "_down_since", None) is None:
+        if self.owner._down_since is None:
             self.owner._down_since = time.monotonic()
             wait = self.policy.reconnect_s
             log.warning(
                 "server %s unreachable (%s); retrying%s",
-                getattr(self.owner, "url", "?"),
+                self.owner.url,
                 type(exc).__name__,
                 f" for up to {wait:g} s (reconnect_s)" if wait else "",
             )
 
     def _back(self) -> None:
-        down = getattr(self.owner, "_down_since", None)
+        down = self.owner._down_since
         if down is not None:
             self.owner._down_since = None
-            url = getattr(self.owner, "url", "?")
-            log.warning("server %s reachable again after %.1f s", url, time.monotonic() - down)
+            log.warning("server %s reachable again after %.1f s", self.owner.url, time.monotonic() - down)
 
     def _reconnecting(self) -> float | None:
         return self.since if self.owner._connected else None

@@ -36,7 +36,7 @@ def earlier_run(out: Path) -> str | None:
     """What of a trained run `out` holds (its metrics rows, its checkpoints), in words; None if nothing."""
     for folder in [out, *sorted((out / "policies").glob("*"))]:
         metrics = folder / "metrics.jsonl"
-        rows = sum(1 for line in metrics.open() if line.strip()) if metrics.is_file() else 0
+        rows = sum(1 for line in metrics.read_text().splitlines() if line.strip()) if metrics.is_file() else 0
         if rows:
             return f"{rows} step(s) in {metrics.relative_to(out)}"
         checkpoints = folder / "checkpoints"
