@@ -14,7 +14,7 @@ from swarm.client._async import AsyncEpisode, AsyncSwarmClient
 from swarm.client._client import Episode, SwarmClient
 from swarm.client._fleet import FleetStats, run_fleet
 from swarm.client._retry import InvalidReward, ServerStopping, SwarmAPIError, SwarmError, SwarmUnavailable
-from swarm.client._team import TeamClient, TeamEpisode, TeamError
+from swarm.client._team import TeamClient, TeamEpisode, TeamError, TeamLost
 
 __all__ = [
     "AsyncEpisode",
@@ -30,5 +30,6 @@ __all__ = [
     "TeamClient",
     "TeamEpisode",
     "TeamError",
+    "TeamLost",
     "run_fleet",
 ]

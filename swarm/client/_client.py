@@ -219,9 +219,10 @@ class SwarmClient:
         so their slots reopen now instead of when their leases lapse. Returns how many were aborted."""
         n = 0
         for ep in self.open_episodes():
-            if ep.done:
-                continue
-            ep.done = ep.lost = True  # the workflow's next call gets 409 and ends; nothing to finish
+            with ep.guard:  # a team's members are sealed or given back together (`_team.py`)
+                if ep.done or ep.sealing:
+                    continue
+                ep.done = ep.lost = True  # the workflow's next call gets 409 and ends; nothing to finish
             try:
                 r = self._http.post(
                     ep._path("abort"),
@@ -300,6 +301,11 @@ class EpisodeBase:
         self.result: FinishResponse | None = None
         self.done = False
         self.lost = False  # gone on the server (lease moved on, server restarted): re-play, don't retry
+        #: its finish is under way as part of a team's: `abort_open` leaves it to finish (a team half
+        #: finished, half given back would be re-played onto servers that already hold its finished half)
+        self.sealing = False
+        #: held while deciding to seal or to give back; one lock shared by a team's members
+        self.guard = threading.Lock()
         #: Choices the fleet asks the episode's one call to sample (`n`); a workflow that honours it
         #: returns a reward per choice (`run_fleet(..., choices=k)`). 1: an ordinary episode.
         self.choices = 1

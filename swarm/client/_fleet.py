@@ -272,6 +272,10 @@ class _Fleet:
                 except ServerStopping:
                     raise
                 except Exception as exc:
+                    if not getattr(ep, "replayable", True):  # a team finished on some of its servers (`_team.py`):
+                        self._error(f"{task_id} attempt {attempt}: {type(exc).__name__}: {exc}"[:500])
+                        self._note(aborted=1)  # done: a replay would overfill the groups holding its finished half
+                        return True
                     if getattr(self.client, "stopping", False):  # e.g. the model call met the 503 "stopping"
                         ep._abort_quietly("server stopping")  # one try: no reconnecting to a stopped server
                         raise ServerStopping(f"the server is stopping ({type(exc).__name__})") from exc

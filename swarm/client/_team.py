@@ -12,15 +12,25 @@ and trains its own model on them. The team is finished or aborted together:
 
 * an exception in the block, or leaving it without `finish`, aborts every member;
 * a claim refused on one server aborts the members already claimed;
-* `finish` validates all rewards before sending any; when finishing one member
-  fails, the members not yet finished are aborted (those already finished stay
-  finished: a server cannot un-train a sealed episode) and `TeamError` says which.
+* `finish` validates all rewards before sending any, and finishes nothing when a
+  member is already gone (its lease lapsed, a fleet's Ctrl-C gave it back):
+  every member is given back and the team plays again (`TeamLost`);
+* when finishing one member fails, the members not yet finished are aborted without
+  their slots (those already finished stay finished: a server cannot un-train a sealed
+  episode) and `TeamError` says which. Such a team is not played again
+  (`replayable` is False): a replay would add a surplus copy of the task on the servers
+  that hold its finished half, a group nobody else fills.
+
+A fleet's Ctrl-C (`abort_open`) gives each team back whole or leaves it to finish:
+the members share one lock (`Episode.guard`), and a team that began finishing is
+`sealing`.
 
 No torch here, like the rest of the client.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -47,6 +57,10 @@ class TeamError(SwarmError):
         self.aborted = list(aborted or [])
 
 
+class TeamLost(TeamError):
+    """A member was gone before the team finished: nothing was finished, every member was given back."""
+
+
 class TeamEpisode:
     """The members of one team episode by role: `t["planner"]` is an ordinary `Episode`."""
 
@@ -55,6 +69,9 @@ class TeamEpisode:
         self.episodes = episodes
         self.results: dict[str, FinishResponse] = {}
         self.choices = 1  # what a fleet sets on an episode: a team's members make ordinary calls
+        guard = threading.Lock()
+        for ep in episodes.values():
+            ep.guard = guard  # `abort_open` on any member's client sees the team's one decision
 
     # -- what `run_fleet` reads of an episode, so a fleet plays teams as it plays episodes --------------
     @property
@@ -64,6 +81,11 @@ class TeamEpisode:
     @property
     def lost(self) -> bool:
         return any(ep.lost for ep in self.episodes.values())
+
+    @property
+    def replayable(self) -> bool:
+        """False once some member finished: playing the team again would overfill that member's group."""
+        return not self.results
 
     @property
     def result(self) -> FinishResponse | None:
@@ -114,6 +136,19 @@ class TeamEpisode:
     ) -> dict[str, FinishResponse]:
         """Finish every member: one reward for all roles, or `{role: reward}` naming each role."""
         rewards = self._rewards(reward)  # a bad reward dict raises before anything is sent
+        members = list(self.episodes.values())
+        with members[0].guard:
+            gone = [role for role, ep in self.episodes.items() if ep.lost or (ep.done and ep.result is None)]
+            if not gone:
+                for ep in members:
+                    ep.sealing = True
+        if gone:
+            self._abort_rest(f"team {self.id}: {', '.join(gone)} gone before the finish")
+            raise TeamLost(
+                f"team episode {self.id}: {', '.join(gone)} gone before the finish (lease lapsed or given back); "
+                "nothing finished, every member given back",
+                {},
+            )
         errors: dict[str, BaseException] = {}
         for role, ep in self.episodes.items():
             if ep.done:
@@ -125,8 +160,9 @@ class TeamEpisode:
             except SwarmError as exc:
                 errors[role] = exc
                 break
-        if errors:
-            aborted = self._abort_rest(f"team {self.id}: finishing {', '.join(errors)} failed")
+        if errors:  # a member finished keeps its slot; the rest give theirs up (`replayable`)
+            reason = f"team {self.id}: finishing {', '.join(errors)} failed"
+            aborted = self._abort_rest(reason, release=not self.results)
             raise TeamError(
                 f"team episode {self.id}: finish failed for {', '.join(errors)}: "
                 f"{next(iter(errors.values()))}; finished {sorted(self.results)}, "

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from swarm.client import SwarmAPIError, SwarmClient, TeamClient, TeamError
+from swarm.client import SwarmAPIError, SwarmClient, TeamClient, TeamError, TeamLost, run_fleet
 from swarm.engine.fake import FakeEngine
 from swarm.tasks import duet, get_task
 from swarm.testing import RunningServer, wait_until
@@ -176,6 +178,68 @@ def test_failed_finish_on_one_server_aborts_the_others(pair) -> None:
             t.finish(1.0)
     assert exc.value.finished == ["planner"] and exc.value.aborted == ["executor"]
     assert _state(p, ids["planner"]) == "finished"
+
+
+def test_a_member_gone_before_the_finish_finishes_nothing(pair) -> None:
+    """A member a fleet's Ctrl-C gave back (or whose lease lapsed): finishing the other would leave the team
+    half trained and its replay a surplus copy on the finished member's server, a group nobody fills."""
+    p, e = pair
+    team = _team(pair)
+    with pytest.raises(TeamLost, match="planner gone before the finish"):
+        with team.episode("t1") as t:
+            ids = {role: t[role].id for role in t}
+            team.members["planner"].abort_open("client interrupted")  # the planner given back, the executor not yet
+            assert t.lost and t.replayable
+            t.finish(1.0)
+    assert _state(p, ids["planner"]) == _state(e, ids["executor"]) == "aborted"
+    assert p.swarm.counters["finished"] == e.swarm.counters["finished"] == 0
+
+
+def test_ctrl_c_gives_each_team_back_whole_or_lets_it_finish(make_pair) -> None:
+    """`abort_open` racing `finish`, 30 times: every team ends finished on both servers or on neither."""
+    p, e = pair = make_pair(group_size=1, batch_groups=64)  # one window: an aborted task's group waits for no claim
+    team = _team(pair)
+    for i in range(30):
+        t = team.claim(f"t{i}")
+        ids = {role: t[role].id for role in t}
+        start = threading.Barrier(2)
+
+        def finish(t=t, start=start) -> None:
+            start.wait()
+            try:
+                t.finish(1.0)
+            except TeamError:
+                pass
+
+        worker = threading.Thread(target=finish)
+        worker.start()
+        start.wait()
+        time.sleep(0.001 * (i % 10))  # the interrupt lands before, during or after the planner's finish
+        team.abort_open("client interrupted")
+        worker.join()
+        t.close()
+        states = {_state(p, ids["planner"]), _state(e, ids["executor"])}
+        assert states in ({"finished"}, {"aborted"}), (i, states)
+
+
+def test_a_fleet_never_replays_a_team_finished_on_one_server(pair) -> None:
+    """The executor's finish fails after the planner's went through: the job is done (its executor slot
+    given up), not played again onto the planner's full group."""
+    p, e = pair
+    failed: list[str] = []
+    once = threading.Lock()
+
+    def workflow(task: dict, t) -> dict:
+        if task["task_id"] == "t1" and once.acquire(blocking=False):  # one of t1's two copies
+            _abort_behind_its_back(e, t["executor"])
+            failed.append(t["executor"].id)
+        return {"planner": 1.0, "executor": 1.0}
+
+    stats = run_fleet(_team(pair), workflow, [{"task_id": f"t{i}"} for i in range(3)], n=2, concurrency=2, epochs=1)
+    assert stats.finished == 5 and stats.aborted == 1 and stats.lost == 0, stats.errors
+    assert p.swarm.counters["claims"] == 6 and p.swarm.counters["finished"] == 6  # no surplus copy of t1
+    assert e.swarm.counters["claims"] == 6 and e.swarm.counters["finished"] == 5
+    assert _state(e, failed[0]) == "aborted"
 
 
 def test_refused_claim_aborts_the_members_already_claimed(pair) -> None:
