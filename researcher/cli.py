@@ -92,6 +92,8 @@ def _root(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    if not debug:  # alembic's plugin and context lines, ~15 per command; store.schema says a migration itself
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     ctx.obj = CliOptions(debug=debug)
 
@@ -339,8 +341,10 @@ def study(
         print_plan(cfg, plan)
         try:
             check_program(cfg, plan.design)
-        except ValueError as e:
+        except ValueError as e:  # shown with the plan, and the exit says so: a script checking a design reads 1
             console.print(f"[bold red]This design cannot run yet:[/] {escape(str(e))}")
+            console.print("[dim]dry run: nothing launched[/]")
+            raise typer.Exit(1) from None
         console.print("[dim]dry run: nothing launched[/]")
         return
     if cfg.planner == "rules":  # deterministic and free: refuse a topic or budget before creating anything
@@ -363,7 +367,7 @@ def study(
             embedded = init_model(embedded)
         cfg.model_dir = str(embedded)
     mark(ctx, CREATING)
-    sid = create_study(cfg, on_created=lambda created: mark(ctx, created))
+    sid = create_study(cfg, on_created=lambda created: mark(ctx, created), report_home=Path.cwd())
     study_dir = load_config(init_db(), sid).study_dir  # chosen by create_study (ROOST_HOME/studies/study-N)
     console.print(
         f"[bold]Study {sid}[/] (planner: {escape(planner_description(cfg))}; {cfg.backend} backend): {study_dir}"

@@ -126,7 +126,8 @@ class StudyConfig(BaseModel):
     model_dir: str | None = Field(default=None, description="--model for every trial; None: embedded")
     report_out: str | None = Field(
         default=None,
-        description="--out: the folder of the study's report.html, kept for `resume`; None: ./studies/study-N",
+        description="--out: the folder of the study's report.html, kept for `resume`; the CLI's default: "
+        "./studies/study-N where the study was started",
     )
     workflow: str | None = Field(
         default=None,

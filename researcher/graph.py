@@ -37,7 +37,7 @@ from researcher.experiment import Design, Frame, HypothesisSpec
 from researcher.llm import BudgetExceeded
 from researcher.plan_steps import PLANNING_STOPS, cannot_plan, check_program, plan_design
 from researcher.planning import BudgetTooSmall
-from researcher.report import write_report
+from researcher.report import PLAN_REJECTED, write_report
 from store.models import Hypothesis, HypothesisStatus, StudyStatus, Trial, TrialStatus
 
 log = logging.getLogger(__name__)
@@ -256,7 +256,7 @@ def approve(ctx: StudyContext, state: StudyState) -> dict:
     if isinstance(answer, dict) and answer.get("approved"):
         return {"approved_rounds": [*done, rnd], "route": "launch"}
     ctx.launcher.cancel(state.get("trial_ids", []), "plan not approved")
-    return {"stop_reason": "the plan was not approved", "route": "report"}
+    return {"stop_reason": PLAN_REJECTED, "route": "report"}
 
 
 def _counts(statuses: dict[int, str]) -> dict[str, int]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from researcher.analysis import MAX_WINDOW, WINDOW_FRACTION
 from researcher.report_figures import curves_svg, forest_svg, holm_intervals, seeds_svg
 from store.plots import History, align_seeds
 
@@ -38,6 +39,15 @@ figure{margin:1em 0}figure svg{max-width:100%;height:auto}figcaption{font-size:.
 code{background:#f3f3f3;padding:0 .2em}dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}
 dt{font-weight:bold}dd{margin:0}
 """
+
+
+#: under each trials table (Markdown and HTML): a trial's own summary.json averages another window, and
+#: users compared the two
+FINAL_REWARD_NOTE = (
+    f"*Final reward*: the mean reward of a trial's last {WINDOW_FRACTION:.0%} of steps (1 to {MAX_WINDOW}), "
+    "as the analysis scores it; the trial run's summary.json `reward_last_mean` averages its last "
+    f"`reward_window` steps (up to {MAX_WINDOW}, at most half the run), so the two can differ."
+)
 
 
 @dataclass
@@ -72,6 +82,9 @@ class StudyView:
     rounds: list[RoundView]
     early_stop: dict[str, float] | None
     trials: list[dict[str, Any]]
+    #: (round number, design) of a round planned and not analysed: a running study's report shows it, a stopped
+    #: one's marks it "not analysed"
+    running: tuple[int, dict[str, Any]] | None = None
 
 
 def inline(text: str) -> str:
@@ -115,14 +128,16 @@ def _plan(view: StudyView) -> str:
         ("Planner", inline(view.planner)),
     ]
     rows = []
-    for r in view.rounds:
-        d = r.design
+    planned = [(str(r.number), r.design) for r in view.rounds]
+    if view.running is not None:
+        planned.append((f"{view.running[0]} ({'not analysed' if view.stop_reason else 'running'})", view.running[1]))
+    for number, d in planned:
         for a in d["arms"]:
             knobs = {**d.get("common", {}), **a["knobs"]}
             role = "baseline" if a["name"] == d["baseline"] else "treatment"
             rows.append(
                 [
-                    str(r.number),
+                    number,
                     html.escape(a["name"]),
                     role,
                     f"<code>{html.escape(str(knobs))}</code>",
@@ -257,7 +272,7 @@ def render_html(view: StudyView) -> str:
         _plan(view),
         *(_round(r) for r in view.rounds),
         _early_stop(view),
-        f'<section id="trials"><h2>Trials</h2>{trials}</section>',
+        f'<section id="trials"><h2>Trials</h2>{trials}<p>{inline(FINAL_REWARD_NOTE)}</p></section>',
     ]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -13,9 +13,11 @@ each plan and spells out the verdict rule its numbers were judged by.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from researcher import html_report, tracking
 from researcher.analysis import TOO_FEW, trial_metric, verdict_rule
 from researcher.config import StudyConfig
 from researcher.context import StudyContext
-from researcher.html_report import RoundView, StudyView
+from researcher.html_report import FINAL_REWARD_NOTE, RoundView, StudyView
 from researcher.tracking import experiment_name, metric_key, ui_route
 from researcher.trials import step_rewards, trial_dir
 from store.models import StudyStatus, TrialStatus
@@ -238,7 +240,7 @@ def render(ctx: StudyContext, state: dict, report_dir: Path) -> str:
             f"| {t.id} | {t.arm} | {t.seed} | {t.status} | {trial_final(ctx, t)} | {t.mlflow_run_id or '–'} | "
             f"{trial_note(ctx, t).replace('|', '/')} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", FINAL_REWARD_NOTE]) + "\n"
 
 
 def trial_final(ctx: StudyContext, trial: Any) -> str:
@@ -389,6 +391,9 @@ def study_view(ctx: StudyContext, state: dict) -> StudyView:
             )
         )
     eid, rid = study.mlflow_experiment_id, study.mlflow_run_id
+    current = state.get("round", 0)
+    analysed = {h.get("round") for h in history}
+    running = (current + 1, state["design"]) if state.get("design") and current not in analysed else None
     return StudyView(
         study_id=int(study.id or ctx.study_id),
         question=study.question,
@@ -424,6 +429,7 @@ def study_view(ctx: StudyContext, state: dict) -> StudyView:
             }
             for t in trials
         ],
+        running=running,
     )
 
 
@@ -432,6 +438,28 @@ SHARED_BASE_NOTE = (
     "; --shared-base: each trial a LoRA adapter (a policy) of one server's base model, every trial of a round "
     "at once unless --parallel says otherwise, its lr scaled by --lora-lr-scale"
 )
+
+
+log = logging.getLogger("researcher")
+
+#: the stop reason of a study whose plan `researcher approve --reject` turned down: it ends CANCELLED
+PLAN_REJECTED = "the plan was not approved"
+
+
+def copy_html(src: Path, out: str | None) -> None:
+    """The user's copy of report.html (`--out`, else ./studies/study-N where the study was started), written
+    by whoever ends the study: the daemon and `researcher stop` end studies too, and a copy made mid-run
+    (`researcher report N --html`) must not stay behind stale. A folder that cannot be written is said, not
+    fatal: the study's own report stands."""
+    if not out:
+        return
+    dest = Path(out) / html_report.FILE_NAME
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.resolve() != dest.resolve():
+            shutil.copyfile(src, dest)
+    except OSError as exc:
+        log.warning("could not copy the report to %s: %s (it is in %s)", dest, exc, src)
 
 
 def write_report(ctx: StudyContext, state: dict) -> Path:
@@ -444,13 +472,15 @@ def write_report(ctx: StudyContext, state: dict) -> Path:
     path.write_text(text)
     view = study_view(ctx, state)
     html_report.write(view, report_dir / html_report.FILE_NAME)
+    copy_html(report_dir / html_report.FILE_NAME, ctx.cfg.report_out)
     study = ctx.study()
     if study.mlflow_run_id:
         tracking.log_report(study.mlflow_run_id, report_dir)
         # the reward first: MLflow's run page lists a run's metrics in the order they were first logged
         tracking.log_reward_curves(study.mlflow_run_id, html_report.arm_curves(view))
         tracking.log_summary(study.mlflow_run_id, *summary_metrics(ctx, state))
-    status = StudyStatus.CANCELLED if study.status == StudyStatus.CANCELLED.value else StudyStatus.COMPLETED
+    cancelled = study.status == StudyStatus.CANCELLED.value or state.get("stop_reason") == PLAN_REJECTED
+    status = StudyStatus.CANCELLED if cancelled else StudyStatus.COMPLETED  # a rejected plan studied nothing
     ended = {t.status for t in ctx.trials()}
     all_failed = TrialStatus.FAILED.value in ended and TrialStatus.COMPLETED.value not in ended
     if status == StudyStatus.COMPLETED and all_failed:

@@ -114,8 +114,17 @@ def _forget_checkpoints(engine: Any, study_id: int) -> None:
         saver.delete_thread(str(study_id))
 
 
-def create_study(cfg: StudyConfig, engine: Any = None, on_created: Callable[[int], None] | None = None) -> int:
+def create_study(
+    cfg: StudyConfig,
+    engine: Any = None,
+    on_created: Callable[[int], None] | None = None,
+    report_home: Path | None = None,
+) -> int:
     """The Study row (config stored), its directory and its MLflow parent run.
+
+    `report_home`: without `cfg.report_out`, the study's report.html is copied to
+    report_home/studies/study-N (the CLI's working directory: the report lands where the user
+    started the study, whoever ends it, the daemon too).
 
     The row and its config are one commit: a driver killed between two (SIGTERM while MLflow loads)
     left an ACTIVE study without a config that no command could read. A kill before the MLflow run
@@ -135,7 +144,10 @@ def create_study(cfg: StudyConfig, engine: Any = None, on_created: Callable[[int
         assert sid is not None
         study_dir = Path(cfg.study_dir) if cfg.study_dir else _fresh_dir(data_dir() / "studies" / f"study-{sid}")
         study_dir.mkdir(parents=True, exist_ok=True)
-        row.config = cfg.model_copy(update={"study_dir": str(study_dir)}).model_dump(mode="json")
+        update: dict[str, Any] = {"study_dir": str(study_dir)}
+        if cfg.report_out is None and report_home is not None:
+            update["report_out"] = str(report_home.resolve() / "studies" / f"study-{sid}")
+        row.config = cfg.model_copy(update=update).model_dump(mode="json")
         s.commit()
     if on_created is not None:
         on_created(sid)

@@ -27,6 +27,25 @@ def test_dry_run_prints_the_plan_and_launches_nothing():
     assert "dry run" in res.output
 
 
+def test_a_dry_run_of_a_design_that_cannot_run_shows_it_and_exits_1():
+    """It exited 0 below "This design cannot run yet": a script checking designs read it as runnable."""
+    res = runner.invoke(
+        app, ["study", "Does timeline merging matter? Compare on and off", "--shared-base", "--dry-run"]
+    )
+    out = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 1 and "This design cannot run yet" in out and "timeline_merge" in out, out
+    assert "dry run: nothing launched" in out
+
+
+def test_verbose_leaves_alembics_lines_out():
+    """`-v` printed ~15 alembic plugin and context lines before every command's own."""
+    import logging
+
+    logging.getLogger("alembic").setLevel(logging.NOTSET)
+    res = runner.invoke(app, ["-v", "status"])
+    assert res.exit_code == 0 and logging.getLogger("alembic").getEffectiveLevel() == logging.WARNING
+
+
 def test_status_without_studies_says_how_to_start_one():
     res = runner.invoke(app, ["status"])
     assert res.exit_code == 0 and "No studies yet" in res.output and "researcher study TOPIC" in res.output
@@ -288,6 +307,32 @@ def test_a_completed_study_is_not_stopped_or_approved_and_its_report_stays(fake_
     with Session(init_db()) as s:
         study = s.get(Study, 1)
         assert study.status == "COMPLETED" and study.report == before and "Stopped early" not in before
+
+
+def test_a_study_left_to_the_daemon_leaves_its_html_where_it_was_started(fake_program, tmp_path, monkeypatch):
+    """report.html reached ./studies/study-N only when a foreground study ended: a study the daemon drove (or
+    `stop` ended) left none, and a copy made mid-run (`report --html`) stayed stale; that copy said "No round
+    was planned" of a round whose trials were running."""
+    from researcher.runner import advance, drive
+
+    monkeypatch.chdir(tmp_path)
+    program = ["--trial-program", " ".join(fake_program)]
+    res = runner.invoke(app, ["study", TOPIC, "--background", "--steps", "5", "--poll", "0.2", *program])
+    assert res.exit_code == 0, res.output
+    assert advance(1).state == "waiting"  # a daemon's tick: planned, trials launched
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # `report --html` from another folder: the copy still lands where it started
+    res = runner.invoke(app, ["report", "1", "--html"], env={"COLUMNS": "300"})
+    copy = tmp_path / "studies" / "study-1" / "report.html"
+    assert res.exit_code == 0 and copy.exists(), res.output
+    mid_run = copy.read_text()
+    assert "1 (running)" in mid_run and "No round was planned" not in mid_run
+    assert drive(1, poll_s=0.2).state == "done"  # the daemon's ticks, to the end
+    with Session(init_db()) as s:
+        study_dir = Path(s.get(Study, 1).config["study_dir"])
+    assert copy.read_text() == (study_dir / "report" / "report.html").read_text() != mid_run
+    assert not (elsewhere / "studies").exists()
 
 
 @pytest.mark.parametrize(("extra", "parallel"), [([], 12), (["--parallel", "3"], 3)])

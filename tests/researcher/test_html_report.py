@@ -98,6 +98,17 @@ def test_the_html_is_self_contained_and_shows_every_part() -> None:
     assert render_html(_view([_round(result)], es)) == page  # deterministic: no random figure ids
 
 
+def test_a_round_planned_and_not_analysed_is_in_the_plan() -> None:
+    """A running study's page said "No round was planned" while its trials ran."""
+    design = {"arms": [{"name": "lr=0", "knobs": {"lr": 0}}], "baseline": "lr=0", "seeds": [0, 1, 2], "steps": 5}
+    view = _view([])
+    assert "No round was planned." in render_html(view)
+    view.running = (1, design)
+    assert "<td>1 (running)</td><td>lr=0</td><td>baseline</td>" in render_html(view)
+    view.stop_reason = "stopped by the user"  # a study stopped mid-round: its report keeps the plan, unanalysed
+    assert "<td>1 (not analysed)</td>" in render_html(view)
+
+
 def test_holm_intervals_agree_with_the_holm_verdicts() -> None:
     result = analysis.analyze(ARMS, baseline="lr=0")
     adjusted = holm_intervals(result)

@@ -105,6 +105,7 @@ def test_rejected_plan_launches_nothing(fake_program):
     assert drive(sid, poll_s=0.2, resume={"approved": False}).state == "done"
     assert rows(Job) == [] and {t.status for t in rows(Trial)} == {"CANCELLED"}
     assert "not approved" in rows(Study, id=sid)[0].report
+    assert rows(Study, id=sid)[0].status == "CANCELLED"  # stored COMPLETED before: nothing was studied
 
 
 def test_a_study_number_handed_out_again_starts_clean_and_keeps_the_earlier_studys_files(fake_program, _isolated):
