@@ -18,6 +18,10 @@ A line, written when the response's last byte is sent (or the app raised):
 * `episode`: the path's `{episode_id}`, else the id in an episode key (`rk.<id>.<epoch>.<sig>`, read,
   not verified: the status says whether the key was good), else a claim's answer's `episode_id`.
 * `model`: the answer's `model`, else the request body's top-level `model`.
+* `episodes`, on the batch routes' lines only (`/swarm/v1/claims`, `/swarm/v1/finishes`, whose
+  `episode` is null): every `episode_id` its request or its answer names, in order (a claims batch:
+  the episodes it handed out; a finishes batch: those it was asked to finish, refused ones too),
+  at most `MAX_BATCH`. Without it a fleet's coalesced finishes could not be told apart afterwards.
 
 Never logged: headers (tokens, keys), query strings, bodies. The file is opened on the first
 request, appended to line by line (each line reaches the kernel when written, so a `kill -9`
@@ -40,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from swarm.protocol import MAX_BATCH
+
 log = logging.getLogger("swarm.server")
 
 ACCESS_LOG_FILE = "access.jsonl"
@@ -54,6 +60,10 @@ MAX_ANSWER_BYTES = 16 * 1024
 MAX_PARSED_REQUEST = 64 * 1024
 #: a top-level-looking `"model": "..."` in a large request body (a key: a quote inside a JSON string is escaped)
 MODEL_KEY = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){0,200})"')
+#: the batch routes, whose lines list the episodes they touched (`episodes`)
+BATCH_ROUTES = frozenset({"/swarm/v1/claims", "/swarm/v1/finishes"})
+#: an `"episode_id": "..."` in a batch's answer or request (ids are hex; a key or a reason never matches)
+EPISODE_ID = re.compile(rb'"episode_id"\s*:\s*"([0-9A-Za-z_-]{1,64})"')
 
 
 class AccessLog:
@@ -139,7 +149,7 @@ class AccessLogMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request = _Request(time.time(), time.monotonic())
+        request = _Request(time.time(), time.monotonic(), batch=scope.get("path") in BATCH_ROUTES)
 
         async def reading() -> dict:  # the request's body, seen on its way in for `model`
             message = await receive()
@@ -191,6 +201,7 @@ class AccessLogMiddleware:
                 "ms": round((time.monotonic() - request.t0) * 1000, 2),
                 "episode": _episode(scope, answer),
                 "model": _string(answer.get("model")) or request.model(),
+                **({"episodes": request.episodes()} if request.batch else {}),
             }
         )
 
@@ -198,9 +209,12 @@ class AccessLogMiddleware:
 class _Request:
     """What one request showed on its way through: the request's model, the answer's status and JSON."""
 
-    def __init__(self, ts: float, t0: float) -> None:
+    def __init__(self, ts: float, t0: float, batch: bool = False) -> None:
         self.ts = ts
         self.t0 = t0
+        self.batch = batch
+        self._ids: dict[str, None] = {}  # a batch's episode ids in order, from its answer and its request
+        self._id_tail = b""
         self.status = 0
         self.written = False
         self._json_answer = False
@@ -211,10 +225,23 @@ class _Request:
         self._found: str | None = None
         self._tail = b""
 
+    def _scan_ids(self, chunk: bytes) -> None:
+        """A batch's ids, found across chunk boundaries (an id seen twice is kept once)."""
+        seen = self._id_tail + chunk
+        for m in EPISODE_ID.finditer(seen):
+            if len(self._ids) < MAX_BATCH:
+                self._ids.setdefault(m.group(1).decode(), None)
+        self._id_tail = seen[-100:]
+
+    def episodes(self) -> list[str]:
+        return list(self._ids)
+
     def feed(self, chunk: bytes) -> None:
         """A request body chunk: kept while the body is small, else scanned for `"model"` and let go."""
         if not chunk:
             return
+        if self.batch:
+            self._scan_ids(chunk)
         if not self._large:
             if len(self._small) + len(chunk) <= MAX_PARSED_REQUEST:
                 self._small += chunk
@@ -246,6 +273,8 @@ class _Request:
         self._json_answer = headers.get(b"content-type", b"").startswith(b"application/json")
 
     def body(self, chunk: bytes) -> None:
+        if self.batch and self._json_answer:
+            self._scan_ids(chunk)
         if not self._json_answer or self._answer_overflow:
             return
         if len(self._answer) + len(chunk) > MAX_ANSWER_BYTES:

@@ -151,3 +151,25 @@ def test_a_stream_and_a_body_over_the_limit_are_logged_too(make_server) -> None:
     assert stream_line["model"] == ep["model"] and stream_line["episode"] == ep["episode_id"], stream_line
     assert big_line["status"] == 413 and big_line["code"] == big.json()["error"]["code"], big_line
     assert big_line["path"] == "/v1/chat/completions" and big_line["route"] is None, big_line  # refused unread
+
+
+def test_a_batchs_line_names_the_episodes_it_claimed_and_finished(make_server) -> None:
+    """A fleet's claims and finishes are coalesced into batches, whose lines said `episode: null`: which
+    episodes a batch touched could not be told afterwards. They list them now, a refused item's too."""
+    srv: RunningServer = make_server()
+    claims = httpx.post(
+        f"{srv.url}/swarm/v1/claims", json={"claims": [{"task_id": "t1"}, {"task_id": "t2"}]}, headers=_h(srv.token)
+    )
+    assert claims.status_code == 200, claims.text
+    eps = [r["body"] for r in claims.json()["results"]]
+    finishes = [{"episode_id": ep["episode_id"], "api_key": ep["api_key"], "reward": 1.0} for ep in eps]
+    finishes.append({"episode_id": "0" * 32, "api_key": eps[0]["api_key"], "reward": 1.0})  # refused: no such one
+    done = httpx.post(f"{srv.url}/swarm/v1/finishes", json={"finishes": finishes}, headers=_h(srv.token))
+    assert done.status_code == 200 and [r["status"] for r in done.json()["results"]][:2] == [200, 200], done.text
+    path = srv.swarm.config.out_dir / ACCESS_LOG_FILE
+    wait_until(lambda: len(_lines(path)) >= 2, timeout=10)
+    claim_line, finish_line = _lines(path)
+    ids = [ep["episode_id"] for ep in eps]
+    assert claim_line["route"] == "/swarm/v1/claims" and claim_line["episodes"] == ids, claim_line
+    assert finish_line["route"] == "/swarm/v1/finishes" and finish_line["episodes"] == [*ids, "0" * 32], finish_line
+    assert claim_line["episode"] is None and eps[0]["api_key"] not in path.read_text()  # ids only, never a key
