@@ -138,12 +138,24 @@ class TeamEpisode:
         rewards = self._rewards(reward)  # a bad reward dict raises before anything is sent
         members = list(self.episodes.values())
         with members[0].guard:
-            gone = [role for role, ep in self.episodes.items() if ep.lost or (ep.done and ep.result is None)]
+            for role, ep in self.episodes.items():
+                if ep.done and ep.result is not None:  # finished on its own (`t["planner"].finish(...)`)
+                    self.results[role] = ep.result
+            gone = [r for r, ep in self.episodes.items() if r not in self.results and (ep.lost or ep.done)]
             if not gone:
                 for ep in members:
                     ep.sealing = True
         if gone:
-            self._abort_rest(f"team {self.id}: {', '.join(gone)} gone before the finish")
+            reason = f"team {self.id}: {', '.join(gone)} gone before the finish"
+            aborted = self._abort_rest(reason, release=not self.results)
+            if self.results:  # a member finished already: not replayable, as a finish failing half way
+                raise TeamError(
+                    f"team episode {self.id}: {', '.join(gone)} gone before the finish; "
+                    f"finished {sorted(self.results)}, aborted {aborted}",
+                    {},
+                    sorted(self.results),
+                    aborted,
+                )
             raise TeamLost(
                 f"team episode {self.id}: {', '.join(gone)} gone before the finish (lease lapsed or given back); "
                 "nothing finished, every member given back",

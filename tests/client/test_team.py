@@ -195,6 +195,20 @@ def test_a_member_gone_before_the_finish_finishes_nothing(pair) -> None:
     assert p.swarm.counters["finished"] == e.swarm.counters["finished"] == 0
 
 
+def test_a_member_finished_on_its_own_makes_a_gone_one_give_up_its_slot(pair) -> None:
+    """The planner finished by hand, the executor then given back: the team cannot be played again (the
+    planner's group would get a surplus copy), so the executor gives its slot up and it says so."""
+    p, e = pair
+    team = _team(pair)
+    with pytest.raises(TeamError, match="executor gone before the finish; finished") as exc:
+        with team.episode("t1") as t:
+            t["planner"].finish(1.0)
+            team.members["executor"].abort_open("client interrupted")
+            t.finish(1.0)
+    assert not isinstance(exc.value, TeamLost) and exc.value.finished == ["planner"] and not t.replayable
+    assert p.swarm.counters["finished"] == 1 and e.swarm.counters["finished"] == 0
+
+
 def test_ctrl_c_gives_each_team_back_whole_or_lets_it_finish(make_pair) -> None:
     """`abort_open` racing `finish`, 30 times: every team ends finished on both servers or on neither."""
     p, e = pair = make_pair(group_size=1, batch_groups=64)  # one window: an aborted task's group waits for no claim
