@@ -9,7 +9,6 @@ checked for it.
 from __future__ import annotations
 
 import json
-import shutil
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -130,7 +129,7 @@ def export_html(study_id: int, out: Path | None = None) -> Path:
     KeyError for an unknown study."""
     from researcher.graph import build_graph  # lazy: research extra (checked by the caller)
     from researcher.html_report import FILE_NAME, write  # lazy: research extra (checked by the caller)
-    from researcher.report import study_view  # lazy: research extra (checked by the caller)
+    from researcher.report import copy_report, study_view  # lazy: research extra (checked by the caller)
     from researcher.runner import checkpointer, make_context  # lazy: research extra (checked by the caller)
 
     ctx = make_context(study_id)
@@ -140,10 +139,7 @@ def export_html(study_id: int, out: Path | None = None) -> Path:
     dest = out / FILE_NAME
     src = Path(ctx.cfg.study_dir) / "report" / FILE_NAME
     if st.report and src.exists():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.resolve() != dest.resolve():
-            shutil.copyfile(src, dest)
-        return dest
+        return copy_report(src, out)
     with checkpointer(ctx.engine) as saver:
         snap = build_graph(ctx).compile(checkpointer=saver).get_state({"configurable": {"thread_id": str(study_id)}})
     return write(study_view(ctx, dict(snap.values or {})), dest)

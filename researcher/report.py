@@ -31,6 +31,8 @@ from researcher.trials import step_rewards, trial_dir
 from store.models import StudyStatus, TrialStatus
 from store.types import utcnow
 
+log = logging.getLogger(__name__)
+
 
 def _num(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -440,10 +442,18 @@ SHARED_BASE_NOTE = (
 )
 
 
-log = logging.getLogger("researcher")
-
 #: the stop reason of a study whose plan `researcher approve --reject` turned down: it ends CANCELLED
 PLAN_REJECTED = "the plan was not approved"
+
+
+def copy_report(src: Path, out: Path) -> Path:
+    """report.html copied into the folder `out` (made if missing), unless it is the file itself; OSError
+    when it cannot be written."""
+    dest = out / html_report.FILE_NAME
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.resolve() != dest.resolve():
+        shutil.copyfile(src, dest)
+    return dest
 
 
 def copy_html(src: Path, out: str | None) -> None:
@@ -453,13 +463,10 @@ def copy_html(src: Path, out: str | None) -> None:
     fatal: the study's own report stands."""
     if not out:
         return
-    dest = Path(out) / html_report.FILE_NAME
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.resolve() != dest.resolve():
-            shutil.copyfile(src, dest)
+        copy_report(src, Path(out))
     except OSError as exc:
-        log.warning("could not copy the report to %s: %s (it is in %s)", dest, exc, src)
+        log.warning("could not copy the report to %s: %s (it is in %s)", Path(out) / html_report.FILE_NAME, exc, src)
 
 
 def write_report(ctx: StudyContext, state: dict) -> Path:

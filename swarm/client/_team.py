@@ -163,9 +163,7 @@ class TeamEpisode:
             )
         errors: dict[str, BaseException] = {}
         for role, ep in self.episodes.items():
-            if ep.done:
-                if ep.result is not None:
-                    self.results[role] = ep.result
+            if role in self.results:  # finished on its own: collected above
                 continue
             try:
                 self.results[role] = ep.finish(rewards[role], metrics)
