@@ -150,7 +150,7 @@ class StudyContext:
             metrics = {k: float(v) for k, v in metrics.items() if v is not None}
             exp = t.config.get("experiment", {})
             params = {"task": exp.get("task"), "steps": exp.get("steps"), **exp.get("knobs", {})}
-            status = "FINISHED" if t.status == TrialStatus.COMPLETED.value else "FAILED"
+            status = tracking.run_status(t.status)
             own = None
             run_file = trial_dir(self.cfg, t.id) / "out" / "server" / "mlflow_run.json"  # type: ignore[arg-type]
             if run_file.exists():

@@ -493,6 +493,6 @@ def write_report(ctx: StudyContext, state: dict) -> Path:
     if status == StudyStatus.COMPLETED and all_failed:
         status = StudyStatus.FAILED  # every trial that ran failed: it "completed", the cause unseen
     if study.mlflow_run_id:
-        tracking.finish_study_run(study.mlflow_run_id, "FAILED" if status == StudyStatus.FAILED else "FINISHED")
+        tracking.finish_study_run(study.mlflow_run_id, tracking.run_status(status))
     ctx.set_study_status(status, report=text, finished_at=utcnow())
     return path

@@ -173,6 +173,12 @@ def log_reward_curves(study_run_id: str, curves: Mapping[str, tuple[list[float],
     parent.flush()
 
 
+def run_status(status: str) -> str:
+    """MLflow's end state for a study's or a trial's: a cancelled one is KILLED (MLflow's word for
+    stopped by hand), so the runs list does not show a study someone stopped as a finished one."""
+    return {"COMPLETED": "FINISHED", "CANCELLED": "KILLED"}.get(str(status), "FAILED")
+
+
 def finish_study_run(study_run_id: str, status: str = "FINISHED") -> None:
     from store.tracking import get_client  # lazy: MLflow
 

@@ -71,7 +71,12 @@ class ErrorResponse(_Response):
 class ClaimRequest(_Request):
     task_id: str = Field(min_length=1, max_length=512, description="groups episodes for baselines")
     task_family: str = Field("default", min_length=1, max_length=128)
-    roles: list[str] | None = Field(None, max_length=64)
+    roles: list[str] | None = Field(
+        None,
+        max_length=64,
+        description="the roles this episode plays (a team's member claims with its own); kept in the "
+        "episode's metadata as `roles`, beside what `metadata` says",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
     claim_key: str | None = Field(
         None,
@@ -108,6 +113,13 @@ class ClaimRequest(_Request):
                 raise ValueError(f"policy {self.policy!r} and model {self.model!r} name different policies")
             self.policy = self.model
         return self
+
+    def recorded_metadata(self) -> dict[str, Any]:
+        """What the episode keeps: `metadata`, with `roles` added when claimed with them (what the
+        client's own metadata says of its roles wins)."""
+        if self.roles is None or "roles" in self.metadata:
+            return self.metadata
+        return {**self.metadata, "roles": list(self.roles)}
 
 
 class ClaimResponse(_Response):

@@ -223,10 +223,13 @@ class SwarmClient:
                 if ep.done or ep.sealing:
                     continue
                 ep.done = ep.lost = True  # the workflow's next call gets 409 and ends; nothing to finish
+                # a team member finished by hand: the team is not played again, so nobody would take a
+                # released slot and its group would wait out the stall timeout; give the slot up instead
+                release = not any(s.result is not None for s in ep.siblings)
             try:
                 r = self._http.post(
                     ep._path("abort"),
-                    json={"reason": reason, "release": True},
+                    json={"reason": reason, "release": release},
                     headers={"Authorization": f"Bearer {ep.api_key}"},
                     timeout=timeout,
                 )
@@ -306,6 +309,8 @@ class EpisodeBase:
         self.sealing = False
         #: held while deciding to seal or to give back; one lock shared by a team's members
         self.guard = threading.Lock()
+        #: the other members of its team (`_team.py`); empty for an ordinary episode
+        self.siblings: list[EpisodeBase] = []
         #: Choices the fleet asks the episode's one call to sample (`n`); a workflow that honours it
         #: returns a reward per choice (`run_fleet(..., choices=k)`). 1: an ordinary episode.
         self.choices = 1

@@ -23,7 +23,8 @@ and trains its own model on them. The team is finished or aborted together:
 
 A fleet's Ctrl-C (`abort_open`) gives each team back whole or leaves it to finish:
 the members share one lock (`Episode.guard`), and a team that began finishing is
-`sealing`.
+`sealing`. A member it gives back whose sibling was finished by hand gives up its
+slot (`release=False`), as the team will not be played again.
 
 No torch here, like the rest of the client.
 """
@@ -72,6 +73,7 @@ class TeamEpisode:
         guard = threading.Lock()
         for ep in episodes.values():
             ep.guard = guard  # `abort_open` on any member's client sees the team's one decision
+            ep.siblings = [other for other in episodes.values() if other is not ep]
 
     # -- what `run_fleet` reads of an episode, so a fleet plays teams as it plays episodes --------------
     @property
@@ -149,13 +151,7 @@ class TeamEpisode:
             reason = f"team {self.id}: {', '.join(gone)} gone before the finish"
             aborted = self._abort_rest(reason, release=not self.results)
             if self.results:  # a member finished already: not replayable, as a finish failing half way
-                raise TeamError(
-                    f"team episode {self.id}: {', '.join(gone)} gone before the finish; "
-                    f"finished {sorted(self.results)}, aborted {aborted}",
-                    {},
-                    sorted(self.results),
-                    aborted,
-                )
+                raise self._partly_finished(f"{', '.join(gone)} gone before the finish", {}, aborted)
             raise TeamLost(
                 f"team episode {self.id}: {', '.join(gone)} gone before the finish (lease lapsed or given back); "
                 "nothing finished, every member given back",
@@ -173,15 +169,14 @@ class TeamEpisode:
         if errors:  # a member finished keeps its slot; the rest give theirs up (`replayable`)
             reason = f"team {self.id}: finishing {', '.join(errors)} failed"
             aborted = self._abort_rest(reason, release=not self.results)
-            raise TeamError(
-                f"team episode {self.id}: finish failed for {', '.join(errors)}: "
-                f"{next(iter(errors.values()))}; finished {sorted(self.results)}, "
-                f"aborted {aborted}",
-                errors,
-                sorted(self.results),
-                aborted,
-            )
+            what = f"finish failed for {', '.join(errors)}: {next(iter(errors.values()))}"
+            raise self._partly_finished(what, errors, aborted)
         return dict(self.results)
+
+    def _partly_finished(self, what: str, errors: Mapping[str, BaseException], aborted: list[str]) -> TeamError:
+        """The error of a team left finished on some servers and aborted on the others (not replayable)."""
+        message = f"team episode {self.id}: {what}; finished {sorted(self.results)}, aborted {aborted}"
+        return TeamError(message, errors, sorted(self.results), aborted)
 
     def abort(self, reason: str | None = None, release: bool = True) -> None:
         """Abort every member not yet finished; raises `TeamError` if some abort failed."""

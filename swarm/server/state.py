@@ -244,7 +244,7 @@ class Swarm:
                 req.task_id,
                 req.task_family,
                 group.group_id,
-                req.metadata,
+                req.recorded_metadata(),
                 self.engine.policy_version,
                 req.claim_key,
                 epoch=reuse.epoch if reuse is not None else 1,

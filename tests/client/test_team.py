@@ -203,7 +203,10 @@ def test_a_member_finished_on_its_own_makes_a_gone_one_give_up_its_slot(pair) ->
     with pytest.raises(TeamError, match="executor gone before the finish; finished") as exc:
         with team.episode("t1") as t:
             t["planner"].finish(1.0)
+            group = t["executor"].group_id
             team.members["executor"].abort_open("client interrupted")
+            # its slot given up, not reopened: nobody will claim it (the team is not played again)
+            assert e.swarm.batcher.groups[group].dropped == 1
             t.finish(1.0)
     assert not isinstance(exc.value, TeamLost) and exc.value.finished == ["planner"] and not t.replayable
     assert p.swarm.counters["finished"] == 1 and e.swarm.counters["finished"] == 0

@@ -240,6 +240,10 @@ def test_study_status_report_and_stop(fake_program, monkeypatch):
     with Session(engine) as s:
         assert s.get(Study, 1).status == "CANCELLED"
         assert {t.status for t in s.exec(select(Trial)).all()} == {"CANCELLED"}
+        run_id = s.get(Study, 1).mlflow_run_id
+    from store.tracking import get_client
+
+    assert get_client().get_run(run_id).info.status == "KILLED"  # stopped by hand: not FINISHED in MLflow
     from scheduler.manager import JobManager
     from scheduler.records import StoreSink
 

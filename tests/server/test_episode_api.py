@@ -35,6 +35,8 @@ def test_claim_shape(server: RunningServer) -> None:
     assert c["base_url"] == f"{server.url}/v1" and c["api_key"].startswith("rk.")
     assert c["policy_version"] == 0 and c["task_id"] == "t1" and c["lease_expires_at"] > time.time()
     assert server.swarm.registry.get(c["episode_id"]).metadata == {"k": [1, 2]}
+    r = _claim(server, "t2", roles=["planner"], metadata={"k": 1})  # a team member's claim keeps its role
+    assert server.swarm.registry.get(r.json()["episode_id"]).metadata == {"k": 1, "roles": ["planner"]}
 
 
 def test_claim_key_makes_a_retried_claim_idempotent(server: RunningServer) -> None:
