@@ -361,7 +361,7 @@ def study(
 
         embedded = default_model_dir()
         if not matches(embedded, seed=0):  # built already: its marker says so, without importing torch (~3 s)
-            from swarm.model.build import init_model  # lazy: imports torch and transformers
+            from swarm.model.build import init_model  # lazy: a build imports torch and transformers
 
             console.print("[dim]building the embedded model (once, takes a few minutes)…[/]")
             embedded = init_model(embedded)

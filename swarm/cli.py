@@ -100,13 +100,13 @@ def model_init(
     if preset is None and not force and matches(target := out or default_model_dir(), seed):
         typer.echo(str(target))  # built already: read from its marker, without importing torch (seconds)
         return
-    from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
+    from swarm.model.build import init_model, rich_progress  # lazy: a build imports torch + transformers
 
     with rich_progress() as progress:
         if preset is None:
             path = init_model(out, seed=seed, force=force, progress=progress)
         else:
-            from swarm.model.presets import build_preset  # lazy: torch + transformers take seconds
+            from swarm.model.presets import build_preset  # lazy: a build imports torch + transformers
 
             try:
                 path = build_preset(preset, out, seed=seed, layers=layers, force=force, progress=progress)
@@ -199,7 +199,7 @@ def _train(spec: RunConfig, resume: bool) -> None:
         return
     model = Path(spec.server.model_dir)
     if model == default_model_dir() and built_version(model) != BUILD_VERSION:
-        from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
+        from swarm.model.build import init_model, rich_progress  # lazy: a build imports torch + transformers
 
         found = built_version(model)
         typer.echo(  # a line first: off a terminal (a log, nohup, CI) the bar shows only when it is done
@@ -268,7 +268,7 @@ def _train_team(spec: RunConfig, resume: bool) -> None:
         raise typer.Exit(2)
 
     def build(name: str, path: Path) -> None:
-        from swarm.model.build import init_model, rich_progress  # lazy: torch + transformers take seconds
+        from swarm.model.build import init_model, rich_progress  # lazy: a build imports torch + transformers
         from swarm.model.presets import build_preset  # lazy: as above
 
         with rich_progress(f"building {name} for the team") as progress:

@@ -107,7 +107,7 @@ def wait_until(cond: Callable[[], Any], timeout: float = 10.0) -> None:
 
 def tiny_model_dir(base: Path) -> Path:
     """A tokenizer + random tiny Qwen2 under `base/tiny-model` (built once per base)."""
-    from swarm.model.build import build_untrained  # lazy: it imports torch and transformers
+    from swarm.model.build import build_untrained  # lazy: building imports torch and transformers
 
     out = Path(base) / "tiny-model"
     if not (out / "config.json").exists():

@@ -238,7 +238,8 @@ def test_init_model_is_deterministic(tmp_path):
 def test_a_process_without_the_pins_builds_in_a_pinned_child_the_same_weights(tmp_path):
     """The suite runs pinned (tests/conftest.py), so `init_model` here builds in process; a process that
     is not (a user's `swarm model init`) builds in a pinned child (swarm/model/numerics.py), and both come
-    out bit-identical: the weights do not depend on the processor's kernels. Its progress reaches the caller."""
+    out bit-identical: the weights do not depend on the processor's kernels. Its progress reaches the caller,
+    which never imports torch (it did, ~8 s, only for the child to import it again)."""
     from swarm.model.numerics import PINNED, pinned_here
 
     if not pinned_here():
@@ -249,7 +250,7 @@ def test_a_process_without_the_pins_builds_in_a_pinned_child_the_same_weights(tm
         "from swarm.model.recipe import WarmStartConfig; from swarm.model.numerics import pinned_here;"
         "seen = []; config = WarmStartConfig(**json.loads(sys.argv[2]));"
         "init_model(Path(sys.argv[1]), seed=5, config=config, progress=lambda m, f: seen.append(m));"
-        "print(json.dumps([pinned_here(), len(seen), seen[-1]]))"
+        "print(json.dumps([pinned_here(), len(seen), seen[-1], 'torch' in sys.modules]))"
     )
     env = {k: v for k, v in os.environ.items() if k not in PINNED}
     r = subprocess.run(
@@ -260,8 +261,9 @@ def test_a_process_without_the_pins_builds_in_a_pinned_child_the_same_weights(tm
         env=env,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    pinned, reports, last = json.loads(r.stdout.splitlines()[-1])
+    pinned, reports, last, torch_here = json.loads(r.stdout.splitlines()[-1])
     assert not pinned and reports > 3 and last == "model ready"  # the unpinned caller saw the child's progress
+    assert not torch_here  # the caller only hands the build over: torch is imported once, in the child
     wa, wb = load_file(here / "model.safetensors"), load_file(tmp_path / "child" / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

@@ -23,20 +23,25 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as Bar
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from store.paths import default_model_dir
 from swarm.model.numerics import Progress, build_pinned
-from swarm.model.recipe import VOCAB_SIZE, is_complete, marker_for, matches
+from swarm.model.recipe import VOCAB_SIZE, WarmStartConfig, is_complete, marker_for, matches
 from swarm.model.tokenizer import CONTEXT_LENGTH, ENDOFTEXT, IM_END, build_tokenizer, render_chat, save_tokenizer
 from swarm.model.version import BUILD_VERSION, MARKER
-from swarm.model.warmstart import WarmStartConfig, warm_start
 from swarm.tasks import get_task, list_tasks
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+# torch and transformers are imported where a model is made, not here: a process that is not pinned
+# (a user's `swarm model init`) hands the build to a pinned child (swarm/model/numerics.py), and paid
+# ~8 s importing both only for the child to import them again
 
 __all__ = [
     "BUILD_VERSION",
@@ -67,6 +72,8 @@ def task_corpus(seed: int = 0, per_task: int = 2000) -> list[str]:
 
 def model_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
     """The tiny Qwen2 shape; the vocabulary is exactly the tokenizer's."""
+    from transformers import Qwen2Config  # lazy: see the imports
+
     return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=128,
@@ -90,6 +97,9 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
 
 def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCausalLM:
     """Random weights from `seed` (same seed, same weights)."""
+    import torch  # lazy: see the imports
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(model_config(tokenizer))
     model.generation_config = GenerationConfig(
@@ -180,6 +190,8 @@ def pinned_build(out_dir: str, seed: int, config: dict, report: Progress) -> Non
 
 
 def _build_here(out_dir: Path, seed: int, config: WarmStartConfig, report: Progress) -> None:
+    from swarm.model.warmstart import warm_start  # lazy: torch (see the imports)
+
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-", dir=out_dir.parent))
     started = time.monotonic()
     try:

@@ -248,7 +248,7 @@ def build_preset(
     `warm`: an embedded-recipe preset's warm start (a smaller one makes a test's model in seconds;
     recorded in the marker, so a build of another recipe is not reused).
     """
-    from swarm.model.build import _build_lock, _clean_stale_temps, _swap_into_place  # lazy: torch: seconds
+    from swarm.model.build import _build_lock, _clean_stale_temps, _swap_into_place  # lazy: rich, tokenizers
 
     preset = get_preset(name)
     out_dir = Path(out_dir) if out_dir is not None else default_preset_dir(name)

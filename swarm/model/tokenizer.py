@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -170,6 +173,8 @@ def build_tokenizer(corpus: list[str], vocab_size: int = 512) -> PreTrainedToken
     )
     tok.train_from_iterator(corpus, trainer=trainer, length=len(corpus))
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    from transformers import PreTrainedTokenizerFast  # lazy: ~1.5 s; the template and constants need none
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,

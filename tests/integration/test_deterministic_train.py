@@ -23,7 +23,7 @@ SMALL = ("--group-size", "4", "--batch-groups", "4", "--concurrency", "8")
 
 def _embedded_model() -> Path:
     from store.paths import default_model_dir  # lazy: reads ROOST_HOME when asked
-    from swarm.model.build import init_model, is_complete  # lazy: the build module imports torch
+    from swarm.model.build import init_model, is_complete  # lazy: a build imports torch
 
     for candidate in (default_model_dir(), Path.home() / ".cache" / "roost" / "models" / "tiny-qwen2"):
         if is_complete(candidate, seed=0):

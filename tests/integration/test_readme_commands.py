@@ -102,13 +102,13 @@ def readme_commands() -> list[Command]:
 def _built_model() -> Path | None:
     """The embedded model as `swarm model init` left it, in this environment's ROOST_HOME or the default one."""
     from store.paths import default_model_dir  # lazy: reads ROOST_HOME when asked
-    from swarm.model.build import is_complete  # lazy: the build module imports torch
+    from swarm.model.build import is_complete  # lazy: a build imports torch
 
     for candidate in (default_model_dir(), Path.home() / ".cache" / "roost" / "models" / "tiny-qwen2"):
         if is_complete(candidate, seed=0):
             return candidate.resolve()
     if os.environ.get("ROOST_HOME"):  # CI: build it once for this test and the default-recipe test
-        from swarm.model.build import init_model  # lazy: the build module imports torch
+        from swarm.model.build import init_model  # lazy: a build imports torch
 
         return init_model(default_model_dir(), seed=0).resolve()  # waits if that test is building it
     return None
