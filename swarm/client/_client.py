@@ -223,8 +223,8 @@ class SwarmClient:
                 if ep.done or ep.sealing:
                     continue
                 ep.done = ep.lost = True  # the workflow's next call gets 409 and ends; nothing to finish
-                # a team member finished by hand: the team is not played again, so nobody would take a
-                # released slot and its group would wait out the stall timeout; give the slot up instead
+                # a teammate finished by hand: the team is not played again (`TeamEpisode.replayable`), so
+                # nobody would take a released slot and its group would wait out the stall; give it up
                 release = not any(s.result is not None for s in ep.siblings)
             try:
                 r = self._http.post(

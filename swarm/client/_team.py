@@ -18,13 +18,14 @@ and trains its own model on them. The team is finished or aborted together:
 * when finishing one member fails, the members not yet finished are aborted without
   their slots (those already finished stay finished: a server cannot un-train a sealed
   episode) and `TeamError` says which. Such a team is not played again
-  (`replayable` is False): a replay would add a surplus copy of the task on the servers
-  that hold its finished half, a group nobody else fills.
+  (`replayable` is False), nor one with a member finished by hand (`t["planner"].finish(...)`):
+  a replay would add a surplus copy of the task on the servers that hold its finished
+  half, a group nobody else fills; its other members give their slots up.
 
 A fleet's Ctrl-C (`abort_open`) gives each team back whole or leaves it to finish:
 the members share one lock (`Episode.guard`), and a team that began finishing is
-`sealing`. A member it gives back whose sibling was finished by hand gives up its
-slot (`release=False`), as the team will not be played again.
+`sealing`. A member it gives back whose teammate was finished by hand gives up its
+slot (`release=False`), by the rule of `replayable`.
 
 No torch here, like the rest of the client.
 """
@@ -86,8 +87,9 @@ class TeamEpisode:
 
     @property
     def replayable(self) -> bool:
-        """False once some member finished: playing the team again would overfill that member's group."""
-        return not self.results
+        """False once some member finished (through `finish`, or by hand: `t["planner"].finish(...)`):
+        playing the team again would overfill that member's group."""
+        return all(ep.result is None for ep in self.episodes.values())
 
     @property
     def result(self) -> FinishResponse | None:
@@ -149,7 +151,7 @@ class TeamEpisode:
                     ep.sealing = True
         if gone:
             reason = f"team {self.id}: {', '.join(gone)} gone before the finish"
-            aborted = self._abort_rest(reason, release=not self.results)
+            aborted = self._abort_rest(reason)
             if self.results:  # a member finished already: not replayable, as a finish failing half way
                 raise self._partly_finished(f"{', '.join(gone)} gone before the finish", {}, aborted)
             raise TeamLost(
@@ -168,7 +170,7 @@ class TeamEpisode:
                 break
         if errors:  # a member finished keeps its slot; the rest give theirs up (`replayable`)
             reason = f"team {self.id}: finishing {', '.join(errors)} failed"
-            aborted = self._abort_rest(reason, release=not self.results)
+            aborted = self._abort_rest(reason)
             what = f"finish failed for {', '.join(errors)}: {next(iter(errors.values()))}"
             raise self._partly_finished(what, errors, aborted)
         return dict(self.results)
@@ -193,7 +195,9 @@ class TeamEpisode:
             raise TeamError(f"team episode {self.id}: abort failed for {', '.join(errors)}", errors)
 
     def _abort_rest(self, reason: str, release: bool = True) -> list[str]:
-        """Abort every member not done, never raising; the roles whose abort went through."""
+        """Abort every member not done, never raising; the roles whose abort went through. A team that is
+        not `replayable` gives its slots up whatever `release` says: nobody would claim them again."""
+        release = release and self.replayable
         aborted = []
         for role, ep in self.episodes.items():
             if ep.done:

@@ -259,6 +259,28 @@ def test_a_fleet_never_replays_a_team_finished_on_one_server(pair) -> None:
     assert _state(e, failed[0]) == "aborted"
 
 
+def test_a_fleet_never_replays_a_team_whose_workflow_failed_after_finishing_a_member_by_hand(pair) -> None:
+    """The workflow finishes the planner itself, then raises: the team is not played again (the planner's
+    group holds its finished half) and the executor gives its slot up, so its group does not wait for a
+    claim that never comes."""
+    p, e = pair
+    groups: list[str] = []
+    once = threading.Lock()
+
+    def workflow(task: dict, t) -> dict:
+        if task["task_id"] == "t1" and once.acquire(blocking=False):  # one of t1's two copies
+            t["planner"].finish(1.0)
+            groups.append(t["executor"].group_id)
+            raise RuntimeError("the executor's tool broke")
+        return {"planner": 1.0, "executor": 1.0}
+
+    stats = run_fleet(_team(pair), workflow, [{"task_id": f"t{i}"} for i in range(3)], n=2, concurrency=2, epochs=1)
+    assert stats.finished == 5 and stats.aborted == 1 and stats.lost == 0, stats.errors
+    assert p.swarm.counters["claims"] == 6 and p.swarm.counters["finished"] == 6  # no surplus copy of t1
+    assert e.swarm.counters["claims"] == 6 and e.swarm.counters["finished"] == 5
+    assert e.swarm.batcher.groups[groups[0]].dropped == 1  # given up, not reopened
+
+
 def test_refused_claim_aborts_the_members_already_claimed(pair) -> None:
     p, e = pair
     r = httpx.post(f"{e.url}/swarm/v1/admin/pause", headers={"Authorization": f"Bearer {e.admin_token}"})
