@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 
 import pytest
@@ -20,10 +21,19 @@ def test_free_port_is_below_the_ephemeral_range_and_free(monkeypatch: pytest.Mon
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         taken = held.getsockname()[1]
-        draws = iter([taken, taken, taken + 1 if taken + 1 < 65536 else taken - 1])
+        # the taken port twice, then real draws: a fixed third port (taken + 1 once) can be in use on a
+        # busy machine too, and `free_port` must skip it just the same
+        draw = ports.random.SystemRandom.randrange
+        first, calls = [taken, taken], []
+
+        def scripted(self: random.SystemRandom, a: int, b: int) -> int:
+            calls.append(a)
+            return first.pop() if first else draw(self, a, b)
+
         monkeypatch.setattr(ports, "_ephemeral_low", lambda: 65536)
-        monkeypatch.setattr(ports.random.SystemRandom, "randrange", lambda self, a, b: next(draws))
+        monkeypatch.setattr(ports.random.SystemRandom, "randrange", scripted)
         port = free_port()
+    assert len(calls) >= 3  # the taken port was drawn twice and skipped both times
     assert port != taken
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # it is free
