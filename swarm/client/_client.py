@@ -225,7 +225,8 @@ class SwarmClient:
                 ep.done = ep.lost = True  # the workflow's next call gets 409 and ends; nothing to finish
                 # a teammate finished by hand: the team is not played again (`TeamEpisode.replayable`), so
                 # nobody would take a released slot and its group would wait out the stall; give it up
-                release = not any(s.result is not None for s in ep.siblings)
+                # (or is being finished: its finish is in flight and will most likely land)
+                release = not any(s.result is not None or s.sealing for s in ep.siblings)
             try:
                 r = self._http.post(
                     ep._path("abort"),
@@ -458,13 +459,20 @@ class Episode(EpisodeBase):
         return self._finish(body)
 
     def _finish(self, body: dict) -> FinishResponse:
+        # sealed while the finish is in flight: a Ctrl-C's `abort_open` leaves it to land (aborting it
+        # then would throw away a reward already sent), and a teammate it gives back keeps no slot
+        with self.guard:
+            sealed = self.sealing  # a team's finish seals its members itself
+            self.sealing = True
         try:
             entry = {**body, "episode_id": self.id, "api_key": self.api_key}
             data = self._client.request(
                 "POST", self._path("finish"), key=self.api_key, json=body, via=(self._client._finishes, entry)
             )
-        except SwarmAPIError as exc:
-            self._gone(exc)
+        except BaseException as exc:
+            self.sealing = sealed  # not finished: `abort_open` gives it back as any open episode
+            if isinstance(exc, SwarmAPIError):
+                self._gone(exc)
             raise
         return self._finished(data)
 

@@ -24,7 +24,8 @@ and trains its own model on them. The team is finished or aborted together:
 
 A fleet's Ctrl-C (`abort_open`) gives each team back whole or leaves it to finish:
 the members share one lock (`Episode.guard`), and a team that began finishing is
-`sealing`. A member it gives back whose teammate was finished by hand gives up its
+`sealing`, as is a member whose own finish is in flight (`Episode._finish`): it is left to
+land. A member it gives back whose teammate was (or is being) finished by hand gives up its
 slot (`release=False`), by the rule of `replayable`.
 
 No torch here, like the rest of the client.

@@ -212,6 +212,37 @@ def test_a_member_finished_on_its_own_makes_a_gone_one_give_up_its_slot(pair) ->
     assert p.swarm.counters["finished"] == 1 and e.swarm.counters["finished"] == 0
 
 
+def test_ctrl_c_during_a_hand_finish_lets_it_land_and_gives_the_teammate_slot_up(pair) -> None:
+    """Ctrl-C's `abort_open` while the planner's own finish is in flight: the finish lands (the reward was
+    sent), and the executor, given back, gives its slot up as it does once the planner has finished."""
+    p, e = pair
+    team = _team(pair)
+    planner = team.members["planner"]
+    in_flight, go_on = threading.Event(), threading.Event()
+    request = planner.request
+
+    def slow_finish(method: str, path: str, **kw):
+        if path.endswith("/finish"):
+            in_flight.set()
+            go_on.wait(10)
+        return request(method, path, **kw)
+
+    planner.request = slow_finish  # type: ignore[method-assign]
+    t = team.claim("t1")
+    ids, group = {role: t[role].id for role in t}, t["executor"].group_id
+    worker = threading.Thread(target=t["planner"].finish, args=(1.0,))
+    worker.start()
+    assert in_flight.wait(10)
+    team.abort_open("client interrupted")  # both members' clients, while the planner's finish waits
+    go_on.set()
+    worker.join(10)
+    t.close()
+    assert _state(p, ids["planner"]) == "finished" and t["planner"].result is not None
+    assert _state(e, ids["executor"]) == "aborted"
+    assert e.swarm.batcher.groups[group].dropped == 1  # given up, not reopened: the team is not played again
+    assert not t.replayable
+
+
 def test_ctrl_c_gives_each_team_back_whole_or_lets_it_finish(make_pair) -> None:
     """`abort_open` racing `finish`, 30 times: every team ends finished on both servers or on neither."""
     p, e = pair = make_pair(group_size=1, batch_groups=64)  # one window: an aborted task's group waits for no claim
