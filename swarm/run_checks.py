@@ -26,13 +26,12 @@ header say the same):
 * a folder whose run is still going (its driver holds `run.lock`) is refused whatever the flags:
   a `--fresh` would delete its files under it, a `--resume` start a second server on them.
 
-The folder's files are named here (`RUN_FILE`, `METRICS`, `RUN_ENTRIES`), and its metrics read
-(`MetricsTail`: `swarm train` follows them, these checks count the steps done).
+The folder's files are named here (`METRICS`, `RUN_ENTRIES`); its metrics are read with
+`swarm.run_layout.MetricsTail` (`swarm train` follows them, these checks count the steps done).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from collections.abc import Callable, Mapping
@@ -47,7 +46,7 @@ from swarm.folder_lock import FolderInUse, hold_folder
 from swarm.model.widths import lora_problems
 from swarm.output_paths import output_problem
 from swarm.resume_checks import resume_problems
-from swarm.run_layout import RUN_FILE, SERVER_FILE, role_folders, run_summary
+from swarm.run_layout import RUN_FILE, SERVER_FILE, MetricsTail, read_metrics, role_folders, run_summary
 from swarm.server.bootstrap import SERVER_LOCK
 from swarm.server.recovery import BUFFER_FILE
 from swarm.user_code import load
@@ -106,40 +105,6 @@ def clear_run(out: Path, keep: tuple[str, ...] = ()) -> None:
             path.unlink()
     for path in (*out.glob("fleet-*.yaml"), *out.glob("server-*.yaml")):
         path.unlink()
-
-
-class MetricsTail:
-    """The rows of a growing `metrics.jsonl`, read incrementally: each poll parses only the lines
-    appended since the last (a long run's file is re-read whole only if it shrank, as a
-    recovering server rewrites it)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows: list[dict] = []
-        self._offset = 0
-
-    def poll(self) -> list[dict]:
-        try:
-            with self.path.open("rb") as f:
-                if f.seek(0, 2) < self._offset:
-                    self.rows, self._offset = [], 0
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return self.rows
-        end = data.rfind(b"\n") + 1  # a line being written right now waits for the next poll
-        for line in data[:end].splitlines():
-            try:
-                self.rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-        self._offset += end
-        return self.rows
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The complete rows of a metrics file (none when there is no file)."""
-    return MetricsTail(path).poll()
 
 
 def steps_done(out: Path) -> int:

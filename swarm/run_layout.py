@@ -9,6 +9,8 @@ one policy or role in whatever a run left. The writers lay them out like this:
     OUT/servers/ROLE                   swarm train --team: a role alone on its model
 
 `run_summary` reads the summary a run's driver writes at its end (`swarm train`'s checks, `swarm eval`);
+`MetricsTail` a server's growing `metrics.jsonl`, a complete row per trained step (the server's own
+check for an earlier run, `swarm train` following its run, the summary counting its steps);
 `server_address` a running server's URL and tokens from its out folder (`swarm train --attach`, `swarm ctl
 --server`).
 
@@ -98,11 +100,47 @@ def server_address(folder: Path) -> ServerAddress:
     )
 
 
+class MetricsTail:
+    """The rows of a growing `metrics.jsonl`, read incrementally: each poll parses only the lines
+    appended since the last (a long run's file is re-read whole only if it shrank, as a
+    recovering server rewrites it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict] = []
+        self._offset = 0
+
+    def poll(self) -> list[dict]:
+        try:
+            with self.path.open("rb") as f:
+                if f.seek(0, 2) < self._offset:
+                    self.rows, self._offset = [], 0
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.rows
+        end = data.rfind(b"\n") + 1  # a line being written right now waits for the next poll
+        for line in data[:end].splitlines():
+            try:
+                self.rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+        self._offset += end
+        return self.rows
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The complete rows of a metrics file (none when there is no file)."""
+    return MetricsTail(path).poll()
+
+
 __all__ = [
+    "MetricsTail",
     "ROLE_FOLDERS",
     "SECRETS_FILE",
     "SERVER_FILE",
     "ServerAddress",
+    "read_metrics",
     "role_folders",
     "run_summary",
     "server_address",

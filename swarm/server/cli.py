@@ -27,6 +27,7 @@ from swarm.children import quiet_progress_bars_off_terminal
 from swarm.config.options import build_config, config_options, require_extra, write_config
 from swarm.config.server import ServerConfig
 from swarm.model.widths import lora_problems
+from swarm.run_layout import read_metrics
 from swarm.server.bootstrap import hold_out_dir, parse_quotas, port_problem, tls_problem
 
 CONFIG_FILE = "config.yaml"
@@ -36,7 +37,7 @@ def earlier_run(out: Path) -> str | None:
     """What of a trained run `out` holds (its metrics rows, its checkpoints), in words; None if nothing."""
     for folder in [out, *sorted((out / "policies").glob("*"))]:
         metrics = folder / "metrics.jsonl"
-        rows = sum(1 for line in metrics.read_text().splitlines() if line.strip()) if metrics.is_file() else 0
+        rows = len(read_metrics(metrics)) if metrics.is_file() else 0  # a line cut short by a crash: no step
         if rows:
             return f"{rows} step(s) in {metrics.relative_to(out)}"
         checkpoints = folder / "checkpoints"

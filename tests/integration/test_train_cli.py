@@ -85,7 +85,7 @@ def test_group_call_only_for_tasks_that_support_it() -> None:
 
 
 def test_metrics_tail_reads_only_new_complete_lines(tmp_path):
-    from swarm.run_checks import MetricsTail
+    from swarm.run_layout import MetricsTail
 
     path = tmp_path / "metrics.jsonl"
     tail = MetricsTail(path)

@@ -108,3 +108,16 @@ def test_no_resume_on_a_folder_holding_a_run_is_refused(tmp_path: Path, model_di
     (tmp_path / "serve" / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     code, line = _refused(tmp_path, *base)
     assert code == 2 and "(2 step(s) in metrics.jsonl)" in line and "give another --out" in line, line
+
+
+def test_an_earlier_runs_steps_are_its_complete_metrics_rows(tmp_path: Path) -> None:
+    """A server killed mid-write leaves a cut last line: it is no step (as `swarm train` counts them)."""
+    from swarm.server.cli import earlier_run
+
+    assert earlier_run(tmp_path) is None
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "loss"')
+    assert earlier_run(tmp_path) == "2 step(s) in metrics.jsonl"
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "policies" / "p").mkdir(parents=True)
+    (tmp_path / "policies" / "p" / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert earlier_run(tmp_path) == "1 step(s) in policies/p/metrics.jsonl"
