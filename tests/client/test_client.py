@@ -158,7 +158,7 @@ def test_a_client_without_a_token_says_so_when_built(monkeypatch: pytest.MonkeyP
 def test_a_reward_that_is_no_finite_number_is_said_before_anything_is_sent() -> None:
     """NaN failed inside httpx's JSON encoder ("Out of range float values are not JSON compliant")."""
     from swarm.client import InvalidReward
-    from swarm.client._client import EpisodeBase
+    from swarm.client._episode import EpisodeBase
 
     for body, message in (
         (lambda: EpisodeBase._finish_body(float("nan"), None, None), "reward must be a finite number, got nan"),
@@ -186,7 +186,7 @@ def test_agent_rewards_for_a_tag_no_call_carried_are_said(server: RunningServer,
         ep.openai_client(agent="alice").chat.completions.create(
             model=ep.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
-        with caplog.at_level("WARNING", logger="swarm.client._client"):
+        with caplog.at_level("WARNING", logger="swarm.client._episode"):
             result = ep.finish(0.0, agent_rewards={"alice": 1.0, "carol": 1.0})
         assert result.unmatched_agents == ["carol"] and result.samples == 1
     said = [r.getMessage() for r in caplog.records if "applied to nothing" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""The SDK builds one TLS context per process, not one per episode's OpenAI client (swarm/client/_client.py).
+"""The SDK builds one TLS context per process, not one per episode's OpenAI client (swarm/client/_episode.py).
 
 Why it matters: httpx parses the CA bundle again for every client it makes (~20 ms of CPU), more
 than a whole episode of a fleet costs, and an async episode used to pay it once per episode."""
@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from swarm import tls
-from swarm.client._client import EpisodeBase
+from swarm.client._episode import EpisodeBase
 from swarm.protocol import ClaimResponse
 from swarm.tls import tls_context
 
