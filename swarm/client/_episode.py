@@ -48,8 +48,9 @@ class EpisodeBase:
         self.result: FinishResponse | None = None
         self.done = False
         self.lost = False  # gone on the server (lease moved on, server restarted): re-play, don't retry
-        #: its finish is under way as part of a team's: `abort_open` leaves it to finish (a team half
-        #: finished, half given back would be re-played onto servers that already hold its finished half)
+        #: its finish is under way, its own (`Episode._finish`) or a team's: `abort_open` leaves it to land
+        #: (its reward was sent; a team half finished, half given back would be re-played onto servers
+        #: that already hold its finished half)
         self.sealing = False
         #: held while deciding to seal or to give back; one lock shared by a team's members
         self.guard = threading.Lock()
