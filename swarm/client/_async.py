@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from swarm.client._episode import EpisodeBase, _status_path
+from swarm.client._client import _status_path
+from swarm.client._episode import EpisodeBase
 from swarm.client._heartbeat import AsyncHeartbeats
 from swarm.client._retry import TRANSIENT, Attempts, Policy, SwarmAPIError, SwarmError, amark_stopping, worker_token
 from swarm.protocol import API_PREFIX, ClaimResponse, FinishResponse, HeartbeatResponse, StatusResponse

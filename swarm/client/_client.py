@@ -28,11 +28,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from swarm.client._coalesce import Coalescer, Item
-from swarm.client._episode import EpisodeBase, _status_path
+from swarm.client._episode import EpisodeBase
 from swarm.client._heartbeat import Heartbeats
 from swarm.client._retry import (
     STOPPED_MESSAGE,
@@ -220,9 +221,9 @@ class SwarmClient:
                 if ep.done or ep.sealing:
                     continue
                 ep.done = ep.lost = True  # the workflow's next call gets 409 and ends; nothing to finish
-                # a teammate finished by hand: the team is not played again (`TeamEpisode.replayable`), so
-                # nobody would take a released slot and its group would wait out the stall; give it up
-                # (or is being finished: its finish is in flight and will most likely land)
+                # a teammate finished by hand, or with its finish in flight (`sealing`): the team is not
+                # played again (`TeamEpisode.replayable`), so nobody would take a released slot and its
+                # group would wait out the stall; give it up
                 release = not any(s.result is not None or s.sealing for s in ep.siblings)
             try:
                 r = self._http.post(
@@ -346,3 +347,7 @@ class Episode(EpisodeBase):
         except SwarmError:
             self.done = True  # the server is gone or the episode already closed: nothing to undo
             self._untrack()
+
+
+def _status_path(model: str | None) -> str:
+    return f"{API_PREFIX}/status" + (f"?policy={quote(model, safe='')}" if model else "")

@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from functools import cached_property, partial
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -174,7 +173,3 @@ class EpisodeBase:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.id!r}, task_id={self.task_id!r}, policy_version={self.policy_version})"
-
-
-def _status_path(model: str | None) -> str:
-    return f"{API_PREFIX}/status" + (f"?policy={quote(model, safe='')}" if model else "")
